@@ -1,0 +1,64 @@
+package cluster
+
+import (
+	"cmp"
+	"fmt"
+	"strconv"
+)
+
+// WorkerKey names one worker: the job, the link for mirrored jobs, and the index within it.
+type WorkerKey struct {
+	Job    string `json:"job"`
+	Link   string `json:"link,omitempty"`
+	Worker int    `json:"worker"`
+}
+
+// String writes the key as job/index or job@link/index.
+func (k WorkerKey) String() string {
+	if k.Link != "" {
+		return k.Job + "@" + k.Link + "/" + strconv.Itoa(k.Worker)
+	}
+	return k.Job + "/" + strconv.Itoa(k.Worker)
+}
+
+// Compare orders keys by job, link, then index.
+func (k WorkerKey) Compare(o WorkerKey) int {
+	if c := cmp.Compare(k.Job, o.Job); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(k.Link, o.Link); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.Worker, o.Worker)
+}
+
+// Placement puts one worker on one node.
+type Placement struct {
+	Job    string `json:"job"`
+	Worker int    `json:"worker"`
+	Link   string `json:"link,omitempty"`
+	Node   string `json:"node"`
+}
+
+// Key returns the worker the placement is for.
+func (p Placement) Key() WorkerKey { return WorkerKey{Job: p.Job, Link: p.Link, Worker: p.Worker} }
+
+// Assignment is where every placed worker runs.
+type Assignment struct {
+	Placements []Placement `json:"placements"`
+}
+
+// Check reports a worker placed twice or a placement with no node.
+func (a Assignment) Check() error {
+	seen := make(map[WorkerKey]bool, len(a.Placements))
+	for i, p := range a.Placements {
+		if p.Job == "" || p.Node == "" || p.Worker < 0 {
+			return fmt.Errorf("placements[%d]: needs job, worker >= 0 and node", i)
+		}
+		if seen[p.Key()] {
+			return fmt.Errorf("placements[%d]: worker %s placed twice", i, p.Key())
+		}
+		seen[p.Key()] = true
+	}
+	return nil
+}

@@ -1,0 +1,80 @@
+package cluster
+
+import "fmt"
+
+// Health states of a node.
+const (
+	HealthHealthy   = "healthy"
+	HealthThrottled = "throttled"
+	HealthUnhealthy = "unhealthy"
+)
+
+// Usage is an amount of node capacity: slots, memory and cpu.
+type Usage struct {
+	Slots  int   `json:"slots,omitempty" yaml:"slots,omitempty"`
+	Memory Bytes `json:"memory,omitempty" yaml:"memory,omitempty"`
+	CPU    CPU   `json:"cpu,omitempty" yaml:"cpu,omitempty"`
+}
+
+// Node is one machine that runs workers, as its agent registers it and as the scheduler
+// sees it.
+type Node struct {
+	ID     string            `json:"id" yaml:"id"`
+	Host   string            `json:"host,omitempty" yaml:"host,omitempty"`
+	DC     string            `json:"dc" yaml:"dc"`
+	Rack   string            `json:"rack" yaml:"rack"`
+	Slots  int               `json:"slots" yaml:"slots"`
+	Memory Bytes             `json:"memory" yaml:"memory"`
+	CPU    CPU               `json:"cpu" yaml:"cpu"`
+	Labels map[string]string `json:"labels,omitempty" yaml:"labels,omitempty"`
+	// Pool names the tenant this node is dedicated to; empty means shared.
+	Pool string `json:"pool,omitempty" yaml:"pool,omitempty"`
+	// Used is capacity taken by something other than the assignment being planned.
+	Used Usage `json:"used,omitempty" yaml:"used,omitempty"`
+	// Throttled is how many slots health checks withhold from new work.
+	Throttled int `json:"throttled,omitempty" yaml:"throttled,omitempty"`
+	// Unschedulable nodes (drained or unhealthy) keep what they run but take nothing new.
+	Unschedulable bool `json:"unschedulable,omitempty" yaml:"unschedulable,omitempty"`
+	// Draining nodes take nothing new and their workers are moved elsewhere.
+	Draining bool `json:"draining,omitempty" yaml:"draining,omitempty"`
+}
+
+// Tenant is a team sharing the cluster, with its quota.
+type Tenant struct {
+	Name string `json:"name" yaml:"name"`
+	// MaxWorkers and MaxMemory cap the tenant's jobs together; 0 means no cap.
+	MaxWorkers int   `json:"maxWorkers,omitempty" yaml:"maxWorkers,omitempty"`
+	MaxMemory  Bytes `json:"maxMemory,omitempty" yaml:"maxMemory,omitempty"`
+}
+
+// Inventory is the nodes of a cluster as a file gives them: {"nodes": [...]}.
+type Inventory struct {
+	Nodes []Node `json:"nodes" yaml:"nodes"`
+}
+
+// Validate checks every node and that no id is used twice.
+func (inv *Inventory) Validate() error {
+	var ps problems
+	seen := map[string]int{}
+	for i := range inv.Nodes {
+		n := &inv.Nodes[i]
+		n.validate(&ps, fmt.Sprintf("nodes[%d].", i))
+		if j, dup := seen[n.ID]; dup && n.ID != "" {
+			ps.add(fmt.Sprintf("nodes[%d].id", i), "%q is already used by nodes[%d]", n.ID, j)
+		}
+		seen[n.ID] = i
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	return &ValidationError{What: "cluster", Problems: ps}
+}
+
+// ParseInventory reads and validates a cluster's node list from JSON or YAML.
+func ParseInventory(data []byte) (*Inventory, error) {
+	var inv Inventory
+	if err := Decode(data, &inv, "cluster"); err != nil {
+		return nil, err
+	}
+	return &inv, nil
+}

@@ -1,0 +1,264 @@
+package cluster
+
+import (
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// FieldError is one problem with one field of a spec.
+type FieldError struct {
+	Path string // like "placement.spread[1]"
+	Msg  string
+	Line int // 1-based line in the YAML source; 0 when unknown
+}
+
+func (e FieldError) String() string {
+	s := e.Path + ": " + e.Msg
+	if e.Path == "" {
+		s = e.Msg
+	}
+	if e.Line > 0 {
+		s += fmt.Sprintf(" (line %d)", e.Line)
+	}
+	return s
+}
+
+// ValidationError carries every problem found in a spec at once.
+type ValidationError struct {
+	What     string // "job spec", "cluster"
+	Problems []FieldError
+}
+
+func (e *ValidationError) Error() string {
+	parts := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		parts[i] = p.String()
+	}
+	return "invalid " + e.What + ": " + strings.Join(parts, "; ")
+}
+
+type problems []FieldError
+
+func (ps *problems) add(path, format string, args ...any) {
+	*ps = append(*ps, FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+// nameRE is a DNS label: names end up in cgroup paths, container names and store keys.
+var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// CheckName reports whether s can name a job, tenant, data center or link.
+func CheckName(s string) error {
+	if !nameRE.MatchString(s) {
+		return fmt.Errorf("%q must be 1-63 lower-case letters, digits or '-', starting and ending with a letter or digit", s)
+	}
+	return nil
+}
+
+// Limits on what one job may ask for.
+const (
+	MaxWorkersPerJob = 100000
+	MaxPriority      = 1000
+	minWorkerMemory  = 4 << 20
+)
+
+// Validate checks the spec and returns a *ValidationError listing every problem, or nil.
+func (j *JobSpec) Validate() error {
+	var ps problems
+	if j.Name == "" {
+		ps.add("name", "is required")
+	} else if err := CheckName(j.Name); err != nil {
+		ps.add("name", "%v", err)
+	}
+	if j.Tenant == "" {
+		ps.add("tenant", "is required")
+	} else if err := CheckName(j.Tenant); err != nil {
+		ps.add("tenant", "%v", err)
+	}
+	if j.Workers < 1 {
+		ps.add("workers", "must be at least 1")
+	} else if j.Workers > MaxWorkersPerJob {
+		ps.add("workers", "must be at most %d", MaxWorkersPerJob)
+	}
+	if j.Resources.Memory < minWorkerMemory {
+		ps.add("resources.memory", "must be at least 4Mi (a worker process needs some memory to start)")
+	}
+	if j.Resources.CPU <= 0 {
+		ps.add("resources.cpu", "must be more than 0 (like 0.5)")
+	}
+	switch j.Isolation {
+	case "", IsolationProcess:
+		if len(j.Command) == 0 {
+			ps.add("command", "is required for process isolation")
+		}
+	case IsolationDocker:
+		if j.Image == "" {
+			ps.add("image", "is required for docker isolation")
+		}
+	default:
+		ps.add("isolation", "must be process or docker, not %q", j.Isolation)
+	}
+	for k := range j.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			ps.add("env", "variable name %q is not valid", k)
+		} else if strings.HasPrefix(k, "STORMDOCK_") {
+			ps.add("env."+k, "STORMDOCK_ variables are set by stormdock itself")
+		}
+	}
+	j.Placement.validate(&ps)
+	j.validateLinks(&ps)
+	if j.Priority < 0 || j.Priority > MaxPriority {
+		ps.add("priority", "must be between 0 and %d", MaxPriority)
+	}
+	if j.GracePeriod < 0 {
+		ps.add("gracePeriod", "must not be negative")
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	return &ValidationError{What: "job spec", Problems: ps}
+}
+
+var domainDepth = map[string]int{DomainDC: 0, DomainRack: 1, DomainNode: 2}
+
+func (p *PlacementSpec) validate(ps *problems) {
+	last := -1
+	for i, d := range p.Spread {
+		depth, ok := domainDepth[d]
+		switch {
+		case !ok:
+			ps.add(fmt.Sprintf("placement.spread[%d]", i), "must be dc, rack or node, not %q", d)
+		case depth <= last:
+			ps.add(fmt.Sprintf("placement.spread[%d]", i), "%q is listed twice or out of order (outermost first: dc, rack, node)", d)
+		default:
+			last = depth
+		}
+	}
+	if p.MaxPerNode < 0 {
+		ps.add("placement.maxPerNode", "must not be negative (0 means no cap)")
+	}
+	for i, dc := range p.DCs {
+		if err := CheckName(dc); err != nil {
+			ps.add(fmt.Sprintf("placement.dcs[%d]", i), "%v", err)
+		} else if slices.Index(p.DCs, dc) != i {
+			ps.add(fmt.Sprintf("placement.dcs[%d]", i), "%q is listed twice", dc)
+		}
+	}
+	for k := range p.NodeLabels {
+		if k == "" {
+			ps.add("placement.nodeLabels", "label name must not be empty")
+		}
+	}
+	switch p.Strategy {
+	case "", StrategySpread, StrategyBinpack:
+	default:
+		ps.add("placement.strategy", "must be spread or binpack, not %q", p.Strategy)
+	}
+}
+
+func (j *JobSpec) validateLinks(ps *problems) {
+	if len(j.Links) == 0 {
+		if j.Output != "" {
+			checkOutput(ps, j.Output)
+		}
+		return
+	}
+	if len(j.Links) < 2 {
+		ps.add("links", "a mirrored job needs at least two data centers")
+	}
+	for i, l := range j.Links {
+		path := fmt.Sprintf("links[%d]", i)
+		switch {
+		case CheckName(l) != nil:
+			ps.add(path, "%v", CheckName(l))
+		case slices.Index(j.Links, l) != i:
+			ps.add(path, "%q is listed twice", l)
+		case len(j.Placement.DCs) > 0 && !slices.Contains(j.Placement.DCs, l):
+			ps.add(path, "%q is not in placement.dcs", l)
+		}
+	}
+	if j.Output == "" {
+		ps.add("output", "is required for a mirrored job (file:///PATH or http://HOST/PATH)")
+		return
+	}
+	checkOutput(ps, j.Output)
+}
+
+func checkOutput(ps *problems, out string) {
+	u, err := url.Parse(out)
+	if err != nil {
+		ps.add("output", "is not a URL: %v", err)
+		return
+	}
+	switch u.Scheme {
+	case "file":
+		if u.Path == "" || u.Host != "" {
+			ps.add("output", "a file sink is file:///ABSOLUTE/PATH")
+		}
+	case "http", "https":
+		if u.Host == "" {
+			ps.add("output", "an http sink needs a host")
+		}
+	default:
+		ps.add("output", "must be a file:// or http:// URL, not %q", out)
+	}
+}
+
+// Validate checks a node record and returns a *ValidationError listing every problem, or nil.
+func (n *Node) Validate() error {
+	var ps problems
+	n.validate(&ps, "")
+	if len(ps) == 0 {
+		return nil
+	}
+	return &ValidationError{What: "node", Problems: ps}
+}
+
+func (n *Node) validate(ps *problems, prefix string) {
+	if n.ID == "" {
+		ps.add(prefix+"id", "is required")
+	} else if strings.ContainsAny(n.ID, "/ \t\n") {
+		ps.add(prefix+"id", "%q must not contain '/' or spaces", n.ID)
+	}
+	if n.DC == "" {
+		ps.add(prefix+"dc", "is required")
+	}
+	if n.Rack == "" {
+		ps.add(prefix+"rack", "is required")
+	}
+	if n.Slots < 0 {
+		ps.add(prefix+"slots", "must not be negative")
+	}
+	if n.Memory < 0 {
+		ps.add(prefix+"memory", "must not be negative")
+	}
+	if n.CPU < 0 {
+		ps.add(prefix+"cpu", "must not be negative")
+	}
+	if n.Used.Slots < 0 || n.Used.Memory < 0 || n.Used.CPU < 0 {
+		ps.add(prefix+"used", "must not be negative")
+	}
+	if n.Throttled < 0 {
+		ps.add(prefix+"throttled", "must not be negative")
+	}
+}
+
+// Validate checks a tenant record.
+func (t *Tenant) Validate() error {
+	var ps problems
+	if err := CheckName(t.Name); err != nil {
+		ps.add("name", "%v", err)
+	}
+	if t.MaxWorkers < 0 {
+		ps.add("maxWorkers", "must not be negative (0 means no cap)")
+	}
+	if t.MaxMemory < 0 {
+		ps.add("maxMemory", "must not be negative (0 means no cap)")
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	return &ValidationError{What: "tenant", Problems: ps}
+}
