@@ -1,0 +1,30 @@
+// Command stormdock is the one binary of stormdock: master, agent, command-line tools,
+// local cluster and the example worker.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/stormdock/stormdock/tools"
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := tools.App().RunContext(ctx, os.Args)
+	stop()
+	if err != nil {
+		if ec, ok := err.(cli.ExitCoder); ok {
+			if msg := ec.Error(); msg != "" {
+				fmt.Fprintln(os.Stderr, msg)
+			}
+			os.Exit(ec.ExitCode())
+		}
+		fmt.Fprintln(os.Stderr, "stormdock:", err)
+		os.Exit(1)
+	}
+}

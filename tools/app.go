@@ -1,0 +1,66 @@
+// Package tools holds stormdock's command-line interface: one file per noun, each exporting
+// its *cli.Command, gathered here into the one application.
+package tools
+
+import (
+	"fmt"
+	"runtime/debug"
+
+	"github.com/urfave/cli/v2"
+)
+
+// Version is set at build time with -ldflags "-X github.com/stormdock/stormdock/tools.Version=...".
+var Version = ""
+
+// App returns the stormdock command-line application.
+func App() *cli.App {
+	return &cli.App{
+		Name:                 "stormdock",
+		Usage:                "deploy and keep alive long-running streaming jobs on many machines",
+		Version:              version(),
+		EnableBashCompletion: true,
+		HideVersion:          true,
+		Description: "Flags go before positional arguments: `stormdock job submit --wait FILE`.\n" +
+			"Exit codes: 0 ok, 1 failed, 2 bad usage or input.",
+		Commands: []*cli.Command{
+			VersionCommand,
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return cli.Exit(fmt.Sprintf("stormdock: unknown command %q (see stormdock --help)", c.Args().First()), 2)
+			}
+			return cli.ShowAppHelp(c)
+		},
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			return cli.Exit(fmt.Sprintf("%s: %v (see --help)", c.App.Name, err), 2)
+		},
+	}
+}
+
+// VersionCommand prints the build's version.
+var VersionCommand = &cli.Command{
+	Name:  "version",
+	Usage: "print the version of this stormdock binary",
+	Action: func(c *cli.Context) error {
+		fmt.Fprintf(c.App.Writer, "stormdock %s\n", version())
+		return nil
+	},
+}
+
+func version() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v := bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += " (" + s.Value[:12] + ")"
+			}
+		}
+		if v != "" {
+			return v
+		}
+	}
+	return "(devel)"
+}
