@@ -1,0 +1,137 @@
+package cluster
+
+import (
+	"path"
+	"time"
+)
+
+// Keys of the coordination store, relative to stormdock's root (the ZooKeeper chroot).
+// The master writes jobs, tenants and assignments; each agent writes its own node record,
+// which is session-bound so that it disappears with the agent.
+const (
+	JobsKey        = "/jobs"        // /jobs/<job>: JobRecord
+	TenantsKey     = "/tenants"     // /tenants/<tenant>: TenantRecord
+	NodesKey       = "/nodes"       // /nodes/<id>: NodeRecord, session-bound
+	AssignmentsKey = "/assignments" // /assignments/<id>: NodeAssignment
+	NodeConfsKey   = "/nodeconf"    // /nodeconf/<id>: NodeConf, set by operators
+	ElectionKey    = "/master/election"
+	MasterKey      = "/master/info" // MasterInfo of the active master, session-bound
+)
+
+// JobKey is the store key of a job's record.
+func JobKey(name string) string { return path.Join(JobsKey, name) }
+
+// TenantKey is the store key of a tenant's record.
+func TenantKey(name string) string { return path.Join(TenantsKey, name) }
+
+// NodeKey is the store key of a node's live record.
+func NodeKey(id string) string { return path.Join(NodesKey, id) }
+
+// AssignmentKey is the store key of a node's assignment.
+func AssignmentKey(id string) string { return path.Join(AssignmentsKey, id) }
+
+// NodeConfKey is the store key of a node's operator settings.
+func NodeConfKey(id string) string { return path.Join(NodeConfsKey, id) }
+
+// Job states.
+const (
+	JobRunning = "running"
+	JobKilled  = "killed" // workers are being stopped; the record goes once none is left
+)
+
+// JobRecord is a submitted job as the store keeps it.
+type JobRecord struct {
+	Spec JobSpec `json:"spec"`
+	// Generation grows with every change of the spec, so agents can tell a worker started
+	// from an older spec.
+	Generation int64     `json:"generation"`
+	State      string    `json:"state"`
+	Submitted  time.Time `json:"submitted"`
+	Updated    time.Time `json:"updated"`
+}
+
+// TenantRecord is a tenant with the hash of its API token.
+type TenantRecord struct {
+	Tenant
+	TokenHash string    `json:"tokenHash,omitempty"` // hex SHA-256 of the token
+	Created   time.Time `json:"created"`
+}
+
+// NodeConf holds what operators set on a node.
+type NodeConf struct {
+	Draining bool   `json:"draining,omitempty"`
+	Pool     string `json:"pool,omitempty"`
+	// Avoid lists workers that crash-looped here and should run elsewhere ("job/0").
+	Avoid []string `json:"avoid,omitempty"`
+}
+
+// Worker states as agents report them.
+const (
+	WorkerStarting = "starting"
+	WorkerRunning  = "running"
+	WorkerBackoff  = "backoff" // crashed; waiting before the next restart
+	WorkerStopping = "stopping"
+	WorkerFailed   = "failed" // could not be started (bad image, bad command)
+)
+
+// WorkerStatus is one worker as its agent sees it.
+type WorkerStatus struct {
+	Key         WorkerKey `json:"key"`
+	Generation  int64     `json:"generation"`
+	State       string    `json:"state"`
+	PID         int       `json:"pid,omitempty"`
+	ContainerID string    `json:"containerId,omitempty"`
+	Restarts    int       `json:"restarts"`
+	// RecentRestarts counts restarts within the agent's crash-loop window.
+	RecentRestarts int       `json:"recentRestarts,omitempty"`
+	LastExit       string    `json:"lastExit,omitempty"`
+	Memory         Bytes     `json:"memory,omitempty"`
+	Since          time.Time `json:"since"`
+}
+
+// NodeHealth is what the node's health checks say.
+type NodeHealth struct {
+	State     string `json:"state"` // HealthHealthy, HealthThrottled or HealthUnhealthy
+	Reason    string `json:"reason,omitempty"`
+	Throttled int    `json:"throttled,omitempty"` // slots withheld
+}
+
+// NodeRecord is an agent's live entry: who the node is, its health and its workers. The
+// agent rewrites it at most once per heartbeat, and only when something changed.
+type NodeRecord struct {
+	Node    Node           `json:"node"`
+	Health  NodeHealth     `json:"health"`
+	Workers []WorkerStatus `json:"workers"`
+	// Isolation lists the drivers this agent can run workers with.
+	Isolation []string  `json:"isolation"`
+	Agent     string    `json:"agent"` // agent instance id, new at every start
+	Started   time.Time `json:"started"`
+}
+
+// WorkerAssignment is everything an agent needs to run one worker.
+type WorkerAssignment struct {
+	Key        WorkerKey         `json:"key"`
+	Generation int64             `json:"generation"`
+	Tenant     string            `json:"tenant"`
+	Workers    int               `json:"workers"` // workers in the job (per link)
+	Isolation  string            `json:"isolation"`
+	Command    []string          `json:"command,omitempty"`
+	Image      string            `json:"image,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	Resources  Resources         `json:"resources"`
+	Priority   int               `json:"priority,omitempty"`
+	Grace      Duration          `json:"grace"`
+	Output     string            `json:"output,omitempty"`
+}
+
+// NodeAssignment is the set of workers the master wants on one node.
+type NodeAssignment struct {
+	Node    string             `json:"node"`
+	Workers []WorkerAssignment `json:"workers"`
+}
+
+// MasterInfo tells clients where the active master serves its API.
+type MasterInfo struct {
+	ID  string `json:"id"`
+	API string `json:"api"`
+}
