@@ -66,14 +66,14 @@ func TestParseJobSpecProblems(t *testing.T) {
 		got[p.Path] = p.String()
 	}
 	for path, want := range map[string]string{
-		"name":                 "(line 1)",
-		"workers":              "workers: must be at least 1 (line 3)",
-		"resources.memory":     "(line 5)",
-		"isolation":            "isolation: must be process or docker, not \"vm\" (line 7)",
-		"placement.spread[1]":  "(line 10)",
-		"placement.colour":     "placement.colour: unknown field (line 11)",
-		"links":                "(line 12)",
-		"output":               "output: is required",
+		"name":                "(line 1)",
+		"workers":             "workers: must be at least 1 (line 3)",
+		"resources.memory":    "(line 5)",
+		"isolation":           "isolation: must be process or docker, not \"vm\" (line 7)",
+		"placement.spread[1]": "(line 10)",
+		"placement.colour":    "placement.colour: unknown field (line 11)",
+		"links":               "(line 12)",
+		"output":              "output: is required",
 	} {
 		if !strings.Contains(got[path], want) {
 			t.Errorf("problem for %s = %q, want it to contain %q", path, got[path], want)
