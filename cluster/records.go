@@ -122,6 +122,9 @@ type WorkerAssignment struct {
 	Priority   int               `json:"priority,omitempty"`
 	Grace      Duration          `json:"grace"`
 	Output     string            `json:"output,omitempty"`
+	// Stop asks the agent to stop the worker with Grace (a job killed with its own grace
+	// period); the master drops the entry once the agent no longer reports the worker.
+	Stop bool `json:"stop,omitempty"`
 }
 
 // NodeAssignment is the set of workers the master wants on one node.

@@ -1,0 +1,346 @@
+package scheduler
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/placement"
+)
+
+// Handler returns the master's HTTP API. Every master serves it, leader or not: reads come
+// from the store's mirror and writes go to the store, where the leader picks them up.
+// gatherer, when not nil, is served at /metrics.
+func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/health", m.getHealth)
+	mux.HandleFunc("GET /v1/jobs", m.listJobs)
+	mux.HandleFunc("POST /v1/jobs", m.submitJob)
+	mux.HandleFunc("GET /v1/jobs/{name}", m.getJob)
+	mux.HandleFunc("POST /v1/jobs/{name}/scale", m.scaleJob)
+	mux.HandleFunc("POST /v1/jobs/{name}/kill", m.killJob)
+	mux.HandleFunc("GET /v1/nodes", m.listNodes)
+	mux.HandleFunc("POST /v1/nodes/{id}/drain", m.drainNode(true))
+	mux.HandleFunc("POST /v1/nodes/{id}/undrain", m.drainNode(false))
+	mux.HandleFunc("GET /v1/tenants", m.listTenants)
+	mux.HandleFunc("POST /v1/tenants", m.createTenant)
+	if gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fail(w, http.StatusNotFound, "no such API path %s %s", r.Method, r.URL.Path)
+	})
+	return mux
+}
+
+func fail(w http.ResponseWriter, status int, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	msg = strings.ReplaceAll(msg, "\n", "; ")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(errorBody{Error: msg})
+}
+
+// failErr maps the package's sentinel errors to status codes.
+func failErr(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, ErrBadInput):
+		status = http.StatusBadRequest
+	case errors.Is(err, ErrNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, ErrExists):
+		status = http.StatusConflict
+	case errors.Is(err, ErrQuota):
+		status = http.StatusForbidden
+	case errors.Is(err, ErrForbidden):
+		status = http.StatusForbidden
+	case errors.Is(err, ErrBusy):
+		status = http.StatusServiceUnavailable
+	}
+	msg := err.Error()
+	for _, s := range []error{ErrBadInput, ErrNotFound, ErrExists, ErrQuota, ErrForbidden, ErrBusy} {
+		msg = strings.TrimPrefix(msg, s.Error()+": ")
+	}
+	fail(w, status, "%s", msg)
+}
+
+func reply(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// readBody reads a bounded request body.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			fail(w, http.StatusRequestEntityTooLarge, "request body over %d bytes", MaxBodyBytes)
+		} else {
+			fail(w, http.StatusBadRequest, "read request body: %v", err)
+		}
+		return nil, false
+	}
+	return data, true
+}
+
+// decodeJSON reads a JSON body strictly: unknown fields are refused.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	data, ok := readBody(w, r)
+	if !ok {
+		return false
+	}
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		fail(w, http.StatusBadRequest, "bad request body: %v", err)
+		return false
+	}
+	return true
+}
+
+func (m *Master) getHealth(w http.ResponseWriter, _ *http.Request) {
+	reply(w, http.StatusOK, Health{ID: m.cfg.ID, Leader: m.Leader()})
+}
+
+func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
+	data, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	spec, err := cluster.ParseJobSpec(data)
+	if err != nil {
+		fail(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	rec, err := SubmitJob(r.Context(), m.store, spec)
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	m.log.Info("job submitted", "job", spec.Name, "tenant", spec.Tenant, "workers", spec.TotalWorkers())
+	reply(w, http.StatusCreated, rec)
+}
+
+func (m *Master) scaleJob(w http.ResponseWriter, r *http.Request) {
+	var req ScaleRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	rec, err := ScaleJob(r.Context(), m.store, r.PathValue("name"), req.Workers)
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	m.log.Info("job scaled", "job", rec.Spec.Name, "workers", rec.Spec.Workers)
+	reply(w, http.StatusOK, rec)
+}
+
+func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
+	var req KillRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	rec, err := KillJob(r.Context(), m.store, r.PathValue("name"), req.Grace.Std())
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	m.log.Info("job killed", "job", rec.Spec.Name, "grace", rec.Spec.Grace())
+	reply(w, http.StatusOK, rec)
+}
+
+func (m *Master) listJobs(w http.ResponseWriter, _ *http.Request) {
+	v, assigned := m.current()
+	unplaced := m.unplaced(v, assigned)
+	out := []JobSummary{}
+	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
+		out = append(out, summarize(v, v.jobs[name].rec, assigned, unplaced))
+	}
+	reply(w, http.StatusOK, out)
+}
+
+func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	v, assigned := m.current()
+	j, ok := v.jobs[name]
+	if !ok {
+		fail(w, http.StatusNotFound, "no job %q (see `stormdock job list`)", name)
+		return
+	}
+	unplaced := m.unplaced(v, assigned)
+	st := JobStatus{Job: j.rec, Summary: summarize(v, j.rec, assigned, unplaced), Workers: []WorkerView{}}
+	for _, k := range j.rec.Spec.Keys() {
+		wv := WorkerView{Job: k.Job, Link: k.Link, Worker: k.Worker, State: WorkerPending}
+		if node, ok := assigned[k]; ok {
+			wv.Node = node
+			if rec, ok := v.nodes[node]; ok {
+				wv.DC, wv.Rack = rec.Node.DC, rec.Node.Rack
+			}
+		} else if reason, ok := unplaced[k]; ok {
+			wv.State, wv.Reason = WorkerUnplaced, reason
+		}
+		if s, ok := v.statuses[k]; ok && (wv.Node == "" || s.node == wv.Node) {
+			wv.State, wv.PID, wv.Restarts, wv.LastExit, wv.Memory = s.status.State, s.status.PID, s.status.Restarts, s.status.LastExit, s.status.Memory
+			if wv.Node == "" {
+				wv.Node = s.node
+			}
+		}
+		st.Workers = append(st.Workers, wv)
+	}
+	reply(w, http.StatusOK, st)
+}
+
+// current returns the mirrored view and where each worker is assigned.
+func (m *Master) current() (*view, map[cluster.WorkerKey]string) {
+	v := decodeView(m.log, m.jobs.snapshot(), m.nodes.snapshot(), m.confs.snapshot())
+	assigned := map[cluster.WorkerKey]string{}
+	for node, e := range m.assigns.snapshot() {
+		var a cluster.NodeAssignment
+		if json.Unmarshal(e.Value, &a) != nil {
+			continue
+		}
+		for _, w := range a.Workers {
+			if !w.Stop {
+				assigned[w.Key] = node
+			}
+		}
+	}
+	return v, assigned
+}
+
+// unplaced explains the workers no node takes, by planning over the same view the leader
+// plans from. Placement is pure, so any master can give the leader's reasons.
+func (m *Master) unplaced(v *view, assigned map[cluster.WorkerKey]string) map[cluster.WorkerKey]string {
+	var cur []cluster.Placement
+	for k, node := range assigned {
+		if j, ok := v.jobs[k.Job]; ok && j.rec.State == cluster.JobRunning {
+			cur = append(cur, cluster.Placement{Job: k.Job, Link: k.Link, Worker: k.Worker, Node: node})
+		}
+	}
+	res, err := placement.Plan(placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: cur})
+	out := map[cluster.WorkerKey]string{}
+	if err != nil {
+		return out
+	}
+	for _, u := range res.Unplaced {
+		out[u.Key()] = u.Reason
+	}
+	return out
+}
+
+func summarize(v *view, rec cluster.JobRecord, assigned map[cluster.WorkerKey]string, unplaced map[cluster.WorkerKey]string) JobSummary {
+	s := JobSummary{Name: rec.Spec.Name, Tenant: rec.Spec.Tenant, State: rec.State, Workers: rec.Spec.TotalWorkers(),
+		Priority: rec.Spec.Priority, Generation: rec.Generation}
+	for _, k := range rec.Spec.Keys() {
+		if st, ok := v.statuses[k]; ok && st.status.State == cluster.WorkerRunning && st.node == assigned[k] {
+			s.Running++
+		}
+		if _, ok := unplaced[k]; ok {
+			s.Unplaced++
+		}
+	}
+	return s
+}
+
+func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
+	v, assigned := m.current()
+	perNode := map[string]int{}
+	for _, node := range assigned {
+		perNode[node]++
+	}
+	out := []NodeView{}
+	for _, id := range slices.Sorted(maps.Keys(v.nodes)) {
+		rec := v.nodes[id]
+		n := rec.Node
+		used := perNode[id]
+		health := rec.Health.State
+		if health == "" {
+			health = cluster.HealthHealthy
+		}
+		nv := NodeView{ID: id, Host: n.Host, DC: n.DC, Rack: n.Rack, Slots: n.Slots, SlotsUsed: used,
+			SlotsThrottled: rec.Health.Throttled, SlotsFree: max(n.Slots-used-rec.Health.Throttled, 0),
+			Memory: n.Memory, CPU: n.CPU, Health: health, Reason: rec.Health.Reason, Labels: n.Labels,
+			Workers: len(rec.Workers), Isolation: rec.Isolation, Started: rec.Started}
+		if c, ok := v.confs[id]; ok {
+			nv.Draining = c.Draining
+		}
+		if nv.Draining {
+			nv.SlotsFree = 0
+		}
+		out = append(out, nv)
+	}
+	reply(w, http.StatusOK, out)
+}
+
+func (m *Master) drainNode(drain bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		v, _ := m.current()
+		if _, ok := v.nodes[id]; !ok {
+			if _, known := v.confs[id]; !known || drain {
+				fail(w, http.StatusNotFound, "no live node %q (see `stormdock node list`)", id)
+				return
+			}
+		}
+		if err := UpdateNodeConf(r.Context(), m.store, id, func(c *cluster.NodeConf) { c.Draining = drain }); err != nil {
+			failErr(w, err)
+			return
+		}
+		m.log.Info("node drain changed", "node", id, "draining", drain)
+		reply(w, http.StatusOK, map[string]any{"node": id, "draining": drain, "at": time.Now().UTC()})
+	}
+}
+
+func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
+	names, err := m.store.Children(r.Context(), cluster.TenantsKey)
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	v, _ := m.current()
+	out := []TenantView{}
+	for _, name := range names {
+		t, _, err := readTenant(r.Context(), m.store, name)
+		if err != nil {
+			continue
+		}
+		tv := TenantView{Tenant: t.Tenant}
+		for _, j := range v.jobs {
+			if j.rec.Spec.Tenant == name {
+				n := j.rec.Spec.TotalWorkers()
+				tv.Jobs++
+				tv.UsedWorkers += n
+				tv.UsedMemory += cluster.Bytes(n) * j.rec.Spec.Resources.Memory
+			}
+		}
+		out = append(out, tv)
+	}
+	reply(w, http.StatusOK, out)
+}
+
+func (m *Master) createTenant(w http.ResponseWriter, r *http.Request) {
+	var t cluster.Tenant
+	if !decodeJSON(w, r, &t) {
+		return
+	}
+	if err := CreateTenant(r.Context(), m.store, cluster.TenantRecord{Tenant: t}); err != nil {
+		failErr(w, err)
+		return
+	}
+	m.log.Info("tenant created", "tenant", t.Name)
+	reply(w, http.StatusCreated, t)
+}

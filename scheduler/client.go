@@ -1,0 +1,182 @@
+package scheduler
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+)
+
+// Client talks to a master's HTTP API.
+type Client struct {
+	base  string
+	token string
+	http  *http.Client
+}
+
+// NewClient returns a client for the master at base ("http://127.0.0.1:7070"); token,
+// when set, is sent as a bearer token.
+func NewClient(base, token string) (*Client, error) {
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("master address %q must be like http://127.0.0.1:7070", base)
+	}
+	return &Client{base: strings.TrimSuffix(base, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
+}
+
+// APIError is an error answered by the master.
+type APIError struct {
+	Status int
+	Msg    string
+}
+
+func (e *APIError) Error() string { return e.Msg }
+
+// Is lets callers test API errors against the package's sentinels.
+func (e *APIError) Is(target error) bool {
+	switch target {
+	case ErrBadInput:
+		return e.Status == http.StatusBadRequest || e.Status == http.StatusRequestEntityTooLarge
+	case ErrNotFound:
+		return e.Status == http.StatusNotFound
+	case ErrExists:
+		return e.Status == http.StatusConflict
+	case ErrQuota, ErrForbidden:
+		return e.Status == http.StatusForbidden
+	case ErrBusy:
+		return e.Status == http.StatusServiceUnavailable
+	}
+	return false
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body []byte, contentType string, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("cannot reach the master at %s: %v (is it running? set --master or STORMDOCK_MASTER)", c.base, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("read answer of %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		var eb errorBody
+		if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
+			eb.Error = fmt.Sprintf("master answered %s to %s %s", resp.Status, method, path)
+		}
+		return &APIError{Status: resp.StatusCode, Msg: eb.Error}
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("read answer of %s %s: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+func (c *Client) doJSON(ctx context.Context, method, path string, in, out any) error {
+	var body []byte
+	if in != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			return err
+		}
+	}
+	return c.do(ctx, method, path, body, "application/json", out)
+}
+
+// SubmitJob sends a job spec as written (YAML or JSON); the master validates it.
+func (c *Client) SubmitJob(ctx context.Context, spec []byte) (cluster.JobRecord, error) {
+	var rec cluster.JobRecord
+	err := c.do(ctx, http.MethodPost, "/v1/jobs", spec, "application/yaml", &rec)
+	return rec, err
+}
+
+// Jobs lists the jobs.
+func (c *Client) Jobs(ctx context.Context) ([]JobSummary, error) {
+	var out []JobSummary
+	err := c.doJSON(ctx, http.MethodGet, "/v1/jobs", nil, &out)
+	return out, err
+}
+
+// Job returns one job with its workers.
+func (c *Client) Job(ctx context.Context, name string) (JobStatus, error) {
+	var out JobStatus
+	err := c.doJSON(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(name), nil, &out)
+	return out, err
+}
+
+// ScaleJob sets a job's worker count.
+func (c *Client) ScaleJob(ctx context.Context, name string, workers int) (cluster.JobRecord, error) {
+	var rec cluster.JobRecord
+	err := c.doJSON(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(name)+"/scale", ScaleRequest{Workers: workers}, &rec)
+	return rec, err
+}
+
+// KillJob stops a job; grace 0 keeps the job's own grace period.
+func (c *Client) KillJob(ctx context.Context, name string, grace time.Duration) (cluster.JobRecord, error) {
+	var rec cluster.JobRecord
+	err := c.doJSON(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(name)+"/kill", KillRequest{Grace: cluster.Duration(grace)}, &rec)
+	return rec, err
+}
+
+// Nodes lists the live nodes.
+func (c *Client) Nodes(ctx context.Context) ([]NodeView, error) {
+	var out []NodeView
+	err := c.doJSON(ctx, http.MethodGet, "/v1/nodes", nil, &out)
+	return out, err
+}
+
+// DrainNode moves work off a node (drain true) or lets it take work again.
+func (c *Client) DrainNode(ctx context.Context, id string, drain bool) error {
+	verb := "undrain"
+	if drain {
+		verb = "drain"
+	}
+	return c.doJSON(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+"/"+verb, nil, nil)
+}
+
+// Tenants lists the tenants with their use.
+func (c *Client) Tenants(ctx context.Context) ([]TenantView, error) {
+	var out []TenantView
+	err := c.doJSON(ctx, http.MethodGet, "/v1/tenants", nil, &out)
+	return out, err
+}
+
+// CreateTenant creates a tenant.
+func (c *Client) CreateTenant(ctx context.Context, t cluster.Tenant) error {
+	return c.doJSON(ctx, http.MethodPost, "/v1/tenants", t, nil)
+}
+
+// Health tells whether the master answers and leads.
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	var h Health
+	err := c.doJSON(ctx, http.MethodGet, "/v1/health", nil, &h)
+	return h, err
+}

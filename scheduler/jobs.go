@@ -1,0 +1,272 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+)
+
+// Errors the API maps to status codes.
+var (
+	ErrNotFound  = errors.New("not found")
+	ErrExists    = errors.New("already exists")
+	ErrQuota     = errors.New("over quota")
+	ErrBadInput  = errors.New("bad input")
+	ErrForbidden = errors.New("forbidden")
+	ErrBusy      = errors.New("busy")
+)
+
+// casRetries bounds the read-modify-write loops against concurrent writers.
+const casRetries = 8
+
+// tenantUsage reads, fresh from the store, what the tenant's jobs ask for, leaving out the
+// job named except (the one being scaled).
+func tenantUsage(ctx context.Context, s coord.KV, tenant, except string) (workers int, memory cluster.Bytes, err error) {
+	names, err := s.Children(ctx, cluster.JobsKey)
+	if err != nil {
+		return 0, 0, fmt.Errorf("list jobs: %w", err)
+	}
+	for _, name := range names {
+		if name == except {
+			continue
+		}
+		e, err := s.Get(ctx, cluster.JobKey(name))
+		if errors.Is(err, coord.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("read job %s: %w", name, err)
+		}
+		var rec cluster.JobRecord
+		if json.Unmarshal(e.Value, &rec) != nil || rec.Spec.Tenant != tenant {
+			continue
+		}
+		w := rec.Spec.TotalWorkers()
+		workers += w
+		memory += cluster.Bytes(w) * rec.Spec.Resources.Memory
+	}
+	return workers, memory, nil
+}
+
+// readTenant returns the tenant record and its entry (for its version).
+func readTenant(ctx context.Context, s coord.KV, name string) (cluster.TenantRecord, coord.Entry, error) {
+	e, err := s.Get(ctx, cluster.TenantKey(name))
+	if errors.Is(err, coord.ErrNotFound) {
+		return cluster.TenantRecord{}, e, fmt.Errorf("%w: unknown tenant %q: create it first with `stormdock tenant create %s`", ErrNotFound, name, name)
+	}
+	if err != nil {
+		return cluster.TenantRecord{}, e, fmt.Errorf("read tenant %s: %w", name, err)
+	}
+	var t cluster.TenantRecord
+	if err := json.Unmarshal(e.Value, &t); err != nil {
+		return t, e, fmt.Errorf("read tenant %s: %w", name, err)
+	}
+	return t, e, nil
+}
+
+// checkQuota refuses a change that would take the tenant past its caps, with the numbers.
+func checkQuota(t cluster.TenantRecord, usedW int, usedM cluster.Bytes, spec *cluster.JobSpec) error {
+	w := spec.TotalWorkers()
+	m := cluster.Bytes(w) * spec.Resources.Memory
+	if t.MaxWorkers > 0 && usedW+w > t.MaxWorkers {
+		return fmt.Errorf("%w: tenant %s: %d of %d workers used, asked for %d more", ErrQuota, t.Name, usedW, t.MaxWorkers, w)
+	}
+	if t.MaxMemory > 0 && usedM+m > t.MaxMemory {
+		return fmt.Errorf("%w: tenant %s: %s of %s memory used, asked for %s more", ErrQuota, t.Name, usedM, t.MaxMemory, m)
+	}
+	return nil
+}
+
+// SubmitJob stores a new job after checking its tenant's quota. The tenant record's
+// version is bumped in the same transaction, so two submits for one tenant cannot both
+// pass the quota on the same reading.
+func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.JobRecord, error) {
+	if err := spec.Validate(); err != nil {
+		return cluster.JobRecord{}, fmt.Errorf("%w: %v", ErrBadInput, err)
+	}
+	for range casRetries {
+		t, te, err := readTenant(ctx, s, spec.Tenant)
+		if err != nil {
+			return cluster.JobRecord{}, err
+		}
+		if _, err := s.Get(ctx, cluster.JobKey(spec.Name)); err == nil {
+			return cluster.JobRecord{}, fmt.Errorf("%w: job %q already exists: scale it with `stormdock job scale` or kill it first", ErrExists, spec.Name)
+		}
+		usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, "")
+		if err != nil {
+			return cluster.JobRecord{}, err
+		}
+		if err := checkQuota(t, usedW, usedM, spec); err != nil {
+			return cluster.JobRecord{}, err
+		}
+		now := time.Now().UTC()
+		rec := cluster.JobRecord{Spec: *spec, Generation: 1, State: cluster.JobRunning, Submitted: now, Updated: now}
+		val, _ := json.Marshal(rec)
+		_, err = s.Txn(ctx,
+			coord.PutOp(cluster.TenantKey(spec.Tenant), te.Value, te.Version),
+			coord.CreateOp(cluster.JobKey(spec.Name), val, coord.Persistent))
+		switch {
+		case err == nil:
+			return rec, nil
+		case errors.Is(err, coord.ErrExists):
+			return cluster.JobRecord{}, fmt.Errorf("%w: job %q already exists", ErrExists, spec.Name)
+		case errors.Is(err, coord.ErrConflict):
+			continue
+		default:
+			return cluster.JobRecord{}, fmt.Errorf("store job %s: %w", spec.Name, err)
+		}
+	}
+	return cluster.JobRecord{}, fmt.Errorf("%w: too many concurrent changes to tenant %s; try again", ErrBusy, spec.Tenant)
+}
+
+// readJob returns a job's record and entry.
+func readJob(ctx context.Context, s coord.KV, name string) (cluster.JobRecord, coord.Entry, error) {
+	e, err := s.Get(ctx, cluster.JobKey(name))
+	if errors.Is(err, coord.ErrNotFound) {
+		return cluster.JobRecord{}, e, fmt.Errorf("%w: no job %q (see `stormdock job list`)", ErrNotFound, name)
+	}
+	if err != nil {
+		return cluster.JobRecord{}, e, fmt.Errorf("read job %s: %w", name, err)
+	}
+	var rec cluster.JobRecord
+	if err := json.Unmarshal(e.Value, &rec); err != nil {
+		return rec, e, fmt.Errorf("read job %s: %w", name, err)
+	}
+	return rec, e, nil
+}
+
+// ScaleJob sets a job's worker count, checking the quota for growth. Workers that stay keep
+// running: the generation does not change.
+func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluster.JobRecord, error) {
+	if workers < 1 || workers > cluster.MaxWorkersPerJob {
+		return cluster.JobRecord{}, fmt.Errorf("%w: workers must be between 1 and %d (kill the job to stop it)", ErrBadInput, cluster.MaxWorkersPerJob)
+	}
+	for range casRetries {
+		rec, je, err := readJob(ctx, s, name)
+		if err != nil {
+			return rec, err
+		}
+		if rec.State != cluster.JobRunning {
+			return rec, fmt.Errorf("%w: job %q is being killed", ErrBadInput, name)
+		}
+		t, te, err := readTenant(ctx, s, rec.Spec.Tenant)
+		if err != nil {
+			return rec, err
+		}
+		spec := rec.Spec
+		spec.Workers = workers
+		if workers > rec.Spec.Workers {
+			usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, name)
+			if err != nil {
+				return rec, err
+			}
+			grow := spec
+			grow.Workers = workers - rec.Spec.Workers
+			if err := checkQuota(t, usedW+rec.Spec.TotalWorkers(), usedM+cluster.Bytes(rec.Spec.TotalWorkers())*spec.Resources.Memory, &grow); err != nil {
+				return rec, err
+			}
+		}
+		rec.Spec = spec
+		rec.Updated = time.Now().UTC()
+		val, _ := json.Marshal(rec)
+		_, err = s.Txn(ctx,
+			coord.PutOp(cluster.TenantKey(spec.Tenant), te.Value, te.Version),
+			coord.PutOp(cluster.JobKey(name), val, je.Version))
+		switch {
+		case err == nil:
+			return rec, nil
+		case errors.Is(err, coord.ErrConflict), errors.Is(err, coord.ErrNotFound):
+			continue
+		default:
+			return rec, fmt.Errorf("scale job %s: %w", name, err)
+		}
+	}
+	return cluster.JobRecord{}, fmt.Errorf("%w: too many concurrent changes to job %s; try again", ErrBusy, name)
+}
+
+// KillJob marks a job killed; the leader stops its workers (with grace when given) and then
+// removes the record.
+func KillJob(ctx context.Context, s coord.KV, name string, grace time.Duration) (cluster.JobRecord, error) {
+	if grace < 0 {
+		return cluster.JobRecord{}, fmt.Errorf("%w: grace must not be negative", ErrBadInput)
+	}
+	for range casRetries {
+		rec, je, err := readJob(ctx, s, name)
+		if err != nil {
+			return rec, err
+		}
+		rec.State = cluster.JobKilled
+		if grace > 0 {
+			rec.Spec.GracePeriod = cluster.Duration(grace)
+		}
+		rec.Updated = time.Now().UTC()
+		val, _ := json.Marshal(rec)
+		_, err = s.Put(ctx, cluster.JobKey(name), val, je.Version)
+		switch {
+		case err == nil:
+			return rec, nil
+		case errors.Is(err, coord.ErrConflict):
+			continue
+		default:
+			return rec, fmt.Errorf("kill job %s: %w", name, err)
+		}
+	}
+	return cluster.JobRecord{}, fmt.Errorf("%w: too many concurrent changes to job %s; try again", ErrBusy, name)
+}
+
+// CreateTenant stores a new tenant.
+func CreateTenant(ctx context.Context, s coord.KV, t cluster.TenantRecord) error {
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadInput, err)
+	}
+	if t.Created.IsZero() {
+		t.Created = time.Now().UTC()
+	}
+	val, _ := json.Marshal(t)
+	_, err := s.Create(ctx, cluster.TenantKey(t.Name), val, coord.Persistent)
+	if errors.Is(err, coord.ErrExists) {
+		return fmt.Errorf("%w: tenant %q already exists", ErrExists, t.Name)
+	}
+	if err != nil {
+		return fmt.Errorf("create tenant %s: %w", t.Name, err)
+	}
+	return nil
+}
+
+// UpdateNodeConf applies change to a node's operator settings with compare-and-set.
+func UpdateNodeConf(ctx context.Context, s coord.KV, id string, change func(*cluster.NodeConf)) error {
+	key := cluster.NodeConfKey(id)
+	for range casRetries {
+		var c cluster.NodeConf
+		e, err := s.Get(ctx, key)
+		exists := err == nil
+		if err != nil && !errors.Is(err, coord.ErrNotFound) {
+			return fmt.Errorf("read settings of node %s: %w", id, err)
+		}
+		if exists && len(e.Value) > 0 {
+			if err := json.Unmarshal(e.Value, &c); err != nil {
+				return fmt.Errorf("read settings of node %s: %w", id, err)
+			}
+		}
+		change(&c)
+		val, _ := json.Marshal(c)
+		if exists {
+			_, err = s.Put(ctx, key, val, e.Version)
+		} else {
+			_, err = s.Create(ctx, key, val, coord.Persistent)
+		}
+		if errors.Is(err, coord.ErrConflict) || errors.Is(err, coord.ErrExists) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("write settings of node %s: %w", id, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: too many concurrent changes to node %s; try again", ErrBusy, id)
+}

@@ -1,0 +1,232 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+)
+
+// Config tunes a master.
+type Config struct {
+	// ID names this master in the election; it should be unique among masters.
+	ID string
+	// API is the address the HTTP API listens on, advertised to clients through the store.
+	API string
+	// CrashLoopRestarts is how many restarts within an agent's window make the master move a
+	// worker to another node; 0 means 5.
+	CrashLoopRestarts int
+	// Resync is how often the leader re-plans even when nothing was seen to change.
+	Resync time.Duration
+	// Debounce gathers bursts of changes into one reconcile.
+	Debounce time.Duration
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+}
+
+func (c *Config) defaults() {
+	if c.CrashLoopRestarts <= 0 {
+		c.CrashLoopRestarts = 5
+	}
+	if c.Resync <= 0 {
+		c.Resync = 10 * time.Second
+	}
+	if c.Debounce <= 0 {
+		c.Debounce = 20 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Master decides where workers run. Any number of masters may run; one leads at a time and
+// holds nothing that the store does not.
+type Master struct {
+	cfg     Config
+	store   coord.Store
+	log     *slog.Logger
+	metrics *metrics
+
+	// The mirrors run for the master's whole life: the API reads them on every master,
+	// and the leader plans from them.
+	jobs, nodes, confs, assigns *mirror
+	wake                        chan struct{}
+
+	mu     sync.Mutex
+	leader bool
+}
+
+// New returns a master on store. It does nothing until Run.
+func New(store coord.Store, cfg Config) (*Master, error) {
+	cfg.defaults()
+	if cfg.ID == "" {
+		return nil, errors.New("scheduler: a master needs an id")
+	}
+	m := &Master{cfg: cfg, store: store, log: cfg.Logger.With("master", cfg.ID), wake: make(chan struct{}, 1)}
+	m.metrics = newMetrics(cfg.Registry)
+	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
+	m.nodes = newMirror(store, cluster.NodesKey, m.poke)
+	m.confs = newMirror(store, cluster.NodeConfsKey, m.poke)
+	m.assigns = newMirror(store, cluster.AssignmentsKey, func() {})
+	return m, nil
+}
+
+// Leader reports whether this master leads now.
+func (m *Master) Leader() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.leader
+}
+
+func (m *Master) setLeader(v bool) {
+	m.mu.Lock()
+	m.leader = v
+	m.mu.Unlock()
+	if v {
+		m.metrics.leader.Set(1)
+	} else {
+		m.metrics.leader.Set(0)
+	}
+}
+
+func (m *Master) poke() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run campaigns for leadership and, while leading, reconciles; it campaigns again after
+// losing it. It returns when ctx is done.
+func (m *Master) Run(ctx context.Context) error {
+	if err := ensureDirs(ctx, m.store); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if err := mr.run(ctx); err != nil && ctx.Err() == nil {
+					m.log.Warn("watch failed; retrying", "dir", mr.dir, "err", err)
+					time.Sleep(200 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns} {
+		select {
+		case <-mr.ready:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	el, err := coord.NewElection(m.store, cluster.ElectionKey, m.cfg.ID)
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	for {
+		lead, err := el.Campaign(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			m.log.Warn("campaign failed; retrying", "err", err)
+			select {
+			case <-time.After(500 * time.Millisecond):
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		m.log.Info("leading")
+		m.setLeader(true)
+		lctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-lead.Done():
+			case <-lctx.Done():
+			}
+			cancel()
+		}()
+		err = m.lead(lctx)
+		cancel()
+		m.setLeader(false)
+		if ctx.Err() != nil {
+			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = lead.Resign(rctx)
+			rcancel()
+			return nil
+		}
+		m.log.Warn("leadership lost", "err", err)
+	}
+}
+
+// ensureDirs creates the store's top-level directories so watches have something to watch.
+func ensureDirs(ctx context.Context, s coord.KV) error {
+	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, "/master"} {
+		if _, err := s.Create(ctx, k, nil, coord.Persistent); err != nil && !errors.Is(err, coord.ErrExists) {
+			return fmt.Errorf("scheduler: create %s: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// lead runs the reconcile loop until ctx is done.
+func (m *Master) lead(ctx context.Context) error {
+	if m.cfg.API != "" {
+		info, _ := json.Marshal(cluster.MasterInfo{ID: m.cfg.ID, API: m.cfg.API})
+		_ = m.store.Delete(ctx, cluster.MasterKey, coord.AnyVersion)
+		if _, err := m.store.Create(ctx, cluster.MasterKey, info, coord.Ephemeral); err != nil && !errors.Is(err, coord.ErrExists) {
+			m.log.Warn("advertise API", "err", err)
+		}
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = m.store.Delete(dctx, cluster.MasterKey, coord.AnyVersion)
+		}()
+	}
+	r := &reconciler{m: m, jobs: m.jobs, nodes: m.nodes, confs: m.confs}
+	if err := r.loadAssignments(ctx); err != nil {
+		return err
+	}
+	tick := time.NewTicker(m.cfg.Resync)
+	defer tick.Stop()
+	for {
+		if err := r.reconcile(ctx); err != nil && ctx.Err() == nil {
+			m.log.Warn("reconcile failed; retrying", "err", err)
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+			}
+			m.poke()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.wake:
+		case <-tick.C:
+		}
+		// Let a burst of changes (a rack going, a job submitted) arrive before planning.
+		select {
+		case <-time.After(m.cfg.Debounce):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		select {
+		case <-m.wake:
+		default:
+		}
+	}
+}

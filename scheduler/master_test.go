@@ -1,0 +1,365 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testCluster is a master (or several) on one embedded store, with node records written
+// by stand-in agents: each stand-in registers a node and reports every worker assigned to
+// it as running. The real agent is tested in package agents and end to end.
+type testCluster struct {
+	t      *testing.T
+	srv    *coord.Server
+	admin  coord.Store
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func newTestCluster(t *testing.T) *testCluster {
+	t.Helper()
+	srv, err := coord.NewServer(coord.ServerOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tc := &testCluster{t: t, srv: srv, ctx: ctx, cancel: cancel}
+	tc.admin = tc.connect(-1)
+	if err := ensureDirs(ctx, tc.admin); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		tc.wg.Wait()
+		srv.Close()
+	})
+	return tc
+}
+
+func (tc *testCluster) connect(timeout time.Duration) *coord.Embedded {
+	c, err := tc.srv.Connect(coord.Options{SessionTimeout: timeout, Logger: quiet})
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// master starts a master on its own client; cancel stops it.
+func (tc *testCluster) master(id string) (*Master, *coord.Embedded, context.CancelFunc) {
+	c := tc.connect(-1)
+	m, err := New(c, Config{ID: id, Logger: quiet, Debounce: 5 * time.Millisecond})
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(tc.ctx)
+	tc.wg.Add(1)
+	go func() {
+		defer tc.wg.Done()
+		_ = m.Run(ctx)
+	}()
+	return m, c, cancel
+}
+
+// node registers a stand-in agent for n and returns its client; closing or expiring the
+// client's session makes the node lost.
+func (tc *testCluster) node(n cluster.Node) *coord.Embedded {
+	c := tc.connect(-1)
+	ctx, cancel := context.WithCancel(tc.ctx)
+	tc.t.Cleanup(cancel)
+	rec := cluster.NodeRecord{Node: n, Health: cluster.NodeHealth{State: cluster.HealthHealthy}, Isolation: []string{"process"}}
+	if rec.Node.Labels == nil {
+		rec.Node.Labels = map[string]string{}
+	}
+	rec.Node.Labels["isolation/process"] = "true"
+	val, _ := json.Marshal(rec)
+	if _, err := c.Create(ctx, cluster.NodeKey(n.ID), val, coord.Ephemeral); err != nil {
+		tc.t.Fatal(err)
+	}
+	ch, err := c.Watch(ctx, cluster.AssignmentKey(n.ID))
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.wg.Add(1)
+	go func() {
+		defer tc.wg.Done()
+		for ev := range ch {
+			var a cluster.NodeAssignment
+			if ev.Exists {
+				_ = json.Unmarshal(ev.Entry.Value, &a)
+			}
+			rec.Workers = rec.Workers[:0]
+			for _, w := range a.Workers {
+				if !w.Stop { // a stand-in stops at once
+					rec.Workers = append(rec.Workers, cluster.WorkerStatus{Key: w.Key, Generation: w.Generation, State: cluster.WorkerRunning})
+				}
+			}
+			val, _ := json.Marshal(rec)
+			_, _ = c.Put(ctx, cluster.NodeKey(n.ID), val, coord.AnyVersion)
+		}
+	}()
+	return c
+}
+
+// assignments reads every node's assignment from the store.
+func (tc *testCluster) assignments() map[cluster.WorkerKey]string {
+	tc.t.Helper()
+	out := map[cluster.WorkerKey]string{}
+	names, err := tc.admin.Children(tc.ctx, cluster.AssignmentsKey)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	for _, n := range names {
+		e, err := tc.admin.Get(tc.ctx, cluster.AssignmentKey(n))
+		if err != nil {
+			continue
+		}
+		var a cluster.NodeAssignment
+		_ = json.Unmarshal(e.Value, &a)
+		for _, w := range a.Workers {
+			if prev, dup := out[w.Key]; dup {
+				tc.t.Fatalf("worker %s assigned to %s and %s", w.Key, prev, n)
+			}
+			out[w.Key] = n
+		}
+	}
+	return out
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func testNodes(dcs, racks, perRack int) []cluster.Node {
+	var out []cluster.Node
+	for d := range dcs {
+		for r := range racks {
+			for i := range perRack {
+				out = append(out, cluster.Node{ID: fmt.Sprintf("n-%d-%d-%d", d, r, i), DC: fmt.Sprintf("dc-%d", d),
+					Rack: fmt.Sprintf("r-%d", r), Slots: 4, Memory: 4 << 30, CPU: 4000})
+			}
+		}
+	}
+	return out
+}
+
+func testSpec(name string, workers int) *cluster.JobSpec {
+	return &cluster.JobSpec{Name: name, Tenant: "search", Workers: workers,
+		Resources: cluster.Resources{Memory: 64 << 20, CPU: 100}, Command: []string{"sleep", "1000"},
+		Placement: cluster.PlacementSpec{Spread: []string{"dc", "rack"}}}
+}
+
+func TestMasterPlacesAndReplacesLostNode(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.master("m1")
+	clients := map[string]*coord.Embedded{}
+	for _, n := range testNodes(2, 2, 2) {
+		clients[n.ID] = tc.node(n)
+	}
+	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 12)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "12 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 12 })
+	before := tc.assignments()
+	perNode := map[string]int{}
+	for _, n := range before {
+		perNode[n]++
+	}
+	for n, c := range perNode {
+		if c > 2 {
+			t.Errorf("node %s has %d workers; an even spread over 8 nodes puts at most 2", n, c)
+		}
+	}
+	// Lose a node that has workers: only its workers move.
+	lost := before[cluster.WorkerKey{Job: "wc", Worker: 0}]
+	clients[lost].Close()
+	waitFor(t, "workers of the lost node re-placed", 5*time.Second, func() bool {
+		a := tc.assignments()
+		if len(a) != 12 {
+			return false
+		}
+		for _, n := range a {
+			if n == lost {
+				return false
+			}
+		}
+		return true
+	})
+	after := tc.assignments()
+	for k, n := range before {
+		if n != lost && after[k] != n {
+			t.Errorf("worker %s moved from %s to %s though its node stayed", k, n, after[k])
+		}
+	}
+}
+
+func TestMasterFailoverKeepsAssignments(t *testing.T) {
+	tc := newTestCluster(t)
+	m1, c1, _ := tc.master("m1")
+	waitFor(t, "m1 leads", 5*time.Second, m1.Leader)
+	m2, _, _ := tc.master("m2")
+	for _, n := range testNodes(1, 2, 2) {
+		tc.node(n)
+	}
+	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 6 })
+	before := tc.assignments()
+	versions := map[string]int64{}
+	for _, n := range slices.Collect(maps.Values(before)) {
+		e, _ := tc.admin.Get(tc.ctx, cluster.AssignmentKey(n))
+		versions[n] = e.Version
+	}
+	if m2.Leader() {
+		t.Fatal("two leaders")
+	}
+	c1.Crash() // the leader's process dies: its session ends, m2 takes over
+	waitFor(t, "m2 leads", 5*time.Second, m2.Leader)
+	// Give the new leader time to reconcile; it must not rewrite anything.
+	time.Sleep(200 * time.Millisecond)
+	after := tc.assignments()
+	if !maps.Equal(before, after) {
+		t.Errorf("assignments changed across failover:\nbefore %v\nafter  %v", before, after)
+	}
+	for n, v := range versions {
+		e, _ := tc.admin.Get(tc.ctx, cluster.AssignmentKey(n))
+		if e.Version != v {
+			t.Errorf("new leader rewrote the assignment of %s (version %d -> %d)", n, v, e.Version)
+		}
+	}
+}
+
+func TestAPI(t *testing.T) {
+	tc := newTestCluster(t)
+	m, _, _ := tc.master("m1")
+	for _, n := range testNodes(1, 1, 2) {
+		tc.node(n)
+	}
+	srv := httptest.NewServer(m.Handler(nil))
+	defer srv.Close()
+	cl, err := NewClient(srv.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := tc.ctx
+	spec := "name: wc\ntenant: search\nworkers: 4\nresources: {memory: 64Mi, cpu: 0.1}\ncommand: [sleep, '1000']\n"
+
+	_, err = cl.SubmitJob(ctx, []byte(spec))
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `unknown tenant "search"`) {
+		t.Fatalf("submit for unknown tenant: %v", err)
+	}
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "search", MaxWorkers: 6}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "search"}); !errors.Is(err, ErrExists) {
+		t.Fatalf("second create: %v", err)
+	}
+	_, err = cl.SubmitJob(ctx, []byte("name: wc\nworkers: 0\n"))
+	if !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), "workers: must be at least 1 (line 2)") {
+		t.Fatalf("bad spec: %v", err)
+	}
+	if _, err := cl.SubmitJob(ctx, []byte(spec)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.SubmitJob(ctx, []byte(spec)); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate submit: %v", err)
+	}
+	_, err = cl.SubmitJob(ctx, []byte(strings.Replace(spec, "name: wc", "name: wc2", 1)))
+	if !errors.Is(err, ErrQuota) || err.Error() != "tenant search: 4 of 6 workers used, asked for 4 more" {
+		t.Fatalf("over quota: %v", err)
+	}
+	if _, err := cl.ScaleJob(ctx, "wc", 7); !errors.Is(err, ErrQuota) || !strings.Contains(err.Error(), "4 of 6 workers used, asked for 3 more") {
+		t.Fatalf("scale over quota: %v", err)
+	}
+	waitFor(t, "4 running", 5*time.Second, func() bool {
+		st, err := cl.Job(ctx, "wc")
+		return err == nil && st.Summary.Running == 4
+	})
+	// 2 nodes x 4 slots: scaling to 6 fits; the quota allows 6.
+	if _, err := cl.ScaleJob(ctx, "wc", 6); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "6 running", 5*time.Second, func() bool {
+		st, err := cl.Job(ctx, "wc")
+		return err == nil && st.Summary.Running == 6
+	})
+	nodes, err := cl.Nodes(ctx)
+	if err != nil || len(nodes) != 2 || nodes[0].SlotsUsed+nodes[1].SlotsUsed != 6 {
+		t.Fatalf("nodes = %+v, %v", nodes, err)
+	}
+	if err := cl.DrainNode(ctx, "nope", true); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("drain unknown node: %v", err)
+	}
+	if _, err := cl.Job(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown job: %v", err)
+	}
+	if _, err := cl.KillJob(ctx, "wc", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "job removed", 5*time.Second, func() bool {
+		_, err := cl.Job(ctx, "wc")
+		return errors.Is(err, ErrNotFound)
+	})
+	if len(tc.assignments()) != 0 {
+		t.Errorf("killed job still assigned: %v", tc.assignments())
+	}
+}
+
+func TestDrainMovesWorkersOff(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.master("m1")
+	for _, n := range testNodes(1, 2, 2) {
+		tc.node(n)
+	}
+	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 8)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "8 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 8 })
+	if err := UpdateNodeConf(tc.ctx, tc.admin, "n-0-0-0", func(c *cluster.NodeConf) { c.Draining = true }); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "drained node empty", 5*time.Second, func() bool {
+		a := tc.assignments()
+		for _, n := range a {
+			if n == "n-0-0-0" {
+				return false
+			}
+		}
+		return len(a) == 8
+	})
+}

@@ -1,0 +1,95 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/placement"
+)
+
+// metrics are the master's Prometheus series.
+type metrics struct {
+	leader       prometheus.Gauge
+	nodes        prometheus.Gauge
+	slots        *prometheus.GaugeVec // by state: total, used, free, throttled
+	workers      *prometheus.GaugeVec // by state as agents report it
+	unplaced     prometheus.Gauge
+	placements   prometheus.Counter
+	replacements prometheus.Counter
+	reconcile    prometheus.Histogram
+	storeWrites  prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "stormdock_master_leader", Help: "1 while this master leads."}),
+		nodes:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "stormdock_nodes", Help: "Live nodes."}),
+		slots: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stormdock_slots", Help: "Worker slots of live nodes by state."},
+			[]string{"state"}),
+		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stormdock_workers", Help: "Workers by state as agents report them."},
+			[]string{"state"}),
+		unplaced: prometheus.NewGauge(prometheus.GaugeOpts{Name: "stormdock_workers_unplaced", Help: "Workers no node can take."}),
+		placements: prometheus.NewCounter(prometheus.CounterOpts{Name: "stormdock_placements_total",
+			Help: "Workers assigned to a node."}),
+		replacements: prometheus.NewCounter(prometheus.CounterOpts{Name: "stormdock_replacements_total",
+			Help: "Workers moved from one node to another."}),
+		reconcile: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stormdock_reconcile_seconds",
+			Help: "Time to plan and write assignments.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{Name: "stormdock_master_store_writes_total",
+			Help: "Writes the master made to the coordination store."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites)
+	}
+	return m
+}
+
+// observe records what one reconcile saw and did.
+func (r *reconciler) observe(v *view, cur []cluster.Placement, res *placement.Result, writes int, took time.Duration) {
+	m := r.m.metrics
+	m.reconcile.Observe(took.Seconds())
+	m.nodes.Set(float64(len(v.nodes)))
+	var total, used, throttled int
+	for _, rec := range v.nodes {
+		total += rec.Node.Slots
+		throttled += rec.Health.Throttled
+	}
+	for _, st := range r.assign {
+		used += len(st.a.Workers)
+	}
+	m.slots.WithLabelValues("total").Set(float64(total))
+	m.slots.WithLabelValues("used").Set(float64(used))
+	m.slots.WithLabelValues("throttled").Set(float64(throttled))
+	m.slots.WithLabelValues("free").Set(float64(max(total-used-throttled, 0)))
+	counts := map[string]int{cluster.WorkerStarting: 0, cluster.WorkerRunning: 0, cluster.WorkerBackoff: 0, cluster.WorkerStopping: 0, cluster.WorkerFailed: 0}
+	for _, s := range v.statuses {
+		counts[s.status.State]++
+	}
+	for state, n := range counts {
+		m.workers.WithLabelValues(state).Set(float64(n))
+	}
+	m.unplaced.Set(float64(len(res.Unplaced)))
+	was := make(map[cluster.WorkerKey]string, len(cur))
+	for _, p := range cur {
+		was[p.Key()] = p.Node
+	}
+	for _, p := range res.Placements {
+		if was[p.Key()] != p.Node {
+			m.placements.Inc()
+		}
+	}
+	for _, mv := range res.Moves {
+		if mv.To != "" {
+			m.replacements.Inc()
+		}
+	}
+	if len(res.Unplaced) != r.lastUnplaced || writes > 0 {
+		r.m.log.Info("reconciled", "placed", len(res.Placements), "unplaced", len(res.Unplaced),
+			"moves", len(res.Moves), "writes", writes, "took", took.Round(time.Microsecond))
+		if len(res.Unplaced) > 0 {
+			r.m.log.Warn("workers unplaced", "first", res.Unplaced[0].Reason, "count", len(res.Unplaced))
+		}
+	}
+	r.lastUnplaced = len(res.Unplaced)
+}

@@ -1,0 +1,134 @@
+package scheduler
+
+import (
+	"context"
+	"maps"
+	"path"
+	"sync"
+
+	"github.com/stormdock/stormdock/coord"
+)
+
+// mirror keeps an in-memory copy of a directory of the store (its children and their
+// values) from watches, and pokes a channel after every change, so that the reconcile loop
+// reads memory instead of the store and wakes within one watch delivery of a change.
+type mirror struct {
+	dir   string
+	store coord.Watcher
+	poke  func()
+
+	mu      sync.Mutex
+	entries map[string]coord.Entry
+	ready   chan struct{} // closed once the first listing and its values are in
+	readied sync.Once
+	wg      sync.WaitGroup
+}
+
+func newMirror(s coord.Watcher, dir string, poke func()) *mirror {
+	return &mirror{dir: dir, store: s, poke: poke, entries: map[string]coord.Entry{}, ready: make(chan struct{})}
+}
+
+// run watches until ctx is done; it returns once every watch goroutine has stopped.
+func (m *mirror) run(ctx context.Context) error {
+	defer m.wg.Wait()
+	ch, err := m.store.WatchChildren(ctx, m.dir)
+	if err != nil {
+		return err
+	}
+	cancels := map[string]context.CancelFunc{}
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+	}()
+	first := true
+	for ev := range ch {
+		want := map[string]bool{}
+		for _, name := range ev.Children {
+			want[name] = true
+		}
+		for name, c := range cancels {
+			if !want[name] {
+				c()
+				delete(cancels, name)
+			}
+		}
+		m.mu.Lock()
+		for name := range m.entries {
+			if !want[name] {
+				delete(m.entries, name) // also what vanished while a previous run was down
+			}
+		}
+		m.mu.Unlock()
+		var waits []chan struct{}
+		for name := range want {
+			if _, ok := cancels[name]; ok {
+				continue
+			}
+			cctx, cancel := context.WithCancel(ctx)
+			cancels[name] = cancel
+			got := make(chan struct{})
+			waits = append(waits, got)
+			if err := m.watchOne(cctx, name, got); err != nil {
+				cancel()
+				delete(cancels, name)
+				close(got)
+			}
+		}
+		if first {
+			// The first listing is complete only once every child's value arrived.
+			for _, w := range waits {
+				select {
+				case <-w:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			m.readied.Do(func() { close(m.ready) })
+			first = false
+		}
+		m.poke()
+	}
+	return ctx.Err()
+}
+
+func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) error {
+	ch, err := m.store.Watch(ctx, path.Join(m.dir, name))
+	if err != nil {
+		return err
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		once := false
+		for ev := range ch {
+			m.mu.Lock()
+			if ctx.Err() != nil {
+				m.mu.Unlock()
+				continue // the child is gone; run has dropped its entry
+			}
+			if ev.Exists {
+				m.entries[name] = ev.Entry
+			} else {
+				delete(m.entries, name)
+			}
+			m.mu.Unlock()
+			if !once {
+				close(got)
+				once = true
+			}
+			m.poke()
+		}
+		if !once {
+			close(got)
+		}
+	}()
+	return nil
+}
+
+// snapshot returns a copy of the entries by child name.
+func (m *mirror) snapshot() map[string]coord.Entry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.entries)
+}

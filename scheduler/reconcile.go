@@ -1,0 +1,261 @@
+package scheduler
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/placement"
+)
+
+// assignState is a node's assignment as last read or written by this leader.
+type assignState struct {
+	a       cluster.NodeAssignment
+	raw     []byte
+	version int64
+	exists  bool
+}
+
+// reconciler is the leader's loop state. Only the leader writes assignments, so it keeps
+// them in memory after reading them once at the start of its term.
+type reconciler struct {
+	m                  *Master
+	jobs, nodes, confs *mirror
+	assign             map[string]assignState
+	lastUnplaced       int
+}
+
+func (r *reconciler) loadAssignments(ctx context.Context) error {
+	names, err := r.m.store.Children(ctx, cluster.AssignmentsKey)
+	if err != nil {
+		return fmt.Errorf("scheduler: list assignments: %w", err)
+	}
+	r.assign = make(map[string]assignState, len(names))
+	for _, name := range names {
+		if err := r.reload(ctx, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reload reads one node's assignment from the store, after a conflict or at the start.
+func (r *reconciler) reload(ctx context.Context, node string) error {
+	e, err := r.m.store.Get(ctx, cluster.AssignmentKey(node))
+	if errors.Is(err, coord.ErrNotFound) {
+		delete(r.assign, node)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("scheduler: read assignment of %s: %w", node, err)
+	}
+	var a cluster.NodeAssignment
+	if len(e.Value) > 0 {
+		if err := json.Unmarshal(e.Value, &a); err != nil {
+			r.m.log.Warn("replacing unreadable assignment", "node", node, "err", err)
+		}
+	}
+	r.assign[node] = assignState{a: a, raw: e.Value, version: e.Version, exists: true}
+	return nil
+}
+
+// reconcile plans once and writes the assignments that changed.
+func (r *reconciler) reconcile(ctx context.Context) error {
+	start := time.Now()
+	v := decodeView(r.m.log, r.jobs.snapshot(), r.nodes.snapshot(), r.confs.snapshot())
+
+	current, stopping := r.current(v)
+	in := placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: current}
+	res, err := placement.Plan(in)
+	if err != nil {
+		return fmt.Errorf("scheduler: plan: %w", err)
+	}
+	want := r.desired(v, res.Placements, stopping)
+	writes, err := r.write(ctx, want)
+	if err != nil {
+		return err
+	}
+	if err := r.collectKilled(ctx, v); err != nil {
+		return err
+	}
+	r.observe(v, current, res, writes, time.Since(start))
+	return nil
+}
+
+// current lists the placements the plan should keep if still valid, and the workers of
+// killed jobs that are still being stopped.
+func (r *reconciler) current(v *view) ([]cluster.Placement, map[string][]cluster.WorkerAssignment) {
+	var cur []cluster.Placement
+	stopping := map[string][]cluster.WorkerAssignment{}
+	for node, st := range r.assign {
+		for _, w := range st.a.Workers {
+			j, ok := v.jobs[w.Key.Job]
+			switch {
+			case ok && j.rec.State == cluster.JobRunning && !w.Stop:
+				cur = append(cur, cluster.Placement{Job: w.Key.Job, Worker: w.Key.Worker, Link: w.Key.Link, Node: node})
+			case ok && j.rec.State == cluster.JobKilled:
+				if _, alive := v.nodes[node]; !alive {
+					continue // nobody left to stop it there
+				}
+				if s, reported := v.statuses[w.Key]; !reported || s.node != node {
+					continue // the agent has stopped it
+				}
+				w.Stop = true
+				w.Grace = cluster.Duration(j.rec.Spec.Grace())
+				stopping[node] = append(stopping[node], w)
+			}
+		}
+	}
+	return cur, stopping
+}
+
+// desired builds every node's assignment from the plan.
+func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping map[string][]cluster.WorkerAssignment) map[string]cluster.NodeAssignment {
+	want := map[string]cluster.NodeAssignment{}
+	for _, p := range placements {
+		j := v.jobs[p.Job].rec
+		a := want[p.Node]
+		a.Node = p.Node
+		a.Workers = append(a.Workers, workerAssignment(j, p.Key()))
+		want[p.Node] = a
+	}
+	for node, ws := range stopping {
+		a := want[node]
+		a.Node = node
+		a.Workers = append(a.Workers, ws...)
+		want[node] = a
+	}
+	for node, a := range want {
+		slices.SortFunc(a.Workers, func(x, y cluster.WorkerAssignment) int {
+			if c := x.Key.Compare(y.Key); c != 0 {
+				return c
+			}
+			return cmp.Compare(fmt.Sprint(x.Stop), fmt.Sprint(y.Stop))
+		})
+		want[node] = a
+	}
+	return want
+}
+
+func workerAssignment(j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAssignment {
+	s := j.Spec
+	return cluster.WorkerAssignment{
+		Key:        k,
+		Generation: j.Generation,
+		Tenant:     s.Tenant,
+		Workers:    s.Workers,
+		Isolation:  s.IsolationMode(),
+		Command:    s.Command,
+		Image:      s.Image,
+		Env:        s.Env,
+		Resources:  s.Resources,
+		Priority:   s.Priority,
+		Grace:      cluster.Duration(s.Grace()),
+		Output:     s.Output,
+	}
+}
+
+// write stores the assignments that differ from what the nodes have, emptying those of
+// nodes that lost everything first so that stops go out before starts. It returns how many
+// keys it wrote.
+func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssignment) (int, error) {
+	type change struct {
+		node  string
+		value []byte
+		fewer bool
+	}
+	var changes []change
+	for _, node := range slices.Sorted(maps.Keys(mergeKeys(want, r.assign))) {
+		a, ok := want[node]
+		if !ok {
+			a = cluster.NodeAssignment{Node: node, Workers: []cluster.WorkerAssignment{}}
+		}
+		if a.Workers == nil {
+			a.Workers = []cluster.WorkerAssignment{}
+		}
+		val, err := json.Marshal(a)
+		if err != nil {
+			return 0, fmt.Errorf("scheduler: encode assignment of %s: %w", node, err)
+		}
+		st := r.assign[node]
+		if st.exists && bytes.Equal(st.raw, val) {
+			continue
+		}
+		changes = append(changes, change{node: node, value: val, fewer: len(a.Workers) < len(st.a.Workers)})
+	}
+	slices.SortStableFunc(changes, func(x, y change) int {
+		switch {
+		case x.fewer == y.fewer:
+			return 0
+		case x.fewer:
+			return -1
+		}
+		return 1
+	})
+	for _, c := range changes {
+		st := r.assign[c.node]
+		key := cluster.AssignmentKey(c.node)
+		var (
+			ver int64
+			err error
+		)
+		if st.exists {
+			ver, err = r.m.store.Put(ctx, key, c.value, st.version)
+		} else {
+			_, err = r.m.store.Create(ctx, key, c.value, coord.Persistent)
+		}
+		r.m.metrics.storeWrites.Inc()
+		if err != nil {
+			if errors.Is(err, coord.ErrConflict) || errors.Is(err, coord.ErrExists) || errors.Is(err, coord.ErrNotFound) {
+				// Someone else wrote it (an old leader still finishing): read and plan again.
+				_ = r.reload(ctx, c.node)
+			}
+			return 0, fmt.Errorf("scheduler: write assignment of %s: %w", c.node, err)
+		}
+		var a cluster.NodeAssignment
+		_ = json.Unmarshal(c.value, &a)
+		r.assign[c.node] = assignState{a: a, raw: c.value, version: ver, exists: true}
+	}
+	return len(changes), nil
+}
+
+func mergeKeys[A, B any](a map[string]A, b map[string]B) map[string]bool {
+	out := make(map[string]bool, len(a)+len(b))
+	for k := range a {
+		out[k] = true
+	}
+	for k := range b {
+		out[k] = true
+	}
+	return out
+}
+
+// collectKilled deletes the records of killed jobs once no worker of theirs is assigned.
+func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
+	left := map[string]bool{}
+	for _, st := range r.assign {
+		for _, w := range st.a.Workers {
+			left[w.Key.Job] = true
+		}
+	}
+	for name, j := range v.jobs {
+		if j.rec.State != cluster.JobKilled || left[name] {
+			continue
+		}
+		err := r.m.store.Delete(ctx, cluster.JobKey(name), j.version)
+		r.m.metrics.storeWrites.Inc()
+		if err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrConflict) {
+			return fmt.Errorf("scheduler: remove killed job %s: %w", name, err)
+		}
+		r.m.log.Info("job removed", "job", name)
+	}
+	return nil
+}

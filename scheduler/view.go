@@ -1,0 +1,115 @@
+package scheduler
+
+import (
+	"encoding/json"
+	"log/slog"
+	"maps"
+	"slices"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+)
+
+// view is the cluster as one reconcile sees it, decoded from the mirrors.
+type view struct {
+	jobs     map[string]jobEntry
+	nodes    map[string]cluster.NodeRecord
+	confs    map[string]cluster.NodeConf
+	statuses map[cluster.WorkerKey]nodeWorker // what agents report, by worker
+}
+
+type jobEntry struct {
+	rec     cluster.JobRecord
+	version int64
+}
+
+// nodeWorker is a worker status with the node that reports it.
+type nodeWorker struct {
+	node   string
+	status cluster.WorkerStatus
+}
+
+func decodeView(log *slog.Logger, jobs, nodes, confs map[string]coord.Entry) *view {
+	v := &view{
+		jobs:     make(map[string]jobEntry, len(jobs)),
+		nodes:    make(map[string]cluster.NodeRecord, len(nodes)),
+		confs:    make(map[string]cluster.NodeConf, len(confs)),
+		statuses: map[cluster.WorkerKey]nodeWorker{},
+	}
+	for name, e := range jobs {
+		var rec cluster.JobRecord
+		if err := json.Unmarshal(e.Value, &rec); err != nil || rec.Spec.Name != name {
+			log.Warn("ignoring unreadable job record", "job", name, "err", err)
+			continue
+		}
+		v.jobs[name] = jobEntry{rec: rec, version: e.Version}
+	}
+	for id, e := range nodes {
+		var rec cluster.NodeRecord
+		if err := json.Unmarshal(e.Value, &rec); err != nil || rec.Node.ID != id {
+			log.Warn("ignoring unreadable node record", "node", id, "err", err)
+			continue
+		}
+		v.nodes[id] = rec
+		for _, w := range rec.Workers {
+			v.statuses[w.Key] = nodeWorker{node: id, status: w}
+		}
+	}
+	for id, e := range confs {
+		var c cluster.NodeConf
+		if len(e.Value) == 0 {
+			continue
+		}
+		if err := json.Unmarshal(e.Value, &c); err != nil {
+			log.Warn("ignoring unreadable node settings", "node", id, "err", err)
+			continue
+		}
+		v.confs[id] = c
+	}
+	return v
+}
+
+// isolationLabel is the node label an agent sets for each driver it offers.
+func isolationLabel(mode string) string { return "isolation/" + mode }
+
+// schedulable returns the nodes as placement sees them: health throttling and operator
+// settings folded into the node.
+func (v *view) schedulable() []cluster.Node {
+	out := make([]cluster.Node, 0, len(v.nodes))
+	for _, id := range slices.Sorted(maps.Keys(v.nodes)) {
+		rec := v.nodes[id]
+		n := rec.Node
+		n.Labels = maps.Clone(n.Labels)
+		n.Throttled = rec.Health.Throttled
+		n.Unschedulable = rec.Health.State == cluster.HealthUnhealthy
+		if c, ok := v.confs[id]; ok {
+			n.Draining = c.Draining
+			if c.Pool != "" {
+				n.Pool = c.Pool
+			}
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// runningJobs returns the specs placement must place, each requiring a node that offers
+// its isolation.
+func (v *view) runningJobs() []cluster.JobSpec {
+	out := make([]cluster.JobSpec, 0, len(v.jobs))
+	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
+		rec := v.jobs[name].rec
+		if rec.State != cluster.JobRunning {
+			continue
+		}
+		spec := rec.Spec
+		labels := maps.Clone(spec.Placement.NodeLabels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[isolationLabel(spec.IsolationMode())] = "true"
+		spec.Placement.NodeLabels = labels
+		out = append(out, spec)
+	}
+	return out
+}
