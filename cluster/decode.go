@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -86,6 +87,18 @@ func Decode(data []byte, v any, what string) error {
 	if len(ps) == 0 {
 		return nil
 	}
+	// In source order, problems without a line (missing fields) last.
+	slices.SortStableFunc(ps, func(a, b FieldError) int {
+		switch {
+		case a.Line == b.Line:
+			return 0
+		case a.Line == 0:
+			return 1
+		case b.Line == 0:
+			return -1
+		}
+		return a.Line - b.Line
+	})
 	return &ValidationError{What: what, Problems: ps}
 }
 

@@ -23,6 +23,10 @@ func App() *cli.App {
 		Description: "Flags go before positional arguments: `stormdock job submit --wait FILE`.\n" +
 			"Exit codes: 0 ok, 1 failed, 2 bad usage or input.",
 		Commands: []*cli.Command{
+			MasterCommand,
+			JobCommand,
+			NodeCommand,
+			TenantCommand,
 			VersionCommand,
 		},
 		Action: func(c *cli.Context) error {

@@ -15,7 +15,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := tools.App().RunContext(ctx, os.Args)
+	err := tools.Run(ctx, os.Args)
 	stop()
 	if err != nil {
 		if ec, ok := err.(cli.ExitCoder); ok {

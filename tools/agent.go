@@ -1,0 +1,255 @@
+package tools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/isolation/process"
+)
+
+// AgentCommand runs the node agent.
+var AgentCommand = &cli.Command{
+	Name:      "agent",
+	Usage:     "run the node agent: register the node and run the workers assigned to it",
+	UsageText: "stormdock agent --store URL --node-id ID --dc DC --rack RACK --slots N --memory Q --cpu C [flags]",
+	Description: "Flags go first. Workers keep running when the agent stops; a restarted agent adopts them.\n" +
+		"A job command named `stormdock` runs this binary. Every worker runs under `stormdock launch`,\n" +
+		"which stops it when the agent has not renewed its lease for --lease-ttl (default: the session timeout).",
+	Flags: []cli.Flag{
+		&cli.StringFlag{Name: "store", Usage: "coordination store `URL` (zk://host:port/chroot, mem://, file:///path)", EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
+		&cli.StringFlag{Name: "node-id", Usage: "node `ID`", Required: true},
+		&cli.StringFlag{Name: "host", Usage: "host name reported for the node (default: the machine's)"},
+		&cli.StringFlag{Name: "dc", Usage: "data center", Required: true},
+		&cli.StringFlag{Name: "rack", Usage: "rack", Required: true},
+		&cli.IntFlag{Name: "slots", Usage: "worker slots", Required: true},
+		&cli.StringFlag{Name: "memory", Usage: "memory for workers (`QUANTITY`, e.g. 16Gi)", Required: true},
+		&cli.StringFlag{Name: "cpu", Usage: "cpus for workers (e.g. 8 or 7.5)", Required: true},
+		&cli.StringFlag{Name: "labels", Usage: "node labels `k=v,...`"},
+		&cli.StringSliceFlag{Name: "isolation", Usage: "isolation drivers to offer: process, docker (repeatable or comma list)", Value: cli.NewStringSlice(cluster.IsolationProcess)},
+		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
+		&cli.DurationFlag{Name: "heartbeat", Usage: "node record interval", Value: agents.DefaultHeartbeat},
+		&cli.DurationFlag{Name: "lease-ttl", Usage: "how long workers outlive the agent's last lease renewal (default: the session timeout)"},
+		&cli.BoolFlag{Name: "no-lease", Usage: "run workers without the lease launcher (they then outlive a dead agent)"},
+		&cli.StringFlag{Name: "state-dir", Usage: "agent and driver state `DIR`", Value: "/var/lib/stormdock/agent"},
+		&cli.StringFlag{Name: "cgroup-parent", Usage: "cgroup holding the workers' cgroups", Value: "/stormdock"},
+		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers", Value: agents.DefaultPortBase},
+		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics (\"off\" to disable)", Value: "127.0.0.1:0"},
+		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
+	},
+	Action: runAgent,
+}
+
+func runAgent(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return cli.Exit(fmt.Sprintf("stormdock agent: unexpected argument %q (flags go first)", c.Args().First()), 2)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return cli.Exit(fmt.Sprintf("stormdock agent: --log-level: %v", err), 2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	node, err := agentNode(c)
+	if err != nil {
+		return cli.Exit("stormdock agent: "+err.Error(), 2)
+	}
+	modes, err := isolationModes(c.StringSlice("isolation"))
+	if err != nil {
+		return cli.Exit("stormdock agent: "+err.Error(), 2)
+	}
+	if c.Duration("session-timeout") <= 0 || c.Duration("heartbeat") <= 0 {
+		return cli.Exit("stormdock agent: --session-timeout and --heartbeat must be positive", 2)
+	}
+	stateDir, err := filepath.Abs(c.String("state-dir"))
+	if err != nil {
+		return cli.Exit("stormdock agent: --state-dir: "+err.Error(), 2)
+	}
+	if _, err := coord.ParseURL(c.String("store")); err != nil {
+		return cli.Exit("stormdock agent: --store: "+err.Error(), 2)
+	}
+
+	ctx := c.Context
+	var drivers []agents.Driver
+	for _, m := range modes {
+		switch m {
+		case cluster.IsolationProcess:
+			d, err := process.New(process.Config{
+				CgroupParent: c.String("cgroup-parent"),
+				StateDir:     filepath.Join(stateDir, "process"),
+				Logger:       log.With("node", node.ID),
+			})
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			drivers = append(drivers, agents.Driver{Isolation: m, Driver: d})
+		case cluster.IsolationDocker:
+			return cli.Exit("stormdock agent: --isolation docker: the docker driver is not part of this build yet", 2)
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if addr := c.String("metrics"); addr != "off" && addr != "" {
+		stop, err := serveMetrics(ctx, addr, reg, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+
+	store, err := coord.Open(ctx, c.String("store"), coord.Options{SessionTimeout: c.Duration("session-timeout"), Logger: log})
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer store.Close()
+
+	a, err := agents.New(agents.Config{
+		Node:           node,
+		StateDir:       stateDir,
+		SessionTimeout: c.Duration("session-timeout"),
+		Heartbeat:      c.Duration("heartbeat"),
+		PortBase:       c.Int("port-base"),
+		LeaseTTL:       c.Duration("lease-ttl"),
+		NoLease:        c.Bool("no-lease"),
+		Registerer:     reg,
+		Logger:         log,
+	}, store, drivers...)
+	if err != nil {
+		return cli.Exit("stormdock agent: "+err.Error(), 2)
+	}
+	return a.Run(ctx)
+}
+
+var labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9_./-]*[A-Za-z0-9])?$`)
+
+func agentNode(c *cli.Context) (cluster.Node, error) {
+	n := cluster.Node{ID: c.String("node-id"), Host: c.String("host"), DC: c.String("dc"), Rack: c.String("rack"), Slots: c.Int("slots")}
+	for flag, v := range map[string]string{"node-id": n.ID, "dc": n.DC, "rack": n.Rack} {
+		if err := cluster.CheckName(v); err != nil {
+			return n, fmt.Errorf("--%s: %v", flag, err)
+		}
+	}
+	if n.Slots < 0 {
+		return n, fmt.Errorf("--slots %d must not be negative", n.Slots)
+	}
+	if n.Host == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return n, fmt.Errorf("host name: %v (give --host)", err)
+		}
+		n.Host = h
+	}
+	var err error
+	if n.Memory, err = cluster.ParseBytes(c.String("memory")); err != nil {
+		return n, fmt.Errorf("--memory: %v", err)
+	}
+	if n.CPU, err = cluster.ParseCPU(c.String("cpu")); err != nil {
+		return n, fmt.Errorf("--cpu: %v", err)
+	}
+	if s := c.String("labels"); s != "" {
+		n.Labels = map[string]string{}
+		for _, kv := range strings.Split(s, ",") {
+			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			if !ok || !labelKeyRE.MatchString(k) {
+				return n, fmt.Errorf("--labels: %q is not key=value", kv)
+			}
+			if strings.HasPrefix(k, "isolation/") {
+				return n, fmt.Errorf("--labels: %s is set by the agent from --isolation", k)
+			}
+			n.Labels[k] = v
+		}
+	}
+	return n, nil
+}
+
+func isolationModes(vals []string) ([]string, error) {
+	var modes []string
+	for _, v := range vals {
+		for _, m := range strings.Split(v, ",") {
+			m = strings.TrimSpace(m)
+			switch m {
+			case cluster.IsolationProcess, cluster.IsolationDocker:
+				if !slices.Contains(modes, m) {
+					modes = append(modes, m)
+				}
+			default:
+				return nil, fmt.Errorf("--isolation: unknown isolation %q (process or docker)", m)
+			}
+		}
+	}
+	if len(modes) == 0 {
+		return nil, errors.New("--isolation: give at least one of process, docker")
+	}
+	return modes, nil
+}
+
+// serveMetrics serves /metrics until stop is called.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "err", err)
+		}
+	}()
+	log.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	return func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-done
+	}, nil
+}
+
+// LaunchCommand is the lease launcher every worker runs under (see agents.Launch). It is
+// hidden: the agent writes its command lines.
+var LaunchCommand = &cli.Command{
+	Name:      "launch",
+	Hidden:    true,
+	Usage:     "run a worker while its agent renews its lease",
+	UsageText: "stormdock launch --lease FILE --ttl D [--grace G] -- COMMAND [ARGS...]",
+	Flags: []cli.Flag{
+		&cli.StringFlag{Name: "lease", Usage: "lease `FILE`", Required: true},
+		&cli.DurationFlag{Name: "ttl", Usage: "stop the worker when the lease is older than this", Required: true},
+		&cli.DurationFlag{Name: "grace", Usage: "time between SIGTERM and SIGKILL", Value: cluster.DefaultGracePeriod},
+	},
+	Action: func(c *cli.Context) error {
+		if c.NArg() == 0 {
+			return cli.Exit("stormdock launch: no command given (flags first, then -- COMMAND)", 2)
+		}
+		ws, err := agents.Launch(c.Context, agents.LaunchConfig{
+			Lease: c.String("lease"), TTL: c.Duration("ttl"), Grace: c.Duration("grace"), Command: c.Args().Slice(),
+		})
+		if err != nil && !errors.Is(err, agents.ErrLeaseExpired) {
+			return cli.Exit("stormdock launch: "+err.Error(), 127)
+		}
+		agents.ExitLike(ws)
+		return nil
+	},
+}

@@ -1,0 +1,113 @@
+package tools
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/stormdock/stormdock/scheduler"
+	"github.com/urfave/cli/v2"
+)
+
+// DefaultMaster is where a local cluster serves its API.
+const DefaultMaster = "http://127.0.0.1:7070"
+
+// masterFlags are the flags of every command that talks to a master.
+func masterFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "master", Usage: "master API `URL`", EnvVars: []string{"STORMDOCK_MASTER"}, Value: DefaultMaster},
+		&cli.StringFlag{Name: "token", Usage: "API `TOKEN` (default: the local cluster's admin token)", EnvVars: []string{"STORMDOCK_TOKEN"}},
+	}
+}
+
+// outputFlag selects table or JSON output.
+var outputFlag = &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output format: table or json", Value: "table"}
+
+// newClient builds the API client from the command's flags.
+func newClient(c *cli.Context) (*scheduler.Client, error) {
+	token := c.String("token")
+	if token == "" {
+		token = localAdminToken()
+	}
+	cl, err := scheduler.NewClient(c.String("master"), token)
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
+	return cl, nil
+}
+
+// localAdminToken finds the admin token a local cluster wrote, so that the CLI works
+// against it without setup.
+func localAdminToken() string {
+	dir := os.Getenv("STORMDOCK_DATA")
+	if dir == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return ""
+		}
+		dir = filepath.Join(home, ".stormdock")
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "admin.token"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// usageErr is a bad-usage or bad-input failure: exit code 2.
+func usageErr(format string, args ...any) error {
+	return cli.Exit("stormdock: "+fmt.Sprintf(format, args...), 2)
+}
+
+// apiErr turns a client error into an exit: 2 when the request itself was wrong, 1
+// otherwise.
+func apiErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := strings.ReplaceAll(err.Error(), "\n", "; ")
+	for _, s := range []error{scheduler.ErrBadInput, scheduler.ErrNotFound, scheduler.ErrExists, scheduler.ErrQuota, scheduler.ErrForbidden} {
+		if errors.Is(err, s) {
+			return cli.Exit("stormdock: "+msg, 2)
+		}
+	}
+	return cli.Exit("stormdock: "+msg, 1)
+}
+
+// wantArgs checks the number of positional arguments.
+func wantArgs(c *cli.Context, n int, names string) error {
+	if c.NArg() != n {
+		return usageErr("%s takes %s (flags may go before or after it); got %d argument(s)", c.Command.FullName(), names, c.NArg())
+	}
+	return nil
+}
+
+// printOut writes v as JSON or, for -o table, through the table function.
+func printOut(c *cli.Context, v any, table func(w io.Writer)) error {
+	switch c.String("output") {
+	case "json":
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	case "table", "":
+		tw := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
+		table(tw)
+		return tw.Flush()
+	default:
+		return usageErr("-o must be table or json, not %q", c.String("output"))
+	}
+}
+
+// clip shortens s to n characters so that tables fit 100 columns.
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
