@@ -22,17 +22,19 @@ import (
 // gatherer, when not nil, is served at /metrics.
 func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/health", m.getHealth)
-	mux.HandleFunc("GET /v1/jobs", m.listJobs)
-	mux.HandleFunc("POST /v1/jobs", m.submitJob)
-	mux.HandleFunc("GET /v1/jobs/{name}", m.getJob)
-	mux.HandleFunc("POST /v1/jobs/{name}/scale", m.scaleJob)
-	mux.HandleFunc("POST /v1/jobs/{name}/kill", m.killJob)
-	mux.HandleFunc("GET /v1/nodes", m.listNodes)
-	mux.HandleFunc("POST /v1/nodes/{id}/drain", m.drainNode(true))
-	mux.HandleFunc("POST /v1/nodes/{id}/undrain", m.drainNode(false))
-	mux.HandleFunc("GET /v1/tenants", m.listTenants)
-	mux.HandleFunc("POST /v1/tenants", m.createTenant)
+	route := func(pattern string, need role, h http.HandlerFunc) { mux.HandleFunc(pattern, m.guard(need, h)) }
+	route("GET /v1/health", roleNone, m.getHealth)
+	route("GET /v1/jobs", roleTenant, m.listJobs)
+	route("POST /v1/jobs", roleTenant, m.submitJob)
+	route("GET /v1/jobs/{name}", roleTenant, m.getJob)
+	route("POST /v1/jobs/{name}/scale", roleTenant, m.scaleJob)
+	route("POST /v1/jobs/{name}/kill", roleTenant, m.killJob)
+	route("GET /v1/nodes", roleTenant, m.listNodes)
+	route("POST /v1/nodes/{id}/drain", roleAdmin, m.drainNode(true))
+	route("POST /v1/nodes/{id}/undrain", roleAdmin, m.drainNode(false))
+	route("GET /v1/tenants", roleTenant, m.listTenants)
+	route("POST /v1/tenants", roleAdmin, m.createTenant)
+	route("POST /v1/tenants/{name}/token", roleAdmin, m.tenantToken)
 	if gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	}
@@ -126,6 +128,10 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "%v", err)
 		return
 	}
+	if err := mayUse(principalOf(r.Context()), spec.Tenant); err != nil {
+		failErr(w, err)
+		return
+	}
 	rec, err := SubmitJob(r.Context(), m.store, spec)
 	if err != nil {
 		failErr(w, err)
@@ -138,6 +144,9 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 func (m *Master) scaleJob(w http.ResponseWriter, r *http.Request) {
 	var req ScaleRequest
 	if !decodeJSON(w, r, &req) {
+		return
+	}
+	if !m.mayUseJob(w, r) {
 		return
 	}
 	rec, err := ScaleJob(r.Context(), m.store, r.PathValue("name"), req.Workers)
@@ -154,6 +163,9 @@ func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
+	if !m.mayUseJob(w, r) {
+		return
+	}
 	rec, err := KillJob(r.Context(), m.store, r.PathValue("name"), req.Grace.Std())
 	if err != nil {
 		failErr(w, err)
@@ -163,12 +175,28 @@ func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusOK, rec)
 }
 
-func (m *Master) listJobs(w http.ResponseWriter, _ *http.Request) {
+// mayUseJob answers 404 or 403 unless the caller may act on the job named in the path.
+func (m *Master) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
+	rec, _, err := readJob(r.Context(), m.store, r.PathValue("name"))
+	if err == nil {
+		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
+	}
+	if err != nil {
+		failErr(w, err)
+		return false
+	}
+	return true
+}
+
+func (m *Master) listJobs(w http.ResponseWriter, r *http.Request) {
+	p := principalOf(r.Context())
 	v, assigned := m.current()
 	unplaced := m.unplaced(v, assigned)
 	out := []JobSummary{}
 	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
-		out = append(out, summarize(v, v.jobs[name].rec, assigned, unplaced))
+		if mayUse(p, v.jobs[name].rec.Spec.Tenant) == nil {
+			out = append(out, summarize(v, v.jobs[name].rec, assigned, unplaced))
+		}
 	}
 	reply(w, http.StatusOK, out)
 }
@@ -179,6 +207,10 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 	j, ok := v.jobs[name]
 	if !ok {
 		fail(w, http.StatusNotFound, "no job %q (see `stormdock job list`)", name)
+		return
+	}
+	if err := mayUse(principalOf(r.Context()), j.rec.Spec.Tenant); err != nil {
+		failErr(w, err)
 		return
 	}
 	unplaced := m.unplaced(v, assigned)
@@ -312,8 +344,12 @@ func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v, _ := m.current()
+	p := principalOf(r.Context())
 	out := []TenantView{}
 	for _, name := range names {
+		if !p.admin && p.tenant != name {
+			continue
+		}
 		t, _, err := readTenant(r.Context(), m.store, name)
 		if err != nil {
 			continue
@@ -343,4 +379,14 @@ func (m *Master) createTenant(w http.ResponseWriter, r *http.Request) {
 	}
 	m.log.Info("tenant created", "tenant", t.Name)
 	reply(w, http.StatusCreated, t)
+}
+
+func (m *Master) tenantToken(w http.ResponseWriter, r *http.Request) {
+	token, err := SetTenantToken(r.Context(), m.store, r.PathValue("name"))
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	m.log.Info("tenant token made", "tenant", r.PathValue("name"))
+	reply(w, http.StatusOK, TokenReply{Tenant: r.PathValue("name"), Token: token})
 }

@@ -102,3 +102,9 @@ type Health struct {
 type errorBody struct {
 	Error string `json:"error"`
 }
+
+// TokenReply carries a new tenant token; it is shown once and only its hash is kept.
+type TokenReply struct {
+	Tenant string `json:"tenant"`
+	Token  string `json:"token"`
+}

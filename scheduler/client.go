@@ -50,7 +50,7 @@ func (e *APIError) Is(target error) bool {
 	case ErrExists:
 		return e.Status == http.StatusConflict
 	case ErrQuota, ErrForbidden:
-		return e.Status == http.StatusForbidden
+		return e.Status == http.StatusForbidden || e.Status == http.StatusUnauthorized
 	case ErrBusy:
 		return e.Status == http.StatusServiceUnavailable
 	}
@@ -179,4 +179,11 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	var h Health
 	err := c.doJSON(ctx, http.MethodGet, "/v1/health", nil, &h)
 	return h, err
+}
+
+// TenantToken makes a new token for a tenant (admin only) and returns it.
+func (c *Client) TenantToken(ctx context.Context, name string) (string, error) {
+	var out TokenReply
+	err := c.doJSON(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(name)+"/token", nil, &out)
+	return out.Token, err
 }

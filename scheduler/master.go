@@ -56,8 +56,8 @@ type Master struct {
 
 	// The mirrors run for the master's whole life: the API reads them on every master,
 	// and the leader plans from them.
-	jobs, nodes, confs, assigns *mirror
-	wake                        chan struct{}
+	jobs, nodes, confs, assigns, tenants *mirror
+	wake                                 chan struct{}
 
 	mu     sync.Mutex
 	leader bool
@@ -75,6 +75,7 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m.nodes = newMirror(store, cluster.NodesKey, m.poke)
 	m.confs = newMirror(store, cluster.NodeConfsKey, m.poke)
 	m.assigns = newMirror(store, cluster.AssignmentsKey, func() {})
+	m.tenants = newMirror(store, cluster.TenantsKey, func() {})
 	return m, nil
 }
 
@@ -113,7 +114,7 @@ func (m *Master) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns} {
+	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -125,7 +126,7 @@ func (m *Master) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns} {
+	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants} {
 		select {
 		case <-mr.ready:
 		case <-ctx.Done():

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -269,11 +270,31 @@ func TestAPI(t *testing.T) {
 	}
 	srv := httptest.NewServer(m.Handler(nil))
 	defer srv.Close()
-	cl, err := NewClient(srv.URL, "")
+	ctx := tc.ctx
+	dir := t.TempDir()
+	path, err := EnsureAdminToken(ctx, tc.admin, dir)
+	if err != nil || path == "" {
+		t.Fatalf("admin token: %q, %v", path, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("admin token file mode: %v, %v", fi, err)
+	}
+	if again, err := EnsureAdminToken(ctx, tc.admin, dir); err != nil || again != path {
+		t.Fatalf("second start: %q, %v", again, err)
+	}
+	tokenBytes, _ := os.ReadFile(path)
+	cl, err := NewClient(srv.URL, strings.TrimSpace(string(tokenBytes)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := tc.ctx
+	anon, _ := NewClient(srv.URL, "")
+	if _, err := anon.Jobs(ctx); err == nil || !strings.Contains(err.Error(), "missing API token") {
+		t.Fatalf("call without token: %v", err)
+	}
+	forged, _ := NewClient(srv.URL, "sdt_forged")
+	if _, err := forged.Jobs(ctx); err == nil || !strings.Contains(err.Error(), "invalid API token") {
+		t.Fatalf("call with a wrong token: %v", err)
+	}
 	spec := "name: wc\ntenant: search\nworkers: 4\nresources: {memory: 64Mi, cpu: 0.1}\ncommand: [sleep, '1000']\n"
 
 	_, err = cl.SubmitJob(ctx, []byte(spec))
@@ -315,6 +336,33 @@ func TestAPI(t *testing.T) {
 		st, err := cl.Job(ctx, "wc")
 		return err == nil && st.Summary.Running == 6
 	})
+	// A tenant token sees and changes only its tenant's jobs.
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "ads"}); err != nil {
+		t.Fatal(err)
+	}
+	adsToken, err := cl.TenantToken(ctx, "ads")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ads, _ := NewClient(srv.URL, adsToken)
+	if _, err := ads.ScaleJob(ctx, "wc", 1); !errors.Is(err, ErrForbidden) || !strings.Contains(err.Error(), "the token of tenant ads cannot act on tenant search's jobs") {
+		t.Fatalf("cross-tenant scale: %v", err)
+	}
+	if _, err := ads.KillJob(ctx, "wc", 0); !errors.Is(err, ErrForbidden) {
+		t.Fatalf("cross-tenant kill: %v", err)
+	}
+	if _, err := ads.SubmitJob(ctx, []byte(strings.Replace(spec, "name: wc", "name: wc3", 1))); !errors.Is(err, ErrForbidden) {
+		t.Fatalf("cross-tenant submit: %v", err)
+	}
+	if jobs, err := ads.Jobs(ctx); err != nil || len(jobs) != 0 {
+		t.Fatalf("tenant ads sees %v, %v", jobs, err)
+	}
+	if err := ads.CreateTenant(ctx, cluster.Tenant{Name: "evil"}); !errors.Is(err, ErrForbidden) {
+		t.Fatalf("tenant creating a tenant: %v", err)
+	}
+	if st, err := cl.Job(ctx, "wc"); err != nil || st.Summary.Workers != 6 {
+		t.Fatalf("refused calls changed the job: %+v, %v", st.Summary, err)
+	}
 	nodes, err := cl.Nodes(ctx)
 	if err != nil || len(nodes) != 2 || nodes[0].SlotsUsed+nodes[1].SlotsUsed != 6 {
 		t.Fatalf("nodes = %+v, %v", nodes, err)

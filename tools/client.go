@@ -44,15 +44,7 @@ func newClient(c *cli.Context) (*scheduler.Client, error) {
 // localAdminToken finds the admin token a local cluster wrote, so that the CLI works
 // against it without setup.
 func localAdminToken() string {
-	dir := os.Getenv("STORMDOCK_DATA")
-	if dir == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return ""
-		}
-		dir = filepath.Join(home, ".stormdock")
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "admin.token"))
+	b, err := os.ReadFile(filepath.Join(defaultDataDir(), scheduler.AdminTokenFile))
 	if err != nil {
 		return ""
 	}
@@ -110,4 +102,17 @@ func clip(s string, n int) string {
 		return s
 	}
 	return string(r[:n-1]) + "…"
+}
+
+// defaultDataDir is where a master or local cluster keeps its files: $STORMDOCK_DATA, or
+// ~/.stormdock.
+func defaultDataDir() string {
+	if dir := os.Getenv("STORMDOCK_DATA"); dir != "" {
+		return dir
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ".stormdock"
+	}
+	return filepath.Join(home, ".stormdock")
 }

@@ -47,6 +47,7 @@ var MasterCommand = &cli.Command{
 	Flags: append(storeFlags(),
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` the HTTP API and /metrics listen on", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
+		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600)", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 	),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
@@ -68,6 +69,15 @@ var MasterCommand = &cli.Command{
 			return err
 		}
 		defer store.Close()
+		path, err := scheduler.EnsureAdminToken(c.Context, store, c.String("data"))
+		if err != nil {
+			return cli.Exit("stormdock: "+err.Error(), 1)
+		}
+		if path != "" {
+			log.Info("admin token", "path", path)
+		} else {
+			log.Info("admin token was made by another master; this data directory has none", "data", c.String("data"))
+		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		m, err := scheduler.New(store, scheduler.Config{ID: id, API: "http://" + ln.Addr().String(), Logger: log, Registry: reg})

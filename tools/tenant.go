@@ -23,6 +23,13 @@ var TenantCommand = &cli.Command{
 			Action: tenantCreate,
 		},
 		{
+			Name:      "token",
+			Usage:     "make a new API token for a tenant (the old one stops working); shown once",
+			ArgsUsage: "NAME",
+			Flags:     masterFlags(),
+			Action:    tenantToken,
+		},
+		{
 			Name:   "list",
 			Usage:  "list tenants with their quota and use",
 			Flags:  append(masterFlags(), outputFlag),
@@ -82,4 +89,20 @@ func tenantList(c *cli.Context) error {
 			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\n", clip(t.Name, 24), t.Jobs, t.UsedWorkers, maxW, t.UsedMemory, maxM)
 		}
 	})
+}
+
+func tenantToken(c *cli.Context) error {
+	if err := wantArgs(c, 1, "the tenant NAME"); err != nil {
+		return err
+	}
+	cl, err := newClient(c)
+	if err != nil {
+		return err
+	}
+	token, err := cl.TenantToken(c.Context, c.Args().First())
+	if err != nil {
+		return apiErr(err)
+	}
+	fmt.Fprintln(c.App.Writer, token)
+	return nil
 }
