@@ -28,6 +28,13 @@ func App() *cli.App {
 			NodeCommand,
 			TenantCommand,
 			VersionCommand,
+			AgentCommand,
+			LaunchCommand,
+			WorkerCommand,
+			PlanCommand,
+			BenchCommand,
+			RunCommand,
+			ImageCommand,
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
