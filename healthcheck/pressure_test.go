@@ -1,0 +1,218 @@
+package healthcheck
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stormdock/stormdock/cluster"
+)
+
+// TestRealPressure creates real memory pressure in a 256 MiB parent cgroup: three workers
+// allocate, the monitor withholds a slot when usage crosses the high mark, withholds all of
+// them and evicts the worst offender when a runaway worker climbs towards the limit (before
+// the kernel's OOM killer acts), keeps the slots withheld while usage stays above the low
+// mark, and gives them back only after the hold time once memory is freed.
+func TestRealPressure(t *testing.T) {
+	const limit = 256 << 20
+	cg := newTestCgroup(t, limit)
+	loBig := startWorker(t, cg, "lo-big", 10, 32*mib)     // will run away
+	loSmall := startWorker(t, cg, "lo-small", 10, 64*mib) // under its request
+	hi := startWorker(t, cg, "hi", 100, 16*mib)           // furthest over its request, but important
+	workers := []*allocWorker{loBig, loSmall, hi}
+
+	prober, err := NewProber(ProbeOptions{CgroupParent: cg.rel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var stopped []string
+	var stoppedAt time.Time
+	candidates := func(context.Context) ([]Candidate, error) {
+		var cs []Candidate
+		for _, w := range workers {
+			if !w.alive() {
+				continue
+			}
+			m, err := prober.Cgroup(w.cgroup)
+			if err != nil {
+				return nil, err
+			}
+			cs = append(cs, Candidate{ID: w.name, Priority: w.prio, Request: w.request, Usage: m.WorkingSet()})
+		}
+		return cs, nil
+	}
+	stop := func(_ context.Context, c Candidate) error {
+		for _, w := range workers {
+			if w.name == c.ID {
+				w.kill() // returns once the process is gone and its memory freed
+			}
+		}
+		mu.Lock()
+		stopped, stoppedAt = append(stopped, c.ID), time.Now()
+		mu.Unlock()
+		return nil
+	}
+
+	cfg := DefaultConfig()
+	cfg.CgroupParent = cg.rel
+	cfg.HealthInterval = 50 * time.Millisecond
+	cfg.MemLow, cfg.MemHigh, cfg.MemCritical = 0.30, 0.50, 0.80
+	cfg.ThrottleHold = 800 * time.Millisecond
+	cfg.EvictCooldown = 200 * time.Millisecond
+	m, err := NewMonitor(cfg, Options{Slots: 4, Registerer: prometheus.NewRegistry(), Logger: testLogger(t),
+		Evict: &EvictHooks{Candidates: candidates, Stop: stop}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startMonitor(t, m)
+
+	// 90 MiB of 256: 35%, between the marks.
+	loSmall.set(t, 40)
+	hi.set(t, 50)
+	waitSample(t, m, "35% used", func(s Sample) bool { return s.CgroupUsed > 0.33 })
+	if s := m.State(); s.Health != cluster.HealthHealthy {
+		t.Fatalf("at 35%%: %+v", s)
+	}
+	if s := m.LastSample(); !s.CgroupPresent || s.Cgroup.Limit != limit || s.Source != SourceCgroup {
+		t.Fatalf("the parent cgroup's limit must count as the node's memory: %+v", s)
+	}
+
+	// 130 MiB: 51%, over the high mark.
+	loBig.set(t, 40)
+	crossed := time.Now()
+	s := next(t, m, "throttled", func(s NodeState) bool { return s.Health == cluster.HealthThrottled })
+	t.Logf("high mark crossed -> state change observed: %v (probe interval %v)", time.Since(crossed), cfg.HealthInterval)
+	if s.Withheld < 1 || s.Withheld > 2 {
+		t.Errorf("just over the high mark: withheld %d, want 1 (2 with runtime overhead)", s.Withheld)
+	}
+	// The chooser on real usage: among the priority-10 workers, the one furthest over its
+	// request, though "hi" uses more and is further over.
+	cs, err := candidates(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := ChooseVictim(cs); v.ID != "lo-big" {
+		t.Errorf("chooser picked %s from %+v", v.ID, cs)
+	}
+
+	// The runaway: lo-big heads for 200 MiB at 100 MiB/s, which would take the parent to
+	// 290 MiB, over its limit. The monitor must evict it past 80% (205 MiB).
+	loBig.send(t, "grow 200 100")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := len(stopped)
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no eviction in 10s; sample %+v", m.LastSample())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	if !slices.Equal(stopped, []string{"lo-big"}) {
+		t.Errorf("evicted %v, want [lo-big]", stopped)
+	}
+	evictedAt := stoppedAt
+	mu.Unlock()
+	if k := cg.oomKills(t); k != 0 {
+		t.Fatalf("the kernel OOM-killed %d processes before the eviction", k)
+	}
+	if hits := cg.limitHits(t); hits != 0 {
+		t.Errorf("the parent hit its limit %d times", hits)
+	}
+	if !loSmall.alive() || !hi.alive() {
+		t.Fatal("a worker other than the victim died")
+	}
+
+	// Back to 90 MiB (35%): above the low mark, so every slot stays withheld.
+	waitSample(t, m, "back under critical", func(s Sample) bool { return s.Used < 0.5 })
+	if s := m.State(); s.Withheld != 4 || s.Health != cluster.HealthThrottled {
+		t.Fatalf("after the eviction at 35%%: %+v", s)
+	}
+	time.Sleep(cfg.ThrottleHold + 200*time.Millisecond)
+	if s := m.State(); s.Withheld != 4 {
+		t.Fatalf("released above the low mark: %+v", s)
+	}
+	t.Logf("eviction at %v; no release while at %.1f%%", evictedAt.Format(time.StampMilli), 100*m.LastSample().Used)
+
+	// Free 40 MiB: 50 MiB is 20%, below the low mark. Release only after the hold.
+	loSmall.set(t, 0)
+	below := time.Now()
+	s = next(t, m, "released", func(s NodeState) bool { return s.Health == cluster.HealthHealthy })
+	held := time.Since(below)
+	t.Logf("below low -> released after %v (hold %v)", held, cfg.ThrottleHold)
+	if held < cfg.ThrottleHold || held > cfg.ThrottleHold+time.Second {
+		t.Errorf("released after %v, want the hold %v (plus at most a second)", held, cfg.ThrottleHold)
+	}
+	if s.Withheld != 0 {
+		t.Errorf("released state %+v", s)
+	}
+	if k := cg.oomKills(t); k != 0 {
+		t.Errorf("oom_kill %d at the end", k)
+	}
+}
+
+func waitSample(t *testing.T, m *Monitor, what string, ok func(Sample) bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok(m.LastSample()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no sample %s within 5s: %+v", what, m.LastSample())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRealCrossingLatency measures, with the default probe interval and a real cgroup, the
+// time from memory crossing the high mark to the monitor publishing the throttled state. The
+// agent adds one coordination-store write to reach the master; the goal for the whole path is
+// under a second.
+func TestRealCrossingLatency(t *testing.T) {
+	const limit = 256 << 20
+	cg := newTestCgroup(t, limit)
+	w := startWorker(t, cg, "w", 0, 0)
+	cfg := DefaultConfig() // 250ms interval
+	cfg.CgroupParent = cg.rel
+	cfg.MemLow, cfg.MemHigh, cfg.MemCritical = 0.30, 0.50, 0.90
+	cfg.ThrottleHold = 0
+	m, err := NewMonitor(cfg, Options{Slots: 4, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startMonitor(t, m)
+	var lat []time.Duration
+	for range 8 {
+		w.set(t, 120) // 47%: just under the mark
+		waitSample(t, m, "under the mark", func(s Sample) bool { return s.CgroupUsed > 0.45 && s.CgroupUsed < 0.5 })
+		if s := m.State(); s.Health != cluster.HealthHealthy {
+			next(t, m, "healthy", func(s NodeState) bool { return s.Health == cluster.HealthHealthy })
+		}
+		// Cross at a random phase of the probe ticker, as real pressure would: right after
+		// a probe the wait is a whole interval, right before it next to nothing.
+		time.Sleep(time.Duration(rand.Int64N(int64(cfg.HealthInterval))))
+		w.set(t, 136) // 53%: the crossing happens inside this one step of 16 MiB
+		crossed := time.Now()
+		next(t, m, "throttled", func(s NodeState) bool { return s.Health == cluster.HealthThrottled })
+		lat = append(lat, time.Since(crossed))
+		w.set(t, 0)
+		next(t, m, "healthy", func(s NodeState) bool { return s.Health == cluster.HealthHealthy })
+	}
+	slices.Sort(lat)
+	var sum time.Duration
+	for _, l := range lat {
+		sum += l
+	}
+	t.Logf("high mark crossed -> throttled state published, interval %v, %d runs: min %v median %v mean %v max %v",
+		cfg.HealthInterval, len(lat), lat[0], lat[len(lat)/2], sum/time.Duration(len(lat)), lat[len(lat)-1])
+	if worst := lat[len(lat)-1]; worst > cfg.HealthInterval+250*time.Millisecond {
+		t.Errorf("worst latency %v, want under interval %v + 250ms", worst, cfg.HealthInterval)
+	}
+}
