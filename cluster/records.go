@@ -61,7 +61,7 @@ type TenantRecord struct {
 type NodeConf struct {
 	Draining bool   `json:"draining,omitempty"`
 	Pool     string `json:"pool,omitempty"`
-	// Avoid lists workers that crash-looped here and should run elsewhere ("job/0").
+	// Avoid lists jobs whose workers kept crashing here: they run elsewhere.
 	Avoid []string `json:"avoid,omitempty"`
 }
 

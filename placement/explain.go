@@ -114,6 +114,8 @@ func (p *planner) rejectText(g *group, r reject, label string) string {
 		return "outside tenant " + g.job.Tenant + "'s pool"
 	case rejLabel:
 		return "missing label " + label + "=" + g.job.Placement.NodeLabels[label]
+	case rejAvoided:
+		return "avoided after crash loops"
 	case rejMaxPerNode:
 		return "maxPerNode " + strconv.Itoa(g.maxPerNode) + " reached"
 	case rejThrottled:

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -125,6 +126,7 @@ const (
 	rejOtherPool
 	rejNotPool
 	rejLabel
+	rejAvoided
 	rejMaxPerNode
 	rejThrottled
 	rejSlots
@@ -153,6 +155,9 @@ func (p *planner) allowed(g *group, n *nodeState) (reject, string) {
 			return rejLabel, k
 		}
 	}
+	if g.avoid[n.id] {
+		return rejAvoided, ""
+	}
 	return okNode, ""
 }
 
@@ -176,6 +181,12 @@ func (p *planner) sigKeyOf(g *group) string {
 	}
 	for _, k := range g.labelKeys {
 		fmt.Fprintf(&b, "|%q=%q", k, g.job.Placement.NodeLabels[k])
+	}
+	if len(g.avoid) > 0 {
+		b.WriteString("|avoid")
+		for _, id := range slices.Sorted(maps.Keys(g.avoid)) {
+			fmt.Fprintf(&b, ",%q", id)
+		}
 	}
 	return b.String()
 }

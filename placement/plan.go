@@ -17,6 +17,13 @@ type Input struct {
 	Jobs []cluster.JobSpec
 	// Current is where workers run now.
 	Current []cluster.Placement
+	// Avoid lists, by job, nodes the job's workers must not use: the master notes a node
+	// where a worker of the job kept crashing. Workers already there move off.
+	Avoid map[string][]string
+	// Hold keeps workers from getting a new node in this plan, with the reason to report
+	// for them; a held worker keeps a current node that is still valid. The master holds
+	// the displaced workers of a job that cannot move whole (data-center failover).
+	Hold map[cluster.WorkerKey]string
 }
 
 // Result is a plan. Every list is sorted by job, link, then worker index.
@@ -102,6 +109,8 @@ type group struct {
 	nodeOf   []int32 // planned node per worker, -1 unplaced
 	pending  []int32 // workers waiting for a node, ascending
 	unplaced []int32
+	held     []int32 // workers Hold kept from a new node
+	avoid    map[string]bool
 	placed   int
 	sig      *signature
 }
@@ -126,6 +135,7 @@ type planner struct {
 	displaced map[wref]string // why a current worker left its node
 	lostFrom  map[wref]string // node id of workers whose node is gone
 	removed   []Move          // workers of Current that no longer exist
+	hold      map[cluster.WorkerKey]string
 }
 
 func newPlanner(in Input) (*planner, error) {
@@ -142,6 +152,7 @@ func newPlanner(in Input) (*planner, error) {
 		placedByPrio: make([]int, cluster.MaxPriority+1),
 		displaced:    map[wref]string{},
 		lostFrom:     map[wref]string{},
+		hold:         in.Hold,
 	}
 	for i := range p.sigHead {
 		p.sigHead[i] = -1
@@ -171,7 +182,7 @@ func newPlanner(in Input) (*planner, error) {
 			links = []string{""}
 		}
 		for _, l := range links {
-			g := p.newGroup(j, l)
+			g := p.newGroup(j, l, in.Avoid[j.Name])
 			p.groups = append(p.groups, g)
 			p.jobs[j.Name] = append(p.jobs[j.Name], g)
 		}
@@ -179,7 +190,7 @@ func newPlanner(in Input) (*planner, error) {
 	return p, nil
 }
 
-func (p *planner) newGroup(j *cluster.JobSpec, link string) *group {
+func (p *planner) newGroup(j *cluster.JobSpec, link string, avoid []string) *group {
 	n := max(j.Workers, 0)
 	g := &group{
 		job: j, idx: int32(len(p.groups)), link: link, prio: j.Priority,
@@ -205,6 +216,12 @@ func (p *planner) newGroup(j *cluster.JobSpec, link string) *group {
 	}
 	for k := range j.Placement.NodeLabels {
 		g.labelKeys = append(g.labelKeys, k)
+	}
+	if len(avoid) > 0 {
+		g.avoid = make(map[string]bool, len(avoid))
+		for _, id := range avoid {
+			g.avoid[id] = true
+		}
 	}
 	slices.Sort(g.labelKeys)
 	switch {
@@ -309,7 +326,12 @@ func (p *planner) result() *Result {
 				i++
 			}
 		}
+		for _, w := range g.held {
+			r.Unplaced = append(r.Unplaced, Unplaced{Job: g.job.Name, Worker: int(w), Link: g.link,
+				Reason: p.hold[cluster.WorkerKey{Job: g.job.Name, Link: g.link, Worker: int(w)}]})
+		}
 		if len(g.unplaced) == 0 {
+			sortUnplaced(r.Unplaced)
 			continue
 		}
 		reason := p.explain(g)
@@ -320,4 +342,18 @@ func (p *planner) result() *Result {
 	}
 	r.Moves = p.moves(order)
 	return r
+}
+
+// sortUnplaced orders a job's held and unplaced workers together by worker index; groups
+// are appended in order, so only the tail of one group can be out of order.
+func sortUnplaced(u []Unplaced) {
+	slices.SortStableFunc(u, func(a, b Unplaced) int {
+		if c := cmp.Compare(a.Job, b.Job); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Link, b.Link); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Worker, b.Worker)
+	})
 }

@@ -69,6 +69,17 @@ func (p *planner) resolveCurrent(cur []cluster.Placement) error {
 	return errors.Join(errs...)
 }
 
+// pend queues a worker for a new node, unless Hold keeps it back.
+func (p *planner) pend(g *group, w int32) {
+	if len(p.hold) > 0 {
+		if _, held := p.hold[cluster.WorkerKey{Job: g.job.Name, Link: g.link, Worker: int(w)}]; held {
+			g.held = append(g.held, w)
+			return
+		}
+	}
+	g.pending = append(g.pending, w)
+}
+
 // keep leaves every current worker where it is when that is still valid, in priority
 // order so that an over-committed node keeps its most important workers. Every other
 // worker of a job becomes pending.
@@ -80,12 +91,12 @@ func (p *planner) keep() {
 				if n == lostNode {
 					p.displaced[wref{g.idx, w}] = "node lost"
 				}
-				g.pending = append(g.pending, w)
+				p.pend(g, w)
 				continue
 			}
 			if why := p.keepable(g, n); why != "" {
 				p.displaced[wref{g.idx, w}] = why
-				g.pending = append(g.pending, w)
+				p.pend(g, w)
 				continue
 			}
 			p.nodeCount[n]++

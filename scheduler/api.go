@@ -309,6 +309,7 @@ func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
 			Workers: len(rec.Workers), Isolation: rec.Isolation, Started: rec.Started}
 		if c, ok := v.confs[id]; ok {
 			nv.Draining = c.Draining
+			nv.Avoid = c.Avoid
 		}
 		if nv.Draining {
 			nv.SlotsFree = 0
@@ -328,7 +329,12 @@ func (m *Master) drainNode(drain bool) http.HandlerFunc {
 				return
 			}
 		}
-		if err := UpdateNodeConf(r.Context(), m.store, id, func(c *cluster.NodeConf) { c.Draining = drain }); err != nil {
+		if err := UpdateNodeConf(r.Context(), m.store, id, func(c *cluster.NodeConf) {
+			c.Draining = drain
+			if !drain {
+				c.Avoid = nil // an operator who undrains a node vouches for it again
+			}
+		}); err != nil {
 			failErr(w, err)
 			return
 		}

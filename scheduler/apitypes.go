@@ -69,6 +69,7 @@ type NodeView struct {
 	Health         string            `json:"health"`
 	Reason         string            `json:"reason,omitempty"`
 	Draining       bool              `json:"draining,omitempty"`
+	Avoid          []string          `json:"avoid,omitempty"` // jobs moved off after crash loops
 	Labels         map[string]string `json:"labels,omitempty"`
 	Workers        int               `json:"workers"`
 	Isolation      []string          `json:"isolation,omitempty"`

@@ -411,3 +411,46 @@ func TestDrainMovesWorkersOff(t *testing.T) {
 		return len(a) == 8
 	})
 }
+
+func TestCrashLoopMovesJobOffNode(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.master("m1")
+	tc.node(cluster.Node{ID: "good", DC: "dc", Rack: "r1", Slots: 4, Memory: 4 << 30, CPU: 4000})
+	// A node whose agent reports worker 0 crash-looping, written by hand.
+	bad := tc.connect(-1)
+	rec := cluster.NodeRecord{Node: cluster.Node{ID: "bad", DC: "dc", Rack: "r2", Slots: 4, Memory: 4 << 30, CPU: 4000,
+		Labels: map[string]string{"isolation/process": "true"}}, Isolation: []string{"process"}}
+	val, _ := json.Marshal(rec)
+	if _, err := bad.Create(tc.ctx, cluster.NodeKey("bad"), val, coord.Ephemeral); err != nil {
+		t.Fatal(err)
+	}
+	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 2)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "2 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 2 })
+	onBad := cluster.WorkerKey{}
+	for k, n := range tc.assignments() {
+		if n == "bad" {
+			onBad = k
+		}
+	}
+	if onBad.Job == "" {
+		t.Fatalf("spread put nothing on node bad: %v", tc.assignments())
+	}
+	rec.Workers = []cluster.WorkerStatus{{Key: onBad, State: cluster.WorkerBackoff, Restarts: 9, RecentRestarts: 6, LastExit: "exited with code 1"}}
+	val, _ = json.Marshal(rec)
+	if _, err := bad.Put(tc.ctx, cluster.NodeKey("bad"), val, coord.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the job moved off node bad", 5*time.Second, func() bool {
+		a := tc.assignments()
+		return len(a) == 2 && a[onBad] == "good"
+	})
+	e, err := tc.admin.Get(tc.ctx, cluster.NodeConfKey("bad"))
+	if err != nil || !strings.Contains(string(e.Value), `"avoid":["wc"]`) {
+		t.Fatalf("node bad not noted: %s, %v", e.Value, err)
+	}
+}

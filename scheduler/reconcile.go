@@ -72,8 +72,11 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	start := time.Now()
 	v := decodeView(r.m.log, r.jobs.snapshot(), r.nodes.snapshot(), r.confs.snapshot())
 
+	if err := r.noteCrashLoops(ctx, v); err != nil {
+		return err
+	}
 	current, stopping := r.current(v)
-	in := placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: current}
+	in := placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: current, Avoid: v.avoid()}
 	res, err := placement.Plan(in)
 	if err != nil {
 		return fmt.Errorf("scheduler: plan: %w", err)
@@ -81,6 +84,9 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	want := r.desired(v, res.Placements, stopping)
 	writes, err := r.write(ctx, want)
 	if err != nil {
+		return err
+	}
+	if err := r.forgetLost(ctx, v); err != nil {
 		return err
 	}
 	if err := r.collectKilled(ctx, v); err != nil {
@@ -256,6 +262,57 @@ func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
 			return fmt.Errorf("scheduler: remove killed job %s: %w", name, err)
 		}
 		r.m.log.Info("job removed", "job", name)
+	}
+	return nil
+}
+
+// forgetLost deletes the emptied assignments of nodes that are gone, so that the store does
+// not collect one key per node that ever lived. An agent that comes back with the same id
+// finds no assignment, which it reads as "run nothing".
+func (r *reconciler) forgetLost(ctx context.Context, v *view) error {
+	for node, st := range r.assign {
+		if _, alive := v.nodes[node]; alive || !st.exists || len(st.a.Workers) > 0 {
+			continue
+		}
+		err := r.m.store.Delete(ctx, cluster.AssignmentKey(node), st.version)
+		r.m.metrics.storeWrites.Inc()
+		if err != nil && !errors.Is(err, coord.ErrNotFound) {
+			_ = r.reload(ctx, node)
+			return fmt.Errorf("scheduler: forget assignment of lost node %s: %w", node, err)
+		}
+		delete(r.assign, node)
+	}
+	return nil
+}
+
+// noteCrashLoops records on a node the jobs whose workers keep crashing there, so that
+// placement moves them elsewhere; the note shows in `stormdock node list` and goes with
+// `stormdock node undrain`.
+func (r *reconciler) noteCrashLoops(ctx context.Context, v *view) error {
+	for node, rec := range v.nodes {
+		for _, w := range rec.Workers {
+			if w.RecentRestarts < r.m.cfg.CrashLoopRestarts || slices.Contains(v.confs[node].Avoid, w.Key.Job) {
+				continue
+			}
+			if _, ok := v.jobs[w.Key.Job]; !ok {
+				continue
+			}
+			job := w.Key.Job
+			err := UpdateNodeConf(ctx, r.m.store, node, func(c *cluster.NodeConf) {
+				if !slices.Contains(c.Avoid, job) {
+					c.Avoid = append(c.Avoid, job)
+				}
+			})
+			r.m.metrics.storeWrites.Inc()
+			if err != nil {
+				return err
+			}
+			r.m.log.Warn("worker crash-looping; moving the job's workers off the node", "node", node, "worker", w.Key.String(),
+				"restarts", w.RecentRestarts, "lastExit", w.LastExit)
+			c := v.confs[node]
+			c.Avoid = append(c.Avoid, job)
+			v.confs[node] = c
+		}
 	}
 	return nil
 }

@@ -113,3 +113,14 @@ func (v *view) runningJobs() []cluster.JobSpec {
 	}
 	return out
 }
+
+// avoid maps each job to the nodes noted for its crash loops.
+func (v *view) avoid() map[string][]string {
+	out := map[string][]string{}
+	for id, c := range v.confs {
+		for _, job := range c.Avoid {
+			out[job] = append(out[job], id)
+		}
+	}
+	return out
+}
