@@ -14,6 +14,7 @@ const (
 	NodesKey       = "/nodes"       // /nodes/<id>: NodeRecord, session-bound
 	AssignmentsKey = "/assignments" // /assignments/<id>: NodeAssignment
 	NodeConfsKey   = "/nodeconf"    // /nodeconf/<id>: NodeConf, set by operators
+	DCsKey         = "/dcs"         // /dcs/<dc>: DCRecord
 	ElectionKey    = "/master/election"
 	MasterKey      = "/master/info" // MasterInfo of the active master, session-bound
 )
@@ -32,6 +33,26 @@ func AssignmentKey(id string) string { return path.Join(AssignmentsKey, id) }
 
 // NodeConfKey is the store key of a node's operator settings.
 func NodeConfKey(id string) string { return path.Join(NodeConfsKey, id) }
+
+// DCKey is the store key of a data center's record.
+func DCKey(name string) string { return path.Join(DCsKey, name) }
+
+// Data-center states.
+const (
+	DCActive = "active"
+	DCFailed = "failed" // failed by an operator: its workers move out, nothing new goes in
+	DCLost   = "lost"   // every node gone (derived, never stored)
+)
+
+// DCRecord is what the store keeps of a data center: its operator state and the nodes
+// the master has seen there, so that a data center whose nodes are all gone is still known.
+type DCRecord struct {
+	Name  string    `json:"name"`
+	State string    `json:"state"`
+	Since time.Time `json:"since"`
+	// Rebalance asks the leader, once, to spread jobs back into the data center.
+	Rebalance bool `json:"rebalance,omitempty"`
+}
 
 // Job states.
 const (
@@ -129,7 +150,11 @@ type WorkerAssignment struct {
 
 // NodeAssignment is the set of workers the master wants on one node.
 type NodeAssignment struct {
-	Node    string             `json:"node"`
+	Node string `json:"node"`
+	// DC and Rack are the node's, remembered so that the master can tell where the
+	// workers of a node that is gone were.
+	DC      string             `json:"dc,omitempty"`
+	Rack    string             `json:"rack,omitempty"`
 	Workers []WorkerAssignment `json:"workers"`
 }
 

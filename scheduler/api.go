@@ -32,6 +32,9 @@ func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	route("GET /v1/nodes", roleTenant, m.listNodes)
 	route("POST /v1/nodes/{id}/drain", roleAdmin, m.drainNode(true))
 	route("POST /v1/nodes/{id}/undrain", roleAdmin, m.drainNode(false))
+	route("GET /v1/dcs", roleTenant, m.listDCs)
+	route("POST /v1/dcs/{dc}/fail", roleAdmin, m.setDC(cluster.DCFailed))
+	route("POST /v1/dcs/{dc}/restore", roleAdmin, m.setDC(cluster.DCActive))
 	route("GET /v1/tenants", roleTenant, m.listTenants)
 	route("POST /v1/tenants", roleAdmin, m.createTenant)
 	route("POST /v1/tenants/{name}/token", roleAdmin, m.tenantToken)
@@ -217,13 +220,13 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 	st := JobStatus{Job: j.rec, Summary: summarize(v, j.rec, assigned, unplaced), Workers: []WorkerView{}}
 	for _, k := range j.rec.Spec.Keys() {
 		wv := WorkerView{Job: k.Job, Link: k.Link, Worker: k.Worker, State: WorkerPending}
-		if node, ok := assigned[k]; ok {
+		if reason, ok := unplaced[k]; ok {
+			wv.State, wv.Reason = WorkerUnplaced, reason
+		} else if node, ok := assigned[k]; ok {
 			wv.Node = node
 			if rec, ok := v.nodes[node]; ok {
 				wv.DC, wv.Rack = rec.Node.DC, rec.Node.Rack
 			}
-		} else if reason, ok := unplaced[k]; ok {
-			wv.State, wv.Reason = WorkerUnplaced, reason
 		}
 		if s, ok := v.statuses[k]; ok && (wv.Node == "" || s.node == wv.Node) {
 			wv.State, wv.PID, wv.Restarts, wv.LastExit, wv.Memory = s.status.State, s.status.PID, s.status.Restarts, s.status.LastExit, s.status.Memory
@@ -238,7 +241,7 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 
 // current returns the mirrored view and where each worker is assigned.
 func (m *Master) current() (*view, map[cluster.WorkerKey]string) {
-	v := decodeView(m.log, m.jobs.snapshot(), m.nodes.snapshot(), m.confs.snapshot())
+	v := m.view()
 	assigned := map[cluster.WorkerKey]string{}
 	for node, e := range m.assigns.snapshot() {
 		var a cluster.NodeAssignment
@@ -263,7 +266,14 @@ func (m *Master) unplaced(v *view, assigned map[cluster.WorkerKey]string) map[cl
 			cur = append(cur, cluster.Placement{Job: k.Job, Link: k.Link, Worker: k.Worker, Node: node})
 		}
 	}
-	res, err := placement.Plan(placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: cur})
+	r := &reconciler{m: m, assign: map[string]assignState{}}
+	for node, e := range m.assigns.snapshot() {
+		var a cluster.NodeAssignment
+		if json.Unmarshal(e.Value, &a) == nil {
+			r.assign[node] = assignState{a: a, exists: true}
+		}
+	}
+	res, _, err := r.planWhole(v, placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: cur, Avoid: v.avoid()})
 	out := map[cluster.WorkerKey]string{}
 	if err != nil {
 		return out
@@ -395,4 +405,47 @@ func (m *Master) tenantToken(w http.ResponseWriter, r *http.Request) {
 	}
 	m.log.Info("tenant token made", "tenant", r.PathValue("name"))
 	reply(w, http.StatusOK, TokenReply{Tenant: r.PathValue("name"), Token: token})
+}
+
+func (m *Master) listDCs(w http.ResponseWriter, _ *http.Request) {
+	v, assigned := m.current()
+	out := []DCView{}
+	perNode := map[string]int{}
+	for _, node := range assigned {
+		perNode[node]++
+	}
+	for _, name := range slices.Sorted(maps.Keys(v.dcs)) {
+		d := DCView{Name: name, State: v.dcState(name), Since: v.dcs[name].Since}
+		for id, rec := range v.nodes {
+			if rec.Node.DC != name {
+				continue
+			}
+			d.Nodes++
+			d.Slots += rec.Node.Slots
+			d.Workers += perNode[id]
+			d.SlotsFree += max(rec.Node.Slots-perNode[id]-rec.Health.Throttled, 0)
+		}
+		out = append(out, d)
+	}
+	reply(w, http.StatusOK, out)
+}
+
+func (m *Master) setDC(state string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req DCRequest
+		if r.ContentLength != 0 && !decodeJSON(w, r, &req) {
+			return
+		}
+		if req.Rebalance && state != cluster.DCActive {
+			fail(w, http.StatusBadRequest, "--rebalance goes with restore only")
+			return
+		}
+		rec, err := SetDCState(r.Context(), m.store, r.PathValue("dc"), state, req.Rebalance)
+		if err != nil {
+			failErr(w, err)
+			return
+		}
+		m.log.Info("data center state changed", "dc", rec.Name, "state", rec.State, "rebalance", rec.Rebalance)
+		reply(w, http.StatusOK, rec)
+	}
 }

@@ -109,3 +109,19 @@ type TokenReply struct {
 	Tenant string `json:"tenant"`
 	Token  string `json:"token"`
 }
+
+// DCView is one data center as operators see it.
+type DCView struct {
+	Name      string    `json:"name"`
+	State     string    `json:"state"` // active, failed or lost
+	Since     time.Time `json:"since"`
+	Nodes     int       `json:"nodes"`
+	Slots     int       `json:"slots"`
+	SlotsFree int       `json:"slotsFree"`
+	Workers   int       `json:"workers"`
+}
+
+// DCRequest is the body of a data-center restore.
+type DCRequest struct {
+	Rebalance bool `json:"rebalance,omitempty"`
+}

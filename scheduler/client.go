@@ -187,3 +187,24 @@ func (c *Client) TenantToken(ctx context.Context, name string) (string, error) {
 	err := c.doJSON(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(name)+"/token", nil, &out)
 	return out.Token, err
 }
+
+// DCs lists the data centers.
+func (c *Client) DCs(ctx context.Context) ([]DCView, error) {
+	var out []DCView
+	err := c.doJSON(ctx, http.MethodGet, "/v1/dcs", nil, &out)
+	return out, err
+}
+
+// FailDC moves every worker out of a data center and keeps new ones out.
+func (c *Client) FailDC(ctx context.Context, dc string) (cluster.DCRecord, error) {
+	var rec cluster.DCRecord
+	err := c.doJSON(ctx, http.MethodPost, "/v1/dcs/"+url.PathEscape(dc)+"/fail", DCRequest{}, &rec)
+	return rec, err
+}
+
+// RestoreDC lets work into a data center again; with rebalance, jobs spread back into it.
+func (c *Client) RestoreDC(ctx context.Context, dc string, rebalance bool) (cluster.DCRecord, error) {
+	var rec cluster.DCRecord
+	err := c.doJSON(ctx, http.MethodPost, "/v1/dcs/"+url.PathEscape(dc)+"/restore", DCRequest{Rebalance: rebalance}, &rec)
+	return rec, err
+}

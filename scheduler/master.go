@@ -56,8 +56,8 @@ type Master struct {
 
 	// The mirrors run for the master's whole life: the API reads them on every master,
 	// and the leader plans from them.
-	jobs, nodes, confs, assigns, tenants *mirror
-	wake                                 chan struct{}
+	jobs, nodes, confs, assigns, tenants, dcs *mirror
+	wake                                      chan struct{}
 
 	mu     sync.Mutex
 	leader bool
@@ -76,6 +76,7 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m.confs = newMirror(store, cluster.NodeConfsKey, m.poke)
 	m.assigns = newMirror(store, cluster.AssignmentsKey, func() {})
 	m.tenants = newMirror(store, cluster.TenantsKey, func() {})
+	m.dcs = newMirror(store, cluster.DCsKey, m.poke)
 	return m, nil
 }
 
@@ -114,7 +115,7 @@ func (m *Master) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants} {
+	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -126,7 +127,7 @@ func (m *Master) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants} {
+	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
 		select {
 		case <-mr.ready:
 		case <-ctx.Done():
@@ -176,7 +177,7 @@ func (m *Master) Run(ctx context.Context) error {
 
 // ensureDirs creates the store's top-level directories so watches have something to watch.
 func ensureDirs(ctx context.Context, s coord.KV) error {
-	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, "/master"} {
+	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, cluster.DCsKey, "/master"} {
 		if _, err := s.Create(ctx, k, nil, coord.Persistent); err != nil && !errors.Is(err, coord.ErrExists) {
 			return fmt.Errorf("scheduler: create %s: %w", k, err)
 		}
@@ -198,7 +199,7 @@ func (m *Master) lead(ctx context.Context) error {
 			_ = m.store.Delete(dctx, cluster.MasterKey, coord.AnyVersion)
 		}()
 	}
-	r := &reconciler{m: m, jobs: m.jobs, nodes: m.nodes, confs: m.confs}
+	r := &reconciler{m: m}
 	if err := r.loadAssignments(ctx); err != nil {
 		return err
 	}

@@ -119,9 +119,24 @@ func (tc *testCluster) node(n cluster.Node) *coord.Embedded {
 	return c
 }
 
-// assignments reads every node's assignment from the store.
+// assignments reads every node's assignment from the store. The keys are read one by one,
+// so a read that overlaps a move can see a worker on both nodes; such a read is retried,
+// and a worker that stays on two nodes fails the test.
 func (tc *testCluster) assignments() map[cluster.WorkerKey]string {
 	tc.t.Helper()
+	var err error
+	for range 20 {
+		var out map[cluster.WorkerKey]string
+		if out, err = tc.readAssignments(); err == nil {
+			return out
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tc.t.Fatal(err)
+	return nil
+}
+
+func (tc *testCluster) readAssignments() (map[cluster.WorkerKey]string, error) {
 	out := map[cluster.WorkerKey]string{}
 	names, err := tc.admin.Children(tc.ctx, cluster.AssignmentsKey)
 	if err != nil {
@@ -136,12 +151,12 @@ func (tc *testCluster) assignments() map[cluster.WorkerKey]string {
 		_ = json.Unmarshal(e.Value, &a)
 		for _, w := range a.Workers {
 			if prev, dup := out[w.Key]; dup {
-				tc.t.Fatalf("worker %s assigned to %s and %s", w.Key, prev, n)
+				return nil, fmt.Errorf("worker %s assigned to %s and %s", w.Key, prev, n)
 			}
 			out[w.Key] = n
 		}
 	}
-	return out
+	return out, nil
 }
 
 // waitFor polls cond until it holds or the deadline passes.

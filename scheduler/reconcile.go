@@ -70,18 +70,30 @@ func (r *reconciler) reload(ctx context.Context, node string) error {
 // reconcile plans once and writes the assignments that changed.
 func (r *reconciler) reconcile(ctx context.Context) error {
 	start := time.Now()
-	v := decodeView(r.m.log, r.jobs.snapshot(), r.nodes.snapshot(), r.confs.snapshot())
-
+	v := r.m.view()
+	if err := r.recordDCs(ctx, v); err != nil {
+		return err
+	}
 	if err := r.noteCrashLoops(ctx, v); err != nil {
 		return err
 	}
 	current, stopping := r.current(v)
-	in := placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: current, Avoid: v.avoid()}
-	res, err := placement.Plan(in)
+	keep, err := r.rebalance(ctx, v, current)
+	if err != nil {
+		return err
+	}
+	in := placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: keep, Avoid: v.avoid()}
+	res, held, err := r.planWhole(v, in)
 	if err != nil {
 		return fmt.Errorf("scheduler: plan: %w", err)
 	}
-	want := r.desired(v, res.Placements, stopping)
+	placements := res.Placements
+	for _, p := range keep {
+		if _, ok := held[p.Key()]; ok {
+			placements = append(placements, p) // stays on its lost node until it can move whole
+		}
+	}
+	want := r.desired(v, placements, stopping)
 	writes, err := r.write(ctx, want)
 	if err != nil {
 		return err
@@ -140,6 +152,11 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 		want[node] = a
 	}
 	for node, a := range want {
+		if rec, ok := v.nodes[node]; ok {
+			a.DC, a.Rack = rec.Node.DC, rec.Node.Rack
+		} else {
+			a.DC, a.Rack = r.assign[node].a.DC, r.assign[node].a.Rack
+		}
 		slices.SortFunc(a.Workers, func(x, y cluster.WorkerAssignment) int {
 			if c := x.Key.Compare(y.Key); c != 0 {
 				return c
@@ -182,7 +199,8 @@ func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssi
 	for _, node := range slices.Sorted(maps.Keys(mergeKeys(want, r.assign))) {
 		a, ok := want[node]
 		if !ok {
-			a = cluster.NodeAssignment{Node: node, Workers: []cluster.WorkerAssignment{}}
+			old := r.assign[node].a
+			a = cluster.NodeAssignment{Node: node, DC: old.DC, Rack: old.Rack, Workers: []cluster.WorkerAssignment{}}
 		}
 		if a.Workers == nil {
 			a.Workers = []cluster.WorkerAssignment{}

@@ -15,6 +15,7 @@ type view struct {
 	jobs     map[string]jobEntry
 	nodes    map[string]cluster.NodeRecord
 	confs    map[string]cluster.NodeConf
+	dcs      map[string]cluster.DCRecord
 	statuses map[cluster.WorkerKey]nodeWorker // what agents report, by worker
 }
 
@@ -29,8 +30,9 @@ type nodeWorker struct {
 	status cluster.WorkerStatus
 }
 
-func decodeView(log *slog.Logger, jobs, nodes, confs map[string]coord.Entry) *view {
+func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry) *view {
 	v := &view{
+		dcs:      make(map[string]cluster.DCRecord, len(dcs)),
 		jobs:     make(map[string]jobEntry, len(jobs)),
 		nodes:    make(map[string]cluster.NodeRecord, len(nodes)),
 		confs:    make(map[string]cluster.NodeConf, len(confs)),
@@ -54,6 +56,14 @@ func decodeView(log *slog.Logger, jobs, nodes, confs map[string]coord.Entry) *vi
 		for _, w := range rec.Workers {
 			v.statuses[w.Key] = nodeWorker{node: id, status: w}
 		}
+	}
+	for name, e := range dcs {
+		var d cluster.DCRecord
+		if err := json.Unmarshal(e.Value, &d); err != nil || d.Name != name {
+			log.Warn("ignoring unreadable data-center record", "dc", name, "err", err)
+			continue
+		}
+		v.dcs[name] = d
 	}
 	for id, e := range confs {
 		var c cluster.NodeConf
@@ -82,8 +92,11 @@ func (v *view) schedulable() []cluster.Node {
 		n.Labels = maps.Clone(n.Labels)
 		n.Throttled = rec.Health.Throttled
 		n.Unschedulable = rec.Health.State == cluster.HealthUnhealthy
+		if v.dcs[n.DC].State == cluster.DCFailed {
+			n.Draining = true // an operator failed its data center: everything moves out
+		}
 		if c, ok := v.confs[id]; ok {
-			n.Draining = c.Draining
+			n.Draining = n.Draining || c.Draining
 			if c.Pool != "" {
 				n.Pool = c.Pool
 			}
@@ -123,4 +136,9 @@ func (v *view) avoid() map[string][]string {
 		}
 	}
 	return out
+}
+
+// view decodes the mirrors.
+func (m *Master) view() *view {
+	return decodeView(m.log, m.jobs.snapshot(), m.nodes.snapshot(), m.confs.snapshot(), m.dcs.snapshot())
 }

@@ -27,6 +27,7 @@ func App() *cli.App {
 			JobCommand,
 			NodeCommand,
 			TenantCommand,
+			DCCommand,
 			VersionCommand,
 			AgentCommand,
 			LaunchCommand,

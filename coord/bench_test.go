@@ -1,0 +1,228 @@
+package coord_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/coord/coordtest"
+	"github.com/stormdock/stormdock/internal/testenv"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// latencies records per-operation latencies and reports their percentiles.
+type latencies []time.Duration
+
+func (l latencies) report(b *testing.B) {
+	if len(l) == 0 {
+		return
+	}
+	slices.Sort(l)
+	pct := func(p float64) time.Duration { return l[min(len(l)-1, int(float64(len(l))*p))] }
+	b.ReportMetric(float64(pct(0.50).Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(pct(0.99).Nanoseconds()), "p99-ns")
+}
+
+// benchStores returns a factory of clients of one namespace per backend.
+func benchBackends(b *testing.B) map[string]func(b *testing.B) func() coord.Store {
+	return map[string]func(b *testing.B) func() coord.Store{
+		"embedded": func(b *testing.B) func() coord.Store {
+			srv, err := coord.NewServer(coord.ServerOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { srv.Close() })
+			return func() coord.Store {
+				c, err := srv.Connect(coord.Options{Logger: quiet})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { c.Close() })
+				return c
+			}
+		},
+		"zk": func(b *testing.B) func() coord.Store {
+			addr := testenv.ZKAddr(b)
+			chroot := uniqueChroot(b, "stormdock-bench")
+			b.Cleanup(func() { cleanupZK(b, addr, chroot) })
+			return func() coord.Store {
+				s, err := coord.OpenZK(context.Background(), []string{addr}, chroot, coord.Options{SessionTimeout: 4 * time.Second, Logger: quiet})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { s.Close() })
+				return s
+			}
+		},
+	}
+}
+
+func forEachBackend(b *testing.B, fn func(b *testing.B, open func() coord.Store)) {
+	backends := benchBackends(b)
+	for _, name := range []string{"embedded", "zk"} {
+		b.Run(name, func(b *testing.B) { fn(b, backends[name](b)) })
+	}
+}
+
+func BenchmarkPut(b *testing.B) {
+	forEachBackend(b, func(b *testing.B, open func() coord.Store) {
+		ctx := context.Background()
+		s := open()
+		value := make([]byte, 256)
+		lat := make(latencies, 0, b.N)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			start := time.Now()
+			if _, err := s.Put(ctx, "/bench/put", value, coord.AnyVersion); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(start))
+		}
+		b.StopTimer()
+		lat.report(b)
+	})
+}
+
+func BenchmarkGet(b *testing.B) {
+	forEachBackend(b, func(b *testing.B, open func() coord.Store) {
+		ctx := context.Background()
+		s := open()
+		if _, err := s.Put(ctx, "/bench/get", make([]byte, 256), coord.AnyVersion); err != nil {
+			b.Fatal(err)
+		}
+		lat := make(latencies, 0, b.N)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			start := time.Now()
+			if _, err := s.Get(ctx, "/bench/get"); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(start))
+		}
+		b.StopTimer()
+		lat.report(b)
+	})
+}
+
+// BenchmarkCAS: compare-and-set writes at the known current version.
+func BenchmarkCAS(b *testing.B) {
+	forEachBackend(b, func(b *testing.B, open func() coord.Store) {
+		ctx := context.Background()
+		s := open()
+		v, err := s.Put(ctx, "/bench/cas", []byte("0"), coord.AnyVersion)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lat := make(latencies, 0, b.N)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			start := time.Now()
+			v, err = s.Put(ctx, "/bench/cas", []byte(fmt.Sprint(i)), v)
+			if err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(start))
+		}
+		b.StopTimer()
+		lat.report(b)
+	})
+}
+
+// BenchmarkWatchDelivery: time from the start of a write by one client to the delivery of
+// the matching event to another client's watch.
+func BenchmarkWatchDelivery(b *testing.B) {
+	forEachBackend(b, func(b *testing.B, open func() coord.Store) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		w, s := open(), open()
+		v, err := s.Put(ctx, "/bench/watch", []byte("x"), coord.AnyVersion)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ch, err := w.Watch(ctx, "/bench/watch")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for ev := range ch {
+			if ev.Entry.Version == v {
+				break
+			}
+		}
+		lat := make(latencies, 0, b.N)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			start := time.Now()
+			v, err = s.Put(ctx, "/bench/watch", []byte("x"), coord.AnyVersion)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for ev := range ch {
+				if ev.Entry.Version >= v {
+					break
+				}
+			}
+			lat = append(lat, time.Since(start))
+		}
+		b.StopTimer()
+		lat.report(b)
+	})
+}
+
+// BenchmarkLeaderFailover: a leader process campaigning on the shared ZooKeeper is
+// SIGKILLed; the time until an in-process follower leads is reported in ms. It is bounded
+// below by the session timeout (1s, the shortest the shared server allows).
+func BenchmarkLeaderFailover(b *testing.B) {
+	addr := testenv.ZKAddr(b)
+	chroot := uniqueChroot(b, "stormdock-bench")
+	b.Cleanup(func() { cleanupZK(b, addr, chroot) })
+	ctx := context.Background()
+	f, err := coord.OpenZK(ctx, []string{addr}, chroot, coord.Options{SessionTimeout: sharedTimeout, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	var took []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		prefix := fmt.Sprintf("/election/e%d", i)
+		kill := coordtest.StartChildLeader(b, "zk://"+addr+chroot, sharedTimeout, prefix, "child")
+		e, _ := coord.NewElection(f, prefix, "follower")
+		won := make(chan *coord.Leadership, 1)
+		go func() {
+			l, err := e.Campaign(ctx)
+			if err != nil {
+				b.Error(err)
+				close(won)
+				return
+			}
+			won <- l
+		}()
+		time.Sleep(100 * time.Millisecond)
+		b.StartTimer()
+		start := time.Now()
+		kill()
+		l, ok := <-won
+		if !ok {
+			b.FailNow()
+		}
+		took = append(took, time.Since(start))
+		b.StopTimer()
+		_ = l.Resign(ctx)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	slices.Sort(took)
+	var sum time.Duration
+	for _, d := range took {
+		sum += d
+	}
+	b.ReportMetric(float64(sum.Milliseconds())/float64(len(took)), "mean-ms")
+	b.ReportMetric(float64(took[len(took)/2].Milliseconds()), "p50-ms")
+	b.ReportMetric(float64(took[len(took)-1].Milliseconds()), "max-ms")
+}

@@ -1,0 +1,316 @@
+package coord
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ErrNoLeader is returned by Leader when nobody holds the election.
+var ErrNoLeader = errors.New("coord: no leader")
+
+// Election is a leader election among clients under one key prefix, with the ZooKeeper
+// recipe: each candidate creates an ephemeral sequential entry "<prefix>/<nonce>-n_<seq>"
+// holding its id; the lowest sequence leads; every other candidate watches only its
+// predecessor, so a leader's loss wakes exactly one follower.
+type Election struct {
+	s      Store
+	prefix string
+	id     string
+}
+
+// NewElection returns an election under prefix in which this client stands as id.
+func NewElection(s Store, prefix, id string) (*Election, error) {
+	if err := validateWriteKey(prefix); err != nil {
+		return nil, fmt.Errorf("coord: election %s: %w", prefix, err)
+	}
+	return &Election{s: s, prefix: prefix, id: id}, nil
+}
+
+// Leadership is held by the winner of Campaign until Done closes.
+type Leadership struct {
+	e      *Election
+	key    string
+	done   chan struct{}
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// Done closes when leadership is lost: the session expired, the connection dropped (the
+// session may expire unseen, so leadership is given up at once, like Curator), the candidate
+// entry was deleted, Resign was called, or the store closed. After a loss the candidate
+// entry is removed as soon as the store can reach the server; campaign again to lead again.
+func (l *Leadership) Done() <-chan struct{} { return l.done }
+
+// Key returns the leader's candidate entry.
+func (l *Leadership) Key() string { return l.key }
+
+// Resign gives up leadership and removes the candidate entry, letting the next candidate
+// lead.
+func (l *Leadership) Resign(ctx context.Context) error {
+	l.cancel()
+	l.wg.Wait()
+	err := l.e.s.Delete(ctx, l.key, AnyVersion)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("coord: resign %s: %w", l.e.prefix, err)
+	}
+	return nil
+}
+
+func newNonce() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// candidate is one entry of the election, ordered by its sequence suffix.
+type candidate struct {
+	name string
+	seq  int64
+}
+
+func (e *Election) candidates(ctx context.Context) ([]candidate, error) {
+	names, err := e.s.Children(ctx, e.prefix)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []candidate
+	for _, n := range names {
+		i := strings.LastIndex(n, "-n_")
+		if i < 0 {
+			continue
+		}
+		seq, err := strconv.ParseInt(n[i+3:], 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, candidate{n, seq})
+	}
+	slices.SortFunc(out, func(a, b candidate) int {
+		if a.seq != b.seq {
+			if a.seq < b.seq {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	return out, nil
+}
+
+// Leader returns the current leader's id, or ErrNoLeader.
+func (e *Election) Leader(ctx context.Context) (string, error) {
+	for {
+		cs, err := e.candidates(ctx)
+		if err != nil {
+			return "", fmt.Errorf("coord: leader of %s: %w", e.prefix, err)
+		}
+		if len(cs) == 0 {
+			return "", fmt.Errorf("coord: leader of %s: %w", e.prefix, ErrNoLeader)
+		}
+		ent, err := e.s.Get(ctx, joinKey(e.prefix, cs[0].name))
+		if errors.Is(err, ErrNotFound) {
+			continue // the leader just left: look again
+		}
+		if err != nil {
+			return "", fmt.Errorf("coord: leader of %s: %w", e.prefix, err)
+		}
+		return string(ent.Value), nil
+	}
+}
+
+// Campaign stands for election and blocks until this client leads or ctx is done (then the
+// candidate entry is removed and ctx's error returned).
+func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
+	subCtx, subCancel := context.WithCancel(context.Background())
+	sess := e.s.SessionEvents(subCtx)
+	nonce := newNonce()
+	var me string // candidate key, "" while we have none
+	fail := func(err error) (*Leadership, error) {
+		subCancel()
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if me != "" {
+			_ = e.s.Delete(dctx, me, AnyVersion)
+		} else {
+			// A Create abandoned when ctx ended may still have succeeded: look for our entry
+			// (twice, in case the request was still on its way) and remove it.
+			for range 2 {
+				if k, ferr := e.find(dctx, nonce); ferr == nil && k != "" {
+					_ = e.s.Delete(dctx, k, AnyVersion)
+				}
+				_ = pause(dctx)
+			}
+		}
+		return nil, fmt.Errorf("coord: campaign %s: %w", e.prefix, err)
+	}
+	for {
+		if me == "" {
+			k, err := e.s.Create(ctx, joinKey(e.prefix, nonce+"-n_"), []byte(e.id), EphemeralSequential)
+			switch {
+			case err == nil:
+				me = k
+			case isUnavailable(err):
+				// The entry may have been created before the connection dropped: adopt it.
+				if me, err = e.find(ctx, nonce); err != nil {
+					return fail(err)
+				}
+				if me == "" {
+					if err := pause(ctx); err != nil {
+						return fail(err)
+					}
+				}
+				continue
+			default:
+				return fail(err)
+			}
+		}
+		cs, err := e.candidates(ctx)
+		if err != nil {
+			if isUnavailable(err) {
+				continue
+			}
+			return fail(err)
+		}
+		idx := slices.IndexFunc(cs, func(c candidate) bool { return c.name == baseName(me) })
+		if idx < 0 { // our entry went with an expired session
+			me = ""
+			continue
+		}
+		if idx == 0 {
+			ent, err := e.s.Get(ctx, me)
+			if errors.Is(err, ErrNotFound) {
+				me = ""
+				continue
+			}
+			if err != nil {
+				return fail(err)
+			}
+			if ent.Owner != e.s.SessionID() { // held by an expired session of ours
+				me = ""
+				continue
+			}
+			return e.lead(me, ent, sess, subCancel), nil
+		}
+		pred := joinKey(e.prefix, cs[idx-1].name)
+		if err := e.waitGone(ctx, pred, sess, &me); err != nil {
+			return fail(err)
+		}
+	}
+}
+
+func pause(ctx context.Context) error {
+	t := time.NewTimer(retryPause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// find looks for a candidate entry of ours (by nonce) owned by the current session.
+func (e *Election) find(ctx context.Context, nonce string) (string, error) {
+	cs, err := e.candidates(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, c := range cs {
+		if strings.HasPrefix(c.name, nonce+"-") {
+			k := joinKey(e.prefix, c.name)
+			ent, err := e.s.Get(ctx, k)
+			if err == nil && ent.Owner == e.s.SessionID() {
+				return k, nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// waitGone waits until key is deleted, our session expires (then *me is cleared) or ctx is
+// done.
+func (e *Election) waitGone(ctx context.Context, key string, sess <-chan SessionEvent, me *string) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := e.s.Watch(wctx, key)
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return ErrClosed
+			}
+			if !ev.Exists {
+				return nil
+			}
+		case se, ok := <-sess:
+			if !ok {
+				return ErrClosed
+			}
+			if se.Type == SessionExpired {
+				*me = ""
+				return nil
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// lead starts the goroutine that watches for the loss of leadership.
+func (e *Election) lead(me string, ent Entry, sess <-chan SessionEvent, subCancel context.CancelFunc) *Leadership {
+	mctx, cancel := context.WithCancel(context.Background())
+	l := &Leadership{e: e, key: me, done: make(chan struct{}), cancel: cancel}
+	ch, err := e.s.Watch(mctx, me)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		defer subCancel()
+		defer l.once.Do(func() { close(l.done) })
+		if err != nil {
+			return
+		}
+		for {
+			select {
+			case ev, ok := <-ch:
+				if !ok || !ev.Exists || ev.Entry.CreateRev != ent.CreateRev {
+					return
+				}
+			case se, ok := <-sess:
+				if !ok {
+					return
+				}
+				switch se.Type {
+				case SessionExpired:
+					return
+				case SessionDisconnected:
+					l.once.Do(func() { close(l.done) })
+					// Remove the entry once the server is reachable again, unless the
+					// owner resigns or the store closes first.
+					_ = e.s.Delete(mctx, me, AnyVersion)
+					return
+				}
+			case <-mctx.Done():
+				return
+			}
+		}
+	}()
+	return l
+}

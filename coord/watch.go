@@ -1,0 +1,112 @@
+package coord
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"time"
+)
+
+// waitFunc blocks until an armed one-shot watch fires (nil) or ctx is done (ctx.Err()).
+type waitFunc func(ctx context.Context) error
+
+// armer is what an implementation provides for the shared watch loops: read the current
+// state and arm a one-shot notification of the next change, atomically.
+type armer interface {
+	armData(ctx context.Context, key string) (Entry, bool, waitFunc, error)
+	armChildren(ctx context.Context, key string) (ChildrenEvent, waitFunc, error)
+}
+
+// retryPause is how long the watch loops wait before re-reading after a failed read.
+const retryPause = 50 * time.Millisecond
+
+// watchData runs until ctx is done, sending the key's state after every change. It closes
+// out when it returns.
+func watchData(ctx context.Context, a armer, key string, out chan<- Event, log *slog.Logger) {
+	defer close(out)
+	var last Event
+	first := true
+	for {
+		e, exists, wait, err := a.armData(ctx, key)
+		if err != nil {
+			if !pauseAfter(ctx, err, key, log) {
+				return
+			}
+			continue
+		}
+		ev := Event{Key: key, Exists: exists}
+		if exists {
+			ev.Entry = e
+		}
+		if first || !sameEvent(last, ev) {
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return
+			}
+			last, first = ev, false
+		}
+		if wait(ctx) != nil {
+			return
+		}
+	}
+}
+
+// watchChildren is watchData for a key's children.
+func watchChildren(ctx context.Context, a armer, key string, out chan<- ChildrenEvent, log *slog.Logger) {
+	defer close(out)
+	var last ChildrenEvent
+	first := true
+	for {
+		ev, wait, err := a.armChildren(ctx, key)
+		if err != nil {
+			if !pauseAfter(ctx, err, key, log) {
+				return
+			}
+			continue
+		}
+		ev.Key = key
+		if first || last.Exists != ev.Exists || last.Version != ev.Version || !slices.Equal(last.Children, ev.Children) {
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return
+			}
+			last, first = ev, false
+		}
+		if wait(ctx) != nil {
+			return
+		}
+	}
+}
+
+// pauseAfter logs a failed watch read and waits a little; false means stop watching.
+func pauseAfter(ctx context.Context, err error, key string, log *slog.Logger) bool {
+	if ctx.Err() != nil || errors.Is(err, ErrClosed) {
+		return false
+	}
+	if !isUnavailable(err) {
+		log.Warn("coord: watch read failed", "key", key, "err", err)
+	}
+	t := time.NewTimer(retryPause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func sameEvent(a, b Event) bool {
+	if a.Exists != b.Exists {
+		return false
+	}
+	if !a.Exists {
+		return true
+	}
+	return a.Entry.CreateRev == b.Entry.CreateRev && a.Entry.ModRev == b.Entry.ModRev &&
+		a.Entry.Version == b.Entry.Version && bytes.Equal(a.Entry.Value, b.Entry.Value)
+}

@@ -1,0 +1,496 @@
+package coord_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/coord/coordtest"
+	"github.com/stormdock/stormdock/coord/zktest"
+	"github.com/stormdock/stormdock/internal/testenv"
+)
+
+// The shared server (scripts/test) runs with tickTime=500ms: 1s is its shortest session.
+const (
+	sharedTick    = 500 * time.Millisecond
+	sharedTimeout = time.Second
+)
+
+// pauseDialer lets a test cut a client off from ZooKeeper: paused, it drops the client's
+// connections and refuses new ones, so the server expires the session once its timeout
+// passes, exactly as for a client whose network failed.
+type pauseDialer struct {
+	mu     sync.Mutex
+	paused bool
+	conns  []net.Conn
+}
+
+func (d *pauseDialer) Dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	d.mu.Lock()
+	paused := d.paused
+	d.mu.Unlock()
+	if paused {
+		time.Sleep(50 * time.Millisecond)
+		return nil, errors.New("pauseDialer: paused")
+	}
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.conns = append(d.conns, c)
+	d.mu.Unlock()
+	return c, nil
+}
+
+func (d *pauseDialer) pause() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.paused = true
+	for _, c := range d.conns {
+		c.Close()
+	}
+	d.conns = nil
+}
+
+func (d *pauseDialer) resume() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.paused = false
+}
+
+// testLogger logs to t at debug level (shown for failed tests and with -v), dropping
+// records that come after the test's cleanup began.
+func testLogger(t testing.TB) *slog.Logger {
+	w := &testWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct {
+	mu   sync.Mutex
+	t    testing.TB
+	done bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+type zkBackend struct {
+	addr    string
+	chroot  string
+	tick    time.Duration
+	timeout time.Duration
+
+	mu      sync.Mutex
+	dialers map[coord.Store]*pauseDialer
+}
+
+// uniqueChroot names a fresh chroot for a test under top.
+func uniqueChroot(t testing.TB, top string) string {
+	name := strings.NewReplacer("/", "_", " ", "_", "\"", "", "\\", "").Replace(t.Name())
+	return fmt.Sprintf("/%s/%s-%x", top, name, rand.Uint64())
+}
+
+func newZKBackendFunc(addr string, tick, timeout time.Duration) func(t *testing.T) coordtest.Backend {
+	return func(t *testing.T) coordtest.Backend {
+		b := &zkBackend{addr: addr, chroot: uniqueChroot(t, "stormdock-test"), tick: tick, timeout: timeout,
+			dialers: map[coord.Store]*pauseDialer{}}
+		t.Cleanup(func() { cleanupZK(t, addr, b.chroot) })
+		return b
+	}
+}
+
+// cleanupZK removes a test's chroot; entries of killed clients may linger until their
+// session ends, so it tolerates leftovers.
+func cleanupZK(t testing.TB, addr, chroot string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := coord.OpenZK(ctx, []string{addr}, "", coord.Options{SessionTimeout: sharedTimeout, Logger: quiet})
+	if err != nil {
+		t.Logf("cleanup %s: %v", chroot, err)
+		return
+	}
+	defer s.Close()
+	if err := coord.DeleteTree(ctx, s, chroot); err != nil {
+		t.Logf("cleanup %s: %v", chroot, err)
+	}
+}
+
+func (b *zkBackend) Client(t *testing.T) coord.Store {
+	d := &pauseDialer{}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := coord.OpenZK(ctx, []string{b.addr}, b.chroot, coord.Options{SessionTimeout: b.timeout, Dialer: d.Dial})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	b.mu.Lock()
+	b.dialers[s] = d
+	b.mu.Unlock()
+	return s
+}
+
+func (b *zkBackend) Expire(t *testing.T, s coord.Store) {
+	b.mu.Lock()
+	d := b.dialers[s]
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ev := s.SessionEvents(ctx)
+	d.pause()
+	// The server expires a session within timeout + one tick of the last ping.
+	time.Sleep(b.timeout + b.tick + 300*time.Millisecond)
+	d.resume()
+	for e := range ev {
+		switch e.Type {
+		case coord.SessionNew:
+			return
+		case coord.SessionReconnected:
+			t.Fatal("session survived the pause: it was not expired")
+		}
+	}
+	t.Fatal("no new session after expiry")
+}
+
+func (b *zkBackend) StartLeader(t *testing.T, prefix, id string) func() {
+	return coordtest.StartChildLeader(t, "zk://"+b.addr+b.chroot, b.timeout, prefix, id)
+}
+
+func (b *zkBackend) SessionTimeout() time.Duration { return b.timeout }
+
+// ExpiryGrace: the server expires sessions in tick buckets and must log (fsync) the
+// session's end before watchers hear of it; fsync here takes up to ~0.5s at p99.
+func (b *zkBackend) ExpiryGrace() time.Duration { return 2*b.tick + time.Second }
+
+func TestZKConformance(t *testing.T) {
+	t.Parallel()
+	addr := testenv.ZKAddr(t)
+	coordtest.RunSuite(t, newZKBackendFunc(addr, sharedTick, sharedTimeout))
+}
+
+// A ZooKeeper server killed and restarted: the client reconnects to its session by itself,
+// persistent data is all there, ephemeral entries and watches survive.
+func TestZKServerRestart(t *testing.T) {
+	t.Parallel()
+	// tickTime 500ms allows sessions up to 10s: the server restart (a JVM start) fits well
+	// within 8s even on a loaded machine, so the session must survive it.
+	srv := zktest.Start(t, zktest.Options{TickTime: 500 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	opts := coord.Options{SessionTimeout: 8 * time.Second, Logger: testLogger(t)}
+	s, err := coord.Open(ctx, srv.URL("/restart"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sess := s.SessionEvents(ctx)
+	for i := 0; i < 20; i++ {
+		if _, err := s.Put(ctx, fmt.Sprintf("/jobs/j%02d", i), []byte(fmt.Sprint(i)), coord.AnyVersion); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Create(ctx, "/nodes/me", []byte("up"), coord.Ephemeral); err != nil {
+		t.Fatal(err)
+	}
+	watch, _ := s.Watch(ctx, "/jobs/j05")
+	<-watch
+	sid := s.SessionID()
+
+	srv.Kill()
+	if ev := <-sess; ev.Type != coord.SessionDisconnected {
+		t.Fatalf("after kill: %+v", ev)
+	}
+	// A read while the server is down waits, bounded by its context.
+	rctx, rcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = s.Get(rctx, "/jobs/j00")
+	rcancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read while down: %v", err)
+	}
+	srv.Restart()
+	select {
+	case ev := <-sess:
+		if ev.Type != coord.SessionReconnected || ev.SessionID != sid {
+			t.Fatalf("after restart: %+v (session was %x)", ev, sid)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no reconnect after restart")
+	}
+	kids, err := s.Children(ctx, "/jobs")
+	if err != nil || len(kids) != 20 {
+		t.Fatalf("children after restart: %d, %v", len(kids), err)
+	}
+	for i := 0; i < 20; i++ {
+		e, err := s.Get(ctx, fmt.Sprintf("/jobs/j%02d", i))
+		if err != nil || string(e.Value) != fmt.Sprint(i) {
+			t.Fatalf("j%02d after restart: %+v %v", i, e, err)
+		}
+	}
+	if e, err := s.Get(ctx, "/nodes/me"); err != nil || e.Owner != sid {
+		t.Fatalf("ephemeral after restart: %+v %v", e, err)
+	}
+	// The watch set before the restart still fires.
+	other, err := coord.Open(ctx, srv.URL("/restart"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Put(ctx, "/jobs/j05", []byte("new"), coord.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-watch:
+		if string(ev.Entry.Value) != "new" {
+			t.Fatalf("watch after restart: %+v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch did not fire after restart")
+	}
+}
+
+// A server restarted while the client stays away past the session timeout: the client finds
+// its session expired, opens a new one and re-creates its ephemeral entries; persistent data
+// written before the restart is there.
+func TestZKServerRestartSessionExpired(t *testing.T) {
+	t.Parallel()
+	srv := zktest.Start(t, zktest.Options{TickTime: 200 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const timeout = 800 * time.Millisecond
+	d := &pauseDialer{}
+	s, err := coord.OpenZK(ctx, []string{srv.Addr()}, "/down", coord.Options{SessionTimeout: timeout, Dialer: d.Dial, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sess := s.SessionEvents(ctx)
+	if _, err := s.Create(ctx, "/nodes/me", []byte("up"), coord.Ephemeral); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, "/jobs/wc", []byte("spec"), coord.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	sid := s.SessionID()
+	d.pause()
+	srv.Kill()
+	srv.Restart()
+	// The restarted server restores the session from its log with a fresh timeout: stay
+	// away longer than that.
+	time.Sleep(timeout + srv.TickTime() + 500*time.Millisecond)
+	d.resume()
+	var types []coord.SessionEventType
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case ev := <-sess:
+			types = append(types, ev.Type)
+			switch ev.Type {
+			case coord.SessionReconnected:
+				t.Fatalf("events %v: session not expired", types)
+			case coord.SessionNew:
+				if len(ev.Restored) != 1 || ev.Restored[0] != "/nodes/me" {
+					t.Fatalf("new session restored %v lost %v", ev.Restored, ev.Lost)
+				}
+				e, err := s.Get(ctx, "/nodes/me")
+				if err != nil || e.Owner == sid || e.Owner != s.SessionID() {
+					t.Fatalf("restored entry %+v %v (old session %x)", e, err, sid)
+				}
+				if e, err := s.Get(ctx, "/jobs/wc"); err != nil || string(e.Value) != "spec" {
+					t.Fatalf("persistent entry after restart: %+v %v", e, err)
+				}
+				if types[0] != coord.SessionDisconnected || !slices.Contains(types, coord.SessionExpired) {
+					t.Fatalf("session events %v", types)
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatalf("session events %v, no new session", types)
+		}
+	}
+}
+
+func TestZKChrootIsolation(t *testing.T) {
+	t.Parallel()
+	addr := testenv.ZKAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	top := uniqueChroot(t, "stormdock-test")
+	t.Cleanup(func() { cleanupZK(t, addr, top) })
+	opts := coord.Options{SessionTimeout: sharedTimeout}
+	a, err := coord.Open(ctx, "zk://"+addr+top+"/a", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := coord.Open(ctx, "zk://"+addr+top+"/b", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	root, err := coord.Open(ctx, "zk://"+addr, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+
+	if _, err := a.Put(ctx, "/jobs/x", []byte("A"), coord.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Get(ctx, "/jobs/x"); !errors.Is(err, coord.ErrNotFound) {
+		t.Fatalf("b sees a's key: %v", err)
+	}
+	if _, err := b.Put(ctx, "/jobs/x", []byte("B"), coord.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := a.Get(ctx, "/jobs/x"); string(e.Value) != "A" {
+		t.Fatalf("a's key changed by b: %q", e.Value)
+	}
+	if e, err := root.Get(ctx, top+"/a/jobs/x"); err != nil || string(e.Value) != "A" {
+		t.Fatalf("unchrooted view of a's key: %+v %v", e, err)
+	}
+	kids, _ := a.Children(ctx, "/")
+	if len(kids) != 1 || kids[0] != "jobs" {
+		t.Fatalf("children of a's root: %v", kids)
+	}
+	if kids, _ := root.Children(ctx, "/"); contains(kids, "zookeeper") {
+		t.Fatalf("/zookeeper is not hidden at the root: %v", kids)
+	}
+	k, err := a.Create(ctx, "/seq/n-", nil, coord.EphemeralSequential)
+	if err != nil || k != "/seq/n-0000000000" {
+		t.Fatalf("sequential key in chroot = %q, %v", k, err)
+	}
+	ch, _ := a.WatchChildren(ctx, "/")
+	if ev := <-ch; !ev.Exists || !contains(ev.Children, "seq") {
+		t.Fatalf("watch of chroot root: %+v", ev)
+	}
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// With credentials every created znode carries a creator-only digest ACL: a client without
+// them (or with wrong ones) can neither read nor change stormdock's tree.
+func TestZKACL(t *testing.T) {
+	t.Parallel()
+	addr := testenv.ZKAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	chroot := uniqueChroot(t, "stormdock-acl-test")
+	opts := coord.Options{SessionTimeout: sharedTimeout}
+	owner, err := coord.Open(ctx, "zk://stormdock:s3cret@"+addr+chroot, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	t.Cleanup(func() {
+		s, err := coord.OpenZK(ctx, []string{addr}, "", coord.Options{SessionTimeout: sharedTimeout, Credentials: "stormdock:s3cret"})
+		if err == nil {
+			_ = coord.DeleteTree(ctx, s, chroot)
+			_ = coord.DeleteTree(ctx, s, "/stormdock-acl-test")
+			s.Close()
+		}
+	})
+	if _, err := owner.Put(ctx, "/jobs/wc", []byte("spec"), coord.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+
+	anon, err := coord.Open(ctx, "zk://"+addr, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	wrongOpts := opts
+	wrongOpts.Credentials = "stormdock:wrong"
+	wrong, err := coord.OpenZK(ctx, []string{addr}, "", wrongOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+
+	key := chroot + "/jobs/wc"
+	for name, c := range map[string]coord.Store{"no credentials": anon, "wrong credentials": wrong} {
+		t.Run(name, func(t *testing.T) {
+			steps := []struct {
+				what string
+				err  error
+			}{
+				{"put", func() error { _, err := c.Put(ctx, key, []byte("evil"), coord.AnyVersion); return err }()},
+				{"delete", c.Delete(ctx, key, coord.AnyVersion)},
+				{"create child", func() error { _, err := c.Create(ctx, chroot+"/jobs/evil", nil, coord.Persistent); return err }()},
+				{"create in chroot", func() error { _, err := c.Create(ctx, chroot+"/evil", nil, coord.Persistent); return err }()},
+				{"get", func() error { _, err := c.Get(ctx, key); return err }()},
+				{"txn", func() error { _, err := c.Txn(ctx, coord.PutOp(key, nil, coord.AnyVersion)); return err }()},
+			}
+			for _, s := range steps {
+				if !errors.Is(s.err, coord.ErrPermission) {
+					t.Errorf("%s: %v, want ErrPermission", s.what, s.err)
+				}
+			}
+		})
+	}
+	if e, err := owner.Get(ctx, "/jobs/wc"); err != nil || string(e.Value) != "spec" {
+		t.Fatalf("owner's entry after attacks: %+v %v", e, err)
+	}
+	// Another client with the right credentials may change it.
+	second, err := coord.Open(ctx, "zk://stormdock:s3cret@"+addr+chroot, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	if _, err := second.Put(ctx, "/jobs/wc", []byte("v2"), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestZKUnreachable(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	start := time.Now()
+	_, err = coord.Open(context.Background(), "zk://"+addr+"/x", coord.Options{ConnectTimeout: 700 * time.Millisecond})
+	took := time.Since(start)
+	if err == nil || !errors.Is(err, coord.ErrUnavailable) || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("open of unreachable server: %v", err)
+	}
+	if took > time.Second {
+		t.Fatalf("open took %s with a 700ms connect timeout", took)
+	}
+	// A context ending first wins too.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	if _, err := coord.Open(ctx, "zk://"+addr, coord.Options{ConnectTimeout: 10 * time.Second}); err == nil || time.Since(start) > time.Second {
+		t.Fatalf("open with a short context: %v after %s", err, time.Since(start))
+	}
+}
