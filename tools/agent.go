@@ -22,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/isolation/docker"
 	"github.com/stormdock/stormdock/isolation/process"
 )
 
@@ -50,6 +51,7 @@ var AgentCommand = &cli.Command{
 		&cli.BoolFlag{Name: "no-lease", Usage: "run workers without the lease launcher (they then outlive a dead agent)"},
 		&cli.StringFlag{Name: "state-dir", Usage: "agent and driver state `DIR`", Value: "/var/lib/stormdock/agent"},
 		&cli.StringFlag{Name: "cgroup-parent", Usage: "cgroup holding the workers' cgroups", Value: "/stormdock"},
+		&cli.StringFlag{Name: "docker-host", Usage: "docker engine for --isolation docker (default: DOCKER_HOST or the local socket)"},
 		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers", Value: agents.DefaultPortBase},
 		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics (\"off\" to disable)", Value: "127.0.0.1:0"},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
@@ -102,7 +104,17 @@ func runAgent(c *cli.Context) error {
 			defer d.Close()
 			drivers = append(drivers, agents.Driver{Isolation: m, Driver: d})
 		case cluster.IsolationDocker:
-			return cli.Exit("stormdock agent: --isolation docker: the docker driver is not part of this build yet", 2)
+			dc, err := docker.Connect(ctx, c.String("docker-host"))
+			if err != nil {
+				return err
+			}
+			defer dc.Close()
+			d, err := docker.New(ctx, docker.Config{Client: dc, Node: node.ID, Logger: log.With("node", node.ID)})
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			drivers = append(drivers, agents.Driver{Isolation: m, Driver: d})
 		}
 	}
 

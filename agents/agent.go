@@ -1,0 +1,294 @@
+// Package agents is stormdock's node agent: it registers its node in the coordination store,
+// runs the workers the master assigns to the node through isolation drivers, and reports them.
+package agents
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/isolation"
+)
+
+// Sentinel errors callers branch on.
+var (
+	// ErrStateDirLocked: another agent holds the state directory. Two agents sharing one
+	// would adopt, restart and stop each other's workers.
+	ErrStateDirLocked = errors.New("agent state directory is in use by another agent")
+	// ErrAlreadyRun: Run was called twice on one Agent.
+	ErrAlreadyRun = errors.New("agent already ran")
+)
+
+// Defaults for Config.
+const (
+	DefaultHeartbeat       = time.Second
+	DefaultPortBase        = 6700
+	DefaultRestartBackoff  = time.Second
+	DefaultMaxBackoff      = time.Minute
+	DefaultCrashLoopWindow = 5 * time.Minute
+	// DefaultContainerSelf is where worker images built by stormdock keep the stormdock
+	// binary (see package images).
+	DefaultContainerSelf = "/stormdock"
+	// SelfCommand is the command name the agent replaces by its own binary (or by
+	// ContainerSelf inside containers), so a job can run `stormdock worker ...` on nodes
+	// where stormdock is not on PATH.
+	SelfCommand = "stormdock"
+)
+
+// Health is the node's health as the health checks see it. State says how many slots are
+// withheld; Changed receives a value whenever State may have changed.
+type Health interface {
+	State() cluster.NodeHealth
+	Changed() <-chan struct{}
+}
+
+// Driver pairs an isolation mode (cluster.IsolationProcess, cluster.IsolationDocker) with the
+// driver that provides it.
+type Driver struct {
+	Isolation string
+	Driver    isolation.Driver
+}
+
+// Config configures an Agent. Node.ID, Node.DC, Node.Rack, Node.Slots and StateDir are
+// required.
+type Config struct {
+	// Node is the node as registered. Labels isolation/<mode>=true are added for every
+	// driver the agent is given.
+	Node cluster.Node
+	// StateDir holds the agent's per-worker records and lease files, and its lock.
+	StateDir string
+	// SessionTimeout is the store session timeout. A disconnection this long is treated
+	// as an expiry (the master will have re-placed the workers), and it is the default
+	// lease ttl. Default coord.DefaultSessionTimeout.
+	SessionTimeout time.Duration
+	// Heartbeat is how often the node record may be rewritten. Default 1s.
+	Heartbeat time.Duration
+	// PortBase is the first STORMDOCK_PORT; a worker gets PortBase + its slot index.
+	PortBase int
+	// Self is the stormdock binary: it runs the lease launcher and replaces a command named
+	// "stormdock". Default os.Executable().
+	Self string
+	// ContainerSelf is the stormdock binary's path inside worker images. Default /stormdock.
+	ContainerSelf string
+	// LeaseTTL is how long a worker outlives its agent's last lease renewal. Default
+	// SessionTimeout.
+	LeaseTTL time.Duration
+	// NoLease runs workers without the lease launcher: they then outlive a dead agent.
+	NoLease bool
+	// RestartBackoff is the first delay before restarting a crashed worker; it doubles with
+	// every restart within CrashLoopWindow, up to MaxBackoff.
+	RestartBackoff  time.Duration
+	MaxBackoff      time.Duration
+	CrashLoopWindow time.Duration
+	// Health reports throttling; nil means always healthy.
+	Health Health
+	// Registerer receives the agent's metrics; nil means none are registered.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+func (c *Config) defaults() error {
+	if c.Node.ID == "" || c.Node.DC == "" || c.Node.Rack == "" {
+		return errors.New("agent: node id, dc and rack are required")
+	}
+	if c.Node.Slots < 0 {
+		return fmt.Errorf("agent: slots %d must not be negative", c.Node.Slots)
+	}
+	if c.StateDir == "" {
+		return errors.New("agent: a state directory is required")
+	}
+	// Absolute: lease paths go into worker command lines and docker bind mounts.
+	dir, err := filepath.Abs(c.StateDir)
+	if err != nil {
+		return fmt.Errorf("agent: state dir: %w", err)
+	}
+	c.StateDir = dir
+	if c.Node.Host == "" {
+		// The host tells this agent's own stale node entry from another agent's.
+		if c.Node.Host, err = os.Hostname(); err != nil {
+			return fmt.Errorf("agent: host name: %w", err)
+		}
+	}
+	if c.SessionTimeout <= 0 {
+		c.SessionTimeout = coord.DefaultSessionTimeout
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.PortBase == 0 {
+		c.PortBase = DefaultPortBase
+	}
+	if c.PortBase < 1 || c.PortBase > 65535 {
+		return fmt.Errorf("agent: port base %d out of range", c.PortBase)
+	}
+	if c.Self == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("agent: find own binary: %w", err)
+		}
+		c.Self = exe
+	}
+	if c.ContainerSelf == "" {
+		c.ContainerSelf = DefaultContainerSelf
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = c.SessionTimeout
+	}
+	if c.RestartBackoff <= 0 {
+		c.RestartBackoff = DefaultRestartBackoff
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = DefaultMaxBackoff
+	}
+	if c.MaxBackoff < c.RestartBackoff {
+		c.MaxBackoff = c.RestartBackoff
+	}
+	if c.CrashLoopWindow <= 0 {
+		c.CrashLoopWindow = DefaultCrashLoopWindow
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// leaseInterval is how often leases are renewed: often enough that a late tick or a slow
+// write never lets a live agent's lease lapse.
+func (c *Config) leaseInterval() time.Duration {
+	return min(c.Heartbeat, c.LeaseTTL/4)
+}
+
+// Agent runs one node's workers. Create it with New and run it with Run.
+type Agent struct {
+	cfg      Config
+	store    coord.Store
+	drivers  map[string]isolation.Driver
+	modes    []string
+	log      *slog.Logger
+	metrics  *metrics
+	instance string
+
+	mu  sync.Mutex
+	ran bool
+}
+
+// New returns an agent for the node in cfg that runs workers through drivers and keeps its
+// node record in store. The caller keeps ownership of store and drivers and closes them
+// after Run returned.
+func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	if store == nil {
+		return nil, errors.New("agent: no store")
+	}
+	if len(drivers) == 0 {
+		return nil, errors.New("agent: no isolation driver")
+	}
+	a := &Agent{cfg: cfg, store: store, drivers: map[string]isolation.Driver{}}
+	for _, d := range drivers {
+		switch d.Isolation {
+		case cluster.IsolationProcess, cluster.IsolationDocker:
+		default:
+			return nil, fmt.Errorf("agent: unknown isolation %q", d.Isolation)
+		}
+		if d.Driver == nil {
+			return nil, fmt.Errorf("agent: isolation %s has no driver", d.Isolation)
+		}
+		if a.drivers[d.Isolation] != nil {
+			return nil, fmt.Errorf("agent: isolation %s given twice", d.Isolation)
+		}
+		a.drivers[d.Isolation] = d.Driver
+		a.modes = append(a.modes, d.Isolation)
+	}
+	slices.Sort(a.modes)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	a.instance = hex.EncodeToString(b[:])
+	a.log = cfg.Logger.With("node", cfg.Node.ID, "agent", a.instance)
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	a.metrics = m
+	return a, nil
+}
+
+// Node returns the node as the agent registers it: with the isolation labels added.
+func (a *Agent) Node() cluster.Node {
+	n := a.cfg.Node
+	labels := make(map[string]string, len(n.Labels)+len(a.modes))
+	for k, v := range n.Labels {
+		labels[k] = v
+	}
+	for _, m := range a.modes {
+		labels["isolation/"+m] = "true"
+	}
+	n.Labels = labels
+	return n
+}
+
+// Run adopts the workers an earlier agent left on this node, registers the node and keeps the
+// node's workers in line with its assignment until ctx is done. Workers keep running when Run
+// returns (a restarted agent adopts them); their leases lapse after LeaseTTL if no agent
+// renews them.
+func (a *Agent) Run(ctx context.Context) error {
+	a.mu.Lock()
+	if a.ran {
+		a.mu.Unlock()
+		return ErrAlreadyRun
+	}
+	a.ran = true
+	a.mu.Unlock()
+
+	for _, dir := range []string{a.cfg.StateDir, a.workersDir(), a.leasesDir()} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("agent: state dir: %w", err)
+		}
+	}
+	unlock, err := lockDir(a.cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	r := newRun(ctx, a)
+	return r.loop()
+}
+
+func (a *Agent) workersDir() string { return filepath.Join(a.cfg.StateDir, "workers") }
+func (a *Agent) leasesDir() string  { return filepath.Join(a.cfg.StateDir, "leases") }
+
+// lockDir takes an exclusive lock on dir/agent.lock for the life of the agent. The kernel drops
+// it when the process dies, so a crashed agent never blocks its successor.
+func lockDir(dir string) (func(), error) {
+	p := filepath.Join(dir, "agent.lock")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("agent: lock %s: %w", p, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s", ErrStateDirLocked, dir)
+		}
+		return nil, fmt.Errorf("agent: lock %s: %w", p, err)
+	}
+	return func() {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+	}, nil
+}

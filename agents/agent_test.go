@@ -1,0 +1,412 @@
+package agents_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/cluster"
+)
+
+var stores = []string{"mem", "zk"}
+
+// An assignment makes the agent run its workers under the launcher, with the worker
+// contract's environment, and report them in one node record.
+func TestAssignmentRunsWorkersWithEnv(t *testing.T) {
+	for _, kind := range stores {
+		t.Run(kind, func(t *testing.T) {
+			h := newHarness(t, kind)
+			reg := prometheus.NewRegistry()
+			cfg := h.cfg
+			cfg.Registerer = reg
+			h.start(cfg, h.agentStore())
+
+			mirrored := h.wa("mirror", 1, 7, "run")
+			mirrored.Key.Link = "dc-a"
+			mirrored.Output = ""
+			h.assign(h.wa("wc", 0, 3, "run"), mirrored)
+			rec := h.waitRecord("both workers running", 10*time.Second, allRunning("wc/0", "mirror@dc-a/1"))
+
+			if rec.Node.Labels["isolation/process"] != "true" || rec.Node.Labels["disk"] != "ssd" {
+				t.Errorf("labels = %v, want isolation/process=true and disk=ssd", rec.Node.Labels)
+			}
+			if len(rec.Isolation) != 1 || rec.Isolation[0] != cluster.IsolationProcess {
+				t.Errorf("isolation = %v", rec.Isolation)
+			}
+			if rec.Health.State != cluster.HealthHealthy || rec.Agent == "" || rec.Node.Slots != 4 {
+				t.Errorf("record = %+v", rec)
+			}
+			ports := map[string]bool{}
+			for key, want := range map[string]map[string]string{
+				"wc.0": {"STORMDOCK_JOB": "wc", "STORMDOCK_TENANT": "search", "STORMDOCK_WORKER": "0",
+					"STORMDOCK_WORKERS": "3", "STORMDOCK_DC": "dc-a", "STORMDOCK_RACK": "r1",
+					"STORMDOCK_NODE": nodeID, "STORMDOCK_LINK": "", "STORMDOCK_OUTPUT": "http://127.0.0.1:9/out",
+					"STORMDOCK_GENERATION": "3"},
+				"mirror.dc-a.1": {"STORMDOCK_JOB": "mirror", "STORMDOCK_WORKER": "1", "STORMDOCK_LINK": "dc-a",
+					"STORMDOCK_OUTPUT": "", "STORMDOCK_GENERATION": "7"},
+			} {
+				var reps []helperReport
+				waitFor(t, key+" report", 5*time.Second, func() bool { reps = h.reports(key); return len(reps) > 0 })
+				if len(reps) != 1 {
+					t.Fatalf("%s started %d times, want 1", key, len(reps))
+				}
+				env := reps[0].Env
+				for k, v := range want {
+					if got, ok := env[k]; !ok || got != v {
+						t.Errorf("%s: %s = %q (set %v), want %q", key, k, got, ok, v)
+					}
+				}
+				port, err := strconv.Atoi(env["STORMDOCK_PORT"])
+				if err != nil || port < agents.DefaultPortBase || port >= agents.DefaultPortBase+4 {
+					t.Errorf("%s: STORMDOCK_PORT = %q, want one of 6700..6703", key, env["STORMDOCK_PORT"])
+				}
+				if ports[env["STORMDOCK_PORT"]] {
+					t.Errorf("%s: port %s given twice", key, env["STORMDOCK_PORT"])
+				}
+				ports[env["STORMDOCK_PORT"]] = true
+				// The worker runs under the launcher: the pid the record reports is its parent.
+				st := states(rec)
+				k := "wc/0"
+				if key != "wc.0" {
+					k = "mirror@dc-a/1"
+				}
+				if reps[0].PPID != st[k].PID {
+					t.Errorf("%s: worker's parent is %d, record reports pid %d (the launcher)", key, reps[0].PPID, st[k].PID)
+				}
+			}
+			waitFor(t, "metrics", 2*time.Second, func() bool {
+				return gauge(t, reg, "stormdock_agent_workers", map[string]string{"state": "running"}) == 2
+			})
+			for kind, want := range map[string]float64{"total": 4, "used": 2, "free": 2, "throttled": 0} {
+				if got := gauge(t, reg, "stormdock_agent_slots", map[string]string{"kind": kind}); got != want {
+					t.Errorf("slots{kind=%s} = %v, want %v", kind, got, want)
+				}
+			}
+			if got := gauge(t, reg, "stormdock_agent_worker_starts_total", nil); got != 2 {
+				t.Errorf("starts = %v, want 2", got)
+			}
+			if got := gauge(t, reg, "stormdock_agent_store_writes_total", nil); got < 1 {
+				t.Errorf("store writes = %v, want > 0", got)
+			}
+		})
+	}
+}
+
+// A changed assignment starts and stops only the difference, and replaces a worker whose
+// generation changed.
+func TestAssignmentChangeTouchesOnlyTheDifference(t *testing.T) {
+	h := newHarness(t, "mem")
+	h.start(h.cfg, h.agentStore())
+	h.assign(h.wa("wc", 0, 1, "run"), h.wa("wc", 1, 1, "run"), h.wa("wc", 2, 1, "run"))
+	before := states(h.waitRecord("3 workers", 10*time.Second, allRunning("wc/0", "wc/1", "wc/2")))
+	for _, key := range []string{"wc.0", "wc.1", "wc.2"} {
+		h.waitReports(key, 1) // the helpers are up and handle SIGTERM
+	}
+
+	// wc/0 stays, wc/1 gets a new generation, wc/2 goes, wc/3 comes.
+	h.assign(h.wa("wc", 0, 1, "run"), h.wa("wc", 1, 2, "run"), h.wa("wc", 3, 1, "run"))
+	after := states(h.waitRecord("new set", 10*time.Second, func(rec cluster.NodeRecord) bool {
+		st := states(rec)
+		return allRunning("wc/0", "wc/1", "wc/3")(rec) && st["wc/1"].Generation == 2
+	}))
+	if after["wc/0"].PID != before["wc/0"].PID {
+		t.Errorf("unchanged worker wc/0 was restarted: pid %d -> %d", before["wc/0"].PID, after["wc/0"].PID)
+	}
+	if after["wc/1"].PID == before["wc/1"].PID {
+		t.Errorf("wc/1 got a new generation but kept pid %d", after["wc/1"].PID)
+	}
+	for _, k := range []string{"wc/1", "wc/2"} {
+		if alive(before[k].PID) {
+			t.Errorf("%s's old launcher (pid %d) still runs", k, before[k].PID)
+		}
+	}
+	// The stopped workers drained on SIGTERM.
+	for _, key := range []string{"wc.1", "wc.2"} {
+		if r := h.reports(key); len(r) == 0 || !h.terminated(key, r[0].PID) {
+			t.Errorf("%s did not drain on SIGTERM", key)
+		}
+	}
+	if n := len(h.reports("wc.0")); n != 1 {
+		t.Errorf("wc/0 started %d times, want 1", n)
+	}
+	// A change of the run spec alone (same generation) replaces the worker too.
+	changed := h.wa("wc", 0, 1, "run")
+	changed.Env["EXTRA"] = "1"
+	h.assign(changed, h.wa("wc", 1, 2, "run"), h.wa("wc", 3, 1, "run"))
+	h.waitRecord("wc/0 replaced", 10*time.Second, func(rec cluster.NodeRecord) bool {
+		st := states(rec)
+		return allRunning("wc/0", "wc/1", "wc/3")(rec) && st["wc/0"].PID != after["wc/0"].PID
+	})
+	if st := states(h.waitRecord("others kept", time.Second, allRunning("wc/0", "wc/1", "wc/3"))); st["wc/1"].PID != after["wc/1"].PID || st["wc/3"].PID != after["wc/3"].PID {
+		t.Errorf("workers whose assignment did not change were restarted")
+	}
+}
+
+// A crashing worker is restarted with a growing backoff, and its restarts are reported.
+func TestCrashRestartsWithBackoff(t *testing.T) {
+	h := newHarness(t, "mem")
+	reg := prometheus.NewRegistry()
+	cfg := h.cfg
+	cfg.Registerer = reg
+	cfg.RestartBackoff = 500 * time.Millisecond
+	cfg.MaxBackoff = 10 * time.Second
+	h.start(cfg, h.agentStore())
+	h.assign(h.wa("crash", 0, 1, "crash"))
+	rec := h.waitRecord("4 restarts", 30*time.Second, func(rec cluster.NodeRecord) bool {
+		st := states(rec)["crash/0"]
+		return st.Restarts >= 4
+	})
+	st := states(rec)["crash/0"]
+	if st.RecentRestarts < 4 || st.LastExit != "exited with code 3" {
+		t.Errorf("status = %+v, want recentRestarts >= 4 and lastExit \"exited with code 3\"", st)
+	}
+	reps := h.reports("crash.0")
+	if len(reps) < 4 {
+		t.Fatalf("%d starts, want >= 4", len(reps))
+	}
+	// The pauses between a worker's end and its next start double: 500ms, 1s, 2s. The reports'
+	// times also hold the worker's run (100ms) and the start latency (which a loaded machine
+	// stretches), so each gap must be at least its backoff, and the third must exceed the
+	// first by about the backoffs' difference (1.5s).
+	var gaps []time.Duration
+	for i := 1; i < 4; i++ {
+		gaps = append(gaps, reps[i].At.Sub(reps[i-1].At))
+	}
+	for i, want := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second} {
+		if gaps[i] < want+100*time.Millisecond || gaps[i] > want+3*time.Second {
+			t.Errorf("time between start %d and %d = %s, want the %s backoff plus the 100ms run and a start (all: %v)", i, i+1, gaps[i], want, gaps)
+		}
+	}
+	if grow := gaps[2] - gaps[0]; grow < time.Second {
+		t.Errorf("gaps %v grow by %s, want about 1.5s: no exponential backoff", gaps, grow)
+	}
+	if got := gauge(t, reg, "stormdock_agent_worker_restarts_total", nil); got < 4 {
+		t.Errorf("restarts metric = %v, want >= 4", got)
+	}
+}
+
+// A new agent on the same state directory adopts the running workers: same pids, no restart.
+func TestRestartedAgentAdoptsWorkers(t *testing.T) {
+	h := newHarness(t, "mem")
+	store := h.agentStore()
+	first := h.start(h.cfg, store)
+	h.assign(h.wa("wc", 0, 1, "run"), h.wa("wc", 1, 1, "run"))
+	before := states(h.waitRecord("running", 10*time.Second, allRunning("wc/0", "wc/1")))
+	h.waitReports("wc.0", 1)
+	h.waitReports("wc.1", 1)
+	firstAgent := func() string { r, _, _ := h.record(); return r.Agent }()
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// A second agent may not share the state directory while one runs: tested here by
+	// running one and then trying another.
+	h.drv.Close()
+	h.drv = h.newDriver() // a new driver: the workers are no longer its children
+	second := h.start(h.cfg, h.agentStore())
+	rec := h.waitRecord("adopted", 10*time.Second, func(rec cluster.NodeRecord) bool {
+		return rec.Agent != firstAgent && allRunning("wc/0", "wc/1")(rec)
+	})
+	after := states(rec)
+	for _, k := range []string{"wc/0", "wc/1"} {
+		if after[k].PID != before[k].PID || after[k].Restarts != 0 {
+			t.Errorf("%s: pid %d -> %d, restarts %d: want adopted as is", k, before[k].PID, after[k].PID, after[k].Restarts)
+		}
+	}
+	for _, key := range []string{"wc.0", "wc.1"} {
+		if n := len(h.reports(key)); n != 1 {
+			t.Errorf("%s started %d times, want 1", key, n)
+		}
+	}
+	// Adopted workers keep their leases: they outlive more than a ttl.
+	time.Sleep(2 * sessionTimeout)
+	if !alive(before["wc/0"].PID) {
+		t.Fatal("adopted worker stopped: its lease was not renewed")
+	}
+	// And the new agent manages them: a removal stops the adopted worker.
+	h.assign(h.wa("wc", 0, 1, "run"))
+	h.waitRecord("wc/1 gone", 10*time.Second, allRunning("wc/0"))
+	waitFor(t, "adopted wc/1 stopped", 5*time.Second, func() bool { return !alive(before["wc/1"].PID) })
+
+	third, err := agents.New(h.cfg, store, agents.Driver{Isolation: cluster.IsolationProcess, Driver: h.drv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := third.Run(context.Background()); !errors.Is(err, agents.ErrStateDirLocked) {
+		t.Errorf("second agent on a state dir in use: err = %v, want ErrStateDirLocked", err)
+	}
+	_ = second
+}
+
+// When its store session expires the agent stops its workers at once; on the new session the
+// node record comes back and the workers run again per the assignment as it then is.
+func TestSessionExpiryStopsWorkers(t *testing.T) {
+	t.Run("mem", func(t *testing.T) {
+		h := newHarness(t, "mem")
+		store := h.agentStore()
+		h.start(h.cfg, store)
+		h.assign(h.wa("wc", 0, 1, "run"), h.wa("wc", 1, 1, "run"))
+		before := states(h.waitRecord("running", 10*time.Second, allRunning("wc/0", "wc/1")))
+		_, oldEntry, _ := h.record()
+		// Meanwhile the master re-placed wc/1 elsewhere.
+		h.assign(h.wa("wc", 0, 1, "run"))
+		expired := time.Now()
+		if err := h.srv.ExpireSession(store.SessionID()); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "old workers stopped", 5*time.Second, func() bool {
+			return !alive(before["wc/0"].PID) && !alive(before["wc/1"].PID)
+		})
+		t.Logf("workers stopped %s after the expiry", time.Since(expired).Round(time.Millisecond))
+		rec := h.waitRecord("record back with wc/0 restarted", 10*time.Second, func(rec cluster.NodeRecord) bool {
+			return allRunning("wc/0")(rec) && states(rec)["wc/0"].PID != before["wc/0"].PID
+		})
+		if _, e, _ := h.record(); e.Owner != store.SessionID() || e.Owner == oldEntry.Owner || e.CreateRev == oldEntry.CreateRev {
+			t.Errorf("record owned by session %x (created at %d), want re-created by the agent's new session %x (old: %x at %d)",
+				e.Owner, e.CreateRev, store.SessionID(), oldEntry.Owner, oldEntry.CreateRev)
+		}
+		if len(rec.Workers) != 1 {
+			t.Errorf("workers after the new session: %+v, want wc/0 only (wc/1 was re-placed)", rec.Workers)
+		}
+	})
+	t.Run("zk", func(t *testing.T) {
+		h := newHarness(t, "zk")
+		store := h.agentStore()
+		h.start(h.cfg, store)
+		h.assign(h.wa("wc", 0, 1, "run"))
+		before := states(h.waitRecord("running", 10*time.Second, allRunning("wc/0")))
+		oldSession := store.SessionID()
+
+		// A partition: the agent cannot reach ZooKeeper. It stops its worker after the
+		// session timeout, without waiting to learn of the expiry.
+		cut := time.Now()
+		h.dialer.pause()
+		waitFor(t, "worker stopped during the partition", 3*sessionTimeout+3*time.Second, func() bool {
+			return !alive(before["wc/0"].PID)
+		})
+		stoppedAfter := time.Since(cut)
+		t.Logf("worker stopped %s after the partition began", stoppedAfter.Round(time.Millisecond))
+		if stoppedAfter < sessionTimeout/2 {
+			t.Errorf("worker stopped %s after the partition began: before any session could expire", stoppedAfter)
+		}
+		// The node is gone for the master.
+		waitFor(t, "node entry gone", 10*time.Second, func() bool { _, _, ok := h.record(); return !ok })
+		h.dialer.resume()
+		rec := h.waitRecord("record back, worker restarted", 15*time.Second, func(rec cluster.NodeRecord) bool {
+			return allRunning("wc/0")(rec) && states(rec)["wc/0"].PID != before["wc/0"].PID
+		})
+		if store.SessionID() == oldSession {
+			t.Error("session was not renewed")
+		}
+		_ = rec
+	})
+}
+
+// fakeHealth is a Health whose state the test sets.
+type fakeHealth struct {
+	mu sync.Mutex
+	h  cluster.NodeHealth
+	ch chan struct{}
+}
+
+func (f *fakeHealth) State() cluster.NodeHealth {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.h
+}
+
+func (f *fakeHealth) Changed() <-chan struct{} { return f.ch }
+
+func (f *fakeHealth) set(h cluster.NodeHealth) {
+	f.mu.Lock()
+	f.h = h
+	f.mu.Unlock()
+	select {
+	case f.ch <- struct{}{}:
+	default:
+	}
+}
+
+// Steady workers cause no writes; a change causes at most one per heartbeat; a health change
+// is published at once.
+func TestOneWritePerHeartbeat(t *testing.T) {
+	h := newHarness(t, "mem")
+	counting := &countingStore{Store: h.agentStore()}
+	health := &fakeHealth{h: cluster.NodeHealth{State: cluster.HealthHealthy}, ch: make(chan struct{}, 1)}
+	cfg := h.cfg
+	cfg.Heartbeat = 200 * time.Millisecond
+	cfg.Health = health
+	h.start(cfg, counting)
+	h.assign(h.wa("wc", 0, 1, "run"), h.wa("wc", 1, 1, "run"))
+	h.waitRecord("running", 10*time.Second, allRunning("wc/0", "wc/1"))
+	time.Sleep(3 * cfg.Heartbeat) // memory samples settle
+
+	const beats = 10
+	start := counting.writes.Load()
+	time.Sleep(beats * cfg.Heartbeat)
+	steady := counting.writes.Load() - start
+	t.Logf("steady workers: %d store writes over %d heartbeats", steady, beats)
+	if steady > 1 {
+		t.Errorf("%d writes over %d heartbeats with nothing changing, want at most 1 (a memory reading crossing a MiB); last records:\n%s",
+			steady, beats, strings.Join(counting.lastValues(int(steady)+1), "\n"))
+	}
+
+	// Worker churn: a crash-looping worker changes state all the time; still at most one
+	// write per heartbeat.
+	h.assign(h.wa("wc", 0, 1, "run"), h.wa("wc", 1, 1, "run"), h.wa("crash", 0, 1, "crash"))
+	start = counting.writes.Load()
+	time.Sleep(beats * cfg.Heartbeat)
+	churn := counting.writes.Load() - start
+	t.Logf("crash-looping worker: %d store writes over %d heartbeats", churn, beats)
+	if churn == 0 || churn > beats+1 {
+		t.Errorf("%d writes over %d heartbeats with a changing worker, want 1..%d", churn, beats, beats+1)
+	}
+
+	// Throttling must reach the master in under a second, whatever the heartbeat.
+	begin := time.Now()
+	health.set(cluster.NodeHealth{State: cluster.HealthThrottled, Reason: "memory pressure", Throttled: 2})
+	rec := h.waitRecord("throttling published", time.Second, func(rec cluster.NodeRecord) bool {
+		return rec.Health.Throttled == 2 && rec.Node.Throttled == 2
+	})
+	t.Logf("throttling published after %s", time.Since(begin).Round(time.Millisecond))
+	if rec.Health.State != cluster.HealthThrottled || rec.Health.Reason != "memory pressure" {
+		t.Errorf("health = %+v", rec.Health)
+	}
+}
+
+// A health change is published within 100ms even with a long heartbeat, and flapping is
+// bounded to one write per 100ms.
+func TestHealthPublishedImmediately(t *testing.T) {
+	h := newHarness(t, "mem")
+	counting := &countingStore{Store: h.agentStore()}
+	health := &fakeHealth{h: cluster.NodeHealth{State: cluster.HealthHealthy}, ch: make(chan struct{}, 1)}
+	cfg := h.cfg
+	cfg.Heartbeat = 10 * time.Second
+	cfg.Health = health
+	h.start(cfg, counting)
+	h.waitRecord("registered", 5*time.Second, func(cluster.NodeRecord) bool { return true })
+	for i := 1; i <= 3; i++ {
+		begin := time.Now()
+		health.set(cluster.NodeHealth{State: cluster.HealthThrottled, Throttled: i})
+		h.waitRecord("throttled "+strconv.Itoa(i), time.Second, func(rec cluster.NodeRecord) bool { return rec.Node.Throttled == i })
+		if d := time.Since(begin); d > 500*time.Millisecond {
+			t.Errorf("throttling %d published after %s, want well under 1s", i, d)
+		}
+	}
+	// Flapping: 50 changes in 500ms make at most ~5 writes.
+	start := counting.writes.Load()
+	for i := 0; i < 50; i++ {
+		health.set(cluster.NodeHealth{State: cluster.HealthThrottled, Throttled: 10 + i%2})
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := counting.writes.Load() - start; n > 7 {
+		t.Errorf("%d writes for 50 health changes in 500ms, want at most ~6", n)
+	}
+}

@@ -1,0 +1,154 @@
+package agents
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/isolation"
+)
+
+// Environment of the worker contract that the agent adds to what isolation.Spec sets
+// (STORMDOCK_JOB, _TENANT, _WORKER and _NODE).
+const (
+	EnvWorkers    = "STORMDOCK_WORKERS"
+	EnvDC         = "STORMDOCK_DC"
+	EnvRack       = "STORMDOCK_RACK"
+	EnvLink       = "STORMDOCK_LINK"
+	EnvPort       = "STORMDOCK_PORT"
+	EnvOutput     = "STORMDOCK_OUTPUT"
+	EnvGeneration = "STORMDOCK_GENERATION"
+)
+
+// containerLeaseDir is where a docker worker sees its lease directory (read-only).
+const containerLeaseDir = "/run/stormdock"
+
+// workerID names a worker on its node: in cgroup paths, container names and state files.
+// The node id is part of it because docker container names are host-wide and a local cluster
+// runs many agents on one host.
+func workerID(node string, k cluster.WorkerKey) string {
+	parts := []string{node, k.Job}
+	if k.Link != "" {
+		parts = append(parts, k.Link)
+	}
+	parts = append(parts, strconv.Itoa(k.Worker))
+	id := sanitize(strings.Join(parts, "."))
+	if len(id) > 100 {
+		sum := sha256.Sum256([]byte(id))
+		id = id[:83] + "-" + hex.EncodeToString(sum[:8])
+	}
+	return id
+}
+
+// sanitize keeps what isolation.Spec.ID allows: [A-Za-z0-9][A-Za-z0-9_.-]*.
+func sanitize(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			i > 0 && (c == '_' || c == '.' || c == '-')
+		if !ok {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 0 && b[0] == '_' {
+		b[0] = 'w'
+	}
+	return string(b)
+}
+
+// workerEnv is the worker contract's environment beyond what isolation.Spec derives: the
+// assignment's own variables first, the contract's on top.
+func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int) map[string]string {
+	env := maps.Clone(wa.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	env[EnvWorkers] = strconv.Itoa(wa.Workers)
+	env[EnvDC] = a.cfg.Node.DC
+	env[EnvRack] = a.cfg.Node.Rack
+	env[EnvLink] = wa.Key.Link
+	env[EnvPort] = strconv.Itoa(port)
+	env[EnvOutput] = wa.Output
+	env[EnvGeneration] = strconv.FormatInt(wa.Generation, 10)
+	return env
+}
+
+// command resolves the assignment's command for the isolation it runs under: a program named
+// "stormdock" becomes the agent's own binary (or the image's copy), and unless leases are
+// off the whole is wrapped in the lease launcher.
+func (a *Agent) command(wa cluster.WorkerAssignment, mode, leaseFile string) []string {
+	self := a.cfg.Self
+	if mode == cluster.IsolationDocker {
+		self = a.cfg.ContainerSelf
+	}
+	cmd := slices.Clone(wa.Command)
+	if len(cmd) > 0 && cmd[0] == SelfCommand {
+		cmd[0] = self
+	}
+	if a.cfg.NoLease || len(cmd) == 0 {
+		// A docker worker without a command runs the image's own entrypoint, which the
+		// launcher cannot wrap without inspecting the image.
+		return cmd
+	}
+	out := []string{self, "launch",
+		"--lease", leaseFile,
+		"--ttl", a.cfg.LeaseTTL.String(),
+		"--grace", wa.Grace.Std().String(),
+		"--"}
+	return append(out, cmd...)
+}
+
+// spec builds the isolation spec of one worker.
+func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port int) isolation.Spec {
+	leaseFile := a.leaseFile(id)
+	var mounts []isolation.Mount
+	if mode == cluster.IsolationDocker && !a.cfg.NoLease {
+		mounts = []isolation.Mount{{Source: filepath.Dir(leaseFile), Target: containerLeaseDir, ReadOnly: true}}
+		leaseFile = filepath.Join(containerLeaseDir, filepath.Base(leaseFile))
+	}
+	return isolation.Spec{
+		ID:          id,
+		Job:         wa.Key.Job,
+		Tenant:      wa.Tenant,
+		Worker:      wa.Key.Worker,
+		Node:        a.cfg.Node.ID,
+		Command:     a.command(wa, mode, leaseFile),
+		Env:         a.workerEnv(wa, port),
+		Image:       wa.Image,
+		MemoryBytes: int64(wa.Resources.Memory),
+		MilliCPU:    int64(wa.Resources.CPU),
+		Grace:       grace(wa),
+		Mounts:      mounts,
+	}
+}
+
+// grace is the assignment's grace period, or the default when it sets none.
+func grace(wa cluster.WorkerAssignment) time.Duration {
+	if wa.Grace <= 0 {
+		return cluster.DefaultGracePeriod
+	}
+	return wa.Grace.Std()
+}
+
+// sameRun reports whether two assignments of one worker run the same thing, so a running
+// worker can stay: generation, command, image, environment, resources and output.
+func sameRun(a, b cluster.WorkerAssignment) bool {
+	return a.Key == b.Key && a.Generation == b.Generation && a.Tenant == b.Tenant &&
+		a.Workers == b.Workers && a.Isolation == b.Isolation && a.Image == b.Image &&
+		a.Output == b.Output && a.Resources == b.Resources &&
+		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env)
+}
+
+// isolationOf is the assignment's isolation mode, process when it names none.
+func isolationOf(wa cluster.WorkerAssignment) string {
+	if wa.Isolation == "" {
+		return cluster.IsolationProcess
+	}
+	return wa.Isolation
+}

@@ -1,0 +1,486 @@
+package agents_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/isolation/process"
+)
+
+const (
+	nodeID         = "n1"
+	sessionTimeout = 2 * time.Second // short, with a margin for loaded test machines
+	heartbeat      = 100 * time.Millisecond
+)
+
+func testLogger() *slog.Logger {
+	level := slog.LevelError
+	if v := os.Getenv("AGENTS_TEST_LOG"); v != "" {
+		_ = level.UnmarshalText([]byte(v))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// pauseDialer cuts a ZooKeeper client off: paused, it drops the client's connections and
+// refuses new ones, so the server expires the session after its timeout, as in a partition.
+type pauseDialer struct {
+	mu     sync.Mutex
+	paused bool
+	conns  []net.Conn
+}
+
+func (d *pauseDialer) Dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	d.mu.Lock()
+	paused := d.paused
+	d.mu.Unlock()
+	if paused {
+		time.Sleep(50 * time.Millisecond)
+		return nil, errors.New("pauseDialer: paused")
+	}
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.conns = append(d.conns, c)
+	d.mu.Unlock()
+	return c, nil
+}
+
+func (d *pauseDialer) pause() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.paused = true
+	for _, c := range d.conns {
+		c.Close()
+	}
+	d.conns = nil
+}
+
+func (d *pauseDialer) resume() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.paused = false
+}
+
+// countingStore counts the writes made through it.
+type countingStore struct {
+	coord.Store
+	writes atomic.Int64
+
+	mu     sync.Mutex
+	values [][]byte // node records written, for diagnostics
+}
+
+func (c *countingStore) Put(ctx context.Context, key string, value []byte, version int64) (int64, error) {
+	c.writes.Add(1)
+	c.mu.Lock()
+	c.values = append(c.values, value)
+	c.mu.Unlock()
+	return c.Store.Put(ctx, key, value, version)
+}
+
+func (c *countingStore) Create(ctx context.Context, key string, value []byte, mode coord.Mode) (string, error) {
+	c.writes.Add(1)
+	return c.Store.Create(ctx, key, value, mode)
+}
+
+func (c *countingStore) Delete(ctx context.Context, key string, version int64) error {
+	c.writes.Add(1)
+	return c.Store.Delete(ctx, key, version)
+}
+
+func (c *countingStore) Txn(ctx context.Context, ops ...coord.Op) ([]coord.OpResult, error) {
+	c.writes.Add(1)
+	return c.Store.Txn(ctx, ops...)
+}
+
+// lastValues returns the last n values written with Put.
+func (c *countingStore) lastValues(n int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, v := range c.values[max(len(c.values)-n, 0):] {
+		out = append(out, string(v))
+	}
+	return out
+}
+
+// harness is one agent test: a store (embedded or ZooKeeper), a process driver in a cgroup
+// parent of its own, and the agent's configuration.
+type harness struct {
+	t         *testing.T
+	kind      string
+	store     coord.Store // the test's own client: assignments and reads
+	srv       *coord.Server
+	zkURL     string
+	dialer    *pauseDialer
+	stateDir  string
+	helperDir string
+	cgParent  string
+	cfg       agents.Config
+	drv       *process.Driver
+}
+
+func newHarness(t *testing.T, kind string) *harness {
+	t.Helper()
+	testenv.Cgroups(t)
+	h := &harness{
+		t:         t,
+		kind:      kind,
+		stateDir:  filepath.Join(t.TempDir(), "state"),
+		helperDir: t.TempDir(),
+		cgParent:  fmt.Sprintf("/stormdock-agents-test-%x", rand.Uint32()),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	switch kind {
+	case "mem":
+		srv, err := coord.NewServer(coord.ServerOptions{Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Close() })
+		h.srv = srv
+		s, err := srv.Connect(coord.Options{SessionTimeout: -1, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.store = s
+		t.Cleanup(func() { s.Close() })
+	case "zk":
+		addr := testenv.ZKAddr(t)
+		name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+		chroot := fmt.Sprintf("/stormdock-agents-test/%s-%x", name, rand.Uint64())
+		h.zkURL = "zk://" + addr + chroot
+		s, err := coord.Open(ctx, h.zkURL, coord.Options{SessionTimeout: 4 * time.Second, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.store = s
+		t.Cleanup(func() { s.Close() })
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := coord.DeleteTree(ctx, s, "/"); err != nil {
+				t.Logf("cleanup %s: %v", chroot, err)
+			}
+		})
+	default:
+		t.Fatalf("unknown store %q", kind)
+	}
+	h.cfg = agents.Config{
+		Node: cluster.Node{ID: nodeID, Host: "host-1", DC: "dc-a", Rack: "r1", Slots: 4,
+			Memory: 4 << 30, CPU: 4000, Labels: map[string]string{"disk": "ssd"}},
+		StateDir:        h.stateDir,
+		SessionTimeout:  sessionTimeout,
+		Heartbeat:       heartbeat,
+		Self:            stormdockBin,
+		RestartBackoff:  100 * time.Millisecond,
+		MaxBackoff:      2 * time.Second,
+		CrashLoopWindow: time.Minute,
+		Logger:          testLogger(),
+	}
+	h.drv = h.newDriver()
+	t.Cleanup(h.cleanupWorkers)
+	return h
+}
+
+func (h *harness) newDriver() *process.Driver {
+	h.t.Helper()
+	d, err := process.New(process.Config{
+		CgroupParent: h.cgParent,
+		StateDir:     filepath.Join(h.stateDir, "process"),
+		Logger:       testLogger(),
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return d
+}
+
+// cleanupWorkers stops whatever workers are left (adopting them through a fresh driver, in
+// case the test's driver was closed) and removes the cgroup parent.
+func (h *harness) cleanupWorkers() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h.drv.Close()
+	d := h.newDriver()
+	defer d.Close()
+	if _, err := d.Adopt(ctx); err != nil {
+		h.t.Logf("cleanup adopt: %v", err)
+	}
+	ws, _ := d.List(ctx)
+	for _, w := range ws {
+		if _, err := d.Stop(ctx, w.Spec.ID, time.Second); err != nil {
+			h.t.Logf("cleanup stop %s: %v", w.Spec.ID, err)
+		}
+	}
+	if err := d.RemoveParent(); err != nil {
+		h.t.Logf("cleanup cgroup parent %s: %v", h.cgParent, err)
+	}
+}
+
+// agentStore opens the agent's own client, with the session timeout of the tests.
+func (h *harness) agentStore() coord.Store {
+	h.t.Helper()
+	var s coord.Store
+	var err error
+	switch h.kind {
+	case "mem":
+		s, err = h.srv.Connect(coord.Options{SessionTimeout: sessionTimeout, Logger: testLogger()})
+	case "zk":
+		h.dialer = &pauseDialer{}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s, err = coord.Open(ctx, h.zkURL, coord.Options{SessionTimeout: sessionTimeout, Dialer: h.dialer.Dial, Logger: testLogger()})
+	}
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// runningAgent is an Agent being run by a test.
+type runningAgent struct {
+	a      *agents.Agent
+	store  coord.Store
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+	err    error
+}
+
+// stop cancels the agent (workers keep running) and returns Run's result.
+func (ra *runningAgent) stop() error {
+	ra.once.Do(func() {
+		ra.cancel()
+		select {
+		case ra.err = <-ra.done:
+		case <-time.After(20 * time.Second):
+			ra.err = errors.New("agent did not stop within 20s")
+		}
+	})
+	return ra.err
+}
+
+// start runs an agent with cfg on store and the harness's driver.
+func (h *harness) start(cfg agents.Config, store coord.Store) *runningAgent {
+	h.t.Helper()
+	a, err := agents.New(cfg, store, agents.Driver{Isolation: cluster.IsolationProcess, Driver: h.drv})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ra := &runningAgent{a: a, store: store, cancel: cancel, done: make(chan error, 1)}
+	go func() { ra.done <- a.Run(ctx) }()
+	h.t.Cleanup(func() {
+		if err := ra.stop(); err != nil {
+			h.t.Errorf("agent Run: %v", err)
+		}
+	})
+	return ra
+}
+
+// wa is an assignment of worker idx of job running the helper in mode.
+func (h *harness) wa(job string, idx int, gen int64, mode string) cluster.WorkerAssignment {
+	return cluster.WorkerAssignment{
+		Key:        cluster.WorkerKey{Job: job, Worker: idx},
+		Generation: gen,
+		Tenant:     "search",
+		Workers:    3,
+		Isolation:  cluster.IsolationProcess,
+		Command:    []string{"stormdock", "helper"},
+		Env:        map[string]string{"HELPER_DIR": h.helperDir, "HELPER_MODE": mode, "HELPER_CRASH_AFTER": "100ms"},
+		Resources:  cluster.Resources{Memory: 128 << 20, CPU: 200},
+		Grace:      cluster.Duration(2 * time.Second),
+		Output:     "http://127.0.0.1:9/out",
+	}
+}
+
+func (h *harness) assign(ws ...cluster.WorkerAssignment) {
+	h.t.Helper()
+	b, err := json.Marshal(cluster.NodeAssignment{Node: nodeID, Workers: ws})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := h.store.Put(ctx, cluster.AssignmentKey(nodeID), b, coord.AnyVersion); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// record reads the node record; ok is false when there is none.
+func (h *harness) record() (rec cluster.NodeRecord, e coord.Entry, ok bool) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	e, err := h.store.Get(ctx, cluster.NodeKey(nodeID))
+	if errors.Is(err, coord.ErrNotFound) {
+		return rec, e, false
+	}
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := json.Unmarshal(e.Value, &rec); err != nil {
+		h.t.Fatal(err)
+	}
+	return rec, e, true
+}
+
+// waitRecord polls the node record until cond holds.
+func (h *harness) waitRecord(what string, timeout time.Duration, cond func(cluster.NodeRecord) bool) cluster.NodeRecord {
+	h.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last cluster.NodeRecord
+	for {
+		rec, _, ok := h.record()
+		if ok && cond(rec) {
+			return rec
+		}
+		last = rec
+		if time.Now().After(deadline) {
+			b, _ := json.MarshalIndent(last, "", "  ")
+			h.t.Fatalf("timed out after %s waiting for %s; node record:\n%s", timeout, what, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// states maps worker keys to state in a record.
+func states(rec cluster.NodeRecord) map[string]cluster.WorkerStatus {
+	m := map[string]cluster.WorkerStatus{}
+	for _, w := range rec.Workers {
+		m[w.Key.String()] = w
+	}
+	return m
+}
+
+// allRunning returns a condition: exactly keys, all running.
+func allRunning(keys ...string) func(cluster.NodeRecord) bool {
+	return func(rec cluster.NodeRecord) bool {
+		st := states(rec)
+		if len(st) != len(keys) {
+			return false
+		}
+		for _, k := range keys {
+			if w, ok := st[k]; !ok || w.State != cluster.WorkerRunning || w.PID == 0 {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// reports returns the helper's start reports for key (job[.link].worker), oldest first.
+func (h *harness) reports(key string) []helperReport {
+	h.t.Helper()
+	ms, _ := filepath.Glob(filepath.Join(h.helperDir, key+".*.json"))
+	var out []helperReport
+	for _, m := range ms {
+		if strings.Count(strings.TrimPrefix(filepath.Base(m), key+"."), ".") != 1 {
+			continue // another key with this one as prefix
+		}
+		b, err := os.ReadFile(m)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		var r helperReport
+		if err := json.Unmarshal(b, &r); err != nil {
+			h.t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+	return out
+}
+
+// waitReports waits until key has n start reports and returns them.
+func (h *harness) waitReports(key string, n int) []helperReport {
+	h.t.Helper()
+	var reps []helperReport
+	waitFor(h.t, fmt.Sprintf("%d start reports of %s", n, key), 10*time.Second, func() bool {
+		reps = h.reports(key)
+		return len(reps) >= n
+	})
+	return reps
+}
+
+// terminated reports whether the helper with pid drained on SIGTERM.
+func (h *harness) terminated(key string, pid int) bool {
+	_, err := os.Stat(filepath.Join(h.helperDir, fmt.Sprintf("%s.%d.term", key, pid)))
+	return err == nil
+}
+
+// alive reports whether pid runs (and is not a zombie).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// gauge reads a metric's value from a registry.
+func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metric
+				}
+			}
+			switch {
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("metric %s%v not found", name, labels)
+	return 0
+}

@@ -1,0 +1,135 @@
+package agents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+// LaunchConfig configures the lease launcher (`stormdock launch`), the program every worker runs
+// under: it runs Command as its child and stops it when the agent stops renewing the lease.
+type LaunchConfig struct {
+	// Lease is the lease file whose modification time the agent renews.
+	Lease string
+	// TTL is how old the lease may get before the worker is stopped.
+	TTL time.Duration
+	// Grace is how long the worker has to exit after SIGTERM before it is killed.
+	Grace time.Duration
+	// Check is how often the lease is looked at. Default TTL/4, at least 50ms.
+	Check   time.Duration
+	Command []string
+	// Stderr receives the launcher's own messages. Default os.Stderr.
+	Stderr io.Writer
+}
+
+// ErrLeaseExpired is reported (with the worker's exit status) when the launcher stopped the
+// worker because its lease lapsed.
+var ErrLeaseExpired = errors.New("lease expired")
+
+// forwarded are the signals the launcher passes on to the worker.
+var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT,
+	syscall.SIGUSR1, syscall.SIGUSR2}
+
+// Launch runs cfg.Command and returns its wait status once it has exited. Signals in
+// forwarded reach the worker; ctx being done counts as a SIGTERM (the CLI cancels it on
+// SIGTERM). When the lease file is older than TTL (or missing for TTL since the start) the
+// worker gets SIGTERM, then after Grace SIGKILL for its whole process group, and Launch
+// returns its status with ErrLeaseExpired.
+func Launch(ctx context.Context, cfg LaunchConfig) (syscall.WaitStatus, error) {
+	if cfg.Lease == "" || cfg.TTL <= 0 || len(cfg.Command) == 0 {
+		return 0, errors.New("launch: need a lease file, a ttl and a command")
+	}
+	if cfg.Check <= 0 {
+		cfg.Check = max(cfg.TTL/4, 50*time.Millisecond)
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = os.Stderr
+	}
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+
+	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	// A process group of its own, so that a lapsed lease can kill what the worker forked too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("launch: %w", err)
+	}
+	begin := time.Now()
+	done := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(done)
+	}()
+
+	check := time.NewTicker(cfg.Check)
+	defer check.Stop()
+	var kill <-chan time.Time
+	ctxDone := ctx.Done()
+	expired := false
+	pid := cmd.Process.Pid
+	for {
+		select {
+		case <-done:
+			ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+			if !ok {
+				return 0, fmt.Errorf("launch: wait: %w", waitErr)
+			}
+			if expired {
+				return ws, ErrLeaseExpired
+			}
+			return ws, nil
+		case s := <-sigs:
+			_ = cmd.Process.Signal(s)
+		case <-ctxDone:
+			ctxDone = nil
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+		case <-check.C:
+			if expired || !leaseLapsed(cfg.Lease, cfg.TTL, begin) {
+				continue
+			}
+			expired = true
+			fmt.Fprintf(cfg.Stderr, "stormdock launch: lease %s not renewed for %s: stopping the worker (pid %d)\n", cfg.Lease, cfg.TTL, pid)
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			t := time.NewTimer(cfg.Grace)
+			defer t.Stop()
+			kill = t.C
+		case <-kill:
+			kill = nil
+			fmt.Fprintf(cfg.Stderr, "stormdock launch: grace period %s over: killing the worker\n", cfg.Grace)
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// leaseLapsed reports whether the lease is older than ttl. A missing lease counts from begin:
+// the agent creates it before the worker starts, so it goes missing only with the agent's
+// state.
+func leaseLapsed(path string, ttl time.Duration, begin time.Time) bool {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return time.Since(begin) > ttl
+	}
+	return time.Since(fi.ModTime()) > ttl
+}
+
+// ExitLike ends the process the way the worker ended: with its exit code, or killed by the
+// same signal, so the driver sees the worker's own exit (128+signal, OOM kills included).
+func ExitLike(ws syscall.WaitStatus) {
+	if ws.Signaled() {
+		sig := ws.Signal()
+		signal.Reset(sig)
+		_ = syscall.Kill(os.Getpid(), sig)
+		time.Sleep(100 * time.Millisecond) // let the signal land
+		os.Exit(128 + int(sig))
+	}
+	os.Exit(ws.ExitStatus())
+}

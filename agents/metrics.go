@@ -1,0 +1,79 @@
+package agents
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stormdock/stormdock/cluster"
+)
+
+// metrics are the agent's Prometheus metrics. The gauges are set by the agent's loop after
+// every change, so a scrape never takes the loop's state.
+type metrics struct {
+	slots       *prometheus.GaugeVec // kind: total, used, free, throttled
+	workers     *prometheus.GaugeVec // state
+	starts      prometheus.Counter
+	restarts    prometheus.Counter
+	oomKills    prometheus.Counter
+	storeWrites prometheus.Counter
+}
+
+var workerStates = []string{cluster.WorkerStarting, cluster.WorkerRunning, cluster.WorkerBackoff,
+	cluster.WorkerStopping, cluster.WorkerFailed}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		slots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "stormdock", Subsystem: "agent", Name: "slots",
+			Help: "Worker slots of the node by kind: total, used, free, throttled.",
+		}, []string{"kind"}),
+		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "stormdock", Subsystem: "agent", Name: "workers",
+			Help: "Workers on the node by state.",
+		}, []string{"state"}),
+		starts: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "stormdock", Subsystem: "agent", Name: "worker_starts_total",
+			Help: "Workers started, restarts included.",
+		}),
+		restarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "stormdock", Subsystem: "agent", Name: "worker_restarts_total",
+			Help: "Workers that ended unasked and were scheduled for a restart.",
+		}),
+		oomKills: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "stormdock", Subsystem: "agent", Name: "worker_oom_kills_total",
+			Help: "Workers killed at their memory limit.",
+		}),
+		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "stormdock", Subsystem: "agent", Name: "store_writes_total",
+			Help: "Writes of the node record to the coordination store.",
+		}),
+	}
+	for _, s := range workerStates {
+		m.workers.WithLabelValues(s)
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.slots, m.workers, m.starts, m.restarts, m.oomKills, m.storeWrites} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("agent: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// setSlots publishes the slot gauges.
+func (m *metrics) setSlots(total, used, throttled int) {
+	m.slots.WithLabelValues("total").Set(float64(total))
+	m.slots.WithLabelValues("used").Set(float64(used))
+	m.slots.WithLabelValues("throttled").Set(float64(throttled))
+	m.slots.WithLabelValues("free").Set(float64(max(total-used-throttled, 0)))
+}
+
+// setWorkers publishes the count of workers per state.
+func (m *metrics) setWorkers(byState map[string]int) {
+	for _, s := range workerStates {
+		m.workers.WithLabelValues(s).Set(float64(byState[s]))
+	}
+}

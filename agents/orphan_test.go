@@ -1,0 +1,185 @@
+package agents_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/isolation"
+)
+
+var (
+	realBinOnce sync.Once
+	realBin     string
+	realBinErr  error
+	realBinOut  []byte
+)
+
+// realStormdock builds ./cmd/stormdock once for the tests that need the real binary.
+func realStormdock(t *testing.T) string {
+	t.Helper()
+	realBinOnce.Do(func() {
+		realBin = filepath.Join(filepath.Dir(stormdockBin), "stormdock-real")
+		cmd := exec.Command("go", "build", "-o", realBin, "../cmd/stormdock")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		realBinOut, realBinErr = cmd.CombinedOutput()
+	})
+	if realBinErr != nil {
+		t.Fatalf("build ./cmd/stormdock: %v\n%s", realBinErr, realBinOut)
+	}
+	return realBin
+}
+
+// An agent killed for good leaves its workers running; once their leases lapse (the ttl is
+// the session timeout: about when the master re-places them) the launchers stop them.
+func TestKilledAgentsWorkersStopAfterLease(t *testing.T) {
+	h := newHarness(t, "zk")
+	bin := realStormdock(t)
+	h.drv.Close() // the child agent runs its own driver on the state directory
+	var stderr bytes.Buffer
+	agent := exec.Command(bin, "agent",
+		"--store", h.zkURL, "--node-id", nodeID, "--host", "host-1", "--dc", "dc-a", "--rack", "r1",
+		"--slots", "2", "--memory", "1Gi", "--cpu", "2", "--labels", "disk=ssd",
+		"--session-timeout", sessionTimeout.String(), "--heartbeat", "100ms",
+		"--state-dir", h.stateDir, "--cgroup-parent", h.cgParent, "--metrics", "off")
+	agent.Stderr = &stderr
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = agent.Process.Kill()
+		_ = agent.Wait()
+		if t.Failed() {
+			t.Logf("agent stderr:\n%s", stderr.String())
+		}
+	})
+	wa := h.wa("orphan", 0, 1, "run")
+	wa.Command = []string{stormdockBin, "helper"} // the real binary has no test worker
+	h.assign(wa)
+	rec := h.waitRecord("worker running", 15*time.Second, allRunning("orphan/0"))
+	if rec.Node.Labels["disk"] != "ssd" || rec.Node.Labels["isolation/process"] != "true" {
+		t.Errorf("labels = %v", rec.Node.Labels)
+	}
+	launcher := states(rec)["orphan/0"].PID
+	worker := h.waitReports("orphan.0", 1)[0].PID
+
+	if err := agent.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	_ = agent.Wait()
+	waitFor(t, "orphaned worker stopped", sessionTimeout+5*time.Second, func() bool { return !alive(worker) })
+	took := time.Since(killed)
+	t.Logf("orphaned worker stopped %s after its agent was killed (lease ttl %s)", took.Round(time.Millisecond), sessionTimeout)
+	if took < sessionTimeout/2 {
+		t.Errorf("worker stopped %s after the kill: before its lease could lapse", took)
+	}
+	if !h.terminated("orphan.0", worker) {
+		t.Error("the orphaned worker was not given SIGTERM to drain")
+	}
+	waitFor(t, "launcher gone", 5*time.Second, func() bool { return !alive(launcher) })
+	waitFor(t, "node entry gone", 10*time.Second, func() bool { _, _, ok := h.record(); return !ok })
+}
+
+// The launcher's memory counts against the worker's limit: measure it with the real binary,
+// as the cgroup sees it (the same worker with and without the launcher).
+func TestLauncherMemoryOverhead(t *testing.T) {
+	h := newHarness(t, "mem")
+	bin := realStormdock(t)
+	ctx := context.Background()
+	lease := filepath.Join(t.TempDir(), "lease")
+	if err := os.WriteFile(lease, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec := func(id string, cmd ...string) isolation.Spec {
+		return isolation.Spec{ID: id, Job: "mem", Node: nodeID, Command: cmd, MemoryBytes: 256 << 20, MilliCPU: 500}
+	}
+	worker := []string{stormdockBin, "helper"}
+	t.Setenv("HELPER_DIR", h.helperDir)
+	specs := []isolation.Spec{
+		spec("plain", worker...),
+		spec("launched", append([]string{bin, "launch", "--lease", lease, "--ttl", "1m", "--"}, worker...)...),
+	}
+	for _, s := range specs {
+		s.Env = map[string]string{"HELPER_DIR": h.helperDir}
+		if _, err := h.drv.Start(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "helpers up", 10*time.Second, func() bool { return len(h.reports("mem.0")) == 2 })
+	time.Sleep(500 * time.Millisecond)
+	usage := map[string]uint64{}
+	for _, s := range specs {
+		u, err := h.drv.Usage(ctx, s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		usage[s.ID] = u.MemoryBytes
+	}
+	overhead := int64(usage["launched"]) - int64(usage["plain"])
+	t.Logf("cgroup memory: worker alone %.1f MiB, under the launcher %.1f MiB: launcher overhead %.1f MiB",
+		mib(usage["plain"]), mib(usage["launched"]), float64(overhead)/(1<<20))
+	if overhead <= 0 || overhead > 32<<20 {
+		t.Errorf("launcher overhead %d bytes, want between 0 and 32 MiB", overhead)
+	}
+	for _, s := range specs {
+		if _, err := h.drv.Stop(ctx, s.ID, 2*time.Second); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }
+
+// The example job end to end: the agent runs [stormdock, worker, wordcount] with its own
+// binary, and the workers split the sample by STORMDOCK_WORKER and post to STORMDOCK_OUTPUT.
+func TestWordcountExampleRuns(t *testing.T) {
+	h := newHarness(t, "mem")
+	cfg := h.cfg
+	cfg.Self = realStormdock(t)
+	var mu sync.Mutex
+	byWorker := map[int]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sc := bufio.NewScanner(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		for sc.Scan() {
+			var rec struct {
+				Offset int64 `json:"offset"`
+				Worker int   `json:"worker"`
+			}
+			if err := json.Unmarshal(sc.Bytes(), &rec); err != nil || rec.Offset%2 != int64(rec.Worker) {
+				t.Errorf("bad record %s (%v)", sc.Text(), err)
+			}
+			byWorker[rec.Worker]++
+		}
+	}))
+	defer srv.Close()
+	h.start(cfg, h.agentStore())
+	var ws []cluster.WorkerAssignment
+	for i := 0; i < 2; i++ {
+		wa := h.wa("wordcount", i, 1, "run")
+		wa.Workers = 2
+		wa.Command = []string{"stormdock", "worker", "wordcount"}
+		wa.Output = srv.URL
+		ws = append(ws, wa)
+	}
+	h.assign(ws...)
+	h.waitRecord("running", 15*time.Second, allRunning("wordcount/0", "wordcount/1"))
+	waitFor(t, "records of both workers", 15*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return byWorker[0] > 0 && byWorker[1] > 0
+	})
+}

@@ -1,0 +1,339 @@
+package agents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/isolation"
+)
+
+// slot is one worker the agent handles: running, backing off after a crash, being started or
+// stopped. A slot's fields belong to the loop goroutine.
+type slot struct {
+	id     string
+	mode   string
+	assign cluster.WorkerAssignment
+	known  bool // assign is what runs; false for an adopted worker without a record
+	port   int
+
+	state       string // a cluster.Worker* state, or "" while waiting for a (re)start
+	pid         int
+	containerID string
+	since       time.Time
+	memory      cluster.Bytes
+
+	restarts int
+	recent   []time.Time // restarts within the crash-loop window
+	lastExit string
+	failures int // failed starts in a row
+	retryAt  time.Time
+
+	busy       bool // a driver call is in flight
+	held       bool // the driver still holds the ended worker: release it before a start
+	seq        int  // instance counter: results of an older instance are ignored
+	cancelWait context.CancelFunc
+}
+
+// active reports whether the worker's process may be alive.
+func (s *slot) active() bool {
+	switch s.state {
+	case cluster.WorkerStarting, cluster.WorkerRunning, cluster.WorkerStopping:
+		return true
+	}
+	return false
+}
+
+// reconcile starts, stops and replaces workers to match the assignment. It never blocks:
+// driver calls run in goroutines and come back as events, after which it runs again.
+func (r *run) reconcile() {
+	now := time.Now()
+	for id, s := range r.workers {
+		if s.busy {
+			continue
+		}
+		want, ok := r.desired[id]
+		if !ok || r.suspended != "" {
+			r.stop(s, true)
+			continue
+		}
+		if !s.known || s.mode != isolationOf(want) || !sameRun(s.assign, want) {
+			if s.state == cluster.WorkerRunning {
+				r.log.Info("assignment changed, replacing worker", "worker", id,
+					"generation", s.assign.Generation, "new_generation", want.Generation)
+				r.stop(s, false)
+				continue
+			}
+			// Not running: the next start takes the new assignment, without delay.
+			s.assign, s.known, s.mode = want, true, isolationOf(want)
+			s.failures, s.retryAt, s.state = 0, time.Time{}, ""
+		}
+	}
+	if r.suspended == "" {
+		for id, want := range r.desired {
+			s := r.workers[id]
+			if s == nil {
+				s = &slot{id: id, assign: want, known: true, mode: isolationOf(want)}
+				r.workers[id] = s
+			}
+			if s.busy || s.state == cluster.WorkerRunning || now.Before(s.retryAt) {
+				continue
+			}
+			r.start(s)
+		}
+	}
+	r.armRetry()
+	r.updateMetrics()
+}
+
+// armRetry sets the retry timer to the earliest pending restart.
+func (r *run) armRetry() {
+	var next time.Time
+	for _, s := range r.workers {
+		if !s.busy && !s.retryAt.IsZero() && (next.IsZero() || s.retryAt.Before(next)) {
+			next = s.retryAt
+		}
+	}
+	if next.IsZero() || next.Equal(r.retryAt) {
+		return
+	}
+	r.retryAt = next
+	r.retry.Reset(max(time.Until(next), 0))
+}
+
+// allocPort returns the lowest port of the node's range that no other worker uses.
+func (r *run) allocPort(id string) int {
+	used := map[int]bool{}
+	for oid, s := range r.workers {
+		if oid != id && s.port != 0 {
+			used[s.port] = true
+		}
+	}
+	p := r.a.cfg.PortBase
+	for used[p] {
+		p++
+	}
+	return p
+}
+
+// backoff is the delay before the n-th restart within the crash-loop window (n >= 1).
+func (r *run) backoff(n int) time.Duration {
+	d := r.a.cfg.RestartBackoff
+	for i := 1; i < n && d < r.a.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, r.a.cfg.MaxBackoff)
+}
+
+// pruneRecent drops restarts that left the crash-loop window.
+func (r *run) pruneRecent(s *slot, now time.Time) {
+	cut := now.Add(-r.a.cfg.CrashLoopWindow)
+	i := 0
+	for i < len(s.recent) && !s.recent[i].After(cut) {
+		i++
+	}
+	s.recent = s.recent[i:]
+}
+
+// start launches a worker in the background; started takes the result.
+func (r *run) start(s *slot) {
+	drv := r.a.drivers[s.mode]
+	if drv == nil {
+		r.startFailed(s, fmt.Errorf("%w: worker %s needs isolation %q", errNoDriver, s.assign.Key, s.mode))
+		return
+	}
+	if s.port == 0 {
+		s.port = r.allocPort(s.id)
+	}
+	spec := r.a.spec(s.id, s.assign, s.mode, s.port)
+	if err := r.a.writeRecord(s.id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
+		r.startFailed(s, err)
+		return
+	}
+	if !r.a.cfg.NoLease {
+		if err := r.a.renewLease(s.id, time.Now()); err != nil {
+			r.startFailed(s, err)
+			return
+		}
+	}
+	s.busy, s.state, s.since = true, cluster.WorkerStarting, time.Now()
+	s.seq++
+	seq, held, ctx := s.seq, s.held, r.ctx
+	r.goOp(func() {
+		if held {
+			if _, err := drv.Stop(ctx, s.id, 0); err != nil && !errors.Is(err, isolation.ErrNotFound) {
+				r.log.Warn("release ended worker", "worker", s.id, "err", err)
+			}
+		}
+		w, err := drv.Start(ctx, spec)
+		r.post(func() { r.started(s, seq, w, err) })
+	})
+}
+
+func (r *run) started(s *slot, seq int, w isolation.Worker, err error) {
+	s.busy = false
+	if seq != s.seq {
+		return
+	}
+	if err != nil {
+		if errors.Is(err, isolation.ErrExists) {
+			s.held = true // a stale instance the driver still holds: release, then retry
+		}
+		r.startFailed(s, err)
+		r.reconcile()
+		return
+	}
+	s.held, s.failures, s.retryAt = false, 0, time.Time{}
+	s.state, s.pid, s.containerID, s.since = cluster.WorkerRunning, w.PID, w.ContainerID, w.Started
+	r.a.metrics.starts.Inc()
+	r.log.Info("worker started", "worker", s.id, "key", s.assign.Key.String(), "generation", s.assign.Generation,
+		"pid", w.PID, "container", w.ContainerID, "port", s.port)
+	r.watch(s, r.a.drivers[s.mode])
+	r.reconcile()
+}
+
+// startFailed records a start that did not happen and schedules another attempt.
+func (r *run) startFailed(s *slot, err error) {
+	s.failures++
+	s.state, s.since = cluster.WorkerFailed, time.Now()
+	s.lastExit = "start failed: " + err.Error()
+	s.retryAt = time.Now().Add(r.backoff(s.failures))
+	r.log.Warn("worker start failed", "worker", s.id, "attempt", s.failures, "retry_in", r.backoff(s.failures), "err", err)
+}
+
+// watch waits for the worker's end in the background; exited takes it.
+func (r *run) watch(s *slot, drv isolation.Driver) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	s.cancelWait = cancel
+	seq := s.seq
+	r.goOp(func() {
+		ex, err := drv.Wait(ctx, s.id)
+		if ctx.Err() != nil {
+			return
+		}
+		r.post(func() { r.exited(s, seq, ex, err) })
+	})
+}
+
+// exited handles a worker that ended unasked: it is restarted after a backoff that grows with
+// the restarts in the crash-loop window, which the node record reports for the master.
+func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
+	if seq != s.seq || s.state != cluster.WorkerRunning {
+		return
+	}
+	now := time.Now()
+	s.cancelWait()
+	s.held = true
+	s.restarts++
+	r.pruneRecent(s, now)
+	s.recent = append(s.recent, now)
+	s.lastExit = ex.String()
+	if err != nil {
+		s.lastExit = "lost: " + err.Error()
+	}
+	if ex.OOMKilled {
+		r.a.metrics.oomKills.Inc()
+	}
+	r.a.metrics.restarts.Inc()
+	delay := r.backoff(len(s.recent))
+	s.state, s.since, s.pid, s.containerID, s.memory = cluster.WorkerBackoff, now, 0, "", 0
+	s.retryAt = now.Add(delay)
+	r.log.Warn("worker ended, restarting after backoff", "worker", s.id, "exit", s.lastExit,
+		"restarts", s.restarts, "recent", len(s.recent), "backoff", delay)
+	if err := r.a.writeRecord(s.id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
+		r.log.Warn("write worker record", "worker", s.id, "err", err)
+	}
+	r.reconcile()
+}
+
+// stop stops a worker in the background with its grace period (shortened to the session
+// timeout when the session is lost: the master has re-placed it, and two copies must not run
+// for long). remove drops the slot afterwards; otherwise it is started again (a replacement).
+func (r *run) stop(s *slot, remove bool) {
+	drv := r.a.drivers[s.mode]
+	needDriver := drv != nil && (s.active() || s.held)
+	g := grace(s.assign)
+	if r.suspended != "" {
+		g = min(g, r.a.cfg.SessionTimeout)
+	}
+	if s.cancelWait != nil {
+		s.cancelWait()
+	}
+	s.busy, s.state, s.since = true, cluster.WorkerStopping, time.Now()
+	s.seq++
+	ctx := r.ctx
+	r.goOp(func() {
+		var ex isolation.Exit
+		var err error
+		if needDriver {
+			ex, err = drv.Stop(ctx, s.id, g)
+			if errors.Is(err, isolation.ErrNotFound) {
+				err = nil
+			}
+		}
+		r.post(func() { r.stopped(s, remove, ex, err) })
+	})
+}
+
+func (r *run) stopped(s *slot, remove bool, ex isolation.Exit, err error) {
+	s.busy = false
+	if err != nil {
+		r.log.Error("stop worker", "worker", s.id, "err", err)
+		s.held = true
+		s.state, s.since = cluster.WorkerFailed, time.Now()
+		s.lastExit = "stop failed: " + err.Error()
+		s.retryAt = time.Now().Add(r.backoff(1))
+		r.reconcile()
+		return
+	}
+	s.held, s.pid, s.containerID, s.memory = false, 0, "", 0
+	r.log.Info("worker stopped", "worker", s.id, "exit", ex.String(), "remove", remove)
+	if _, still := r.desired[s.id]; remove || !still || r.suspended != "" {
+		delete(r.workers, s.id)
+		if err := r.a.removeRecord(s.id); err != nil {
+			r.log.Warn("remove worker record", "worker", s.id, "err", err)
+		}
+		if err := r.a.removeLease(s.id); err != nil {
+			r.log.Warn("remove lease", "worker", s.id, "err", err)
+		}
+	} else {
+		s.state, s.since, s.retryAt = "", time.Now(), time.Time{}
+	}
+	r.reconcile()
+}
+
+// adoptOne takes over one worker a driver knows.
+func (r *run) adoptOne(mode string, w isolation.Worker) error {
+	id := w.Spec.ID
+	rec, ok, err := r.a.readRecord(id)
+	if err != nil {
+		r.log.Warn("unreadable worker record: the worker will be replaced", "worker", id, "err", err)
+		ok = false
+	}
+	s := &slot{id: id, mode: mode, known: ok}
+	if ok {
+		s.assign, s.port, s.restarts = rec.Assignment, rec.Port, rec.Restarts
+	} else {
+		s.assign = cluster.WorkerAssignment{Key: cluster.WorkerKey{Job: w.Spec.Job, Worker: w.Spec.Worker}}
+		s.port, _ = strconv.Atoi(w.Spec.Env[EnvPort])
+	}
+	r.workers[id] = s
+	if w.Running() {
+		s.state, s.pid, s.containerID, s.since = cluster.WorkerRunning, w.PID, w.ContainerID, w.Started
+		r.log.Info("worker adopted", "worker", id, "pid", w.PID, "container", w.ContainerID)
+		r.watch(s, r.a.drivers[mode])
+		return nil
+	}
+	// It ended while no agent watched: count it as a crash and restart it at once.
+	now := time.Now()
+	s.held = true
+	s.restarts++
+	s.recent = append(s.recent, now)
+	s.lastExit = w.Exit.String()
+	s.state, s.since = cluster.WorkerBackoff, now
+	r.log.Warn("adopted a worker that ended meanwhile", "worker", id, "exit", s.lastExit)
+	return nil
+}

@@ -1,0 +1,272 @@
+package agents
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+)
+
+// run is one execution of Agent.Run. Its fields belong to the loop goroutine: other goroutines
+// (driver calls, waits, usage samples) hand their results back through events, as functions
+// the loop runs. That keeps every decision about a worker in one place and lock-free.
+type run struct {
+	a   *Agent
+	ctx context.Context
+	log *slog.Logger
+
+	events chan func()
+	ops    sync.WaitGroup // driver calls and waits in flight
+
+	workers map[string]*slot                    // by worker id: what runs or is being handled
+	desired map[string]cluster.WorkerAssignment // by worker id: the node's assignment
+	began   time.Time
+
+	// suspended is why no worker may run (the store session is lost), or "".
+	suspended      string
+	disconnectedAt time.Time
+	disconnect     *time.Timer
+
+	health      cluster.NodeHealth
+	writer      *statusWriter
+	lastSent    []byte
+	lastSentAt  time.Time
+	healthTimer *time.Timer
+	sampling    bool
+
+	retry   *time.Timer
+	retryAt time.Time
+}
+
+// Reasons for suspension.
+const (
+	suspendExpired   = "store session expired"
+	suspendPartition = "disconnected from the store for longer than the session timeout"
+)
+
+// minHealthWrite bounds immediate node-record writes for health changes: the master must see
+// throttling within a second, but a flapping check must not flood the store.
+const minHealthWrite = 100 * time.Millisecond
+
+func newRun(ctx context.Context, a *Agent) *run {
+	r := &run{
+		a:       a,
+		ctx:     ctx,
+		log:     a.log,
+		events:  make(chan func()),
+		workers: map[string]*slot{},
+		desired: map[string]cluster.WorkerAssignment{},
+		began:   time.Now().UTC().Truncate(time.Millisecond),
+		health:  cluster.NodeHealth{State: cluster.HealthHealthy},
+	}
+	r.writer = newStatusWriter(a, r.log)
+	r.disconnect = stoppedTimer()
+	r.healthTimer = stoppedTimer()
+	r.retry = stoppedTimer()
+	return r
+}
+
+func stoppedTimer() *time.Timer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}
+
+// post hands fn to the loop; it is dropped once the agent is stopping.
+func (r *run) post(fn func()) {
+	select {
+	case r.events <- fn:
+	case <-r.ctx.Done():
+	}
+}
+
+// goOp runs fn in a goroutine the run waits for before returning.
+func (r *run) goOp(fn func()) {
+	r.ops.Add(1)
+	go func() {
+		defer r.ops.Done()
+		fn()
+	}()
+}
+
+func (r *run) loop() error {
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	r.ctx = ctx
+	var writerDone sync.WaitGroup
+	defer func() {
+		cancel()
+		r.ops.Wait()
+		writerDone.Wait()
+		r.log.Info("agent stopped; workers keep running until their leases lapse", "workers", len(r.workers))
+	}()
+
+	if err := r.adopt(); err != nil {
+		return err
+	}
+	r.renewLeases()
+
+	assignments, err := r.a.store.Watch(ctx, cluster.AssignmentKey(r.a.cfg.Node.ID))
+	if err != nil {
+		return fmt.Errorf("agent: watch assignment: %w", err)
+	}
+	sessions := r.a.store.SessionEvents(ctx)
+	var healthChanged <-chan struct{}
+	if h := r.a.cfg.Health; h != nil {
+		healthChanged = h.Changed()
+		r.health = normalHealth(h.State())
+	}
+
+	writerDone.Add(1)
+	go func() {
+		defer writerDone.Done()
+		r.writer.run(ctx)
+	}()
+	r.publish(true) // registers the node
+	r.log.Info("agent running", "isolation", r.a.modes, "slots", r.a.cfg.Node.Slots, "adopted", len(r.workers))
+
+	heartbeat := time.NewTicker(r.a.cfg.Heartbeat)
+	defer heartbeat.Stop()
+	leases := time.NewTicker(r.a.cfg.leaseInterval())
+	defer leases.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-assignments:
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("agent: assignment watch ended: %w", coord.ErrClosed)
+			}
+			r.setAssignment(ev)
+		case ev, ok := <-sessions:
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("agent: session events ended: %w", coord.ErrClosed)
+			}
+			r.onSession(ev)
+		case <-healthChanged:
+			r.onHealth()
+		case <-r.healthTimer.C:
+			r.publish(false)
+		case <-heartbeat.C:
+			r.heartbeat()
+		case <-leases.C:
+			r.renewLeases()
+		case <-r.retry.C:
+			r.retryAt = time.Time{}
+			r.reconcile()
+		case <-r.disconnect.C:
+			r.checkDisconnected()
+		case fn := <-r.events:
+			fn()
+		}
+	}
+}
+
+// setAssignment takes a new version of the node's assignment.
+func (r *run) setAssignment(ev coord.Event) {
+	desired := map[string]cluster.WorkerAssignment{}
+	if ev.Exists && len(ev.Entry.Value) > 0 {
+		var na cluster.NodeAssignment
+		if err := json.Unmarshal(ev.Entry.Value, &na); err != nil {
+			// Keep running what runs rather than stop everything on a bad write.
+			r.log.Error("ignoring unreadable assignment", "err", err)
+			return
+		}
+		for _, wa := range na.Workers {
+			desired[workerID(r.a.cfg.Node.ID, wa.Key)] = wa
+		}
+	}
+	r.log.Debug("assignment", "workers", len(desired), "version", ev.Entry.Version)
+	r.desired = desired
+	r.reconcile()
+}
+
+// renewLeases touches the lease of every worker, unless the session is lost: then the leases
+// lapse and the launchers stop workers the agent could not stop itself.
+func (r *run) renewLeases() {
+	if r.suspended != "" || r.a.cfg.NoLease {
+		return
+	}
+	now := time.Now()
+	for id, s := range r.workers {
+		if !s.active() {
+			continue
+		}
+		if err := r.a.renewLease(id, now); err != nil {
+			r.log.Warn("renew lease", "worker", id, "err", err)
+		}
+	}
+}
+
+// adopt takes over the workers the drivers know: left by an earlier agent, or still known to
+// a driver this process used before.
+func (r *run) adopt() error {
+	kept := map[string]bool{}
+	for _, mode := range r.a.modes {
+		drv := r.a.drivers[mode]
+		if _, err := drv.Adopt(r.ctx); err != nil {
+			return fmt.Errorf("agent: adopt %s workers: %w", mode, err)
+		}
+		ws, err := drv.List(r.ctx)
+		if err != nil {
+			return fmt.Errorf("agent: list %s workers: %w", mode, err)
+		}
+		for _, w := range ws {
+			if w.Spec.Node != r.a.cfg.Node.ID {
+				continue // another agent's, on a shared docker engine
+			}
+			if err := r.adoptOne(mode, w); err != nil {
+				return err
+			}
+			kept[w.Spec.ID] = true
+		}
+	}
+	ids, err := r.a.recordIDs()
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if !kept[id] {
+			_ = r.a.removeRecord(id)
+			_ = r.a.removeLease(id)
+		}
+	}
+	return nil
+}
+
+func normalHealth(h cluster.NodeHealth) cluster.NodeHealth {
+	if h.State == "" {
+		h.State = cluster.HealthHealthy
+	}
+	return h
+}
+
+// onHealth publishes a change of health within minHealthWrite.
+func (r *run) onHealth() {
+	h := normalHealth(r.a.cfg.Health.State())
+	if h == r.health {
+		return
+	}
+	r.log.Info("health changed", "state", h.State, "throttled", h.Throttled, "reason", h.Reason)
+	r.health = h
+	r.updateMetrics()
+	if wait := minHealthWrite - time.Since(r.lastSentAt); wait > 0 {
+		r.healthTimer.Reset(wait)
+		return
+	}
+	r.publish(false)
+}
+
+var errNoDriver = errors.New("isolation not offered by this node")

@@ -1,0 +1,104 @@
+// Command stormdock is a stand-in for the stormdock binary in the agent's tests, built
+// without the race detector so that workers start fast: `launch` is the real lease launcher,
+// `helper` a test worker.
+//
+// The helper writes one report per start into HELPER_DIR (<key>.<pid>.json, key being
+// job[.link].worker) and a <key>.<pid>.term file when it drains on SIGTERM. HELPER_MODE: "run"
+// (default) waits for SIGTERM and exits 0; "crash" exits 3 after HELPER_CRASH_AFTER;
+// "ignore-term" ignores SIGTERM.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/stormdock/stormdock/agents"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: stormdock launch|helper ...")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "launch":
+		launch(os.Args[2:])
+	case "helper":
+		helper()
+	default:
+		fmt.Fprintln(os.Stderr, "unknown command", os.Args[1])
+		os.Exit(2)
+	}
+}
+
+func launch(args []string) {
+	fs := flag.NewFlagSet("launch", flag.ExitOnError)
+	lease := fs.String("lease", "", "")
+	ttl := fs.Duration("ttl", 0, "")
+	grace := fs.Duration("grace", 10*time.Second, "")
+	_ = fs.Parse(args)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	ws, err := agents.Launch(ctx, agents.LaunchConfig{Lease: *lease, TTL: *ttl, Grace: *grace, Command: fs.Args()})
+	stop()
+	if err != nil && !errors.Is(err, agents.ErrLeaseExpired) {
+		fmt.Fprintln(os.Stderr, "launch:", err)
+		os.Exit(127)
+	}
+	agents.ExitLike(ws)
+}
+
+type report struct {
+	PID  int               `json:"pid"`
+	PPID int               `json:"ppid"`
+	Env  map[string]string `json:"env"`
+	At   time.Time         `json:"at"`
+}
+
+func helper() {
+	sigs := make(chan os.Signal, 1)
+	mode := os.Getenv("HELPER_MODE")
+	if mode == "ignore-term" {
+		signal.Ignore(syscall.SIGTERM)
+	} else {
+		signal.Notify(sigs, syscall.SIGTERM)
+	}
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "STORMDOCK_") {
+			env[k] = v
+		}
+	}
+	key := env["STORMDOCK_JOB"]
+	if l := env["STORMDOCK_LINK"]; l != "" {
+		key += "." + l
+	}
+	key += "." + env["STORMDOCK_WORKER"]
+	base := filepath.Join(os.Getenv("HELPER_DIR"), key+"."+strconv.Itoa(os.Getpid()))
+	b, _ := json.Marshal(report{PID: os.Getpid(), PPID: os.Getppid(), Env: env, At: time.Now()})
+	if err := os.WriteFile(base+".json.tmp", b, 0o644); err == nil {
+		_ = os.Rename(base+".json.tmp", base+".json")
+	}
+	if mode == "crash" {
+		d, _ := time.ParseDuration(os.Getenv("HELPER_CRASH_AFTER"))
+		time.Sleep(d)
+		os.Exit(3)
+	}
+	if mode == "ignore-term" {
+		for {
+			time.Sleep(time.Hour) // until SIGKILL
+		}
+	}
+	<-sigs
+	_ = os.WriteFile(base+".term", nil, 0o644)
+	os.Exit(0)
+}

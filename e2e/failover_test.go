@@ -1,0 +1,174 @@
+package e2e
+
+import (
+	"context"
+	"maps"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+)
+
+// TestClusterLifecycle is issue 5's end-to-end run on one ZooKeeper: submit, lose an agent
+// for good, lose the active master, restart an agent, and expire an agent's session.
+func TestClusterLifecycle(t *testing.T) {
+	h := newHarness(t, 2*time.Second)
+	m1 := h.startMaster("m1")
+	cl := h.client(m1)
+	ctx := context.Background()
+	waitFor(t, "m1 leads", 15*time.Second, func() bool {
+		hl, err := cl.Health(ctx)
+		return err == nil && hl.Leader
+	})
+	m2 := h.startMaster("m2")
+	nodes := [][3]string{{"a1", "dc-a", "r1"}, {"a2", "dc-a", "r2"}, {"b1", "dc-b", "r1"}, {"b2", "dc-b", "r2"}, {"c1", "dc-c", "r1"}, {"c2", "dc-c", "r2"}}
+	for _, n := range nodes {
+		h.startAgent(n[0], n[1], n[2], 4)
+	}
+	waitFor(t, "6 nodes registered", 15*time.Second, func() bool { return len(h.nodeRecords()) == 6 })
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.SubmitJob(ctx, jobSpec("wc", 12)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Every worker runs where the plan says.
+	waitFor(t, "12 workers running", 30*time.Second, func() bool { return len(h.running("wc")) == 12 })
+	st, err := cl.Job(ctx, "wc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := h.running("wc")
+	perNode := map[string]int{}
+	for _, w := range st.Workers {
+		got := run[cluster.WorkerKey{Job: "wc", Worker: w.Worker}]
+		if got.node != w.Node || !alive(got.pid) {
+			t.Errorf("worker %d: planned on %s, runs on %s (pid %d alive %v)", w.Worker, w.Node, got.node, got.pid, alive(got.pid))
+		}
+		perNode[w.Node]++
+	}
+	for n, c := range perNode {
+		if c != 2 {
+			t.Errorf("node %s runs %d workers; an even spread of 12 over 6 nodes is 2 each", n, c)
+		}
+	}
+
+	// SIGKILL an agent for good: its workers come back elsewhere; its orphans stop.
+	victim := run[cluster.WorkerKey{Job: "wc", Worker: 0}].node
+	var orphans []int
+	for _, w := range run {
+		if w.node == victim {
+			orphans = append(orphans, w.pid)
+		}
+	}
+	h.agents[victim].kill()
+	waitFor(t, "workers of the killed agent running elsewhere", 30*time.Second, func() bool {
+		now := h.running("wc")
+		if len(now) != 12 {
+			return false
+		}
+		for _, w := range now {
+			if w.node == victim {
+				return false
+			}
+		}
+		return true
+	})
+	for k, w := range h.running("wc") {
+		if before := run[k]; before.node != victim && before.pid != w.pid {
+			t.Errorf("worker %s restarted (pid %d -> %d) though its node stayed", k, before.pid, w.pid)
+		}
+	}
+	waitFor(t, "orphaned copies of the dead agent stopped", 15*time.Second, func() bool {
+		for _, pid := range orphans {
+			if alive(pid) {
+				return false
+			}
+		}
+		return true
+	})
+
+	// SIGKILL the active master: the standby leads and nothing restarts.
+	before := h.running("wc")
+	h.masters["m1"].kill()
+	cl2 := h.client(m2)
+	waitFor(t, "m2 leads", 15*time.Second, func() bool {
+		hl, err := cl2.Health(ctx)
+		return err == nil && hl.Leader
+	})
+	time.Sleep(time.Second)
+	if after := h.running("wc"); !maps.Equal(before, after) {
+		t.Errorf("workers changed across master failover:\nbefore %v\nafter  %v", before, after)
+	}
+
+	// Restart an agent: its workers are adopted, same pids.
+	var restarted string
+	for _, w := range before {
+		restarted = w.node
+		break
+	}
+	p := h.agents[restarted]
+	p.kill()
+	h.startAgent(restarted, p.args[6], p.args[8], 4)
+	time.Sleep(3 * h.session)
+	after := h.running("wc")
+	for k, w := range before {
+		if w.node == restarted && after[k] != w {
+			t.Errorf("worker %s on restarted agent %s: was %+v, now %+v", k, restarted, w, after[k])
+		}
+	}
+
+	// Pause an agent past its session timeout: its workers are re-placed, and once it
+	// resumes it stops its stale copies.
+	var paused string
+	var stale []int
+	for _, w := range after {
+		if paused == "" {
+			paused = w.node
+		}
+	}
+	for _, w := range after {
+		if w.node == paused {
+			stale = append(stale, w.pid)
+		}
+	}
+	pp := h.agents[paused]
+	if err := pp.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "workers of the paused agent re-placed", 30*time.Second, func() bool {
+		now := h.running("wc")
+		n := 0
+		for _, w := range now {
+			if w.node != paused {
+				n++
+			}
+		}
+		return n == 12
+	})
+	if err := pp.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "stale copies on the resumed agent stopped", 15*time.Second, func() bool {
+		for _, pid := range stale {
+			if alive(pid) {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, "resumed agent back with no worker of the job", 15*time.Second, func() bool {
+		rec, ok := h.nodeRecords()[paused]
+		if !ok {
+			return false
+		}
+		for _, w := range rec.Workers {
+			if w.Key.Job == "wc" {
+				return false
+			}
+		}
+		return true
+	})
+}

@@ -1,0 +1,299 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/coord/zktest"
+	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/scheduler"
+)
+
+// binary is the stormdock binary built once for the package.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "stormdock-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "stormdock")
+	build := exec.Command("go", "build", "-o", binary, "../cmd/stormdock")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build stormdock: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is one stormdock process of the test cluster.
+type proc struct {
+	name string
+	args []string
+	cmd  *exec.Cmd
+	log  *os.File
+	done chan struct{}
+}
+
+// harness is a cluster of stormdock processes on a ZooKeeper server of the test's own.
+type harness struct {
+	t       *testing.T
+	zk      *zktest.Server
+	chroot  string
+	dir     string
+	session time.Duration
+	cgroup  string
+
+	mu      sync.Mutex
+	masters map[string]*proc
+	agents  map[string]*proc
+	store   coord.Store
+	token   string
+}
+
+func newHarness(t *testing.T, session time.Duration) *harness {
+	t.Helper()
+	testenv.Cgroups(t)
+	zk := zktest.Start(t, zktest.Options{TickTime: 250 * time.Millisecond})
+	h := &harness{t: t, zk: zk, chroot: "/e2e", dir: t.TempDir(), session: session,
+		cgroup:  fmt.Sprintf("/stormdock-e2e-%d", os.Getpid()),
+		masters: map[string]*proc{}, agents: map[string]*proc{}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := coord.Open(ctx, h.storeURL(), coord.Options{SessionTimeout: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.store = s
+	t.Cleanup(h.stopAll)
+	return h
+}
+
+func (h *harness) storeURL() string { return h.zk.URL(h.chroot) }
+
+func (h *harness) start(name string, args ...string) *proc {
+	h.t.Helper()
+	logPath := filepath.Join(h.dir, name+".log")
+	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	cmd := exec.Command(binary, args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.Env = append(os.Environ(), "STORMDOCK_DATA="+filepath.Join(h.dir, "data"))
+	if err := cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	p := &proc{name: name, args: args, cmd: cmd, log: lf, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	return p
+}
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startMaster runs `stormdock master` and returns its API URL.
+func (h *harness) startMaster(id string) string {
+	addr := freeAddr(h.t)
+	p := h.start("master-"+id, "master", "--store", h.storeURL(), "--api", addr, "--id", id,
+		"--session-timeout", h.session.String(), "--data", filepath.Join(h.dir, "data"))
+	h.mu.Lock()
+	h.masters[id] = p
+	h.mu.Unlock()
+	return "http://" + addr
+}
+
+// startAgent runs `stormdock agent` for one node.
+func (h *harness) startAgent(id, dc, rack string, slots int) {
+	p := h.start("agent-"+id, "agent", "--store", h.storeURL(), "--node-id", id, "--dc", dc, "--rack", rack,
+		"--slots", fmt.Sprint(slots), "--memory", "8Gi", "--cpu", "8", "--session-timeout", h.session.String(),
+		"--heartbeat", "500ms", "--state-dir", filepath.Join(h.dir, "agent-"+id), "--cgroup-parent", h.cgroup+"/"+id,
+		"--metrics", "off")
+	h.mu.Lock()
+	h.agents[id] = p
+	h.mu.Unlock()
+}
+
+// kill sends SIGKILL to a process and waits for it.
+func (p *proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+func (h *harness) stopAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, p := range h.masters {
+		p.kill()
+	}
+	for _, p := range h.agents {
+		// SIGTERM lets an agent go; its workers are killed below with the cgroups.
+		p.kill()
+	}
+	killCgroupTree(h.cgroup)
+	if h.store != nil {
+		h.store.Close()
+	}
+	if h.t.Failed() {
+		for _, name := range []string{"master-m1", "master-m2"} {
+			b, _ := os.ReadFile(filepath.Join(h.dir, name+".log"))
+			h.t.Logf("%s log (tail):\n%s", name, tail(b, 3000))
+		}
+	}
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// killCgroupTree kills every process under a cgroup v1 parent and removes the cgroups,
+// whatever state the test left them in.
+func killCgroupTree(parent string) {
+	for _, ctrl := range []string{"memory", "pids", "cpu", "cpuacct", "freezer", "cpuset", "blkio", "devices"} {
+		root := filepath.Join("/sys/fs/cgroup", ctrl, parent)
+		var dirs []string
+		_ = filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			for range 50 {
+				b, _ := os.ReadFile(filepath.Join(dirs[i], "cgroup.procs"))
+				pids := strings.Fields(string(b))
+				for _, pid := range pids {
+					var n int
+					fmt.Sscan(pid, &n)
+					_ = syscall.Kill(n, syscall.SIGKILL)
+				}
+				if os.Remove(dirs[i]) == nil || len(pids) == 0 {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+}
+
+// client returns an admin API client for the master at url, reading the admin token the
+// first master wrote.
+func (h *harness) client(url string) *scheduler.Client {
+	h.t.Helper()
+	var tok []byte
+	waitFor(h.t, "admin token", 10*time.Second, func() bool {
+		var err error
+		tok, err = os.ReadFile(filepath.Join(h.dir, "data", scheduler.AdminTokenFile))
+		return err == nil
+	})
+	c, err := scheduler.NewClient(url, strings.TrimSpace(string(tok)))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return c
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// nodeRecords reads every live node's record from the store.
+func (h *harness) nodeRecords() map[string]cluster.NodeRecord {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out := map[string]cluster.NodeRecord{}
+	names, err := h.store.Children(ctx, cluster.NodesKey)
+	if err != nil {
+		return out
+	}
+	for _, n := range names {
+		e, err := h.store.Get(ctx, cluster.NodeKey(n))
+		if err != nil {
+			continue
+		}
+		var rec cluster.NodeRecord
+		if json.Unmarshal(e.Value, &rec) == nil {
+			out[n] = rec
+		}
+	}
+	return out
+}
+
+// running maps each running worker to its node and pid as the agents report them.
+func (h *harness) running(job string) map[cluster.WorkerKey]workerAt {
+	out := map[cluster.WorkerKey]workerAt{}
+	for node, rec := range h.nodeRecords() {
+		for _, w := range rec.Workers {
+			if w.Key.Job == job && w.State == cluster.WorkerRunning {
+				out[w.Key] = workerAt{node: node, pid: w.PID}
+			}
+		}
+	}
+	return out
+}
+
+type workerAt struct {
+	node string
+	pid  int
+}
+
+// alive reports whether a process exists and is not a zombie.
+func alive(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}
+
+func jobSpec(name string, workers int) []byte {
+	return []byte(fmt.Sprintf(`name: %s
+tenant: e2e
+workers: %d
+resources: {memory: 64Mi, cpu: 0.1}
+command: [stormdock, worker, wordcount]
+placement: {spread: [dc, rack]}
+gracePeriod: 2s
+`, name, workers))
+}

@@ -1,0 +1,25 @@
+// Package examples holds stormdock's example job specs and workers; this test keeps the specs
+// valid.
+package examples
+
+import (
+	"os"
+	"testing"
+
+	"github.com/stormdock/stormdock/cluster"
+)
+
+func TestWordcountSpec(t *testing.T) {
+	b, err := os.ReadFile("wordcount.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := cluster.ParseJobSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.IsolationMode() != cluster.IsolationProcess || len(spec.Command) < 3 ||
+		spec.Command[0] != "stormdock" || spec.Command[1] != "worker" || spec.Command[2] != "wordcount" {
+		t.Errorf("spec = %+v, want process isolation running [stormdock worker wordcount ...]", spec)
+	}
+}

@@ -1,0 +1,235 @@
+// Package wordcount is stormdock's example streaming worker: it counts the words of its share
+// of a replayable line source and emits one JSON record per input line, until SIGTERM.
+package wordcount
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+)
+
+//go:embed sample.txt
+var sample []byte
+
+// Sample returns the embedded text read when no input file is given.
+func Sample() []byte { return bytes.Clone(sample) }
+
+// Record is what the worker emits for each of its input lines. Offset is the line's 0-based
+// number in the source: a replayed source yields the same offsets, which lets a consumer
+// (the output router of a mirrored job) de-duplicate.
+type Record struct {
+	Offset  int64          `json:"offset"`
+	Worker  int            `json:"worker"`
+	Workers int            `json:"workers"`
+	Job     string         `json:"job,omitempty"`
+	Link    string         `json:"link"`
+	Counts  map[string]int `json:"counts"`
+}
+
+// Config configures a worker.
+type Config struct {
+	// Input is the line source; empty means the embedded sample, which is not followed.
+	Input string
+	// Output is a file the records are appended to. When empty, records are POSTed to
+	// OutputURL if it is set, else written to Stdout.
+	Output    string
+	OutputURL string
+	Stdout    io.Writer
+	// Rate caps the records emitted per second; 0 means unpaced.
+	Rate float64
+	// Worker and Workers say which lines are this worker's: offset % Workers == Worker.
+	Worker, Workers int
+	Job, Link       string
+	// Poll is how often a followed file is checked for new lines. Default 200ms.
+	Poll time.Duration
+	// Drain bounds the final flush after ctx is done. Default 5s.
+	Drain  time.Duration
+	Logger *slog.Logger
+}
+
+// ConfigFromEnv fills the identity of a worker from the stormdock worker contract:
+// STORMDOCK_WORKER, STORMDOCK_WORKERS, STORMDOCK_JOB, STORMDOCK_LINK, and STORMDOCK_OUTPUT when
+// it is an http(s) URL. A worker run by hand, without them, is worker 0 of 1.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	cfg := Config{Worker: 0, Workers: 1, Job: getenv("STORMDOCK_JOB"), Link: getenv("STORMDOCK_LINK")}
+	if v := getenv("STORMDOCK_WORKERS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return cfg, fmt.Errorf("STORMDOCK_WORKERS=%q: want a positive number", v)
+		}
+		cfg.Workers = n
+	}
+	if v := getenv("STORMDOCK_WORKER"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n >= cfg.Workers {
+			return cfg, fmt.Errorf("STORMDOCK_WORKER=%q: want 0..%d", v, cfg.Workers-1)
+		}
+		cfg.Worker = n
+	}
+	if v := getenv("STORMDOCK_OUTPUT"); strings.HasPrefix(v, "http://") || strings.HasPrefix(v, "https://") {
+		cfg.OutputURL = v
+	}
+	return cfg, nil
+}
+
+// Mine reports whether the line at offset belongs to worker of workers.
+func Mine(offset int64, worker, workers int) bool {
+	return workers > 0 && offset%int64(workers) == int64(worker)
+}
+
+// Count counts the words of a line: runs of letters, digits and inner apostrophes, lower-cased.
+func Count(line string) map[string]int {
+	counts := map[string]int{}
+	words := strings.FieldsFunc(line, func(r rune) bool {
+		return !unicode.IsLetter(r) && !unicode.IsDigit(r) && r != '\'' && r != '’'
+	})
+	for _, w := range words {
+		w = strings.Trim(w, "'’")
+		if w != "" {
+			counts[strings.ToLower(w)]++
+		}
+	}
+	return counts
+}
+
+// Run processes the source until ctx is done: its lines, then, for a file, every line appended
+// later. When ctx is done it flushes what it has emitted (bounded by Drain) and returns nil; a
+// line still being written (no newline yet) is left for the next run to replay.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Workers < 1 || cfg.Worker < 0 || cfg.Worker >= cfg.Workers {
+		return fmt.Errorf("wordcount: worker %d of %d", cfg.Worker, cfg.Workers)
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = 200 * time.Millisecond
+	}
+	if cfg.Drain <= 0 {
+		cfg.Drain = 5 * time.Second
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = os.Stdout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	var src io.Reader
+	follow := false
+	if cfg.Input == "" {
+		src = bytes.NewReader(sample)
+	} else {
+		f, err := os.Open(cfg.Input)
+		if err != nil {
+			return fmt.Errorf("wordcount: %w", err)
+		}
+		defer f.Close()
+		src, follow = f, true
+	}
+	out, err := openSink(cfg)
+	if err != nil {
+		return err
+	}
+	w := &worker{cfg: cfg, out: out, follow: follow}
+	runErr := w.run(ctx, bufio.NewReader(src))
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Drain)
+	defer cancel()
+	if err := out.Close(dctx); err != nil {
+		return errors.Join(runErr, fmt.Errorf("wordcount: drain: %w", err))
+	}
+	return runErr
+}
+
+type worker struct {
+	cfg     Config
+	out     sink
+	follow  bool
+	emitted int64
+	begin   time.Time
+}
+
+func (w *worker) run(ctx context.Context, r *bufio.Reader) error {
+	w.begin = time.Now()
+	var offset int64
+	var partial []byte
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		chunk, err := r.ReadBytes('\n')
+		if err == nil {
+			line := append(partial, chunk...)
+			partial = nil
+			if err := w.line(ctx, offset, line); err != nil {
+				return err
+			}
+			offset++
+			continue
+		}
+		if !errors.Is(err, io.EOF) {
+			return fmt.Errorf("wordcount: read: %w", err)
+		}
+		partial = append(partial, chunk...)
+		if !w.follow && len(partial) > 0 {
+			// The embedded sample is complete: its last line needs no newline.
+			if err := w.line(ctx, offset, partial); err != nil {
+				return err
+			}
+			offset++
+			partial = nil
+		}
+		// Idle: make what was emitted visible before waiting for more.
+		if err := w.out.Flush(ctx); err != nil && ctx.Err() == nil {
+			return err
+		}
+		wait := w.cfg.Poll
+		if !w.follow {
+			wait = time.Hour
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// line handles the line at offset: if it is this worker's, count it and emit its record.
+func (w *worker) line(ctx context.Context, offset int64, line []byte) error {
+	if !Mine(offset, w.cfg.Worker, w.cfg.Workers) {
+		return nil
+	}
+	if w.cfg.Rate > 0 {
+		due := w.begin.Add(time.Duration(float64(w.emitted) / w.cfg.Rate * float64(time.Second)))
+		if d := time.Until(due); d > 0 {
+			if err := w.out.Flush(ctx); err != nil && ctx.Err() == nil {
+				return err
+			}
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil // this line stays unemitted: a replay emits it
+			case <-t.C:
+			}
+		}
+	}
+	rec := Record{
+		Offset: offset, Worker: w.cfg.Worker, Workers: w.cfg.Workers, Job: w.cfg.Job, Link: w.cfg.Link,
+		Counts: Count(strings.TrimRight(string(line), "\r\n")),
+	}
+	if err := w.out.Write(ctx, rec); err != nil {
+		return err
+	}
+	w.emitted++
+	return nil
+}

@@ -1,0 +1,136 @@
+package process
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+)
+
+// The shim closes the gap between fork and cgroup placement. Go cannot stop a child between
+// fork and exec, so the driver starts its own binary (/proc/self/exe) in shim mode: the shim
+// blocks on a pipe until the driver has moved it into the worker's cgroup, then execs the
+// worker's program in place, keeping its pid. No instruction of the worker's program runs,
+// and no child of it can be forked, outside the limits. A second, close-on-exec pipe carries
+// an exec failure back, so Start reports "no such file" synchronously and returns only once
+// the worker's program is running.
+//
+// Any binary that imports this package can act as the shim; init below does it before main.
+const (
+	shimEnv   = "_STORMDOCK_ISOLATION_SHIM"
+	shimMagic = "exec-after-placement-v1"
+	shimArg0  = "stormdock-shim"
+
+	// fds of the two pipes in the shim (os/exec maps ExtraFiles from 3 up).
+	shimGoFD     = 3
+	shimStatusFD = 4
+
+	// exitShimAbort is the shim's status when the driver gave up before releasing it.
+	exitShimAbort = 125
+	// exitShimExec is the shim's status when exec of the worker's program failed.
+	exitShimExec = 127
+)
+
+func init() {
+	if os.Getenv(shimEnv) == shimMagic {
+		runShim()
+	}
+}
+
+// runShim waits for the go-ahead and execs os.Args[1] with argv os.Args[2:]. It never returns.
+func runShim() {
+	syscall.CloseOnExec(shimGoFD)
+	syscall.CloseOnExec(shimStatusFD)
+	goAhead := os.NewFile(shimGoFD, "shim-go")
+	status := os.NewFile(shimStatusFD, "shim-status")
+	var b [1]byte
+	if n, _ := goAhead.Read(b[:]); n != 1 {
+		// The driver closed the pipe without a byte: it could not place us. Run nothing.
+		os.Exit(exitShimAbort)
+	}
+	if len(os.Args) < 3 {
+		fmt.Fprintf(status, "shim: no program given")
+		os.Exit(exitShimExec)
+	}
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, shimEnv+"=") })
+	err := syscall.Exec(os.Args[1], os.Args[2:], env)
+	fmt.Fprintf(status, "exec %s: %v", os.Args[1], err)
+	os.Exit(exitShimExec)
+}
+
+// launchOpts is what launch runs and where.
+type launchOpts struct {
+	path string   // resolved program path
+	argv []string // argv, argv[0] included
+	env  []string
+	dir  string
+	out  *os.File // stdout and stderr
+	// place moves the started shim into its cgroup; the program runs only if it succeeds.
+	place func(pid int) error
+}
+
+// errExec marks a failure of the worker's program to exec (as opposed to a driver failure).
+var errExec = errors.New("exec worker program")
+
+// launch starts the shim, places it, releases it, and returns once the program runs.
+func launch(o launchOpts) (*exec.Cmd, error) {
+	goR, goW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("shim pipe: %w", err)
+	}
+	stR, stW, err := os.Pipe()
+	if err != nil {
+		goR.Close()
+		goW.Close()
+		return nil, fmt.Errorf("shim pipe: %w", err)
+	}
+	cmd := &exec.Cmd{
+		Path:       "/proc/self/exe",
+		Args:       append([]string{shimArg0, o.path}, o.argv...),
+		Env:        append(slices.Clip(o.env), shimEnv+"="+shimMagic),
+		Dir:        o.dir,
+		Stdout:     o.out,
+		Stderr:     o.out,
+		ExtraFiles: []*os.File{goR, stW},
+		// A process group of its own: a Ctrl-C meant for the agent's terminal must not reach
+		// workers, which are stopped with their grace period instead.
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	err = cmd.Start()
+	goR.Close()
+	stW.Close()
+	if err != nil {
+		goW.Close()
+		stR.Close()
+		return nil, fmt.Errorf("start shim: %w", err)
+	}
+	if err := o.place(cmd.Process.Pid); err != nil {
+		goW.Close() // the shim sees EOF and exits without running the program
+		stR.Close()
+		_ = cmd.Wait()
+		return nil, err
+	}
+	_, werr := goW.Write([]byte{1})
+	goW.Close()
+	// EOF without data: the status pipe closed on a successful exec (or the shim died, which
+	// the caller's wait reports).
+	msg, rerr := io.ReadAll(stR)
+	stR.Close()
+	if werr != nil || rerr != nil || len(msg) > 0 {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		switch {
+		case len(msg) > 0:
+			return nil, fmt.Errorf("%w: %s", errExec, msg)
+		case werr != nil:
+			return nil, fmt.Errorf("release shim: %w", werr)
+		default:
+			return nil, fmt.Errorf("read shim status: %w", rerr)
+		}
+	}
+	return cmd, nil
+}

@@ -1,0 +1,326 @@
+package multidc
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Errors of the API, mapped to HTTP statuses.
+var (
+	errNotReady   = errors.New("multidc: router not ready (starting, waiting to lead, or stopping)")
+	errBadRequest = errors.New("multidc: bad request")
+	errConflict   = errors.New("multidc: conflict")
+)
+
+// retryAfter is what a 429 asks senders to wait: about the time the sink takes to free
+// room in a buffer.
+const retryAfter = 100 * time.Millisecond
+
+// Handler serves the router's API (see the package doc for the protocol):
+//
+//	POST /v1/records, POST /   records, JSON lines
+//	POST /v1/heartbeat         ?link=L&worker=I[&workers=N]
+//	GET  /v1/status            Status
+//	POST /v1/failover          ?to=L (optional) [&job=J]
+//	GET  /healthz, /readyz
+func (r *Router) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/records", r.handleRecords)
+	mux.HandleFunc("POST /{$}", r.handleRecords)
+	mux.HandleFunc("POST /v1/heartbeat", r.handleHeartbeat)
+	mux.HandleFunc("GET /v1/status", r.handleStatus)
+	mux.HandleFunc("POST /v1/failover", r.handleFailover)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		r.mu.Lock()
+		ok := r.state == ready
+		r.mu.Unlock()
+		if !ok {
+			writeError(w, errNotReady)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	if r.cfg.Metrics != nil {
+		mux.Handle("GET /metrics", r.cfg.Metrics)
+	}
+	return mux
+}
+
+// IngestResult is the body of a records answer (200 and 429).
+type IngestResult struct {
+	Accepted     int    `json:"accepted"`
+	Duplicates   int    `json:"duplicates"`
+	Rejected     int    `json:"rejected,omitempty"`
+	RetryAfterMs int64  `json:"retryAfterMs,omitempty"`
+	Error        string `json:"error,omitempty"`
+	// Instance names this run of the router; NextOffset is the first undelivered offset.
+	// A worker that sees Instance change must rewind its input to NextOffset (see the
+	// package doc).
+	Instance   string `json:"instance"`
+	NextOffset int64  `json:"nextOffset"`
+}
+
+// HeartbeatResult is the body of a heartbeat answer.
+type HeartbeatResult struct {
+	Active     string `json:"active"`
+	NextOffset int64  `json:"nextOffset"`
+	Instance   string `json:"instance"`
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+type beatKey struct {
+	link   string
+	worker int
+}
+
+// impliedBeat is a heartbeat implied by a records batch; workers is 0 when not given.
+type impliedBeat struct {
+	beatKey
+	workers int
+}
+
+func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request) {
+	q := req.URL.Query()
+	qlink := q.Get("link")
+	if qlink != "" && !slices.Contains(r.cfg.Links, qlink) {
+		writeError(w, r.unknownLink(qlink))
+		return
+	}
+	qworker := -1
+	if s := q.Get("worker"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			writeError(w, fmt.Errorf("%w: worker=%q: want a non-negative integer", errBadRequest, s))
+			return
+		}
+		qworker = n
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeJSON(w, http.StatusRequestEntityTooLarge, IngestResult{Error: fmt.Sprintf("body over %d bytes: send smaller batches", r.cfg.MaxBody)})
+			return
+		}
+		writeError(w, fmt.Errorf("%w: read body: %v", errBadRequest, err))
+		return
+	}
+	recs, beats, err := r.parseRecords(body, qlink, qworker)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	now := time.Now()
+	var res IngestResult
+	kickIt := false
+	r.mu.Lock()
+	if r.state != ready {
+		r.mu.Unlock()
+		writeError(w, errNotReady)
+		return
+	}
+	for _, b := range beats {
+		r.live.beat(b.link, b.worker, b.workers, now)
+		r.noteConnLocked(req, beatKey{b.link, b.worker})
+	}
+	active := r.ord.activeName()
+	for i := range recs {
+		recs[i].received = now
+		switch r.ord.add(recs[i]) {
+		case added:
+			res.Accepted++
+			kickIt = kickIt || recs[i].Link == active
+		case dupDelivered, dupHeld:
+			res.Duplicates++
+		case rejected:
+			res.Rejected++
+		}
+	}
+	res.Instance, res.NextOffset = r.instance, r.ord.next
+	r.mu.Unlock()
+	if kickIt {
+		r.wake()
+	}
+	if res.Rejected > 0 {
+		res.RetryAfterMs = retryAfter.Milliseconds()
+		res.Error = "buffer full: retry the batch after retryAfterMs (re-sending accepted records is harmless)"
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, res)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// parseRecords checks a whole batch before any of it is taken, so that a bad line leaves
+// no trace. It returns the records and the workers the batch names (implied heartbeats).
+func (r *Router) parseRecords(body []byte, qlink string, qworker int) ([]Record, []impliedBeat, error) {
+	var recs []Record
+	var beats []impliedBeat
+	seenBeat := map[beatKey]bool{}
+	addBeat := func(k beatKey, workers int) {
+		if !seenBeat[k] {
+			seenBeat[k] = true
+			beats = append(beats, impliedBeat{k, workers})
+		}
+	}
+	var v struct {
+		Offset  json.RawMessage `json:"offset"`
+		Link    *string         `json:"link"`
+		Worker  json.RawMessage `json:"worker"`
+		Workers json.RawMessage `json:"workers"`
+	}
+	for n := 1; len(body) > 0; n++ {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			body = nil
+		}
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 {
+			continue
+		}
+		if line[0] != '{' {
+			return nil, nil, fmt.Errorf("%w: line %d: malformed record: want a JSON object per line", errBadRequest, n)
+		}
+		v.Offset, v.Link, v.Worker, v.Workers = nil, nil, nil, nil
+		if err := json.Unmarshal(line, &v); err != nil {
+			return nil, nil, fmt.Errorf("%w: line %d: malformed record: %v", errBadRequest, n, err)
+		}
+		if len(v.Offset) == 0 || string(v.Offset) == "null" {
+			return nil, nil, fmt.Errorf("%w: line %d: missing \"offset\"", errBadRequest, n)
+		}
+		off, err := strconv.ParseInt(string(v.Offset), 10, 64)
+		if err != nil || off < 0 {
+			return nil, nil, fmt.Errorf("%w: line %d: \"offset\" is %s: want a non-negative integer", errBadRequest, n, v.Offset)
+		}
+		link := qlink
+		switch {
+		case v.Link != nil && qlink != "" && *v.Link != qlink:
+			return nil, nil, fmt.Errorf("%w: line %d: \"link\" %q but the request is for link %q", errBadRequest, n, *v.Link, qlink)
+		case v.Link != nil:
+			link = *v.Link
+		}
+		if link == "" {
+			return nil, nil, fmt.Errorf("%w: line %d: missing \"link\" (in the record or as ?link=)", errBadRequest, n)
+		}
+		if !slices.Contains(r.cfg.Links, link) {
+			return nil, nil, fmt.Errorf("%w: line %d: %s", errBadRequest, n, r.unknownLinkMsg(link))
+		}
+		// "worker" and "workers" are hints, not part of the protocol: a record whose schema
+		// uses them otherwise is still taken, it just implies no heartbeat.
+		worker := qworker
+		if w, err := strconv.Atoi(string(v.Worker)); err == nil && w >= 0 {
+			worker = w
+		}
+		if worker >= 0 {
+			workers, err := strconv.Atoi(string(v.Workers))
+			if err != nil || workers <= worker {
+				workers = 0
+			}
+			addBeat(beatKey{link, worker}, workers)
+		}
+		recs = append(recs, Record{Offset: off, Link: link, Data: bytes.Clone(line)})
+	}
+	return recs, beats, nil
+}
+
+func (r *Router) unknownLink(link string) error {
+	return fmt.Errorf("%w: %s", errBadRequest, r.unknownLinkMsg(link))
+}
+
+func (r *Router) unknownLinkMsg(link string) string {
+	return fmt.Sprintf("unknown link %q (the router of job %s has %v)", link, r.cfg.Job, r.cfg.Links)
+}
+
+func (r *Router) handleHeartbeat(w http.ResponseWriter, req *http.Request) {
+	q := req.URL.Query()
+	link := q.Get("link")
+	if !slices.Contains(r.cfg.Links, link) {
+		if link == "" {
+			writeError(w, fmt.Errorf("%w: heartbeat needs ?link=", errBadRequest))
+			return
+		}
+		writeError(w, r.unknownLink(link))
+		return
+	}
+	worker, err := strconv.Atoi(q.Get("worker"))
+	if err != nil || worker < 0 {
+		writeError(w, fmt.Errorf("%w: heartbeat needs ?worker= a non-negative integer, got %q", errBadRequest, q.Get("worker")))
+		return
+	}
+	workers := 0
+	if s := q.Get("workers"); s != "" {
+		workers, err = strconv.Atoi(s)
+		if err != nil || workers < 1 || worker >= workers {
+			writeError(w, fmt.Errorf("%w: workers=%q: want an integer above worker=%d", errBadRequest, s, worker))
+			return
+		}
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(req.Body, 64<<10))
+	r.mu.Lock()
+	if r.state != ready {
+		r.mu.Unlock()
+		writeError(w, errNotReady)
+		return
+	}
+	r.live.beat(link, worker, workers, time.Now())
+	r.noteConnLocked(req, beatKey{link, worker})
+	res := HeartbeatResult{Active: r.ord.activeName(), NextOffset: r.ord.next, Instance: r.instance}
+	r.mu.Unlock()
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (r *Router) handleStatus(w http.ResponseWriter, _ *http.Request) {
+	st, err := r.Status()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (r *Router) handleFailover(w http.ResponseWriter, req *http.Request) {
+	q := req.URL.Query()
+	if job := q.Get("job"); job != "" && job != r.cfg.Job {
+		writeJSON(w, http.StatusNotFound, errorBody{Error: fmt.Sprintf("this router serves job %q, not %q", r.cfg.Job, job)})
+		return
+	}
+	st, err := r.Failover(q.Get("to"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, errBadRequest):
+		code = http.StatusBadRequest
+	case errors.Is(err, errConflict):
+		code = http.StatusConflict
+	case errors.Is(err, errNotReady):
+		code = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, code, errorBody{Error: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,278 @@
+package multidc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/stormdock/stormdock/coord"
+)
+
+// APIError is a router's answer other than 2xx.
+type APIError struct {
+	Code int
+	Msg  string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("router: %d %s: %s", e.Code, http.StatusText(e.Code), e.Msg)
+}
+
+// Retryable reports whether the request may succeed when sent again: backpressure, a router
+// that is starting, or a server error.
+func (e *APIError) Retryable() bool {
+	return e.Code == http.StatusTooManyRequests || e.Code >= 500
+}
+
+// Client calls a router's API: what the CLI uses.
+type Client struct {
+	base string
+	hc   *http.Client
+}
+
+// NewClient returns a client of the router at base (http://HOST:PORT).
+func NewClient(base string) (*Client, error) {
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("multidc: router URL %q: want http://HOST:PORT", base)
+	}
+	return &Client{base: strings.TrimSuffix(base, "/"), hc: &http.Client{Timeout: 10 * time.Second}}, nil
+}
+
+// RouterURL reads where a job's router serves its API, from its record in the store.
+func RouterURL(ctx context.Context, kv coord.KV, job string) (string, error) {
+	rec, ok, err := ReadRecord(ctx, kv, job)
+	if err != nil {
+		return "", err
+	}
+	if !ok || rec.Router == "" {
+		return "", fmt.Errorf("multidc: no router record for job %q at %s: is the job mirrored and its router running?", job, RouterKey(job))
+	}
+	return rec.Router, nil
+}
+
+// Status returns the router's live status.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := c.do(ctx, http.MethodGet, "/v1/status", nil, &st)
+	return st, err
+}
+
+// Failover asks the router of job to make link to active ("" for the most advanced live
+// standby).
+func (c *Client) Failover(ctx context.Context, job, to string) (Status, error) {
+	q := url.Values{}
+	if job != "" {
+		q.Set("job", job)
+	}
+	if to != "" {
+		q.Set("to", to)
+	}
+	var st Status
+	err := c.do(ctx, http.MethodPost, "/v1/failover?"+q.Encode(), nil, &st)
+	return st, err
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("multidc: %w", err)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("multidc: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("multidc: read answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		return apiError(resp.StatusCode, b)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("multidc: decode answer of %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+func apiError(code int, body []byte) *APIError {
+	var e errorBody
+	if json.Unmarshal(body, &e) != nil || e.Error == "" {
+		e.Error = strings.TrimSpace(string(body))
+	}
+	return &APIError{Code: code, Msg: e.Error}
+}
+
+// RestartError says that the router restarted since the sender's previous request: the
+// records it held but had not delivered are gone, so the worker must rewind its input to
+// NextOffset and send everything again from there.
+type RestartError struct {
+	NextOffset int64
+}
+
+func (e *RestartError) Error() string {
+	return fmt.Sprintf("multidc: the router restarted: rewind the input to offset %d", e.NextOffset)
+}
+
+// Sender is the worker side of the ingest protocol: it posts batches of records of one
+// link's worker, retrying on backpressure and unavailability, sends heartbeats, and tells
+// the worker when the router restarted (RestartError, Rewind). Safe for concurrent use.
+type Sender struct {
+	base            string
+	link            string
+	worker, workers int
+	hc              *http.Client
+	// MinBackoff and MaxBackoff bound the wait between retries (defaults 10 ms, 1 s).
+	MinBackoff, MaxBackoff time.Duration
+
+	mu       sync.Mutex
+	instance string // the router instance that answered last
+	rewind   int64  // -1, or where to rewind after a router restart not yet reported
+}
+
+// NewSender returns a sender for worker (of workers) of link, to the router at base.
+func NewSender(base, link string, worker, workers int) *Sender {
+	return &Sender{
+		base: strings.TrimSuffix(base, "/"), link: link, worker: worker, workers: workers,
+		hc:         &http.Client{Timeout: 10 * time.Second},
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: time.Second,
+		rewind: -1,
+	}
+}
+
+// answered records which router instance answered, noting a restart.
+func (s *Sender) answered(instance string, next int64) {
+	if instance == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.instance != "" && s.instance != instance {
+		if s.rewind < 0 || next < s.rewind {
+			s.rewind = next
+		}
+	}
+	s.instance = instance
+}
+
+// Rewind reports, once, that the router restarted since the last call, and where the
+// input must be rewound to. Send reports the same as a *RestartError; an idle worker (no
+// more input) polls Rewind, since it has records to send again too.
+func (s *Sender) Rewind() (int64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	off := s.rewind
+	s.rewind = -1
+	return off, off >= 0
+}
+
+// Heartbeat sends one heartbeat and returns the router's answer.
+func (s *Sender) Heartbeat(ctx context.Context) (HeartbeatResult, error) {
+	q := url.Values{"link": {s.link}, "worker": {strconv.Itoa(s.worker)}}
+	if s.workers > 0 {
+		q.Set("workers", strconv.Itoa(s.workers))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"/v1/heartbeat?"+q.Encode(), nil)
+	if err != nil {
+		return HeartbeatResult{}, err
+	}
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		return HeartbeatResult{}, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return HeartbeatResult{}, apiError(resp.StatusCode, b)
+	}
+	var res HeartbeatResult
+	if err := json.Unmarshal(b, &res); err != nil {
+		return HeartbeatResult{}, fmt.Errorf("multidc: heartbeat answer: %w", err)
+	}
+	s.answered(res.Instance, res.NextOffset)
+	return res, nil
+}
+
+// Heartbeats sends a heartbeat every interval until ctx is done. Failures are ignored: the
+// next beat is the retry, and a router that misses them fails the link over, as it should.
+func (s *Sender) Heartbeats(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		_, _ = s.Heartbeat(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Send posts one batch of JSON-line records (each with its "offset" and "link") until the
+// router took all of it, retrying the whole batch after 429, 503, other 5xx and connection
+// errors. A 400 (the batch is wrong) is returned at once as an *APIError; a router restart
+// as a *RestartError, after which the caller rewinds and sends again from there.
+func (s *Sender) Send(ctx context.Context, batch []byte) error {
+	u := s.base + "/v1/records?" + url.Values{"link": {s.link}, "worker": {strconv.Itoa(s.worker)}}.Encode()
+	wait := s.MinBackoff
+	for {
+		if off, ok := s.Rewind(); ok {
+			return &RestartError{NextOffset: off}
+		}
+		err := s.post(ctx, u, batch)
+		if off, ok := s.Rewind(); ok {
+			return &RestartError{NextOffset: off}
+		}
+		if err == nil {
+			return nil
+		}
+		var ae *APIError
+		if errors.As(err, &ae) && !ae.Retryable() {
+			return err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("multidc: send: %w (last error: %v)", ctx.Err(), err)
+		}
+		if !sleep(ctx, wait) {
+			return fmt.Errorf("multidc: send: %w (last error: %v)", ctx.Err(), err)
+		}
+		wait = min(2*wait, s.MaxBackoff)
+	}
+}
+
+func (s *Sender) post(ctx context.Context, u string, batch []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(batch))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusTooManyRequests {
+		var res IngestResult
+		if json.Unmarshal(b, &res) == nil {
+			s.answered(res.Instance, res.NextOffset)
+		}
+	}
+	if resp.StatusCode == http.StatusOK {
+		return nil
+	}
+	return apiError(resp.StatusCode, b)
+}

@@ -1,0 +1,573 @@
+package multidc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+)
+
+// Config configures a Router.
+type Config struct {
+	Job   string
+	Links []string    // the job's links, in order of preference
+	Store coord.Store // checkpoint, status and the one-router-per-job election
+	Sink  Sink        // the router closes it when Run returns
+	// Listen, if set, is the address New listens on and Run serves the API on
+	// ("127.0.0.1:0" picks a port; see URL).
+	Listen string
+	// Metrics, if set, is served at /metrics next to the API.
+	Metrics http.Handler
+	// HeartbeatTimeout is how long a worker may be silent before its link counts as dead.
+	// Default 600 ms (workers beat every 200 ms).
+	HeartbeatTimeout time.Duration
+	// CloseGrace is how long a worker whose connection to the router closed may take to
+	// beat again before it counts as dead: a killed worker is noticed after CloseGrace
+	// instead of HeartbeatTimeout. Default HeartbeatTimeout/2; it needs the router's own
+	// server (Config.Listen), and a negative value turns it off.
+	CloseGrace time.Duration
+	// CheckpointInterval is how often the delivered offset is synced and saved, when it
+	// moved. Default 100 ms.
+	CheckpointInterval time.Duration
+	// StatusInterval is how often the record is rewritten when nothing was delivered, so
+	// that its status (heartbeat ages, buffers) stays fresh. Default 1 s.
+	StatusInterval time.Duration
+	Limits         Limits
+	// MaxBatch bounds the records of one sink write. Default 1024.
+	MaxBatch int
+	// MaxBody bounds a records request's body. Default 16 MiB.
+	MaxBody int64
+	// Registerer receives the router's metrics (labelled job=Job); nil means none.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+	// Instance names this router in its record; default a random id.
+	Instance string
+}
+
+// Router forwards one link's output of a mirrored job to the sink. Build it with New, run
+// it with Run; Handler serves its API, which Run also serves on Config.Listen.
+type Router struct {
+	cfg      Config
+	log      *slog.Logger
+	ln       net.Listener
+	instance string
+	ckpt     checkpointer
+	m        *metrics
+	kick     chan struct{} // wakes the delivery loop
+
+	mu           sync.Mutex
+	state        runState
+	ord          *orderer // nil until recovered
+	live         *liveness
+	preferred    string // the active link of the previous run, kept if it is alive
+	readyAt      time.Time
+	checkpoint   int64
+	failovers    int64
+	lastFailover *Failover
+	conns        map[net.Conn][]beatKey // the workers each open connection carried
+}
+
+type runState int
+
+const (
+	starting runState = iota
+	ready
+	stopping
+)
+
+// New checks cfg and, if cfg.Listen is set, listens there.
+func New(cfg Config) (*Router, error) {
+	if err := cluster.CheckName(cfg.Job); err != nil {
+		return nil, fmt.Errorf("multidc: job: %w", err)
+	}
+	if len(cfg.Links) < 1 {
+		return nil, errors.New("multidc: no links")
+	}
+	for i, l := range cfg.Links {
+		if err := cluster.CheckName(l); err != nil {
+			return nil, fmt.Errorf("multidc: link: %w", err)
+		}
+		if slices.Index(cfg.Links, l) != i {
+			return nil, fmt.Errorf("multidc: link %q listed twice", l)
+		}
+	}
+	if cfg.Store == nil || cfg.Sink == nil {
+		return nil, errors.New("multidc: a router needs a store and a sink")
+	}
+	if cfg.HeartbeatTimeout <= 0 {
+		cfg.HeartbeatTimeout = 600 * time.Millisecond
+	}
+	switch {
+	case cfg.CloseGrace == 0:
+		cfg.CloseGrace = cfg.HeartbeatTimeout / 2
+	case cfg.CloseGrace < 0:
+		cfg.CloseGrace = 1<<63 - 1 // never
+	}
+	if cfg.CheckpointInterval <= 0 {
+		cfg.CheckpointInterval = 100 * time.Millisecond
+	}
+	if cfg.StatusInterval <= 0 {
+		cfg.StatusInterval = time.Second
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 1024
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = 16 << 20
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Instance == "" {
+		b := make([]byte, 6)
+		_, _ = rand.Read(b)
+		cfg.Instance = hex.EncodeToString(b)
+	}
+	r := &Router{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "router", "job", cfg.Job),
+		instance: cfg.Instance,
+		ckpt:     checkpointer{kv: cfg.Store, job: cfg.Job, version: -1},
+		kick:     make(chan struct{}, 1),
+		live:     newLiveness(cfg.Links, cfg.HeartbeatTimeout, cfg.CloseGrace),
+		conns:    map[net.Conn][]beatKey{},
+	}
+	m, err := newMetrics(r, cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	r.m = m
+	if cfg.Listen != "" {
+		ln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("multidc: listen: %w", err)
+		}
+		r.ln = ln
+	}
+	return r, nil
+}
+
+// URL is the base URL of the router's API, "" without a listener.
+func (r *Router) URL() string {
+	if r.ln == nil {
+		return ""
+	}
+	return "http://" + r.ln.Addr().String()
+}
+
+// Run leads the job's router election, recovers the delivered offset, and delivers until
+// ctx is done or something fatal happens (lost leadership, a broken sink, another router
+// writing the record). It saves a last checkpoint and closes the sink and the listener
+// before it returns; a Router runs once.
+func (r *Router) Run(ctx context.Context) (err error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer func() {
+		if cerr := r.cfg.Sink.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("multidc: close sink: %w", cerr)
+		}
+	}()
+
+	var wg sync.WaitGroup
+	if r.ln != nil {
+		// Serve from the start: until the router leads and has recovered, workers get 503
+		// and retry, instead of connection errors.
+		srv := &http.Server{
+			Handler:           r.Handler(),
+			ReadHeaderTimeout: 10 * time.Second,
+			ConnContext:       func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
+			ConnState:         r.connState,
+		}
+		wg.Go(func() {
+			if err := srv.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				cancel(fmt.Errorf("multidc: serve: %w", err))
+			}
+		})
+		defer func() {
+			sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer scancel()
+			_ = srv.Shutdown(sctx)
+			wg.Wait()
+		}()
+		r.log.Info("router API listening", "url", r.URL())
+	}
+
+	el, err := coord.NewElection(r.cfg.Store, ElectionKey(r.cfg.Job), r.instance)
+	if err != nil {
+		return fmt.Errorf("multidc: %w", err)
+	}
+	r.log.Info("waiting to lead the job's router election", "instance", r.instance)
+	lead, err := el.Campaign(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fatal(ctx)
+		}
+		return fmt.Errorf("multidc: campaign: %w", err)
+	}
+	defer func() {
+		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer rcancel()
+		_ = lead.Resign(rctx)
+	}()
+	if err := r.recover(ctx); err != nil {
+		return err
+	}
+
+	var loops sync.WaitGroup
+	loops.Go(func() {
+		if err := r.deliverLoop(ctx); err != nil {
+			cancel(err)
+		}
+	})
+	loops.Go(func() { r.healthLoop(ctx) })
+	loops.Go(func() {
+		if err := r.checkpointLoop(ctx); err != nil {
+			cancel(err)
+		}
+	})
+	select {
+	case <-lead.Done():
+		cancel(errors.New("multidc: lost the router election (store session lost): stopping so that one router writes the sink"))
+	case <-ctx.Done():
+	}
+	r.mu.Lock()
+	r.state = stopping
+	r.mu.Unlock()
+	loops.Wait()
+
+	// A last checkpoint, unless leadership is gone: then another router may be writing.
+	select {
+	case <-lead.Done():
+	default:
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		if serr := r.saveCheckpoint(sctx); serr != nil {
+			r.log.Warn("last checkpoint failed; the next router recovers from the sink", "err", serr)
+		}
+	}
+	r.log.Info("router stopped")
+	return fatal(ctx)
+}
+
+// fatal returns why ctx ended, or nil when its parent was simply cancelled.
+func fatal(ctx context.Context) error {
+	err := context.Cause(ctx)
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return nil
+	}
+	return err
+}
+
+// lastOffsetter is a sink that knows the last offset it holds (FileSink).
+type lastOffsetter interface {
+	LastOffset(ctx context.Context) (int64, error)
+}
+
+// recover sets the first undelivered offset from the checkpoint and the sink, and writes
+// the record, which claims it for this router.
+func (r *Router) recover(ctx context.Context) error {
+	rec, found, err := r.ckpt.load(ctx)
+	if err != nil {
+		return err
+	}
+	next := int64(0)
+	if found {
+		next = rec.Checkpoint + 1
+	}
+	if lo, ok := r.cfg.Sink.(lastOffsetter); ok {
+		last, err := lo.LastOffset(ctx)
+		if err != nil {
+			return fmt.Errorf("multidc: sink: %w", err)
+		}
+		switch {
+		case last+1 > next:
+			// Delivered after the last checkpoint, before a crash: the sink is the truth.
+			r.log.Info("sink is ahead of the checkpoint; continuing after the sink", "checkpoint", next-1, "sink", last)
+		case last+1 < next:
+			r.log.Warn("sink is behind the checkpoint: the offsets between are missing from it (lost with fsync=never, or the sink was replaced)",
+				"checkpoint", next-1, "sink", last)
+		}
+		next = max(next, last+1)
+	}
+	r.mu.Lock()
+	r.ord = newOrderer(r.cfg.Links, next, r.cfg.Limits)
+	r.checkpoint = next - 1
+	if found {
+		r.failovers = rec.Failovers
+		r.lastFailover = rec.LastFailover
+		if slices.Contains(r.cfg.Links, rec.Active) {
+			r.preferred = rec.Active
+		}
+	}
+	r.mu.Unlock()
+	if err := r.saveCheckpoint(ctx); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.state = ready
+	r.readyAt = time.Now()
+	r.mu.Unlock()
+	r.log.Info("router recovered", "nextOffset", next, "checkpointFound", found, "previousActive", r.preferred)
+	return nil
+}
+
+// deliverLoop writes the active link's records to the sink, in order, as they become
+// contiguous. It is the only caller of peek, commit and Sink.Write.
+func (r *Router) deliverLoop(ctx context.Context) error {
+	backoff := 50 * time.Millisecond
+	for {
+		r.mu.Lock()
+		batch := r.ord.peek(r.cfg.MaxBatch)
+		r.mu.Unlock()
+		if len(batch) == 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-r.kick:
+			}
+			continue
+		}
+		if err := r.cfg.Sink.Write(ctx, batch); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, ErrSinkBroken) {
+				return err
+			}
+			r.m.sinkErrors.Inc()
+			r.log.Warn("sink write failed; retrying", "first", batch[0].Offset, "records", len(batch), "err", err, "backoff", backoff)
+			if !sleep(ctx, backoff) {
+				return nil
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		now := time.Now()
+		r.mu.Lock()
+		err := r.ord.commit(batch)
+		r.mu.Unlock()
+		if err != nil {
+			return err // a bug: the sink has records the orderer did not hand out
+		}
+		for _, rec := range batch {
+			r.m.latency.Observe(now.Sub(rec.received).Seconds())
+		}
+	}
+}
+
+// healthLoop checks the active link's heartbeats several times per timeout and fails over.
+func (r *Router) healthLoop(ctx context.Context) {
+	every := min(max(min(r.cfg.HeartbeatTimeout, r.cfg.CloseGrace)/10, 5*time.Millisecond), 50*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			r.mu.Lock()
+			switched := r.checkHealthLocked(now)
+			r.mu.Unlock()
+			if switched {
+				r.wake()
+			}
+		}
+	}
+}
+
+// checkHealthLocked chooses the active link: the first one once links heartbeat, and
+// another one when the active link's heartbeats stop. It reports whether it switched.
+func (r *Router) checkHealthLocked(now time.Time) bool {
+	act := r.ord.active
+	if act != nil && r.live.alive(act.name, now) {
+		return false
+	}
+	alive := func(name string) bool { return (act == nil || name != act.name) && r.live.alive(name, now) }
+	if act == nil {
+		// At start, give every link one timeout to show up, so that the previous active
+		// link (or the first configured one) is chosen rather than the quickest.
+		all := true
+		for _, l := range r.cfg.Links {
+			all = all && r.live.alive(l, now)
+		}
+		if !all && now.Sub(r.readyAt) < r.cfg.HeartbeatTimeout {
+			return false
+		}
+	}
+	to := r.ord.mostAdvanced(alive)
+	if to == "" {
+		return false // nobody better: keep the (dead) active link, it may come back
+	}
+	if act == nil && r.preferred != "" && alive(r.preferred) && r.ord.byName[r.preferred].mark >= r.ord.byName[to].mark {
+		to = r.preferred
+	}
+	r.switchLocked(to, ReasonHeartbeat, now)
+	return true
+}
+
+// switchLocked makes to the active link.
+func (r *Router) switchLocked(to, reason string, now time.Time) {
+	from := r.ord.activeName()
+	_ = r.ord.failover(to) // to is a configured link
+	if from == "" {
+		r.log.Info("active link chosen", "link", to, "nextOffset", r.ord.next)
+		return
+	}
+	r.failovers++
+	r.m.failovers.WithLabelValues(reason).Inc()
+	r.lastFailover = &Failover{From: from, To: to, Reason: reason, At: now.UTC(), NextOffset: r.ord.next}
+	r.log.Warn("failover", "from", from, "to", to, "reason", reason, "nextOffset", r.ord.next,
+		"run", r.ord.run(r.ord.active))
+}
+
+// Failover makes to the active link by hand; with to == "" it picks the most advanced live
+// standby. The target must be alive.
+func (r *Router) Failover(to string) (Status, error) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state != ready {
+		return Status{}, errNotReady
+	}
+	act := r.ord.activeName()
+	if to == "" {
+		to = r.ord.mostAdvanced(func(n string) bool { return n != act && r.live.alive(n, now) })
+		if to == "" {
+			return Status{}, fmt.Errorf("%w: no live standby link to fail over to", errConflict)
+		}
+	}
+	if _, ok := r.ord.byName[to]; !ok {
+		return Status{}, fmt.Errorf("%w: unknown link %q (the router of job %s has %v)", errBadRequest, to, r.cfg.Job, r.cfg.Links)
+	}
+	if to != act {
+		if !r.live.alive(to, now) {
+			return Status{}, fmt.Errorf("%w: link %q is not alive (its workers do not heartbeat): it would be failed over again at once", errConflict, to)
+		}
+		r.switchLocked(to, ReasonManual, now)
+		r.wake()
+	}
+	return r.statusLocked(now), nil
+}
+
+// Status returns the router's status.
+func (r *Router) Status() (Status, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ord == nil {
+		return Status{}, errNotReady
+	}
+	return r.statusLocked(time.Now()), nil
+}
+
+// checkpointLoop saves the delivered offset when it moved, and the status now and then.
+func (r *Router) checkpointLoop(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.CheckpointInterval)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			r.mu.Lock()
+			moved := r.ord.next-1 != r.checkpoint
+			r.mu.Unlock()
+			if !moved && now.Sub(last) < r.cfg.StatusInterval {
+				continue
+			}
+			if err := r.saveCheckpoint(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				if errors.Is(err, coord.ErrConflict) || errors.Is(err, ErrSinkBroken) {
+					return err
+				}
+				r.log.Warn("checkpoint failed; retrying", "err", err)
+				continue
+			}
+			last = now
+		}
+	}
+}
+
+// saveCheckpoint syncs the sink up to the delivered offset and then saves that offset, so
+// the checkpoint never covers records the sink could still lose.
+func (r *Router) saveCheckpoint(ctx context.Context) error {
+	r.mu.Lock()
+	delivered := r.ord.next - 1
+	r.mu.Unlock()
+	if err := r.cfg.Sink.Sync(ctx); err != nil {
+		return fmt.Errorf("multidc: sync sink: %w", err)
+	}
+	r.mu.Lock()
+	st := r.statusLocked(time.Now())
+	r.mu.Unlock()
+	st.Checkpoint = delivered
+	if err := r.ckpt.save(ctx, RouterRecord{Status: st, Instance: r.instance}); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.checkpoint = delivered
+	r.mu.Unlock()
+	return nil
+}
+
+// connKey keys the request context's net.Conn.
+type connKey struct{}
+
+// noteConnLocked remembers that the request's connection carries the worker, so that its
+// closing can be told to liveness.
+func (r *Router) noteConnLocked(req *http.Request, k beatKey) {
+	c, ok := req.Context().Value(connKey{}).(net.Conn)
+	if !ok {
+		return
+	}
+	if ks := r.conns[c]; !slices.Contains(ks, k) {
+		r.conns[c] = append(ks, k)
+	}
+}
+
+func (r *Router) connState(c net.Conn, st http.ConnState) {
+	if st != http.StateClosed && st != http.StateHijacked {
+		return
+	}
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range r.conns[c] {
+		r.live.connClosed(k.link, k.worker, now)
+	}
+	delete(r.conns, c)
+}
+
+// wake nudges the delivery loop.
+func (r *Router) wake() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,76 @@
+package multidc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+)
+
+// Sink is where the router delivers the active link's records. Write is called by one
+// goroutine at a time with records in offset order, each batch starting right after the
+// previous one; a Write that fails is retried with the same offsets (from whichever link is
+// active by then), so a sink must leave nothing of a failed batch behind or tolerate the
+// repeat. A Kafka sink would implement the same three methods.
+type Sink interface {
+	Write(ctx context.Context, recs []Record) error
+	// Sync makes everything written so far durable; the router calls it before each
+	// checkpoint, so that the checkpoint never runs ahead of the sink.
+	Sync(ctx context.Context) error
+	Close() error
+}
+
+// ErrSinkBroken wraps sink errors after which the sink cannot say what it holds (a failed
+// write that could not be undone): the router stops, and a restarted router recovers.
+var ErrSinkBroken = errors.New("multidc: sink broken")
+
+// SinkOptions tune OpenSink.
+type SinkOptions struct {
+	Job    string // named in HTTP sink requests
+	Logger *slog.Logger
+}
+
+// OpenSink opens the sink named by a job's output URL:
+//
+//	file:///ABS/PATH[?fsync=checkpoint|always|never]   see FileSink
+//	http://HOST/PATH, https://HOST/PATH                 see HTTPSink
+func OpenSink(raw string, opts SinkOptions) (Sink, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("multidc: sink %q: %w", raw, err)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	switch u.Scheme {
+	case "file":
+		if u.Host != "" || u.Path == "" || u.Path[0] != '/' {
+			return nil, fmt.Errorf("multidc: sink %q: want file:///ABSOLUTE/PATH", raw)
+		}
+		policy := FsyncPolicy(u.Query().Get("fsync"))
+		if policy == "" {
+			policy = FsyncCheckpoint
+		}
+		return OpenFileSink(u.Path, policy)
+	case "http", "https":
+		if u.Host == "" {
+			return nil, fmt.Errorf("multidc: sink %q: no host", raw)
+		}
+		return NewHTTPSink(raw, HTTPSinkOptions{Job: opts.Job, Logger: opts.Logger}), nil
+	}
+	return nil, fmt.Errorf("multidc: sink %q: want file:// or http(s)://", raw)
+}
+
+// appendLine appends the sink line of r: {"offset":N,"link":"L","record":{...}} and "\n".
+// Data was checked to be one JSON object when it arrived, so the line is valid JSON.
+func appendLine(b []byte, r Record) []byte {
+	b = append(b, `{"offset":`...)
+	b = strconv.AppendInt(b, r.Offset, 10)
+	b = append(b, `,"link":`...)
+	b = strconv.AppendQuote(b, r.Link) // link names are plain ASCII (cluster.CheckName)
+	b = append(b, `,"record":`...)
+	b = append(b, r.Data...)
+	return append(b, "}\n"...)
+}
