@@ -139,8 +139,10 @@ func grace(wa cluster.WorkerAssignment) time.Duration {
 // sameRun reports whether two assignments of one worker run the same thing, so a running
 // worker can stay: generation, command, image, environment, resources and output.
 func sameRun(a, b cluster.WorkerAssignment) bool {
+	// The worker count is left out: scaling a job must not restart the workers that stay,
+	// so STORMDOCK_WORKERS is the count when the worker started.
 	return a.Key == b.Key && a.Generation == b.Generation && a.Tenant == b.Tenant &&
-		a.Workers == b.Workers && a.Isolation == b.Isolation && a.Image == b.Image &&
+		a.Isolation == b.Isolation && a.Image == b.Image &&
 		a.Output == b.Output && a.Resources == b.Resources &&
 		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env)
 }

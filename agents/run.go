@@ -185,7 +185,15 @@ func (r *run) setAssignment(ev coord.Event) {
 			return
 		}
 		for _, wa := range na.Workers {
-			desired[workerID(r.a.cfg.Node.ID, wa.Key)] = wa
+			id := workerID(r.a.cfg.Node.ID, wa.Key)
+			if wa.Stop {
+				// A killed job's worker: stop it with the grace the kill asked for.
+				if s := r.workers[id]; s != nil && !s.busy {
+					s.assign.Grace = wa.Grace
+				}
+				continue
+			}
+			desired[id] = wa
 		}
 	}
 	r.log.Debug("assignment", "workers", len(desired), "version", ev.Entry.Version)
