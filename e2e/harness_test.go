@@ -178,8 +178,9 @@ func tail(b []byte, n int) string {
 // killCgroupTree kills every process under a cgroup v1 parent and removes the cgroups,
 // whatever state the test left them in.
 func killCgroupTree(parent string) {
-	for _, ctrl := range []string{"memory", "pids", "cpu", "cpuacct", "freezer", "cpuset", "blkio", "devices"} {
-		root := filepath.Join("/sys/fs/cgroup", ctrl, parent)
+	mounts, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, m := range append(mounts, "/sys/fs/cgroup") {
+		root := filepath.Join(m, parent)
 		var dirs []string
 		_ = filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
 			if err == nil && fi.IsDir() {

@@ -295,6 +295,17 @@ func summarize(v *view, rec cluster.JobRecord, assigned map[cluster.WorkerKey]st
 			s.Unplaced++
 		}
 	}
+	inSpec := func(k cluster.WorkerKey) bool {
+		if k.Worker >= rec.Spec.Workers {
+			return false
+		}
+		return k.Link == "" && !rec.Spec.Mirrored() || slices.Contains(rec.Spec.Links, k.Link)
+	}
+	for _, c := range v.copies {
+		if k := c.status.Key; k.Job == rec.Spec.Name && (!inSpec(k) || assigned[k] != c.node || rec.State != cluster.JobRunning) {
+			s.Stopping++
+		}
+	}
 	return s
 }
 

@@ -15,14 +15,17 @@ const (
 
 // JobSummary is one row of the job list.
 type JobSummary struct {
-	Name       string `json:"name"`
-	Tenant     string `json:"tenant"`
-	State      string `json:"state"`
-	Workers    int    `json:"workers"` // desired, over all links
-	Running    int    `json:"running"`
-	Unplaced   int    `json:"unplaced"`
-	Priority   int    `json:"priority"`
-	Generation int64  `json:"generation"`
+	Name     string `json:"name"`
+	Tenant   string `json:"tenant"`
+	State    string `json:"state"`
+	Workers  int    `json:"workers"` // desired, over all links
+	Running  int    `json:"running"`
+	Unplaced int    `json:"unplaced"`
+	// Stopping counts copies agents still run that the plan no longer wants: surplus
+	// workers after a scale-in, or old copies of moved ones.
+	Stopping   int   `json:"stopping"`
+	Priority   int   `json:"priority"`
+	Generation int64 `json:"generation"`
 }
 
 // WorkerView is one worker of a job: where the plan put it and what its agent says.

@@ -17,6 +17,7 @@ type view struct {
 	confs    map[string]cluster.NodeConf
 	dcs      map[string]cluster.DCRecord
 	statuses map[cluster.WorkerKey]nodeWorker // what agents report, by worker
+	copies   []nodeWorker                     // every worker every agent reports
 }
 
 type jobEntry struct {
@@ -54,7 +55,13 @@ func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry
 		}
 		v.nodes[id] = rec
 		for _, w := range rec.Workers {
-			v.statuses[w.Key] = nodeWorker{node: id, status: w}
+			nw := nodeWorker{node: id, status: w}
+			// Where two agents report one worker (an old copy still stopping), the one in
+			// a running state wins.
+			if old, ok := v.statuses[w.Key]; !ok || old.status.State != cluster.WorkerRunning {
+				v.statuses[w.Key] = nw
+			}
+			v.copies = append(v.copies, nw)
 		}
 	}
 	for name, e := range dcs {

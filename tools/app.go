@@ -23,6 +23,8 @@ func App() *cli.App {
 		Description: "Flags go before positional arguments: `stormdock job submit --wait FILE`.\n" +
 			"Exit codes: 0 ok, 1 failed, 2 bad usage or input.",
 		Commands: []*cli.Command{
+			UpCommand,
+			DemoCommand,
 			MasterCommand,
 			JobCommand,
 			NodeCommand,
@@ -36,6 +38,8 @@ func App() *cli.App {
 			BenchCommand,
 			RunCommand,
 			ImageCommand,
+			RouterCommand,
+			LinkCommand,
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {

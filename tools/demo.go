@@ -162,8 +162,11 @@ func (d *demo) run(ctx context.Context, lc *local.Cluster) error {
 		return err
 	}
 	if err := d.until(ctx, "job stopped", func() (bool, string, error) {
-		_, err := d.cl.Job(ctx, spec.Name)
-		return err != nil, "stopping", nil
+		st, err := d.cl.Job(ctx, spec.Name)
+		if err != nil {
+			return true, spec.Name + ": every worker stopped", nil
+		}
+		return false, fmt.Sprintf("%s: %d workers stopping", spec.Name, st.Summary.Running+st.Summary.Stopping), nil
 	}); err != nil {
 		return err
 	}
@@ -231,6 +234,9 @@ func (d *demo) settleAway(ctx context.Context, job string, n int, avoid string) 
 			}
 		}
 		line := fmt.Sprintf("%s: %d/%d running", job, st.Summary.Running, n)
+		if st.Summary.Stopping > 0 {
+			line += fmt.Sprintf(", %d stopping", st.Summary.Stopping)
+		}
 		return st.Summary.Running == n && len(st.Workers) == n && settled(st), line, nil
 	})
 }

@@ -155,6 +155,9 @@ func waitSettled(c *cli.Context, cl *scheduler.Client, name string) error {
 			if s.Unplaced > 0 {
 				line += fmt.Sprintf(", %d unplaced", s.Unplaced)
 			}
+			if s.Stopping > 0 {
+				line += fmt.Sprintf(", %d stopping", s.Stopping)
+			}
 			if line != last {
 				if tty {
 					fmt.Fprintf(c.App.Writer, "\r%-60s", line)
@@ -184,6 +187,9 @@ func waitSettled(c *cli.Context, cl *scheduler.Client, name string) error {
 
 // settled reports that no worker is still being stopped or started.
 func settled(st scheduler.JobStatus) bool {
+	if st.Summary.Stopping > 0 {
+		return false
+	}
 	for _, w := range st.Workers {
 		if w.State != "running" {
 			return false

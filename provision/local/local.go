@@ -10,16 +10,20 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/docker/docker/client"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/isolation"
+	"github.com/stormdock/stormdock/isolation/docker"
 	"github.com/stormdock/stormdock/isolation/process"
 	"github.com/stormdock/stormdock/scheduler"
 )
@@ -42,7 +46,9 @@ type Config struct {
 	API            string
 	SessionTimeout time.Duration
 	Heartbeat      time.Duration
-	Logger         *slog.Logger
+	// Isolation lists the drivers every node offers: process (always) and docker.
+	Isolation []string
+	Logger    *slog.Logger
 }
 
 func (c *Config) defaults() error {
@@ -87,6 +93,11 @@ func (c *Config) defaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	for _, m := range c.Isolation {
+		if m != cluster.IsolationProcess && m != cluster.IsolationDocker {
+			return fmt.Errorf("isolation must be process or docker, not %q", m)
+		}
+	}
 	return nil
 }
 
@@ -103,6 +114,8 @@ type Cluster struct {
 	http   *http.Server
 	store  coord.Store
 
+	docker *client.Client // shared by every node's docker driver, when docker is offered
+
 	mu    sync.Mutex
 	nodes map[string]*node
 	order []string
@@ -110,12 +123,12 @@ type Cluster struct {
 
 // node is one simulated machine: an agent with its own store session and driver.
 type node struct {
-	spec   cluster.Node
-	store  coord.Store
-	driver isolation.Driver
-	cancel context.CancelFunc
-	done   chan struct{}
-	dead   bool
+	spec    cluster.Node
+	store   coord.Store
+	drivers []isolation.Driver
+	cancel  context.CancelFunc
+	done    chan struct{}
+	dead    bool
 }
 
 // Start runs the master and every agent; it returns once the API listens.
@@ -165,6 +178,11 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if !c.confined {
 		cfg.Logger.Warn("not root: workers run as plain processes, without cgroup limits")
 	}
+	if slices.Contains(cfg.Isolation, cluster.IsolationDocker) {
+		if c.docker, err = docker.Connect(ctx, ""); err != nil {
+			return fail(fmt.Errorf("docker isolation: %w", err))
+		}
+	}
 	for i := range cfg.Nodes {
 		dc := cfg.DCs[i%len(cfg.DCs)]
 		rack := fmt.Sprintf("r%d", (i/len(cfg.DCs))%cfg.RacksPerDC+1)
@@ -185,31 +203,42 @@ func (c *Cluster) cgroupParent(id string) string {
 
 func (c *Cluster) startNode(ctx context.Context, spec cluster.Node) error {
 	stateDir := filepath.Join(c.cfg.DataDir, "nodes", spec.ID)
-	d, err := process.New(process.Config{
+	log := c.cfg.Logger.With("node", spec.ID)
+	pd, err := process.New(process.Config{
 		CgroupParent: c.cgroupParent(spec.ID),
 		StateDir:     filepath.Join(stateDir, "process"),
 		Unconfined:   !c.confined,
-		Logger:       c.cfg.Logger.With("node", spec.ID),
+		Logger:       log,
 	})
 	if err != nil {
 		return fmt.Errorf("node %s: %w", spec.ID, err)
 	}
-	s, err := coord.Open(ctx, c.cfg.Store, coord.Options{SessionTimeout: c.cfg.SessionTimeout, Logger: c.cfg.Logger})
-	if err != nil {
-		d.Close()
+	n := &node{spec: spec, drivers: []isolation.Driver{pd}, done: make(chan struct{})}
+	drivers := []agents.Driver{{Isolation: cluster.IsolationProcess, Driver: pd}}
+	if c.docker != nil {
+		dd, err := docker.New(ctx, docker.Config{Client: c.docker, Node: spec.ID,
+			Labels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}, Logger: log})
+		if err != nil {
+			n.close()
+			return fmt.Errorf("node %s: %w", spec.ID, err)
+		}
+		n.drivers = append(n.drivers, dd)
+		drivers = append(drivers, agents.Driver{Isolation: cluster.IsolationDocker, Driver: dd})
+	}
+	if n.store, err = coord.Open(ctx, c.cfg.Store, coord.Options{SessionTimeout: c.cfg.SessionTimeout, Logger: c.cfg.Logger}); err != nil {
+		n.close()
 		return fmt.Errorf("node %s: open store: %w", spec.ID, err)
 	}
 	a, err := agents.New(agents.Config{
 		Node: spec, StateDir: stateDir, SessionTimeout: c.cfg.SessionTimeout, Heartbeat: c.cfg.Heartbeat,
 		PortBase: 6700 + 100*len(c.order), Logger: c.cfg.Logger,
-	}, s, agents.Driver{Isolation: cluster.IsolationProcess, Driver: d})
+	}, n.store, drivers...)
 	if err != nil {
-		d.Close()
-		s.Close()
+		n.close()
 		return fmt.Errorf("node %s: %w", spec.ID, err)
 	}
 	actx, cancel := context.WithCancel(context.Background())
-	n := &node{spec: spec, store: s, driver: d, cancel: cancel, done: make(chan struct{})}
+	n.cancel = cancel
 	c.mu.Lock()
 	c.nodes[spec.ID] = n
 	c.order = append(c.order, spec.ID)
@@ -256,29 +285,49 @@ func (c *Cluster) KillNode(ctx context.Context, id string) error {
 	n.cancel()
 	<-n.done
 	c.stopWorkers(ctx, n, 0)
-	n.store.Close() // the session ends with the machine
+	// A dead machine does not say goodbye: its session lingers until the timeout.
+	if e, ok := n.store.(interface{ Crash() }); ok {
+		e.Crash()
+	} else {
+		n.store.Close()
+	}
 	return nil
 }
 
-// stopWorkers stops every worker a node's driver knows.
-func (c *Cluster) stopWorkers(ctx context.Context, n *node, grace time.Duration) {
-	ws, err := n.driver.List(ctx)
-	if err != nil {
-		return
+// close releases the node's drivers and store client.
+func (n *node) close() {
+	for _, d := range n.drivers {
+		d.Close()
+		if p, ok := d.(interface{ RemoveParent() error }); ok {
+			_ = p.RemoveParent()
+		}
 	}
+	if n.store != nil {
+		n.store.Close()
+	}
+}
+
+// stopWorkers stops every worker the node's drivers know.
+func (c *Cluster) stopWorkers(ctx context.Context, n *node, grace time.Duration) {
 	var wg sync.WaitGroup
-	for _, w := range ws {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g := grace
-			if g == 0 {
-				g = time.Millisecond
-			}
-			if _, err := n.driver.Stop(ctx, w.Spec.ID, g); err != nil && !errors.Is(err, isolation.ErrNotFound) {
-				c.cfg.Logger.Warn("stop worker", "node", n.spec.ID, "worker", w.Spec.ID, "err", err)
-			}
-		}()
+	for _, d := range n.drivers {
+		ws, err := d.List(ctx)
+		if err != nil {
+			continue
+		}
+		for _, w := range ws {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				g := grace
+				if g == 0 {
+					g = time.Millisecond
+				}
+				if _, err := d.Stop(ctx, w.Spec.ID, g); err != nil && !errors.Is(err, isolation.ErrNotFound) {
+					c.cfg.Logger.Warn("stop worker", "node", n.spec.ID, "worker", w.Spec.ID, "err", err)
+				}
+			}()
+		}
 	}
 	wg.Wait()
 }
@@ -302,11 +351,7 @@ func (c *Cluster) Close(ctx context.Context) error {
 			if !n.dead {
 				c.stopWorkers(ctx, n, 5*time.Second)
 			}
-			n.driver.Close()
-			if p, ok := n.driver.(interface{ RemoveParent() error }); ok {
-				_ = p.RemoveParent()
-			}
-			n.store.Close()
+			n.close()
 		}()
 	}
 	wg.Wait()
@@ -322,5 +367,21 @@ func (c *Cluster) Close(ctx context.Context) error {
 	if c.store != nil {
 		c.store.Close()
 	}
+	if c.docker != nil {
+		c.docker.Close()
+	}
+	c.removeCgroupDirs()
 	return nil
+}
+
+// removeCgroupDirs removes the cluster's own cgroup directories above the nodes' parents
+// (the drivers remove those), in every mounted hierarchy, once they are empty.
+func (c *Cluster) removeCgroupDirs() {
+	dir := path.Dir(c.cgroupParent("x"))
+	for _, d := range []string{dir, path.Dir(dir)} {
+		mounts, _ := filepath.Glob("/sys/fs/cgroup/*")
+		for _, m := range append(mounts, "/sys/fs/cgroup") {
+			_ = os.Remove(filepath.Join(m, d)) // fails, harmlessly, while anything is inside
+		}
+	}
 }

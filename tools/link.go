@@ -1,0 +1,160 @@
+package tools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/multidc"
+	"github.com/urfave/cli/v2"
+)
+
+// LinkCommand shows the links of a mirrored job and fails its output over between them.
+var LinkCommand = &cli.Command{
+	Name:  "link",
+	Usage: "show a mirrored job's links (active, offsets, lag) and fail its output over",
+	Subcommands: []*cli.Command{
+		{
+			Name:      "status",
+			Usage:     "show the active link and each link's last produced and delivered offsets, lag and heartbeat age",
+			ArgsUsage: "JOB",
+			Flags:     append(linkFlags(), outputFlag),
+			Action:    linkStatus,
+		},
+		{
+			Name:      "failover",
+			Usage:     "make another link the active one (default: the most advanced live standby)",
+			ArgsUsage: "JOB",
+			Flags:     append(linkFlags(), &cli.StringFlag{Name: "to", Usage: "the `LINK` to make active"}),
+			Action:    linkFailover,
+		},
+	},
+}
+
+func linkFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "router", Usage: "the job's router `URL` (http://HOST:PORT)", EnvVars: []string{"STORMDOCK_ROUTER"}},
+		&cli.StringFlag{Name: "store", Usage: "coordination store `URL`, to find the router (or its last status) by job", EnvVars: []string{"STORMDOCK_STORE"}},
+	}
+}
+
+// routerOf returns the router URL of job from --router, or from its record in --store; rec
+// is the record when it was read.
+func routerOf(c *cli.Context, job string) (url string, rec *multidc.RouterRecord, err error) {
+	if u := c.String("router"); u != "" {
+		return u, nil, nil
+	}
+	if c.String("store") == "" {
+		return "", nil, usageErr("give the job's router with --router URL or the store with --store URL")
+	}
+	if _, err := coord.ParseURL(c.String("store")); err != nil {
+		return "", nil, usageErr("--store: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
+	defer cancel()
+	s, err := coord.Open(ctx, c.String("store"), coord.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return "", nil, cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
+	}
+	defer s.Close()
+	r, ok, err := multidc.ReadRecord(ctx, s, job)
+	if err != nil {
+		return "", nil, cli.Exit("stormdock: "+err.Error(), 1)
+	}
+	if !ok {
+		return "", nil, cli.Exit(fmt.Sprintf("stormdock: no router record for job %q in the store (%s): is it mirrored, is its router running?", job, multidc.RouterKey(job)), 2)
+	}
+	return r.Router, &r, nil
+}
+
+func routerErr(err error) error {
+	var ae *multidc.APIError
+	if errors.As(err, &ae) && ae.Code >= 400 && ae.Code < 500 && ae.Code != 429 {
+		return cli.Exit("stormdock: "+err.Error(), 2)
+	}
+	return cli.Exit("stormdock: "+err.Error(), 1)
+}
+
+func linkStatus(c *cli.Context) error {
+	if err := wantArgs(c, 1, "the JOB"); err != nil {
+		return err
+	}
+	job := c.Args().First()
+	url, rec, err := routerOf(c, job)
+	if err != nil {
+		return err
+	}
+	var st multidc.Status
+	source := "router " + url
+	cl, cerr := multidc.NewClient(url)
+	if cerr == nil {
+		ctx, cancel := context.WithTimeout(c.Context, 3*time.Second)
+		st, cerr = cl.Status(ctx)
+		cancel()
+	}
+	switch {
+	case cerr != nil && rec == nil:
+		return routerErr(cerr)
+	case cerr != nil:
+		// The router is down or unreachable: what it last wrote to the store still tells
+		// where output stands.
+		st = rec.Status
+		source = fmt.Sprintf("store, as of %s (router %s unreachable: %v)", rec.Updated.Format(time.RFC3339), url, cerr)
+	case st.Job != job:
+		return usageErr("the router at %s serves job %q, not %q", url, st.Job, job)
+	}
+	return printOut(c, st, func(w io.Writer) {
+		fmt.Fprintf(w, "JOB %s\tACTIVE %s\tDELIVERED %d\tCHECKPOINT %d\tFAILOVERS %d\n", st.Job, orDash(st.Active), st.Delivered, st.Checkpoint, st.Failovers)
+		if f := st.LastFailover; f != nil {
+			fmt.Fprintf(w, "LAST FAILOVER %s -> %s (%s) at offset %d, %s\n", f.From, f.To, f.Reason, f.NextOffset, f.At.Format(time.RFC3339))
+		}
+		fmt.Fprintf(w, "FROM %s\n\n", source)
+		fmt.Fprintln(w, "LINK\tACTIVE\tALIVE\tWORKERS\tLAST PRODUCED\tLAST DELIVERED\tLAG\tBUFFERED\tHEARTBEAT AGE")
+		for _, l := range st.Links {
+			active, alive, age := "", "no", "never"
+			if l.Active {
+				active = "*"
+			}
+			if l.Alive {
+				alive = "yes"
+			}
+			if l.HeartbeatAgeMs >= 0 {
+				age = (time.Duration(l.HeartbeatAgeMs) * time.Millisecond).String()
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\t%d\t%s\n", clip(l.Link, 20), active, alive, l.WorkersAlive, l.Workers,
+				l.LastProduced, l.LastDelivered, l.Lag, l.Buffered, age)
+		}
+	})
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func linkFailover(c *cli.Context) error {
+	if err := wantArgs(c, 1, "the JOB"); err != nil {
+		return err
+	}
+	job := c.Args().First()
+	url, _, err := routerOf(c, job)
+	if err != nil {
+		return err
+	}
+	cl, err := multidc.NewClient(url)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	st, err := cl.Failover(c.Context, job, c.String("to"))
+	if err != nil {
+		return routerErr(err)
+	}
+	fmt.Fprintf(c.App.Writer, "job %s: active link %s from offset %d\n", job, st.Active, st.NextOffset)
+	return nil
+}
