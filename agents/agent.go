@@ -183,6 +183,7 @@ type Agent struct {
 
 	mu  sync.Mutex
 	ran bool
+	cur *run // the running loop, for Victims and Evict
 }
 
 // New returns an agent for the node in cfg that runs workers through drivers and keeps its
@@ -266,6 +267,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer unlock()
 
 	r := newRun(ctx, a)
+	a.mu.Lock()
+	a.cur = r
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.cur = nil
+		a.mu.Unlock()
+	}()
 	return r.loop()
 }
 

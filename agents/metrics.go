@@ -16,11 +16,12 @@ type metrics struct {
 	starts      prometheus.Counter
 	restarts    prometheus.Counter
 	oomKills    prometheus.Counter
+	evictions   prometheus.Counter
 	storeWrites prometheus.Counter
 }
 
 var workerStates = []string{cluster.WorkerStarting, cluster.WorkerRunning, cluster.WorkerBackoff,
-	cluster.WorkerStopping, cluster.WorkerFailed}
+	cluster.WorkerStopping, cluster.WorkerFailed, cluster.WorkerEvicted}
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -44,6 +45,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "stormdock", Subsystem: "agent", Name: "worker_oom_kills_total",
 			Help: "Workers killed at their memory limit.",
 		}),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "stormdock", Subsystem: "agent", Name: "worker_evictions_total",
+			Help: "Workers stopped by the health checks under memory pressure.",
+		}),
 		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "stormdock", Subsystem: "agent", Name: "store_writes_total",
 			Help: "Writes of the node record to the coordination store.",
@@ -55,7 +60,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.slots, m.workers, m.starts, m.restarts, m.oomKills, m.storeWrites} {
+	for _, c := range []prometheus.Collector{m.slots, m.workers, m.starts, m.restarts, m.oomKills, m.evictions, m.storeWrites} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("agent: register metrics: %w", err)
 		}

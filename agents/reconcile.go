@@ -32,6 +32,7 @@ type slot struct {
 	failures int // failed starts in a row
 	retryAt  time.Time
 
+	evicted    bool // stopped for memory pressure: not restarted here
 	busy       bool // a driver call is in flight
 	held       bool // the driver still holds the ended worker: release it before a start
 	seq        int  // instance counter: results of an older instance are ignored
@@ -79,7 +80,7 @@ func (r *run) reconcile() {
 				s = &slot{id: id, assign: want, known: true, mode: isolationOf(want)}
 				r.workers[id] = s
 			}
-			if s.busy || s.state == cluster.WorkerRunning || now.Before(s.retryAt) {
+			if s.busy || s.evicted || s.state == cluster.WorkerRunning || now.Before(s.retryAt) {
 				continue
 			}
 			r.start(s)
@@ -299,6 +300,8 @@ func (r *run) stopped(s *slot, remove bool, ex isolation.Exit, err error) {
 		if err := r.a.removeLease(s.id); err != nil {
 			r.log.Warn("remove lease", "worker", s.id, "err", err)
 		}
+	} else if s.evicted {
+		s.state, s.since, s.lastExit = cluster.WorkerEvicted, time.Now(), "evicted under memory pressure: "+ex.String()
 	} else {
 		s.state, s.since, s.retryAt = "", time.Now(), time.Time{}
 	}

@@ -93,6 +93,9 @@ const (
 	WorkerBackoff  = "backoff" // crashed; waiting before the next restart
 	WorkerStopping = "stopping"
 	WorkerFailed   = "failed" // could not be started (bad image, bad command)
+	// WorkerEvicted: stopped by the node's health checks under memory pressure; the agent
+	// does not restart it and the master places it elsewhere.
+	WorkerEvicted = "evicted"
 )
 
 // WorkerStatus is one worker as its agent sees it.

@@ -22,8 +22,9 @@ import (
 	"github.com/stormdock/stormdock/scheduler"
 )
 
-// binary is the stormdock binary built once for the package.
-var binary string
+// binary is the stormdock binary built once for the package; allocBinary the test worker
+// that allocates memory in steps.
+var binary, allocBinary string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "stormdock-e2e-")
@@ -36,6 +37,13 @@ func TestMain(m *testing.M) {
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build stormdock: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	allocBinary = filepath.Join(dir, "alloc")
+	build = exec.Command("go", "build", "-o", allocBinary, "./testdata/alloc")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build alloc: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -129,12 +137,13 @@ func (h *harness) startMaster(id string) string {
 	return "http://" + addr
 }
 
-// startAgent runs `stormdock agent` for one node.
-func (h *harness) startAgent(id, dc, rack string, slots int) {
-	p := h.start("agent-"+id, "agent", "--store", h.storeURL(), "--node-id", id, "--dc", dc, "--rack", rack,
+// startAgent runs `stormdock agent` for one node; extra flags are added at the end.
+func (h *harness) startAgent(id, dc, rack string, slots int, extra ...string) {
+	args := []string{"agent", "--store", h.storeURL(), "--node-id", id, "--dc", dc, "--rack", rack,
 		"--slots", fmt.Sprint(slots), "--memory", "8Gi", "--cpu", "8", "--session-timeout", h.session.String(),
-		"--heartbeat", "500ms", "--state-dir", filepath.Join(h.dir, "agent-"+id), "--cgroup-parent", h.cgroup+"/"+id,
-		"--metrics", "off")
+		"--heartbeat", "500ms", "--state-dir", filepath.Join(h.dir, "agent-"+id), "--cgroup-parent", h.cgroup + "/" + id,
+		"--metrics", "off"}
+	p := h.start("agent-"+id, append(args, extra...)...)
 	h.mu.Lock()
 	h.agents[id] = p
 	h.mu.Unlock()

@@ -118,6 +118,9 @@ func (r *reconciler) current(v *view) ([]cluster.Placement, map[string][]cluster
 			j, ok := v.jobs[w.Key.Job]
 			switch {
 			case ok && j.rec.State == cluster.JobRunning && !w.Stop:
+				if s, reported := v.statuses[w.Key]; reported && s.node == node && s.status.State == cluster.WorkerEvicted {
+					continue // its node evicted it under memory pressure: place it elsewhere
+				}
 				cur = append(cur, cluster.Placement{Job: w.Key.Job, Worker: w.Key.Worker, Link: w.Key.Link, Node: node})
 			case ok && j.rec.State == cluster.JobKilled:
 				if _, alive := v.nodes[node]; !alive {

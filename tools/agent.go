@@ -22,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/isolation/docker"
 	"github.com/stormdock/stormdock/isolation/process"
 )
@@ -34,7 +35,7 @@ var AgentCommand = &cli.Command{
 	Description: "Flags go first. Workers keep running when the agent stops; a restarted agent adopts them.\n" +
 		"A job command named `stormdock` runs this binary. Every worker runs under `stormdock launch`,\n" +
 		"which stops it when the agent has not renewed its lease for --lease-ttl (default: the session timeout).",
-	Flags: []cli.Flag{
+	Flags: append([]cli.Flag{
 		&cli.StringFlag{Name: "store", Usage: "coordination store `URL` (zk://host:port/chroot, mem://, file:///path)", EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
 		&cli.StringFlag{Name: "node-id", Usage: "node `ID`", Required: true},
 		&cli.StringFlag{Name: "host", Usage: "host name reported for the node (default: the machine's)"},
@@ -50,12 +51,11 @@ var AgentCommand = &cli.Command{
 		&cli.DurationFlag{Name: "lease-ttl", Usage: "how long workers outlive the agent's last lease renewal (default: the session timeout)"},
 		&cli.BoolFlag{Name: "no-lease", Usage: "run workers without the lease launcher (they then outlive a dead agent)"},
 		&cli.StringFlag{Name: "state-dir", Usage: "agent and driver state `DIR`", Value: "/var/lib/stormdock/agent"},
-		&cli.StringFlag{Name: "cgroup-parent", Usage: "cgroup holding the workers' cgroups", Value: "/stormdock"},
 		&cli.StringFlag{Name: "docker-host", Usage: "docker engine for --isolation docker (default: DOCKER_HOST or the local socket)"},
 		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers", Value: agents.DefaultPortBase},
 		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics (\"off\" to disable)", Value: "127.0.0.1:0"},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
-	},
+	}, healthcheck.Flags()...),
 	Action: runAgent,
 }
 
@@ -128,6 +128,18 @@ func runAgent(c *cli.Context) error {
 		defer stop()
 	}
 
+	hcfg, err := healthcheck.ConfigFromCLI(c)
+	if err != nil {
+		return cli.Exit("stormdock agent: "+err.Error(), 2)
+	}
+	if err := healthcheck.ProtectAgent(""); err != nil {
+		log.Warn("agent not protected from the kernel's OOM killer", "err", err)
+	}
+	health, err := agents.NewHealthMonitor(hcfg, node.Slots, reg, log)
+	if err != nil {
+		return cli.Exit("stormdock agent: "+err.Error(), 2)
+	}
+
 	store, err := coord.Open(ctx, c.String("store"), coord.Options{SessionTimeout: c.Duration("session-timeout"), Logger: log})
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
@@ -142,12 +154,26 @@ func runAgent(c *cli.Context) error {
 		PortBase:       c.Int("port-base"),
 		LeaseTTL:       c.Duration("lease-ttl"),
 		NoLease:        c.Bool("no-lease"),
+		Health:         health,
 		Registerer:     reg,
 		Logger:         log,
 	}, store, drivers...)
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
 	}
+	health.Attach(a)
+	hctx, stopHealth := context.WithCancel(ctx)
+	healthDone := make(chan struct{})
+	go func() {
+		defer close(healthDone)
+		if err := health.Run(hctx); err != nil && hctx.Err() == nil {
+			log.Error("health checks stopped", "err", err)
+		}
+	}()
+	defer func() {
+		stopHealth()
+		<-healthDone
+	}()
 	return a.Run(ctx)
 }
 

@@ -1,0 +1,208 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/scheduler"
+)
+
+// nodeView finds one node in the master's node list.
+func nodeView(ctx context.Context, cl *scheduler.Client, id string) (scheduler.NodeView, bool) {
+	nodes, err := cl.Nodes(ctx)
+	if err != nil {
+		return scheduler.NodeView{}, false
+	}
+	for _, n := range nodes {
+		if n.ID == id {
+			return n, true
+		}
+	}
+	return scheduler.NodeView{}, false
+}
+
+func readCgroupInt(t *testing.T, file string) int64 {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestMemoryPressure is issue 7's real-pressure run: an agent whose workers' cgroup parent
+// has a 256 MiB limit, and a worker that allocates in steps. Slots are withheld in the
+// master's view as memory crosses the high mark, the worker is evicted (and placed on
+// another node) before anything is OOM-killed, and slots come back only after the hold
+// time once memory is freed.
+func TestMemoryPressure(t *testing.T) {
+	h := newHarness(t, 2*time.Second)
+	cl := h.client(h.startMaster("m1"))
+	ctx := context.Background()
+	const limit = 256 << 20
+	mem := filepath.Join("/sys/fs/cgroup/memory", h.cgroup, "p1")
+	if err := os.MkdirAll(mem, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
+		if err := os.WriteFile(filepath.Join(mem, f), []byte(fmt.Sprint(limit)), 0o644); err != nil {
+			t.Fatalf("limit the node's cgroup parent: %v", err)
+		}
+	}
+	const hold = 2 * time.Second
+	h.startAgent("p1", "dc-a", "r1", 4, "--mem-high", "0.5", "--mem-low", "0.3", "--mem-critical", "0.8",
+		"--throttle-hold", hold.String(), "--health-interval", "100ms")
+	waitFor(t, "node p1", 15*time.Second, func() bool { _, ok := nodeView(ctx, cl, "p1"); return ok })
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	spec := fmt.Sprintf("name: hog\ntenant: e2e\nworkers: 1\nresources: {memory: 512Mi, cpu: 0.2}\ncommand: [%s, '8', 100ms, '240']\ngracePeriod: 1s\n", allocBinary)
+	if _, err := cl.SubmitJob(ctx, []byte(spec)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Watch the parent's memory closely, and the master's view of p1.
+	var crossed, below atomic.Int64 // unix nanos: usage first above high; last went below low
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			b, err := os.ReadFile(filepath.Join(mem, "memory.usage_in_bytes"))
+			if err != nil {
+				continue
+			}
+			u, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			now := time.Now().UnixNano()
+			if u > limit/2 && crossed.Load() == 0 {
+				crossed.Store(now)
+			}
+			if u > limit*3/10 {
+				below.Store(0)
+			} else if crossed.Load() != 0 && below.Load() == 0 {
+				below.Store(now)
+			}
+		}
+	}()
+	var withheldAt time.Time
+	waitFor(t, "slots withheld in the master's view", 30*time.Second, func() bool {
+		n, _ := nodeView(ctx, cl, "p1")
+		if n.SlotsThrottled > 0 {
+			withheldAt = time.Now()
+			return true
+		}
+		return false
+	})
+	if crossed.Load() == 0 {
+		t.Fatal("slots withheld before memory crossed the high mark")
+	}
+	lag := withheldAt.Sub(time.Unix(0, crossed.Load()))
+	t.Logf("figure: memory crossed the high mark -> slots withheld in the master's view: %s", lag.Round(time.Millisecond))
+
+	// A second node to take the evicted worker.
+	h.startAgent("p2", "dc-a", "r2", 4)
+	waitFor(t, "worker evicted from p1 and running on p2", 30*time.Second, func() bool {
+		st, err := cl.Job(ctx, "hog")
+		return err == nil && len(st.Workers) == 1 && st.Workers[0].Node == "p2" && st.Workers[0].State == cluster.WorkerRunning
+	})
+	oom, err := os.ReadFile(filepath.Join(mem, "memory.oom_control"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(oom), "oom_kill 0") {
+		t.Errorf("the kernel OOM-killed in the node's cgroup:\n%s", oom)
+	}
+	if fails := readCgroupInt(t, filepath.Join(mem, "memory.failcnt")); fails != 0 {
+		t.Logf("memory.failcnt %d (allocations reclaimed at the limit, no kill)", fails)
+	}
+
+	// Memory is freed: slots come back, but only after the hold time.
+	var restoredAt time.Time
+	waitFor(t, "p1's slots restored", 30*time.Second, func() bool {
+		n, _ := nodeView(ctx, cl, "p1")
+		if n.SlotsThrottled == 0 && n.Health == cluster.HealthHealthy {
+			restoredAt = time.Now()
+			return true
+		}
+		return false
+	})
+	if below.Load() == 0 {
+		t.Fatal("slots restored but memory never went below the low mark")
+	}
+	if held := restoredAt.Sub(time.Unix(0, below.Load())); held < hold-200*time.Millisecond {
+		t.Errorf("slots restored %s after memory went below the low mark; the hold is %s", held, hold)
+	} else {
+		t.Logf("figure: memory below the low mark -> slots restored: %s (hold %s)", held.Round(time.Millisecond), hold)
+	}
+}
+
+// TestHealthScripts checks each kind of health script through the master's node list: WARN
+// throttles, ERROR and a non-zero exit make the node unhealthy, a hung script is killed and
+// fails, and a passing script brings the node back.
+func TestHealthScripts(t *testing.T) {
+	h := newHarness(t, 2*time.Second)
+	cl := h.client(h.startMaster("m1"))
+	ctx := context.Background()
+	dir := t.TempDir()
+	mode := filepath.Join(dir, "mode")
+	scripts := filepath.Join(dir, "health.d")
+	if err := os.MkdirAll(scripts, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// One script whose behaviour the test switches through a file.
+	script := fmt.Sprintf(`#!/bin/sh
+case "$(cat %s)" in
+warn) echo "WARN disk 91%% full" ;;
+error) echo "ERROR disk failed" ;;
+exit) echo "checking"; exit 3 ;;
+hang) sleep 60 ;;
+*) echo ok ;;
+esac
+`, mode)
+	if err := os.WriteFile(filepath.Join(scripts, "disk"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	set := func(m string) {
+		if err := os.WriteFile(mode, []byte(m), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("ok")
+	h.startAgent("s1", "dc-a", "r1", 4, "--health-dir", scripts, "--health-script-interval", "200ms",
+		"--health-script-timeout", "500ms", "--mem-high", "0.98", "--mem-low", "0.97", "--mem-critical", "0.99")
+	expect := func(what, health string, throttled bool, reason string) {
+		t.Helper()
+		waitFor(t, what, 20*time.Second, func() bool {
+			n, ok := nodeView(ctx, cl, "s1")
+			return ok && n.Health == health && (n.SlotsThrottled > 0) == throttled && strings.Contains(n.Reason, reason)
+		})
+	}
+	expect("healthy", cluster.HealthHealthy, false, "")
+	set("warn")
+	expect("WARN throttles", cluster.HealthThrottled, true, "disk 91% full")
+	set("error")
+	expect("ERROR makes the node unhealthy", cluster.HealthUnhealthy, true, "disk failed")
+	set("ok")
+	expect("back to healthy", cluster.HealthHealthy, false, "")
+	set("exit")
+	expect("a non-zero exit makes the node unhealthy", cluster.HealthUnhealthy, true, "")
+	set("hang")
+	expect("a hung script fails", cluster.HealthUnhealthy, true, "")
+	set("ok")
+	expect("healthy again", cluster.HealthHealthy, false, "")
+}
