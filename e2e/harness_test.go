@@ -73,7 +73,6 @@ type harness struct {
 	masters map[string]*proc
 	agents  map[string]*proc
 	store   coord.Store
-	token   string
 }
 
 func newHarness(t *testing.T, session time.Duration) *harness {

@@ -23,7 +23,7 @@ type Input struct {
 	// Hold keeps workers from getting a new node in this plan, with the reason to report
 	// for them; a held worker keeps a current node that is still valid. The master holds
 	// the displaced workers of a job that cannot move whole (data-center failover).
-	Hold map[cluster.WorkerKey]string
+	Hold map[cluster.WorkerKey]string `json:"-"`
 }
 
 // Result is a plan. Every list is sorted by job, link, then worker index.

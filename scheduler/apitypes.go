@@ -6,12 +6,9 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 )
 
-// API paths. Every body is JSON; errors are {"error": "one line"}.
-const (
-	apiPrefix = "/v1"
-	// MaxBodyBytes bounds a request body; a job spec is a few hundred bytes.
-	MaxBodyBytes = 1 << 20
-)
+// MaxBodyBytes bounds a request body; a job spec is a few hundred bytes. Every body is
+// JSON (a job spec may be YAML); errors are {"error": "one line"}.
+const MaxBodyBytes = 1 << 20
 
 // JobSummary is one row of the job list.
 type JobSummary struct {

@@ -27,10 +27,9 @@ type assignState struct {
 // reconciler is the leader's loop state. Only the leader writes assignments, so it keeps
 // them in memory after reading them once at the start of its term.
 type reconciler struct {
-	m                  *Master
-	jobs, nodes, confs *mirror
-	assign             map[string]assignState
-	lastUnplaced       int
+	m            *Master
+	assign       map[string]assignState
+	lastUnplaced int
 }
 
 func (r *reconciler) loadAssignments(ctx context.Context) error {
