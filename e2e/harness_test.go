@@ -62,7 +62,7 @@ type proc struct {
 
 // harness is a cluster of stormdock processes on a ZooKeeper server of the test's own.
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	zk      *zktest.Server
 	chroot  string
 	dir     string
@@ -75,7 +75,7 @@ type harness struct {
 	store   coord.Store
 }
 
-func newHarness(t *testing.T, session time.Duration) *harness {
+func newHarness(t testing.TB, session time.Duration) *harness {
 	t.Helper()
 	testenv.Cgroups(t)
 	zk := zktest.Start(t, zktest.Options{TickTime: 250 * time.Millisecond})
@@ -116,7 +116,7 @@ func (h *harness) start(name string, args ...string) *proc {
 	return p
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +231,7 @@ func (h *harness) client(url string) *scheduler.Client {
 	return c
 }
 
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {

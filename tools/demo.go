@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,6 +24,8 @@ var DemoCommand = &cli.Command{
 	Usage: "start a local cluster, run the example job, scale it, kill a node, and clean up",
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "nodes", Usage: "simulated nodes", Value: 9},
+		&cli.IntFlag{Name: "workers", Usage: "run the example job with this many workers (default: as examples/wordcount.yaml says)"},
+		&cli.IntFlag{Name: "slots", Usage: "worker slots per node", Value: 4},
 		&cli.DurationFlag{Name: "timeout", Usage: "give up on any step after this long", Value: time.Minute},
 		&cli.BoolFlag{Name: "verbose", Usage: "show the cluster's logs"},
 	},
@@ -35,6 +38,7 @@ type demo struct {
 	cl      *scheduler.Client
 	timeout time.Duration
 	tty     bool
+	workers int // overrides the example's worker count when set
 	times   [][2]string
 }
 
@@ -54,7 +58,7 @@ func runDemo(c *cli.Context) error {
 	defer os.RemoveAll(data)
 	ctx := c.Context
 	start := time.Now()
-	lc, err := local.Start(ctx, local.Config{Nodes: c.Int("nodes"), DCs: []string{"dc-a", "dc-b", "dc-c"}, RacksPerDC: 2, Slots: 4,
+	lc, err := local.Start(ctx, local.Config{Nodes: c.Int("nodes"), DCs: []string{"dc-a", "dc-b", "dc-c"}, RacksPerDC: 2, Slots: c.Int("slots"),
 		DataDir: data, API: "127.0.0.1:0", SessionTimeout: time.Second, Heartbeat: 250 * time.Millisecond, Logger: log})
 	if err != nil {
 		return cli.Exit("stormdock demo: "+err.Error(), 1)
@@ -65,7 +69,7 @@ func runDemo(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	d := &demo{w: c.App.Writer, cl: cl, timeout: c.Duration("timeout"), tty: isTerminal(c.App.Writer)}
+	d := &demo{w: c.App.Writer, cl: cl, timeout: c.Duration("timeout"), tty: isTerminal(c.App.Writer), workers: c.Int("workers")}
 	mode := "in cgroups"
 	if !lc.Confined() {
 		mode = "as plain processes (not root: no cgroup limits)"
@@ -93,11 +97,19 @@ func (d *demo) run(ctx context.Context, lc *local.Cluster) error {
 	if err != nil {
 		return fmt.Errorf("example job: %w", err)
 	}
+	specText := examples.WordcountSpec
+	if d.workers > 0 {
+		// A bigger run: no per-node cap, so that twice the workers fit the cluster.
+		spec.Workers, spec.Placement.MaxPerNode = d.workers, 0
+		if specText, err = json.Marshal(spec); err != nil {
+			return err
+		}
+	}
 	if err := d.cl.CreateTenant(ctx, cluster.Tenant{Name: spec.Tenant}); err != nil {
 		return err
 	}
 	t0 := time.Now()
-	if _, err := d.cl.SubmitJob(ctx, examples.WordcountSpec); err != nil {
+	if _, err := d.cl.SubmitJob(ctx, specText); err != nil {
 		return err
 	}
 	fmt.Fprintf(d.w, "submitted %s: %d workers\n", spec.Name, spec.Workers)

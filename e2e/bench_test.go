@@ -1,0 +1,103 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord/zktest"
+)
+
+// zxid reads the ZooKeeper server's last transaction id: its low 32 bits count write
+// transactions in the current epoch, so its growth is the server's write rate.
+func zxid(tb testing.TB, addr string) int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, err := zktest.FourLetter(ctx, addr, "srvr")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "Zxid: "); ok {
+			n, err := strconv.ParseInt(strings.TrimPrefix(strings.TrimSpace(v), "0x"), 16, 64)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return n & 0xffffffff
+		}
+	}
+	tb.Fatalf("no Zxid in srvr output:\n%s", out)
+	return 0
+}
+
+// BenchmarkFiftyAgents measures issue 5's figures on one machine: 50 agents, 200 workers,
+// ZooKeeper session timeout 2 s. Run it alone:
+//
+//	CI=true go test -run '^$' -bench FiftyAgents -benchtime 1x -timeout 20m ./e2e/
+func BenchmarkFiftyAgents(b *testing.B) {
+	for range b.N {
+		fiftyAgents(b)
+	}
+}
+
+func fiftyAgents(b *testing.B) {
+	const agents, workers = 50, 200
+	h := newHarness(b, 2*time.Second)
+	ctx := context.Background()
+	cl := h.client(h.startMaster("m1"))
+	waitFor(b, "m1 leads", 30*time.Second, func() bool { hl, err := cl.Health(ctx); return err == nil && hl.Leader })
+	m2 := h.startMaster("m2")
+	for i := range agents {
+		h.startAgent(fmt.Sprintf("n%02d", i), fmt.Sprintf("dc-%d", i%5), fmt.Sprintf("r%d", i/5%2), 8)
+	}
+	waitFor(b, "50 nodes", 2*time.Minute, func() bool { return len(h.nodeRecords()) == agents })
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
+		b.Fatal(err)
+	}
+	spec := strings.Replace(string(jobSpec("wc", workers)), "wordcount]", "wordcount, --rate, '1']", 1)
+	t0 := time.Now()
+	if _, err := cl.SubmitJob(ctx, []byte(spec)); err != nil {
+		b.Fatal(err)
+	}
+	waitFor(b, "200 workers running", 5*time.Minute, func() bool { return len(h.running("wc")) == workers })
+	b.ReportMetric(time.Since(t0).Seconds(), "submit-to-running-s")
+
+	// Steady state: ZooKeeper write transactions per second, per node.
+	time.Sleep(3 * time.Second)
+	z0, s0 := zxid(b, h.zk.Addr()), time.Now()
+	time.Sleep(20 * time.Second)
+	z1 := zxid(b, h.zk.Addr())
+	rate := float64(z1-z0) / time.Since(s0).Seconds()
+	b.ReportMetric(rate, "zk-writes/s")
+	b.ReportMetric(rate/agents, "zk-writes/s/node")
+
+	// SIGKILL an agent: its workers run elsewhere.
+	run := h.running("wc")
+	victim := run[cluster.WorkerKey{Job: "wc", Worker: 0}].node
+	t0 = time.Now()
+	h.agents[victim].kill()
+	waitFor(b, "replacements running", 2*time.Minute, func() bool {
+		now := h.running("wc")
+		if len(now) != workers {
+			return false
+		}
+		for _, w := range now {
+			if w.node == victim {
+				return false
+			}
+		}
+		return true
+	})
+	b.ReportMetric(time.Since(t0).Seconds(), "agent-kill-to-replaced-s")
+
+	// SIGKILL the leader: the standby leads.
+	cl2 := h.client(m2)
+	t0 = time.Now()
+	h.masters["m1"].kill()
+	waitFor(b, "m2 leads", time.Minute, func() bool { hl, err := cl2.Health(ctx); return err == nil && hl.Leader })
+	b.ReportMetric(time.Since(t0).Seconds(), "master-kill-to-leader-s")
+}
