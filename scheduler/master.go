@@ -25,10 +25,12 @@ type Config struct {
 	CrashLoopRestarts int
 	// Resync is how often the leader re-plans even when nothing was seen to change.
 	Resync time.Duration
-	// Debounce gathers bursts of changes into one reconcile.
-	Debounce time.Duration
-	Logger   *slog.Logger
-	Registry prometheus.Registerer
+	// Debounce gathers bursts of changes into one reconcile: planning waits until the store
+	// has been quiet this long, but no longer than MaxDebounce.
+	Debounce    time.Duration
+	MaxDebounce time.Duration
+	Logger      *slog.Logger
+	Registry    prometheus.Registerer
 }
 
 func (c *Config) defaults() {
@@ -39,7 +41,10 @@ func (c *Config) defaults() {
 		c.Resync = 10 * time.Second
 	}
 	if c.Debounce <= 0 {
-		c.Debounce = 20 * time.Millisecond
+		c.Debounce = 50 * time.Millisecond
+	}
+	if c.MaxDebounce < c.Debounce {
+		c.MaxDebounce = max(10*c.Debounce, time.Second)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -73,6 +78,7 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m.metrics = newMetrics(cfg.Registry)
 	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
 	m.nodes = newMirror(store, cluster.NodesKey, m.poke)
+	m.nodes.relevant = nodeRelevant
 	m.confs = newMirror(store, cluster.NodeConfsKey, m.poke)
 	m.assigns = newMirror(store, cluster.AssignmentsKey, func() {})
 	m.tenants = newMirror(store, cluster.TenantsKey, func() {})
@@ -220,15 +226,23 @@ func (m *Master) lead(ctx context.Context) error {
 		case <-m.wake:
 		case <-tick.C:
 		}
-		// Let a burst of changes (a rack going, a job submitted) arrive before planning.
-		select {
-		case <-time.After(m.cfg.Debounce):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		select {
-		case <-m.wake:
-		default:
+		// Let a burst of changes arrive before planning: wait until the store has been quiet
+		// for Debounce (at most MaxDebounce). Nodes of a data center that goes down vanish
+		// one after another; planning after the first would move its workers as a single
+		// node's, not the data center's whole jobs.
+		deadline := time.After(m.cfg.MaxDebounce)
+	quiet:
+		for {
+			select {
+			case <-m.wake:
+				continue
+			case <-time.After(m.cfg.Debounce):
+				break quiet
+			case <-deadline:
+				break quiet
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 	}
 }

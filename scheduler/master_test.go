@@ -66,7 +66,7 @@ func (tc *testCluster) connect(timeout time.Duration) *coord.Embedded {
 // master starts a master on its own client; cancel stops it.
 func (tc *testCluster) master(id string) (*Master, *coord.Embedded, context.CancelFunc) {
 	c := tc.connect(-1)
-	m, err := New(c, Config{ID: id, Logger: quiet, Debounce: 5 * time.Millisecond})
+	m, err := New(c, Config{ID: id, Logger: quiet, Debounce: 20 * time.Millisecond})
 	if err != nil {
 		tc.t.Fatal(err)
 	}

@@ -16,6 +16,9 @@ type mirror struct {
 	dir   string
 	store coord.Watcher
 	poke  func()
+	// relevant, when set, tells whether a changed value is worth a poke: node records
+	// change with every worker's memory reading, and planning does not care.
+	relevant func(old, new []byte) bool
 
 	mu      sync.Mutex
 	entries map[string]coord.Entry
@@ -107,6 +110,7 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 				m.mu.Unlock()
 				continue // the child is gone; run has dropped its entry
 			}
+			old, had := m.entries[name]
 			if ev.Exists {
 				m.entries[name] = ev.Entry
 			} else {
@@ -117,7 +121,9 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 				close(got)
 				once = true
 			}
-			m.poke()
+			if !had || !ev.Exists || m.relevant == nil || m.relevant(old.Value, ev.Entry.Value) {
+				m.poke()
+			}
 		}
 		if !once {
 			close(got)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"maps"
+	"reflect"
 	"slices"
 
 	"github.com/stormdock/stormdock/cluster"
@@ -148,4 +149,34 @@ func (v *view) avoid() map[string][]string {
 // view decodes the mirrors.
 func (m *Master) view() *view {
 	return decodeView(m.log, m.jobs.snapshot(), m.nodes.snapshot(), m.confs.snapshot(), m.dcs.snapshot())
+}
+
+// nodeRelevant tells whether a node record changed in a way planning cares about: the
+// node, its health, or which workers it runs in which state. Memory readings, pids and
+// timestamps change all the time and do not matter.
+func nodeRelevant(old, new []byte) bool {
+	var a, b cluster.NodeRecord
+	if json.Unmarshal(old, &a) != nil || json.Unmarshal(new, &b) != nil {
+		return true
+	}
+	if a.Health != b.Health || a.Agent != b.Agent || !reflect.DeepEqual(a.Node, b.Node) || len(a.Workers) != len(b.Workers) {
+		return true
+	}
+	type key struct {
+		k       cluster.WorkerKey
+		state   string
+		crashes int
+	}
+	seen := make(map[key]int, len(a.Workers))
+	for _, w := range a.Workers {
+		seen[key{w.Key, w.State, w.RecentRestarts}]++
+	}
+	for _, w := range b.Workers {
+		k := key{w.Key, w.State, w.RecentRestarts}
+		if seen[k] == 0 {
+			return true
+		}
+		seen[k]--
+	}
+	return false
 }
