@@ -69,6 +69,9 @@ func Start(t testing.TB, opts Options) *Server {
 		addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 		opts:    opts,
 	}
+	// forceSync=no: a test server's log need not reach the disk before it answers (a killed
+	// JVM's writes still survive in the page cache); on a loaded machine an fsync per write
+	// stalls the server long enough to expire sessions.
 	cfg := fmt.Sprintf(`tickTime=%d
 initLimit=10
 syncLimit=5
@@ -78,6 +81,7 @@ clientPortAddress=127.0.0.1
 admin.enableServer=false
 4lw.commands.whitelist=*
 maxClientCnxns=0
+forceSync=no
 `, opts.TickTime.Milliseconds(), filepath.Join(dir, "data"), port)
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
 		t.Fatalf("zktest: %v", err)
