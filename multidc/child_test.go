@@ -39,6 +39,7 @@ const (
 	envLinks     = "MULTIDC_TEST_LINKS"
 	envTimeout   = "MULTIDC_TEST_HB_TIMEOUT"
 	envCkptEvery = "MULTIDC_TEST_CHECKPOINT"
+	envEnd       = "MULTIDC_TEST_END" // file the test writes the input's final length to
 )
 
 func TestMain(m *testing.M) {
@@ -64,6 +65,26 @@ type linkWorker struct {
 	epoch     time.Time
 	heartbeat time.Duration
 	batch     int
+	// endFile, if set, ends the input: until the test writes a length into it the input is
+	// the whole fixture, fed at rate; the test ends it once its kills are done, so that
+	// the kills come mid-stream however slow the machine is.
+	endFile string
+}
+
+// end returns the input's length as of now.
+func (w *linkWorker) end() int64 {
+	n := int64(len(w.lines))
+	if w.endFile == "" {
+		return n
+	}
+	b, err := os.ReadFile(w.endFile)
+	if err != nil {
+		return n
+	}
+	if e, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && e < n {
+		return e
+	}
+	return n
 }
 
 func (w *linkWorker) run(ctx context.Context) error {
@@ -84,12 +105,16 @@ func (w *linkWorker) run(ctx context.Context) error {
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wg.Go(func() { s.Heartbeats(hctx, w.heartbeat) })
-	n := int64(len(w.lines))
+	n := w.end()
+	lastEndCheck := time.Now()
 	off := firstOwned(start, w.worker, w.workers)
 	var body bytes.Buffer
 	for {
 		if next, ok := s.Rewind(); ok {
 			off = firstOwned(next, w.worker, w.workers) // the router restarted
+		}
+		if time.Since(lastEndCheck) > 20*time.Millisecond {
+			n, lastEndCheck = w.end(), time.Now()
 		}
 		due := int64(float64(time.Since(w.epoch)) / float64(time.Second) * w.rate)
 		if off >= n || off > due {
@@ -137,6 +162,7 @@ func linkChild() int {
 		router: os.Getenv(envRouter), link: os.Getenv(envLink),
 		worker: atoi(envWorker), workers: atoi(envWorkers),
 		lines: lines, rate: rate, epoch: time.Unix(0, epoch), heartbeat: beat, batch: 64,
+		endFile: os.Getenv(envEnd),
 	}
 	if err := w.run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "link child:", err)

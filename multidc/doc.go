@@ -14,35 +14,48 @@
 // # Ingest protocol (what a worker does)
 //
 // The router serves HTTP on loopback; STORMDOCK_OUTPUT is its base URL (http://HOST:PORT).
+// Sender implements this side of the protocol for Go workers.
 //
 //	POST /v1/records?link=L&worker=I      body: JSON lines, one record per line
 //
 // Each line is a JSON object with an integer "offset" (>= 0) and a string "link" (it may be
 // left out when ?link= is given; when both are given they must agree). The whole line is
-// the record and reaches the sink unchanged. Answers:
+// the record and reaches the sink unchanged. Optional "worker" and "workers" fields (or
+// ?worker=) make the batch count as a heartbeat of that worker. Answers:
 //
-//	200 {"accepted":N,"duplicates":D}   every line was taken or was a duplicate
-//	400 {"error":"line 3: ..."}         unknown link, malformed line, missing or bad offset;
-//	                                    nothing of the batch was taken: fix the sender
-//	429 {"accepted":..,"rejected":R,"retryAfterMs":M}  backpressure: a buffer is full;
-//	                                    the lines counted in accepted were taken
-//	503 {"error":"..."}                 the router is starting or stopping
+//	200 {"accepted":N,"duplicates":D,"instance":"..","nextOffset":K}
+//	400 {"error":"multidc: bad request: line 3: ..."}  unknown link, malformed line, missing
+//	    or bad offset: nothing of the batch was taken; do not retry, fix the sender
+//	429 {"accepted":..,"rejected":R,"retryAfterMs":M,"instance":..,"nextOffset":K}
+//	    backpressure: a buffer is full; the lines counted in accepted were taken
+//	503 {"error":".."}  the router is starting, waiting to lead, or stopping
 //
-// On 429, 503 or a connection error the sender waits (Retry-After / retryAfterMs, or its own
-// backoff) and re-sends the same batch: re-sending is always safe, because the router drops
-// every offset it already holds from that link or already delivered. POST / is the same as
+// On 429, 503 or a connection error the sender waits (retryAfterMs, or its own backoff)
+// and re-sends the same batch: re-sending is always safe, because the router drops every
+// offset it already holds from that link or already delivered. POST / is the same as
 // POST /v1/records, for workers that post to STORMDOCK_OUTPUT as it is.
 //
-//	POST /v1/heartbeat?link=L&worker=I&workers=N   answer 200 {"active":"dc-a","nextOffset":K}
+//	POST /v1/heartbeat?link=L&worker=I&workers=N
+//	200 {"active":"dc-a","nextOffset":K,"instance":".."}
 //
 // Every worker sends a heartbeat at a fixed interval (200 ms by default; at most a third of
-// the router's heartbeat timeout) whether or not it has output: workers may be idle. A
-// records batch that names the worker (?worker=I or a "worker" field) counts as a heartbeat
-// too. A link is alive while every one of its N workers (from workers=N; without it, the
-// workers heard from in the last ten timeouts) has been heard from within the timeout, so
-// the death of a single worker of the active link fails the link over. nextOffset is the
-// first offset not yet delivered: a (re)starting worker may resume its input there instead
-// of replaying from 0 — everything below it has reached the sink.
+// the router's heartbeat timeout) whether or not it has output: workers may be idle. A link
+// is alive while every one of its N workers (from workers=N; without it, the workers heard
+// from in the last ten timeouts) has been heard from within the timeout, so the death of a
+// single worker of the active link fails the link over. Faster still, when a connection a
+// worker used closes and the worker does not beat again within the close grace (half the
+// timeout), the worker counts as dead: a killed process's sockets are closed by its kernel.
+//
+// nextOffset is the first offset not yet delivered: everything below it is in the sink, so
+// a (re)starting worker resumes its input there instead of replaying from 0, and a worker
+// may skip ahead to it at any time.
+//
+// instance names the router's current run. The router holds accepted records in memory
+// until it delivers them, so when instance changes between two answers, the router
+// restarted and lost what it had accepted but not delivered: the worker must rewind its
+// input to that answer's nextOffset and send everything again from there (the rewind is
+// what makes a router crash lose nothing; what is sent twice is dropped as duplicate).
+// Idle workers must watch for it too: their last records may be among the lost ones.
 //
 // # Buffers and backpressure
 //

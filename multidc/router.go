@@ -51,8 +51,6 @@ type Config struct {
 	// Registerer receives the router's metrics (labelled job=Job); nil means none.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
-	// Instance names this router in its record; default a random id.
-	Instance string
 }
 
 // Router forwards one link's output of a mirrored job to the sink. Build it with New, run
@@ -61,7 +59,7 @@ type Router struct {
 	cfg      Config
 	log      *slog.Logger
 	ln       net.Listener
-	instance string
+	instance string // this run's id, new at every New
 	ckpt     checkpointer
 	m        *metrics
 	kick     chan struct{} // wakes the delivery loop
@@ -130,15 +128,13 @@ func New(cfg Config) (*Router, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Instance == "" {
-		b := make([]byte, 6)
-		_, _ = rand.Read(b)
-		cfg.Instance = hex.EncodeToString(b)
-	}
+	// A new instance id per Router: workers tell a restarted router by it (package doc).
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
 	r := &Router{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "router", "job", cfg.Job),
-		instance: cfg.Instance,
+		instance: hex.EncodeToString(b),
 		ckpt:     checkpointer{kv: cfg.Store, job: cfg.Job, version: -1},
 		kick:     make(chan struct{}, 1),
 		live:     newLiveness(cfg.Links, cfg.HeartbeatTimeout, cfg.CloseGrace),
@@ -239,7 +235,9 @@ func (r *Router) Run(ctx context.Context) (err error) {
 	})
 	select {
 	case <-lead.Done():
-		cancel(errors.New("multidc: lost the router election (store session lost): stopping so that one router writes the sink"))
+		if ctx.Err() == nil {
+			cancel(errors.New("multidc: lost the router election (store session lost or store closed): stopping so that one router writes the sink"))
+		}
 	case <-ctx.Done():
 	}
 	r.mu.Lock()

@@ -111,6 +111,9 @@ func startRouter(t testing.TB, store coord.Store, links []string, mod func(*Conf
 	if mod != nil {
 		mod(&cfg)
 	}
+	if cfg.Sink != Sink(ts) {
+		fs.Close()
+	}
 	r, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -380,25 +383,40 @@ func TestManualFailoverAndStatusInStore(t *testing.T) {
 	waitReady(t, tr.URL())
 	_, lines := writeFixture(t, 3000)
 	epoch := time.Now()
-	startSenders(t, tr.URL(), []string{"dc-a", "dc-b"}, 2, lines, 4000, epoch)
+	startSenders(t, tr.URL(), []string{"dc-a", "dc-b"}, 2, lines, 2000, epoch)
 	cl, _ := NewClient(tr.URL())
 	ctx := context.Background()
-	waitFor(t, 5*time.Second, "dc-a active and delivering", func() bool {
+	var first string
+	waitFor(t, 10*time.Second, "a link active and delivering", func() bool {
 		st, err := cl.Status(ctx)
-		return err == nil && st.Active == "dc-a" && st.Delivered > 200
+		first = st.Active
+		return err == nil && st.Active != "" && st.Delivered > 200
 	})
-	st, err := cl.Failover(ctx, "wordcount", "dc-b")
+	second := otherLink(first)
+	st, err := cl.Failover(ctx, "wordcount", second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Active != "dc-b" || st.Failovers != 1 || st.LastFailover == nil || st.LastFailover.Reason != ReasonManual {
+	if st.Active != second || st.Failovers != 1 || st.LastFailover == nil || st.LastFailover.Reason != ReasonManual {
 		t.Fatalf("after failover: %+v", st)
 	}
-	st, err = cl.Failover(ctx, "", "") // the most advanced live standby: dc-a
-	if err != nil || st.Active != "dc-a" {
+	deliveredFrom := func(link string) int64 {
+		st, _ := cl.Status(ctx)
+		for _, l := range st.Links {
+			if l.Link == link {
+				return l.LastDelivered
+			}
+		}
+		return -1
+	}
+	waitFor(t, 10*time.Second, "records from "+second, func() bool { return deliveredFrom(second) >= 0 })
+	st, err = cl.Failover(ctx, "", "") // the most advanced live standby: the first one
+	if err != nil || st.Active != first {
 		t.Fatalf("failover without a target: %v %+v", err, st)
 	}
-	_, _ = cl.Failover(ctx, "", "dc-b")
+	if _, err := cl.Failover(ctx, "", second); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, 10*time.Second, "everything delivered", func() bool { st, _ := cl.Status(ctx); return st.Delivered == 2999 })
 	perLink := checkSinkFile(t, tr.path, lines)
 	if perLink["dc-a"] == 0 || perLink["dc-b"] == 0 {
@@ -406,7 +424,7 @@ func TestManualFailoverAndStatusInStore(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "status in the store", func() bool {
 		rec, ok, err := ReadRecord(ctx, store, "wordcount")
-		if err != nil || !ok || rec.Checkpoint != 2999 || rec.Active != "dc-b" || rec.Failovers != 3 || rec.Router != tr.URL() {
+		if err != nil || !ok || rec.Checkpoint != 2999 || rec.Active != second || rec.Failovers != 3 || rec.Router != tr.URL() {
 			return false
 		}
 		for _, l := range rec.Links {
@@ -490,5 +508,79 @@ func TestMain_fixtureRoundTrip(t *testing.T) {
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSenderRewindsOnRouterRestart: records a router accepted but did not deliver die with
+// it; the sender notices the new instance and tells the worker where to rewind.
+func TestSenderRewindsOnRouterRestart(t *testing.T) {
+	srv, store := embeddedStore(t)
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	r1 := startRouter(t, store, []string{"dc-a", "dc-b"}, func(c *Config) { c.Listen = listen })
+	waitReady(t, r1.URL())
+	s := NewSender(r1.URL(), "dc-a", 0, 1)
+	ctx := context.Background()
+	var batch strings.Builder
+	for off := range 10 {
+		fmt.Fprintf(&batch, `{"offset":%d,"link":"dc-a"}`+"\n", off)
+	}
+	// Only dc-a beats, and only once: no link is chosen within the first timeout, so the
+	// records are held, not delivered.
+	if _, err := s.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(ctx, []byte(batch.String())); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Rewind(); ok {
+		t.Fatal("rewind without a restart")
+	}
+	r1.stop(t)
+	store2, err := srv.Connect(coord.Options{SessionTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store2.Close() }) // after r2 stops: cleanups run last-in first-out
+	r2 := startRouter(t, store2, []string{"dc-a", "dc-b"}, func(c *Config) { c.Listen = listen })
+	waitReady(t, r2.URL())
+	err = s.Send(ctx, []byte(`{"offset":10,"link":"dc-a"}`))
+	var re *RestartError
+	if !errors.As(err, &re) || re.NextOffset != 0 {
+		t.Fatalf("send to the restarted router: %v, want a RestartError to offset 0", err)
+	}
+	if _, ok := s.Rewind(); ok {
+		t.Fatal("the restart was reported twice")
+	}
+}
+
+// TestRouterHTTPSink runs the router with the HTTP sink in front of a flaky receiver that
+// de-duplicates by offset.
+func TestRouterHTTPSink(t *testing.T) {
+	recv := &dedupReceiver{last: -1, fail: func(n int) int {
+		if n%4 == 2 {
+			return -1 // taken, then answered 502: the router must send it again
+		}
+		return 0
+	}}
+	hs := httptest.NewServer(recv)
+	defer hs.Close()
+	_, store := embeddedStore(t)
+	tr := startRouter(t, store, []string{"dc-a", "dc-b"}, func(c *Config) {
+		c.Sink = NewHTTPSink(hs.URL, HTTPSinkOptions{Job: "job1", MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond,
+			Logger: slog.New(slog.DiscardHandler)})
+	})
+	waitReady(t, tr.URL())
+	_, lines := writeFixture(t, 2000)
+	startSenders(t, tr.URL(), []string{"dc-a", "dc-b"}, 2, lines, 1e5, time.Now())
+	waitFor(t, 20*time.Second, "everything delivered", func() bool { st, _ := tr.Status(); return st.Delivered == 1999 })
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	if len(recv.got) != 2000 || recv.repeats == 0 {
+		t.Fatalf("receiver kept %d offsets, dropped %d repeats", len(recv.got), recv.repeats)
+	}
+	for i, off := range recv.got {
+		if off != int64(i) {
+			t.Fatalf("receiver offset %d at %d", off, i)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -250,7 +251,8 @@ func TestHTTPSinkRetriesAndIsIdempotentByOffset(t *testing.T) {
 	}}
 	srv := httptest.NewServer(recv)
 	defer srv.Close()
-	s := NewHTTPSink(srv.URL, HTTPSinkOptions{Job: "job1", MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	s := NewHTTPSink(srv.URL, HTTPSinkOptions{Job: "job1", MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler)})
 	ctx := context.Background()
 	for from := int64(0); from < 100; from += 10 {
 		if err := s.Write(ctx, recs("dc-a", from, from+10)); err != nil {
