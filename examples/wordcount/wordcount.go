@@ -121,6 +121,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Link != "" && cfg.OutputURL != "" && cfg.Output == "" {
+		return runLink(ctx, cfg)
+	}
 	var src io.Reader
 	follow := false
 	if cfg.Input == "" {

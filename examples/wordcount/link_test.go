@@ -1,0 +1,125 @@
+package wordcount_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/examples/wordcount"
+	"github.com/stormdock/stormdock/multidc"
+)
+
+// Two links of two workers each send the sample through a real router to a file sink; one
+// link stops mid-stream. The sink holds every line's record exactly once, in order.
+func TestLinksThroughRouter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := coord.NewServer(coord.ServerOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	store, err := srv.Connect(coord.Options{SessionTimeout: -1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	sink, err := multidc.OpenSink("file://"+out, multidc.SinkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := multidc.New(multidc.Config{Job: "wc", Links: []string{"dc-a", "dc-b"}, Store: store, Sink: sink,
+		Listen: "127.0.0.1:0", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stopRouter := context.WithCancel(ctx)
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- r.Run(rctx) }()
+	defer func() { stopRouter(); <-routerDone }()
+
+	const lines = 2000
+	input := filepath.Join(t.TempDir(), "input.txt")
+	var text strings.Builder
+	for i := range lines {
+		text.WriteString(strings.Repeat("storm dock ", i%5+1) + "\n")
+	}
+	if err := os.WriteFile(input, []byte(text.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	links := map[string][]context.CancelFunc{}
+	done := make(chan error, 4)
+	for _, link := range []string{"dc-a", "dc-b"} {
+		for w := range 2 {
+			wctx, stop := context.WithCancel(ctx)
+			links[link] = append(links[link], stop)
+			cfg := wordcount.Config{Input: input, OutputURL: r.URL(), Link: link, Job: "wc", Worker: w, Workers: 2, Rate: 1000, Logger: quiet}
+			go func() { done <- wordcount.Run(wctx, cfg) }()
+		}
+	}
+	// Stop the preferred link while it streams: the router fails over to dc-b.
+	time.Sleep(400 * time.Millisecond)
+	for _, stop := range links["dc-a"] {
+		stop()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var offsets []int64
+	for time.Now().Before(deadline) {
+		offsets = readOffsets(t, out)
+		if len(offsets) >= lines {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, stops := range links {
+		for _, stop := range stops {
+			stop()
+		}
+	}
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	}
+	if len(offsets) != lines {
+		t.Fatalf("sink has %d records, want %d", len(offsets), lines)
+	}
+	if b, _ := os.ReadFile(out); !strings.Contains(string(b), `"link":"dc-a"`) || !strings.Contains(string(b), `"link":"dc-b"`) {
+		t.Errorf("the sink does not hold records of both links: no failover happened")
+	}
+	for i, off := range offsets {
+		if off != int64(i) {
+			t.Fatalf("sink record %d has offset %d: lost or repeated records", i, off)
+		}
+	}
+}
+
+func readOffsets(t *testing.T, path string) []int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []int64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var rec struct {
+			Offset int64 `json:"offset"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatalf("sink line %q: %v", sc.Text(), err)
+		}
+		out = append(out, rec.Offset)
+	}
+	return out
+}
