@@ -69,10 +69,11 @@ func TestLinksThroughRouter(t *testing.T) {
 	}
 	// Stop the active link while it streams: the router fails over to the other.
 	time.Sleep(400 * time.Millisecond)
-	active := r.Status().Active
-	if active == "" {
-		t.Fatal("no active link after 400ms")
+	st, err := r.Status()
+	if err != nil || st.Active == "" {
+		t.Fatalf("no active link after 400ms: %+v, %v", st, err)
 	}
+	active := st.Active
 	for _, stop := range links[active] {
 		stop()
 	}
