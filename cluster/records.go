@@ -65,8 +65,11 @@ type JobRecord struct {
 	Spec JobSpec `json:"spec"`
 	// Generation grows with every change of the spec, so agents can tell a worker started
 	// from an older spec.
-	Generation int64     `json:"generation"`
-	State      string    `json:"state"`
+	Generation int64  `json:"generation"`
+	State      string `json:"state"`
+	// RouterPort is where a mirrored job's output router listens (on loopback), given at
+	// submit so that the job's link workers know where to send.
+	RouterPort int       `json:"routerPort,omitempty"`
 	Submitted  time.Time `json:"submitted"`
 	Updated    time.Time `json:"updated"`
 }

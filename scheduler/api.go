@@ -262,7 +262,7 @@ func (m *Master) current() (*view, map[cluster.WorkerKey]string) {
 func (m *Master) unplaced(v *view, assigned map[cluster.WorkerKey]string) map[cluster.WorkerKey]string {
 	var cur []cluster.Placement
 	for k, node := range assigned {
-		if j, ok := v.jobs[k.Job]; ok && j.rec.State == cluster.JobRunning {
+		if rec, ok := v.record(k.Job); ok && rec.State == cluster.JobRunning {
 			cur = append(cur, cluster.Placement{Job: k.Job, Link: k.Link, Worker: k.Worker, Node: node})
 		}
 	}

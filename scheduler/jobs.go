@@ -53,6 +53,31 @@ func tenantUsage(ctx context.Context, s coord.KV, tenant, except string) (worker
 	return workers, memory, nil
 }
 
+// RouterPortBase is the first loopback port given to mirrored jobs' output routers.
+const RouterPortBase = 17100
+
+// freeRouterPort finds the lowest router port no job holds. Two submits racing for one
+// port are told apart by the tenant version check only within a tenant; across tenants the
+// second router fails to listen and says so, and the job can be resubmitted.
+func freeRouterPort(ctx context.Context, s coord.KV) (int, error) {
+	names, err := s.Children(ctx, cluster.JobsKey)
+	if err != nil {
+		return 0, fmt.Errorf("list jobs: %w", err)
+	}
+	used := map[int]bool{}
+	for _, name := range names {
+		rec, _, err := readJob(ctx, s, name)
+		if err == nil && rec.RouterPort != 0 {
+			used[rec.RouterPort] = true
+		}
+	}
+	p := RouterPortBase
+	for used[p] {
+		p++
+	}
+	return p, nil
+}
+
 // readTenant returns the tenant record and its entry (for its version).
 func readTenant(ctx context.Context, s coord.KV, name string) (cluster.TenantRecord, coord.Entry, error) {
 	e, err := s.Get(ctx, cluster.TenantKey(name))
@@ -106,6 +131,11 @@ func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.
 		}
 		now := time.Now().UTC()
 		rec := cluster.JobRecord{Spec: *spec, Generation: 1, State: cluster.JobRunning, Submitted: now, Updated: now}
+		if spec.Mirrored() {
+			if rec.RouterPort, err = freeRouterPort(ctx, s); err != nil {
+				return cluster.JobRecord{}, err
+			}
+		}
 		val, _ := json.Marshal(rec)
 		_, err = s.Txn(ctx,
 			coord.PutOp(cluster.TenantKey(spec.Tenant), te.Value, te.Version),

@@ -20,6 +20,10 @@ type Config struct {
 	ID string
 	// API is the address the HTTP API listens on, advertised to clients through the store.
 	API string
+	// RouterStore is the store URL mirrored jobs' output routers open (the master's own
+	// zk:// URL; for an embedded store, which one process holds, "mem://": the router then
+	// recovers from its file sink alone).
+	RouterStore string
 	// CrashLoopRestarts is how many restarts within an agent's window make the master move a
 	// worker to another node; 0 means 5.
 	CrashLoopRestarts int
@@ -48,6 +52,9 @@ func (c *Config) defaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.RouterStore == "" {
+		c.RouterStore = "mem://"
 	}
 }
 

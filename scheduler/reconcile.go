@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"time"
 
@@ -114,14 +115,14 @@ func (r *reconciler) current(v *view) ([]cluster.Placement, map[string][]cluster
 	stopping := map[string][]cluster.WorkerAssignment{}
 	for node, st := range r.assign {
 		for _, w := range st.a.Workers {
-			j, ok := v.jobs[w.Key.Job]
+			rec, ok := v.record(w.Key.Job)
 			switch {
-			case ok && j.rec.State == cluster.JobRunning && !w.Stop:
+			case ok && rec.State == cluster.JobRunning && !w.Stop:
 				if s, reported := v.statuses[w.Key]; reported && s.node == node && s.status.State == cluster.WorkerEvicted {
 					continue // its node evicted it under memory pressure: place it elsewhere
 				}
 				cur = append(cur, cluster.Placement{Job: w.Key.Job, Worker: w.Key.Worker, Link: w.Key.Link, Node: node})
-			case ok && j.rec.State == cluster.JobKilled:
+			case ok && rec.State == cluster.JobKilled:
 				if _, alive := v.nodes[node]; !alive {
 					continue // nobody left to stop it there
 				}
@@ -129,7 +130,7 @@ func (r *reconciler) current(v *view) ([]cluster.Placement, map[string][]cluster
 					continue // the agent has stopped it
 				}
 				w.Stop = true
-				w.Grace = cluster.Duration(j.rec.Spec.Grace())
+				w.Grace = cluster.Duration(rec.Spec.Grace())
 				stopping[node] = append(stopping[node], w)
 			}
 		}
@@ -141,7 +142,7 @@ func (r *reconciler) current(v *view) ([]cluster.Placement, map[string][]cluster
 func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping map[string][]cluster.WorkerAssignment) map[string]cluster.NodeAssignment {
 	want := map[string]cluster.NodeAssignment{}
 	for _, p := range placements {
-		j := v.jobs[p.Job].rec
+		j, _ := v.record(p.Job)
 		a := want[p.Node]
 		a.Node = p.Node
 		a.Workers = append(a.Workers, workerAssignment(j, p.Key()))
@@ -172,7 +173,7 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 
 func workerAssignment(j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAssignment {
 	s := j.Spec
-	return cluster.WorkerAssignment{
+	wa := cluster.WorkerAssignment{
 		Key:        k,
 		Generation: j.Generation,
 		Tenant:     s.Tenant,
@@ -186,6 +187,11 @@ func workerAssignment(j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAs
 		Grace:      cluster.Duration(s.Grace()),
 		Output:     s.Output,
 	}
+	if s.Mirrored() {
+		// Link workers send to the job's router, which alone writes to the job's output.
+		wa.Output = routerURL(j)
+	}
+	return wa
 }
 
 // write stores the assignments that differ from what the nodes have, emptying those of
@@ -275,6 +281,12 @@ func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
 	for name, j := range v.jobs {
 		if j.rec.State != cluster.JobKilled || left[name] {
 			continue
+		}
+		if j.rec.Spec.Mirrored() {
+			// The router's checkpoint and election go with the job.
+			if err := coord.DeleteTree(ctx, r.m.store, path.Join("/routers", name)); err != nil && !errors.Is(err, coord.ErrNotFound) {
+				return fmt.Errorf("scheduler: remove the router record of %s: %w", name, err)
+			}
 		}
 		err := r.m.store.Delete(ctx, cluster.JobKey(name), j.version)
 		r.m.metrics.storeWrites.Inc()

@@ -14,6 +14,7 @@ import (
 // view is the cluster as one reconcile sees it, decoded from the mirrors.
 type view struct {
 	jobs     map[string]jobEntry
+	routers  map[string]cluster.JobRecord // output routers of mirrored jobs, by router job name
 	nodes    map[string]cluster.NodeRecord
 	confs    map[string]cluster.NodeConf
 	dcs      map[string]cluster.DCRecord
@@ -36,6 +37,7 @@ func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry
 	v := &view{
 		dcs:      make(map[string]cluster.DCRecord, len(dcs)),
 		jobs:     make(map[string]jobEntry, len(jobs)),
+		routers:  map[string]cluster.JobRecord{},
 		nodes:    make(map[string]cluster.NodeRecord, len(nodes)),
 		confs:    make(map[string]cluster.NodeConf, len(confs)),
 		statuses: map[cluster.WorkerKey]nodeWorker{},
@@ -114,12 +116,17 @@ func (v *view) schedulable() []cluster.Node {
 	return out
 }
 
-// runningJobs returns the specs placement must place, each requiring a node that offers
-// its isolation.
+// runningJobs returns the specs placement must place, routers included, each requiring a
+// node that offers its isolation.
 func (v *view) runningJobs() []cluster.JobSpec {
-	out := make([]cluster.JobSpec, 0, len(v.jobs))
-	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
-		rec := v.jobs[name].rec
+	recs := make(map[string]cluster.JobRecord, len(v.jobs)+len(v.routers))
+	for name, j := range v.jobs {
+		recs[name] = j.rec
+	}
+	maps.Copy(recs, v.routers)
+	out := make([]cluster.JobSpec, 0, len(recs))
+	for _, name := range slices.Sorted(maps.Keys(recs)) {
+		rec := recs[name]
 		if rec.State != cluster.JobRunning {
 			continue
 		}
@@ -148,7 +155,9 @@ func (v *view) avoid() map[string][]string {
 
 // view decodes the mirrors.
 func (m *Master) view() *view {
-	return decodeView(m.log, m.jobs.snapshot(), m.nodes.snapshot(), m.confs.snapshot(), m.dcs.snapshot())
+	v := decodeView(m.log, m.jobs.snapshot(), m.nodes.snapshot(), m.confs.snapshot(), m.dcs.snapshot())
+	v.addRouters(m.cfg.RouterStore)
+	return v
 }
 
 // nodeRelevant tells whether a node record changed in a way planning cares about: the

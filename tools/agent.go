@@ -45,6 +45,7 @@ var AgentCommand = &cli.Command{
 		&cli.StringFlag{Name: "memory", Usage: "memory for workers (`QUANTITY`, e.g. 16Gi)", Required: true},
 		&cli.StringFlag{Name: "cpu", Usage: "cpus for workers (e.g. 8 or 7.5)", Required: true},
 		&cli.StringFlag{Name: "labels", Usage: "node labels `k=v,...`"},
+		&cli.StringFlag{Name: "cgroups", Usage: "process workers in cgroups: required, auto (run them unconfined, in process groups, where no cgroup hierarchy is writable, e.g. in a container) or off", Value: "required"},
 		&cli.StringSliceFlag{Name: "isolation", Usage: "isolation drivers to offer: process, docker (repeatable or comma list)", Value: cli.NewStringSlice(cluster.IsolationProcess)},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.DurationFlag{Name: "heartbeat", Usage: "node record interval", Value: agents.DefaultHeartbeat},
@@ -73,6 +74,11 @@ func runAgent(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
 	}
+	switch c.String("cgroups") {
+	case "required", "auto", "off":
+	default:
+		return cli.Exit(fmt.Sprintf("stormdock agent: --cgroups must be required, auto or off, not %q", c.String("cgroups")), 2)
+	}
 	modes, err := isolationModes(c.StringSlice("isolation"))
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
@@ -93,13 +99,30 @@ func runAgent(c *cli.Context) error {
 	for _, m := range modes {
 		switch m {
 		case cluster.IsolationProcess:
-			d, err := process.New(process.Config{
+			pcfg := process.Config{
 				CgroupParent: c.String("cgroup-parent"),
 				StateDir:     filepath.Join(stateDir, "process"),
 				Logger:       log.With("node", node.ID),
-			})
+				Unconfined:   c.String("cgroups") == "off",
+			}
+			d, err := process.New(pcfg)
+			if err != nil && c.String("cgroups") == "auto" {
+				// Usually a container without nested cgroups: the workers then share the
+				// container's own limits, which still bound the node as a whole.
+				log.Warn("no writable cgroup hierarchy: workers run unconfined in process groups and share the agent's own limits (node label isolation/cgroups=false)", "err", err)
+				pcfg.Unconfined = true
+				d, err = process.New(pcfg)
+			}
 			if err != nil {
 				return err
+			}
+			if pcfg.Unconfined {
+				// Tells operators and job placement (nodeLabels) that nothing limits workers
+				// one by one here.
+				if node.Labels == nil {
+					node.Labels = map[string]string{}
+				}
+				node.Labels["isolation/cgroups"] = "false"
 			}
 			defer d.Close()
 			drivers = append(drivers, agents.Driver{Isolation: m, Driver: d})

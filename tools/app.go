@@ -40,6 +40,7 @@ func App() *cli.App {
 			ImageCommand,
 			RouterCommand,
 			LinkCommand,
+			ClusterCommand,
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {

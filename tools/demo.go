@@ -59,7 +59,7 @@ func runDemo(c *cli.Context) error {
 	ctx := c.Context
 	start := time.Now()
 	lc, err := local.Start(ctx, local.Config{Nodes: c.Int("nodes"), DCs: []string{"dc-a", "dc-b", "dc-c"}, RacksPerDC: 2, Slots: c.Int("slots"),
-		DataDir: data, API: "127.0.0.1:0", SessionTimeout: time.Second, Heartbeat: 250 * time.Millisecond, Logger: log})
+		DataDir: data, API: "127.0.0.1:0", SessionTimeout: 2 * time.Second, Heartbeat: 250 * time.Millisecond, Logger: log})
 	if err != nil {
 		return cli.Exit("stormdock demo: "+err.Error(), 1)
 	}

@@ -80,7 +80,7 @@ var MasterCommand = &cli.Command{
 		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		m, err := scheduler.New(store, scheduler.Config{ID: id, API: "http://" + ln.Addr().String(), Logger: log, Registry: reg})
+		m, err := scheduler.New(store, scheduler.Config{ID: id, API: "http://" + ln.Addr().String(), RouterStore: c.String("store"), Logger: log, Registry: reg})
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,171 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+)
+
+// TestDataCenterLoss kills every agent of one data center: the job that may use the other
+// data centers runs again there, and the job pinned to the lost one waits with a reason.
+func TestDataCenterLoss(t *testing.T) {
+	h := newHarness(t, 2*time.Second)
+	cl := h.client(h.startMaster("m1"))
+	ctx := context.Background()
+	for _, dc := range []string{"dc-a", "dc-b", "dc-c"} {
+		for _, r := range []string{"r1", "r2"} {
+			h.startAgent(dc+"-"+r, dc, r, 4)
+		}
+	}
+	waitFor(t, "6 nodes", 20*time.Second, func() bool { return len(h.nodeRecords()) == 6 })
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.SubmitJob(ctx, jobSpec("wide", 9)); err != nil {
+		t.Fatal(err)
+	}
+	pinned := strings.Replace(string(jobSpec("pinned", 2)), "placement: {spread: [dc, rack]}", "placement: {dcs: [dc-a]}", 1)
+	if _, err := cl.SubmitJob(ctx, []byte(pinned)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "11 workers running", 30*time.Second, func() bool {
+		return len(h.running("wide")) == 9 && len(h.running("pinned")) == 2
+	})
+	t0 := time.Now()
+	for _, id := range []string{"dc-a-r1", "dc-a-r2"} {
+		h.agents[id].kill()
+	}
+	killed := time.Since(t0)
+	waitFor(t, "wide running outside dc-a", 30*time.Second, func() bool {
+		run := h.running("wide")
+		if len(run) != 9 {
+			return false
+		}
+		for _, w := range run {
+			if strings.HasPrefix(w.node, "dc-a") {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("figure: last agent of dc-a killed -> all movable workers running: %s", (time.Since(t0) - killed).Round(time.Millisecond))
+	var st struct{ reason string }
+	waitFor(t, "pinned job reported waiting", 15*time.Second, func() bool {
+		js, err := cl.Job(ctx, "pinned")
+		if err != nil || len(js.Workers) != 2 {
+			return false
+		}
+		st.reason = js.Workers[0].Reason
+		return js.Workers[0].State == "unplaced" && strings.Contains(js.Workers[0].Reason, "data center dc-a is lost")
+	})
+	dcs, err := cl.DCs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dcs {
+		if d.Name == "dc-a" && d.State != cluster.DCLost {
+			t.Errorf("dc-a state %q, want lost", d.State)
+		}
+	}
+	t.Logf("pinned job: %s", st.reason)
+}
+
+// TestMirroredJob runs a job in two links with its router placed by the scheduler; the
+// active link's data center is lost mid-stream and the sink still holds every offset once.
+func TestMirroredJob(t *testing.T) {
+	h := newHarness(t, 2*time.Second)
+	cl := h.client(h.startMaster("m1"))
+	ctx := context.Background()
+	for _, dc := range []string{"dc-a", "dc-b", "dc-c"} {
+		h.startAgent(dc+"-r1", dc, "r1", 4)
+	}
+	waitFor(t, "3 nodes", 20*time.Second, func() bool { return len(h.nodeRecords()) == 3 })
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	const lines = 3000
+	input := filepath.Join(dir, "input.txt")
+	var text strings.Builder
+	for i := range lines {
+		fmt.Fprintf(&text, "line %d of the replayable input\n", i)
+	}
+	if err := os.WriteFile(input, []byte(text.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out.jsonl")
+	spec := fmt.Sprintf(`name: mirror
+tenant: e2e
+workers: 2
+resources: {memory: 64Mi, cpu: 0.1}
+command: [stormdock, worker, wordcount, --input, %s, --rate, '300']
+links: [dc-a, dc-b]
+output: file://%s
+gracePeriod: 2s
+`, input, out)
+	if _, err := cl.SubmitJob(ctx, []byte(spec)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "4 link workers and the router running", 30*time.Second, func() bool {
+		return len(h.running("mirror")) == 4 && len(h.running("mirror.router")) == 1
+	})
+	for k, w := range h.running("mirror") {
+		if !strings.HasPrefix(w.node, k.Link) {
+			t.Errorf("worker %s runs on %s, outside its link's data center", k, w.node)
+		}
+	}
+	if r := h.running("mirror.router")[cluster.WorkerKey{Job: "mirror.router"}]; r.node != "dc-c-r1" {
+		t.Errorf("router runs on %s; want the data center outside both links", r.node)
+	}
+	// Let output flow, then lose the active link's data center.
+	waitFor(t, "output flowing", 30*time.Second, func() bool { return len(sinkOffsets(t, out)) > 300 })
+	status := h.start("link-status", "link", "status", "mirror", "-o", "json", "--store", h.storeURL())
+	<-status.done
+	b, _ := os.ReadFile(filepath.Join(h.dir, "link-status.log"))
+	var ls struct {
+		Active string `json:"active"`
+	}
+	if err := json.Unmarshal(b, &ls); err != nil || ls.Active == "" {
+		t.Fatalf("link status: %v\n%s", err, b)
+	}
+	h.agents[ls.Active+"-r1"].kill()
+	waitFor(t, "every line delivered", 60*time.Second, func() bool { return len(sinkOffsets(t, out)) >= lines })
+	offs := sinkOffsets(t, out)
+	if len(offs) != lines {
+		t.Fatalf("sink holds %d records, want %d", len(offs), lines)
+	}
+	for i, o := range offs {
+		if o != int64(i) {
+			t.Fatalf("sink record %d has offset %d: lost or repeated output across the failover", i, o)
+		}
+	}
+}
+
+func sinkOffsets(t testing.TB, path string) []int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []int64
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var rec struct {
+			Offset int64 `json:"offset"`
+		}
+		if json.Unmarshal(sc.Bytes(), &rec) != nil {
+			break // a line being written
+		}
+		out = append(out, rec.Offset)
+	}
+	return out
+}

@@ -1,0 +1,189 @@
+package docker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/provision"
+)
+
+// Labels on every container of a cluster. LabelSpec (the spec as JSON, without secrets)
+// and LabelStore let any later command scale the cluster the way it was created.
+const (
+	LabelCluster = "io.stormdock.cluster"
+	LabelRole    = "io.stormdock.cluster.role" // master or agent
+	LabelNode    = "io.stormdock.cluster.node"
+	LabelIndex   = "io.stormdock.cluster.index"
+	LabelDC      = "io.stormdock.cluster.dc"
+	LabelRack    = "io.stormdock.cluster.rack"
+	LabelAPI     = "io.stormdock.cluster.api"
+	LabelStore   = "io.stormdock.cluster.store"
+	LabelSpec    = "io.stormdock.cluster.spec"
+
+	roleMaster = "master"
+	roleAgent  = "agent"
+)
+
+// Mount points of the tmpfs state directories: the root file system is read-only.
+const (
+	masterData = "/data"
+	agentState = "/state"
+)
+
+// containerName is the container of a node id, or of "NAME-master".
+func containerName(id string) string { return "stormdock-" + id }
+
+// containerName0 is a listed container's name without docker's leading slash.
+func containerName0(c container.Summary) string {
+	if len(c.Names) == 0 {
+		return c.ID[:min(12, len(c.ID))]
+	}
+	return strings.TrimPrefix(c.Names[0], "/")
+}
+
+func baseLabels(spec provision.Spec, role string) (map[string]string, error) {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{
+		LabelCluster: spec.Name,
+		LabelRole:    role,
+		LabelStore:   spec.Store,
+		LabelSpec:    string(b),
+	}, nil
+}
+
+// hostConfig is what master and agent containers share: host network (loopback reaches
+// ZooKeeper and the master), a read-only root with tmpfs state, no capabilities, and a
+// private cgroup namespace so that the agent finds no writable hierarchy (not the host's)
+// and runs its workers unconfined inside the container's own limits.
+func hostConfig(mem cluster.Bytes, cpu cluster.CPU, tmpfs string) *container.HostConfig {
+	pids := int64(4096)
+	return &container.HostConfig{
+		NetworkMode:    "host",
+		ReadonlyRootfs: true,
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges"},
+		CgroupnsMode:   container.CgroupnsModePrivate,
+		// Docker restarts a crashed agent or master; the new agent re-registers the node.
+		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyUnlessStopped},
+		Tmpfs:         map[string]string{tmpfs: "rw,nosuid,nodev,mode=1777,size=" + strconv.FormatInt(int64(mem)/4, 10)},
+		Resources: container.Resources{
+			Memory:     int64(mem),
+			MemorySwap: int64(mem), // no swap: the limit is the limit
+			NanoCPUs:   int64(cpu) * 1e6,
+			PidsLimit:  &pids,
+		},
+	}
+}
+
+func (p *Provider) startMaster(ctx context.Context, spec provision.Spec, port int) (string, error) {
+	labels, err := baseLabels(spec, roleMaster)
+	if err != nil {
+		return "", err
+	}
+	api := "127.0.0.1:" + strconv.Itoa(port)
+	labels[LabelAPI] = "http://" + api
+	cfg := &container.Config{
+		Image:  spec.Image,
+		Labels: labels,
+		Cmd: []string{binary, "master", "--store", spec.Store, "--api", api, "--id", spec.Name + "-master",
+			"--data", masterData, "--session-timeout", spec.SessionTimeout.String()},
+	}
+	return p.run(ctx, cfg, hostConfig(spec.MasterMemory, spec.MasterCPU, masterData), containerName(spec.Name+"-master"))
+}
+
+// agentReserve is the share of an agent container's memory kept for the agent itself and
+// its tmpfs state rather than advertised for workers.
+const agentReserve = 8
+
+func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provision.Slot) error {
+	labels, err := baseLabels(spec, roleAgent)
+	if err != nil {
+		return err
+	}
+	labels[LabelNode], labels[LabelDC], labels[LabelRack] = s.Node, s.DC, s.Rack
+	labels[LabelIndex] = strconv.Itoa(s.Index)
+	name := containerName(s.Node)
+	workerMem := spec.AgentMemory - spec.AgentMemory/agentReserve
+	cmd := []string{binary, "agent", "--store", spec.Store, "--node-id", s.Node, "--host", name,
+		"--dc", s.DC, "--rack", s.Rack, "--slots", strconv.Itoa(spec.Slots),
+		"--memory", strconv.FormatInt(int64(workerMem), 10), "--cpu", spec.AgentCPU.String(),
+		"--session-timeout", spec.SessionTimeout.String(), "--state-dir", agentState,
+		"--cgroups", "auto", "--metrics", "off",
+		// Agents share the host's network: each gets its own range of worker ports.
+		"--port-base", strconv.Itoa(portBase + s.Index*spec.Slots)}
+	cmd = append(cmd, spec.AgentArgs...)
+	cfg := &container.Config{Image: spec.Image, Labels: labels, Cmd: cmd}
+	_, err = p.run(ctx, cfg, hostConfig(spec.AgentMemory, spec.AgentCPU, agentState), name)
+	return err
+}
+
+// portBase is the first worker port of agent 0.
+const portBase = 20000
+
+// run creates and starts a container; a container that cannot start is removed again.
+func (p *Provider) run(ctx context.Context, cfg *container.Config, hc *container.HostConfig, name string) (string, error) {
+	resp, err := p.api.ContainerCreate(ctx, cfg, hc, nil, nil, name)
+	if err != nil {
+		return "", engineErr("create container "+name, err)
+	}
+	if err := p.api.ContainerStart(ctx, resp.ID, container.StartOptions{}); err != nil {
+		_ = p.remove(context.WithoutCancel(ctx), resp.ID, 0)
+		return "", engineErr("start container "+name, err)
+	}
+	p.log.Debug("container started", "name", name, "id", resp.ID)
+	return resp.ID, nil
+}
+
+// specOf recovers the cluster's spec and API URL from its containers' labels.
+func specOf(ctrs []container.Summary) (provision.Spec, string, error) {
+	var spec provision.Spec
+	var api string
+	found := false
+	for _, c := range ctrs {
+		if c.Labels[LabelRole] == roleMaster {
+			api = c.Labels[LabelAPI]
+		}
+		if !found && c.Labels[LabelSpec] != "" {
+			if err := json.Unmarshal([]byte(c.Labels[LabelSpec]), &spec); err == nil {
+				found = true
+			}
+		}
+	}
+	if !found {
+		return spec, api, errors.New("no container of the cluster carries a readable spec label: destroy it and create it again")
+	}
+	return spec, api, nil
+}
+
+// logTail is the end of a container's output, for errors.
+func (p *Provider) logTail(ctx context.Context, name string) string {
+	rc, err := p.api.ContainerLogs(ctx, name, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: "200"})
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	defer rc.Close()
+	var out bytes.Buffer
+	if _, err := stdcopy.StdCopy(&out, &out, io.LimitReader(rc, 256<<10)); err != nil {
+		return fmt.Sprintf("(log: %v)", err)
+	}
+	// The first lines say why a process refused to start (a usage error comes before the
+	// help text); the last ones what it did at the end.
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) > 5 {
+		lines = append(append(lines[:2:2], "..."), lines[len(lines)-3:]...)
+	}
+	return strings.Join(lines, " | ")
+}

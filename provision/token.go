@@ -1,0 +1,101 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/scheduler"
+)
+
+// Tokens keeps the admin tokens of the clusters this operator created, one file per
+// cluster: Dir/NAME/admin.token, mode 0600. It is the only thing kept on the operator's
+// machine: the CLI makes the token before the master starts and stores its hash at
+// scheduler.AdminTokenKey, so the master (which finds the hash there) never writes a token
+// of its own, and nothing secret goes into container labels or job specs.
+type Tokens struct {
+	Dir string
+}
+
+// DefaultTokenDir is $STORMDOCK_DATA/clusters, or ~/.stormdock/clusters.
+func DefaultTokenDir() string {
+	base := os.Getenv("STORMDOCK_DATA")
+	if base == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			home = "."
+		}
+		base = filepath.Join(home, ".stormdock")
+	}
+	return filepath.Join(base, "clusters")
+}
+
+// Path is the token file of cluster name.
+func (t Tokens) Path(name string) string {
+	return filepath.Join(t.Dir, name, scheduler.AdminTokenFile)
+}
+
+// Read returns cluster name's admin token.
+func (t Tokens) Read(name string) (string, error) {
+	b, err := os.ReadFile(t.Path(name))
+	if err != nil {
+		return "", fmt.Errorf("read admin token of cluster %s: %w (pass --token if another machine created it)", name, err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// Install gives cluster name an admin token before its master starts: it writes the token
+// file and stores the hash in the cluster's store. If the store already holds a hash, the
+// token file must match it (the same cluster created again over its old state); otherwise
+// the chroot belongs to someone else and Install refuses. undo reverses what Install did.
+func (t Tokens) Install(ctx context.Context, kv coord.KV, name string) (token string, undo func(context.Context), err error) {
+	noop := func(context.Context) {}
+	e, err := kv.Get(ctx, scheduler.AdminTokenKey)
+	switch {
+	case err == nil:
+		if tok, rerr := t.Read(name); rerr == nil && scheduler.HashToken(tok) == string(e.Value) {
+			return tok, noop, nil
+		}
+		return "", nil, fmt.Errorf("%w: the store already holds another cluster's admin token: give the cluster a fresh chroot, or delete the old state (zkCli.sh deleteall /CHROOT)", ErrExists)
+	case !errors.Is(err, coord.ErrNotFound):
+		return "", nil, fmt.Errorf("read admin token from the store: %w", err)
+	}
+	path := t.Path(name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", nil, fmt.Errorf("make token directory: %w", err)
+	}
+	token = scheduler.NewToken()
+	// The file first: a stored hash nobody holds the token of would lock everyone out.
+	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
+		return "", nil, fmt.Errorf("write admin token: %w", err)
+	}
+	if _, err := kv.Create(ctx, scheduler.AdminTokenKey, []byte(scheduler.HashToken(token)), coord.Persistent); err != nil {
+		os.Remove(path)
+		return "", nil, fmt.Errorf("store admin token: %w", err)
+	}
+	return token, func(ctx context.Context) {
+		_ = kv.Delete(ctx, scheduler.AdminTokenKey, coord.AnyVersion)
+		t.RemoveFile(name)
+	}, nil
+}
+
+// Remove drops cluster name's admin token from the store (kv may be nil) and its file.
+func (t Tokens) Remove(ctx context.Context, kv coord.KV, name string) error {
+	if kv != nil {
+		if err := kv.Delete(ctx, scheduler.AdminTokenKey, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
+			return fmt.Errorf("remove admin token from the store: %w", err)
+		}
+	}
+	t.RemoveFile(name)
+	return nil
+}
+
+// RemoveFile deletes the token file and its directory.
+func (t Tokens) RemoveFile(name string) {
+	os.Remove(t.Path(name))
+	os.Remove(filepath.Dir(t.Path(name)))
+}
