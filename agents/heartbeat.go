@@ -21,12 +21,18 @@ import (
 var ErrNodeTaken = errors.New("node id registered by another agent")
 
 // memoryQuantum rounds reported memory so that small fluctuations do not force a write.
-const memoryQuantum = 1 << 20
+const memoryQuantum = 4 << 20
+
+// sampleEvery is how many heartbeats pass between two memory samples: reading every
+// worker's cgroup statistics costs more than the rest of a heartbeat, and a memory reading
+// that changes by a few MiB is not worth a store write per heartbeat.
+const sampleEvery = 5
 
 // heartbeat publishes the node record if it changed, and samples memory use for the next one.
 func (r *run) heartbeat() {
 	r.publish(false)
-	if r.sampling {
+	r.beats++
+	if r.sampling || r.beats%sampleEvery != 1 {
 		return // a slow driver: skip a sample rather than pile them up
 	}
 	type target struct {

@@ -39,6 +39,7 @@ type run struct {
 	lastSentAt  time.Time
 	healthTimer *time.Timer
 	sampling    bool
+	beats       int // heartbeats so far, to sample memory every sampleEvery
 
 	retry   *time.Timer
 	retryAt time.Time

@@ -204,7 +204,27 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 			return e.lead(me, ent, sess, subCancel), nil
 		}
 		pred := joinKey(e.prefix, cs[idx-1].name)
-		if err := e.waitGone(ctx, pred, sess, &me); err != nil {
+		owner, err := e.ownerOf(ctx, me)
+		if err != nil {
+			if isUnavailable(err) {
+				continue
+			}
+			return fail(err)
+		}
+		if owner != e.s.SessionID() {
+			me = "" // ours went with an expired session
+			continue
+		}
+		// A predecessor held by our own session is a candidate of an earlier term of ours
+		// that was not given up (a resign that could not reach the server): waiting for it
+		// would wait forever.
+		if predOwner, err := e.ownerOf(ctx, pred); err == nil && predOwner == owner {
+			if err := e.s.Delete(ctx, pred, AnyVersion); err != nil && !errors.Is(err, ErrNotFound) && !isUnavailable(err) {
+				return fail(err)
+			}
+			continue
+		}
+		if err := e.waitGone(ctx, pred, sess, &me, owner); err != nil {
 			return fail(err)
 		}
 	}
@@ -239,9 +259,22 @@ func (e *Election) find(ctx context.Context, nonce string) (string, error) {
 	return "", nil
 }
 
-// waitGone waits until key is deleted, our session expires (then *me is cleared) or ctx is
-// done.
-func (e *Election) waitGone(ctx context.Context, key string, sess <-chan SessionEvent, me *string) error {
+// ownerOf returns the session owning the candidate entry key, 0 when it is gone.
+func (e *Election) ownerOf(ctx context.Context, key string) (int64, error) {
+	ent, err := e.s.Get(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return ent.Owner, nil
+}
+
+// waitGone waits until key is deleted, the session owning our entry expires (then *me is
+// cleared) or ctx is done. Events about other, older sessions are stale: the session
+// events channel holds everything since the campaign began.
+func (e *Election) waitGone(ctx context.Context, key string, sess <-chan SessionEvent, me *string, owner int64) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch, err := e.s.Watch(wctx, key)
@@ -264,7 +297,7 @@ func (e *Election) waitGone(ctx context.Context, key string, sess <-chan Session
 			if !ok {
 				return ErrClosed
 			}
-			if se.Type == SessionExpired {
+			if se.Type == SessionExpired && se.SessionID == owner {
 				*me = ""
 				return nil
 			}
@@ -296,6 +329,9 @@ func (e *Election) lead(me string, ent Entry, sess <-chan SessionEvent, subCance
 			case se, ok := <-sess:
 				if !ok {
 					return
+				}
+				if se.SessionID != ent.Owner {
+					continue // about an older session, queued before this term began
 				}
 				switch se.Type {
 				case SessionExpired:

@@ -23,7 +23,8 @@ type Embedded struct {
 	stop   context.CancelFunc
 	closed chan struct{}
 	once   sync.Once
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // keepalive and session loops
+	gs     goroutines     // watches
 
 	gate *readyGate
 	hub  *sessionHub
@@ -113,6 +114,7 @@ func (c *Embedded) shutdown(endSession bool) {
 		c.stop()
 		close(c.closed)
 		c.hub.close()
+		c.gs.shutdown()
 		c.wg.Wait()
 		sid := c.SessionID()
 		switch {
@@ -415,14 +417,7 @@ func (c *Embedded) WatchChildren(ctx context.Context, key string) (<-chan Childr
 }
 
 func (c *Embedded) goroutineContext(ctx context.Context) (context.Context, func()) {
-	c.wg.Add(1)
-	wctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(c.life, cancel)
-	return wctx, func() {
-		stop()
-		cancel()
-		c.wg.Done()
-	}
+	return c.gs.start(ctx, c.life)
 }
 
 type embeddedArmer struct{ s *Server }

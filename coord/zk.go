@@ -28,7 +28,8 @@ type ZK struct {
 	stop   context.CancelFunc
 	closed chan struct{}
 	once   sync.Once
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // the session loop
+	gs     goroutines     // watches
 
 	gate *readyGate
 	hub  *sessionHub
@@ -150,6 +151,7 @@ func (s *ZK) Close() error {
 		close(s.closed)
 		s.hub.close()
 		s.conn.Close()
+		s.gs.shutdown()
 		s.wg.Wait()
 	})
 	return nil

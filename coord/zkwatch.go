@@ -41,14 +41,7 @@ func (s *ZK) WatchChildren(ctx context.Context, key string) (<-chan ChildrenEven
 // goroutineContext returns a context cancelled by ctx or Close, and registers a goroutine
 // with the client's WaitGroup; the goroutine must call done when it ends.
 func (s *ZK) goroutineContext(ctx context.Context) (context.Context, func()) {
-	s.wg.Add(1)
-	wctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(s.life, cancel)
-	return wctx, func() {
-		stop()
-		cancel()
-		s.wg.Done()
-	}
+	return s.gs.start(ctx, s.life)
 }
 
 // waiter waits for a zk watch channel. A dropped watch (session expired, client closing)

@@ -258,8 +258,28 @@ func (m *Master) current() (*view, map[cluster.WorkerKey]string) {
 }
 
 // unplaced explains the workers no node takes, by planning over the same view the leader
-// plans from. Placement is pure, so any master can give the leader's reasons.
+// plans from. Placement is pure, so any master can give the leader's reasons. When every
+// worker of every job is assigned there is nothing to explain, and no plan is made.
 func (m *Master) unplaced(v *view, assigned map[cluster.WorkerKey]string) map[cluster.WorkerKey]string {
+	missing := false
+	for _, j := range v.jobs {
+		if j.rec.State != cluster.JobRunning {
+			continue
+		}
+		for _, k := range j.rec.Spec.Keys() {
+			node, ok := assigned[k]
+			if _, alive := v.nodes[node]; !ok || !alive {
+				missing = true // unassigned, or held on a lost node
+				break
+			}
+		}
+		if missing {
+			break
+		}
+	}
+	if !missing {
+		return map[cluster.WorkerKey]string{}
+	}
 	var cur []cluster.Placement
 	for k, node := range assigned {
 		if rec, ok := v.record(k.Job); ok && rec.State == cluster.JobRunning {

@@ -20,6 +20,7 @@ func TestDCLossMovesWholeJobs(t *testing.T) {
 		n.Slots = 3
 		clients[n.ID] = tc.node(n)
 	}
+	waitFor(t, "the master sees 6 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 6 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +91,7 @@ func TestDCFailAndRestore(t *testing.T) {
 	for _, n := range testNodes(2, 1, 2) {
 		tc.node(n)
 	}
+	waitFor(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -178,10 +178,12 @@ func (m *Master) Run(ctx context.Context) error {
 		err = m.lead(lctx)
 		cancel()
 		m.setLeader(false)
+		// Give the candidate entry up whatever ended the term: one left behind would be the
+		// lowest candidate forever, and every later campaign would wait for it.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		_ = lead.Resign(rctx)
+		rcancel()
 		if ctx.Err() != nil {
-			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = lead.Resign(rctx)
-			rcancel()
 			return nil
 		}
 		m.log.Warn("leadership lost", "err", err)

@@ -192,11 +192,12 @@ func testSpec(name string, workers int) *cluster.JobSpec {
 
 func TestMasterPlacesAndReplacesLostNode(t *testing.T) {
 	tc := newTestCluster(t)
-	tc.master("m1")
+	m, _, _ := tc.master("m1")
 	clients := map[string]*coord.Embedded{}
 	for _, n := range testNodes(2, 2, 2) {
 		clients[n.ID] = tc.node(n)
 	}
+	waitFor(t, "the master sees 8 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 8 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -245,6 +246,7 @@ func TestMasterFailoverKeepsAssignments(t *testing.T) {
 	for _, n := range testNodes(1, 2, 2) {
 		tc.node(n)
 	}
+	waitFor(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m1.view().nodes) == 4 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -283,6 +285,7 @@ func TestAPI(t *testing.T) {
 	for _, n := range testNodes(1, 1, 2) {
 		tc.node(n)
 	}
+	waitFor(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 2 })
 	srv := httptest.NewServer(m.Handler(nil))
 	defer srv.Close()
 	ctx := tc.ctx
@@ -402,10 +405,11 @@ func TestAPI(t *testing.T) {
 
 func TestDrainMovesWorkersOff(t *testing.T) {
 	tc := newTestCluster(t)
-	tc.master("m1")
+	m, _, _ := tc.master("m1")
 	for _, n := range testNodes(1, 2, 2) {
 		tc.node(n)
 	}
+	waitFor(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +433,7 @@ func TestDrainMovesWorkersOff(t *testing.T) {
 
 func TestCrashLoopMovesJobOffNode(t *testing.T) {
 	tc := newTestCluster(t)
-	tc.master("m1")
+	m, _, _ := tc.master("m1")
 	tc.node(cluster.Node{ID: "good", DC: "dc", Rack: "r1", Slots: 4, Memory: 4 << 30, CPU: 4000})
 	// A node whose agent reports worker 0 crash-looping, written by hand.
 	bad := tc.connect(-1)
@@ -439,6 +443,7 @@ func TestCrashLoopMovesJobOffNode(t *testing.T) {
 	if _, err := bad.Create(tc.ctx, cluster.NodeKey("bad"), val, coord.Ephemeral); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 2 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}

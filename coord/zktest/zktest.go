@@ -168,6 +168,21 @@ func (s *Server) killLocked() {
 	s.cmd = nil
 }
 
+// Pause stops the server's JVM (SIGSTOP) as a long garbage-collection pause or a starved
+// machine would: connections stay open but nothing is answered. Resume lets it go on.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		_ = syscall.Kill(-s.cmd.Process.Pid, sig)
+	}
+}
+
 // Stop asks the server to shut down (SIGTERM) and waits; after 10s it kills it.
 func (s *Server) Stop() {
 	s.mu.Lock()
