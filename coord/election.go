@@ -215,13 +215,21 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 			me = "" // ours went with an expired session
 			continue
 		}
-		// A predecessor held by our own session is a candidate of an earlier term of ours
-		// that was not given up (a resign that could not reach the server): waiting for it
-		// would wait forever.
-		if predOwner, err := e.ownerOf(ctx, pred); err == nil && predOwner == owner {
-			if err := e.s.Delete(ctx, pred, AnyVersion); err != nil && !errors.Is(err, ErrNotFound) && !isUnavailable(err) {
-				return fail(err)
+		// A candidate ahead of ours held by our own session is one of an earlier term of
+		// ours that could not be given up (a resign that could not reach the server).
+		// Another candidate may be waiting behind it, so every one is checked, not only
+		// our predecessor: left alone it would lead nobody and block everyone.
+		stale := false
+		for _, c := range cs[:idx] {
+			k := joinKey(e.prefix, c.name)
+			if o, err := e.ownerOf(ctx, k); err == nil && o == owner {
+				if err := e.s.Delete(ctx, k, AnyVersion); err != nil && !errors.Is(err, ErrNotFound) && !isUnavailable(err) {
+					return fail(err)
+				}
+				stale = true
 			}
+		}
+		if stale {
 			continue
 		}
 		if err := e.waitGone(ctx, pred, sess, &me, owner); err != nil {

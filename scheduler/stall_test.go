@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -27,12 +29,12 @@ func TestLeaderAfterZooKeeperStall(t *testing.T) {
 	}()
 	var masters []*Master
 	for _, id := range []string{"m1", "m2"} {
-		s, err := coord.Open(ctx, zk.URL("/stall"), coord.Options{SessionTimeout: time.Second, Logger: quiet})
+		s, err := coord.Open(ctx, zk.URL("/stall"), coord.Options{SessionTimeout: time.Second, Logger: stallLog(id)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		stores = append(stores, s)
-		m, err := New(s, Config{ID: id, Logger: quiet})
+		m, err := New(s, Config{ID: id, Logger: stallLog(id)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,4 +59,11 @@ func TestLeaderAfterZooKeeperStall(t *testing.T) {
 		waitFor(t, "one leader again after the stall", 20*time.Second, func() bool { return leaders() == 1 })
 		t.Logf("round %d: one leader again", round)
 	}
+}
+
+func stallLog(id string) *slog.Logger {
+	if os.Getenv("STALL_LOG") == "" {
+		return quiet
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("who", id)
 }
