@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup1"
@@ -181,21 +183,33 @@ func (s *v1slot) oomKills() (uint64, error) {
 	return readKey(s.file(cgroup1.Memory, "memory.oom_control"), "oom_kill")
 }
 
+// usage reads the three files it needs rather than the library's full Stat, which reads
+// every controller's statistics (blkio's among them): agents sample every worker often.
 func (s *v1slot) usage() (isolation.Usage, error) {
-	m, err := s.cg.Stat(cgroup1.IgnoreNotExist)
+	u := isolation.Usage{At: time.Now()}
+	used, err := readInt(s.file(cgroup1.Memory, "memory.usage_in_bytes"))
 	if err != nil {
-		return isolation.Usage{}, err
+		if errors.Is(err, os.ErrNotExist) {
+			return u, cgroup1.ErrCgroupDeleted
+		}
+		return u, err
 	}
-	var u isolation.Usage
-	u.At = time.Now()
-	if m.GetMemory() != nil && m.GetMemory().GetUsage() != nil {
-		used, inactive := m.GetMemory().GetUsage().GetUsage(), m.GetMemory().GetTotalInactiveFile()
-		if used > inactive {
-			u.MemoryBytes = used - inactive
+	var inactive int64
+	if b, err := os.ReadFile(s.file(cgroup1.Memory, "memory.stat")); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "total_inactive_file "); ok {
+				inactive, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				break
+			}
 		}
 	}
-	if m.GetCPU() != nil && m.GetCPU().GetUsage() != nil {
-		u.CPU = time.Duration(m.GetCPU().GetUsage().GetTotal())
+	if used > inactive {
+		u.MemoryBytes = uint64(used - inactive)
+	}
+	if _, ok := s.h.dirs[cgroup1.Cpuacct]; ok {
+		if ns, err := readInt(s.file(cgroup1.Cpuacct, "cpuacct.usage")); err == nil {
+			u.CPU = time.Duration(ns)
+		}
 	}
 	return u, nil
 }
