@@ -104,12 +104,23 @@ func (s *Server) reaper() {
 	defer s.wg.Done()
 	tk := time.NewTicker(reapInterval)
 	defer tk.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-s.done:
 			return
-		case now := <-tk.C:
+		case <-tk.C:
+			now := time.Now()
+			gap := now.Sub(last) - reapInterval
+			last = now
 			s.mu.Lock()
+			if gap > 5*reapInterval {
+				// The whole process stalled (a starved machine): no client of this in-process
+				// server could send a keepalive meanwhile, so the stall counts for nobody.
+				for _, ss := range s.sessions {
+					ss.lastSeen = ss.lastSeen.Add(gap)
+				}
+			}
 			var dead []int64
 			for id, ss := range s.sessions {
 				if ss.timeout > 0 && now.Sub(ss.lastSeen) > ss.timeout {
