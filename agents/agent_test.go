@@ -286,7 +286,7 @@ func TestSessionExpiryStopsWorkers(t *testing.T) {
 		// A partition: the agent cannot reach ZooKeeper. It stops its worker after the
 		// session timeout, without waiting to learn of the expiry.
 		cut := time.Now()
-		h.dialer.pause()
+		h.dialer.Cut()
 		waitFor(t, "worker stopped during the partition", 3*sessionTimeout+3*time.Second, func() bool {
 			return !alive(before["wc/0"].PID)
 		})
@@ -297,7 +297,7 @@ func TestSessionExpiryStopsWorkers(t *testing.T) {
 		}
 		// The node is gone for the master.
 		waitFor(t, "node entry gone", 10*time.Second, func() bool { _, _, ok := h.record(); return !ok })
-		h.dialer.resume()
+		h.dialer.Heal()
 		rec := h.waitRecord("record back, worker restarted", 15*time.Second, func(rec cluster.NodeRecord) bool {
 			return allRunning("wc/0")(rec) && states(rec)["wc/0"].PID != before["wc/0"].PID
 		})

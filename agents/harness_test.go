@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -22,6 +21,7 @@ import (
 	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/coord/zktest"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation/process"
 )
@@ -38,48 +38,6 @@ func testLogger() *slog.Logger {
 		_ = level.UnmarshalText([]byte(v))
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-}
-
-// pauseDialer cuts a ZooKeeper client off: paused, it drops the client's connections and
-// refuses new ones, so the server expires the session after its timeout, as in a partition.
-type pauseDialer struct {
-	mu     sync.Mutex
-	paused bool
-	conns  []net.Conn
-}
-
-func (d *pauseDialer) Dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	d.mu.Lock()
-	paused := d.paused
-	d.mu.Unlock()
-	if paused {
-		time.Sleep(50 * time.Millisecond)
-		return nil, errors.New("pauseDialer: paused")
-	}
-	c, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	d.conns = append(d.conns, c)
-	d.mu.Unlock()
-	return c, nil
-}
-
-func (d *pauseDialer) pause() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.paused = true
-	for _, c := range d.conns {
-		c.Close()
-	}
-	d.conns = nil
-}
-
-func (d *pauseDialer) resume() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.paused = false
 }
 
 // countingStore counts the writes made through it.
@@ -133,7 +91,7 @@ type harness struct {
 	store     coord.Store // the test's own client: assignments and reads
 	srv       *coord.Server
 	zkURL     string
-	dialer    *pauseDialer
+	dialer    *zktest.Partition
 	stateDir  string
 	helperDir string
 	cgParent  string
@@ -249,7 +207,7 @@ func (h *harness) agentStore() coord.Store {
 	case "mem":
 		s, err = h.srv.Connect(coord.Options{SessionTimeout: sessionTimeout, Logger: testLogger()})
 	case "zk":
-		h.dialer = &pauseDialer{}
+		h.dialer = &zktest.Partition{}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		s, err = coord.Open(ctx, h.zkURL, coord.Options{SessionTimeout: sessionTimeout, Dialer: h.dialer.Dial, Logger: testLogger()})

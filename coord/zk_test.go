@@ -25,49 +25,6 @@ const (
 	sharedTimeout = time.Second
 )
 
-// pauseDialer lets a test cut a client off from ZooKeeper: paused, it drops the client's
-// connections and refuses new ones, so the server expires the session once its timeout
-// passes, exactly as for a client whose network failed.
-type pauseDialer struct {
-	mu     sync.Mutex
-	paused bool
-	conns  []net.Conn
-}
-
-func (d *pauseDialer) Dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	d.mu.Lock()
-	paused := d.paused
-	d.mu.Unlock()
-	if paused {
-		time.Sleep(50 * time.Millisecond)
-		return nil, errors.New("pauseDialer: paused")
-	}
-	c, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	d.conns = append(d.conns, c)
-	d.mu.Unlock()
-	return c, nil
-}
-
-func (d *pauseDialer) pause() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.paused = true
-	for _, c := range d.conns {
-		c.Close()
-	}
-	d.conns = nil
-}
-
-func (d *pauseDialer) resume() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.paused = false
-}
-
 // testLogger logs to t at debug level (shown for failed tests and with -v), dropping
 // records that come after the test's cleanup began.
 func testLogger(t testing.TB) *slog.Logger {
@@ -102,7 +59,7 @@ type zkBackend struct {
 	timeout time.Duration
 
 	mu      sync.Mutex
-	dialers map[coord.Store]*pauseDialer
+	dialers map[coord.Store]*zktest.Partition
 }
 
 // uniqueChroot names a fresh chroot for a test under top.
@@ -114,7 +71,7 @@ func uniqueChroot(t testing.TB, top string) string {
 func newZKBackendFunc(addr string, tick, timeout time.Duration) func(t *testing.T) coordtest.Backend {
 	return func(t *testing.T) coordtest.Backend {
 		b := &zkBackend{addr: addr, chroot: uniqueChroot(t, "stormdock-test"), tick: tick, timeout: timeout,
-			dialers: map[coord.Store]*pauseDialer{}}
+			dialers: map[coord.Store]*zktest.Partition{}}
 		t.Cleanup(func() { cleanupZK(t, addr, b.chroot) })
 		return b
 	}
@@ -137,7 +94,7 @@ func cleanupZK(t testing.TB, addr, chroot string) {
 }
 
 func (b *zkBackend) Client(t *testing.T) coord.Store {
-	d := &pauseDialer{}
+	d := &zktest.Partition{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := coord.OpenZK(ctx, []string{b.addr}, b.chroot, coord.Options{SessionTimeout: b.timeout, Dialer: d.Dial})
@@ -158,10 +115,10 @@ func (b *zkBackend) Expire(t *testing.T, s coord.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ev := s.SessionEvents(ctx)
-	d.pause()
+	d.Cut()
 	// The server expires a session within timeout + one tick of the last ping.
 	time.Sleep(b.timeout + b.tick + 300*time.Millisecond)
-	d.resume()
+	d.Heal()
 	for e := range ev {
 		switch e.Type {
 		case coord.SessionNew:
@@ -278,7 +235,7 @@ func TestZKServerRestartSessionExpired(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const timeout = 800 * time.Millisecond
-	d := &pauseDialer{}
+	d := &zktest.Partition{}
 	s, err := coord.OpenZK(ctx, []string{srv.Addr()}, "/down", coord.Options{SessionTimeout: timeout, Dialer: d.Dial, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -292,13 +249,13 @@ func TestZKServerRestartSessionExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	sid := s.SessionID()
-	d.pause()
+	d.Cut()
 	srv.Kill()
 	srv.Restart()
 	// The restarted server restores the session from its log with a fresh timeout: stay
 	// away longer than that.
 	time.Sleep(timeout + srv.TickTime() + 500*time.Millisecond)
-	d.resume()
+	d.Heal()
 	var types []coord.SessionEventType
 	deadline := time.After(20 * time.Second)
 	for {
