@@ -215,14 +215,15 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 			me = "" // ours went with an expired session
 			continue
 		}
-		// A candidate ahead of ours held by our own session is one of an earlier term of
-		// ours that could not be given up (a resign that could not reach the server).
-		// Another candidate may be waiting behind it, so every one is checked, not only
-		// our predecessor: left alone it would lead nobody and block everyone.
+		// A candidate ahead of ours held by our own session and standing for our own id is
+		// one of an earlier term of ours that could not be given up (a resign that could not
+		// reach the server). Another candidate may be waiting behind it, so every one is
+		// checked, not only our predecessor: left alone it would lead nobody and block
+		// everyone. (Another candidate of the same client stands for another id.)
 		stale := false
 		for _, c := range cs[:idx] {
 			k := joinKey(e.prefix, c.name)
-			if o, err := e.ownerOf(ctx, k); err == nil && o == owner {
+			if ent, err := e.s.Get(ctx, k); err == nil && ent.Owner == owner && string(ent.Value) == e.id {
 				if err := e.s.Delete(ctx, k, AnyVersion); err != nil && !errors.Is(err, ErrNotFound) && !isUnavailable(err) {
 					return fail(err)
 				}
