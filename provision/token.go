@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,4 +99,22 @@ func (t Tokens) Remove(ctx context.Context, kv coord.KV, name string) error {
 func (t Tokens) RemoveFile(name string) {
 	os.Remove(t.Path(name))
 	os.Remove(filepath.Dir(t.Path(name)))
+}
+
+// Forget removes a destroyed cluster's admin token: its file, and its hash in the cluster's
+// store when storeURL is known and the store can be reached (otherwise the hash stays, and
+// the warning says so).
+func (t Tokens) Forget(ctx context.Context, storeURL, name string, log *slog.Logger) {
+	var kv coord.KV
+	if storeURL != "" {
+		if store, err := OpenStore(ctx, storeURL, log); err == nil {
+			defer store.Close()
+			kv = store
+		} else {
+			log.Warn("admin token hash stays in the store", "err", err)
+		}
+	}
+	if err := t.Remove(ctx, kv, name); err != nil {
+		log.Warn("remove admin token", "cluster", name, "err", err)
+	}
 }

@@ -336,18 +336,11 @@ func (p *Provider) Destroy(ctx context.Context, name string) error {
 	}
 	// The token goes with the cluster; the rest of the store (jobs, tenants) stays in the
 	// chroot for the operator to keep or delete.
-	var kv coord.KV
+	storeURL := ""
 	if specErr == nil {
-		if store, err := provision.OpenStore(ctx, spec.Store, p.log); err == nil {
-			defer store.Close()
-			kv = store
-		} else {
-			p.log.Warn("admin token hash stays in the store", "err", err)
-		}
+		storeURL = spec.Store
 	}
-	if err := p.cfg.Tokens.Remove(ctx, kv, name); err != nil {
-		p.log.Warn("remove admin token", "cluster", name, "err", err)
-	}
+	p.cfg.Tokens.Forget(ctx, storeURL, name, p.log)
 	p.log.Info("cluster destroyed", "cluster", name, "containers", len(ctrs))
 	return nil
 }

@@ -340,18 +340,11 @@ func (p *Provider) Destroy(ctx context.Context, name string) error {
 	if _, _, err := p.jobs.Deregister(JobID(name), true, (&nomadapi.WriteOptions{}).WithContext(ctx)); err != nil {
 		return nomadErr("deregister job "+JobID(name), err)
 	}
-	var kv coord.KV
+	storeURL := ""
 	if spec, err := specOf(job); err == nil {
-		if store, err := provision.OpenStore(ctx, spec.Store, p.log); err == nil {
-			defer store.Close()
-			kv = store
-		} else {
-			p.log.Warn("admin token hash stays in the store", "err", err)
-		}
+		storeURL = spec.Store
 	}
-	if err := p.cfg.Tokens.Remove(ctx, kv, name); err != nil {
-		p.log.Warn("remove admin token", "cluster", name, "err", err)
-	}
+	p.cfg.Tokens.Forget(ctx, storeURL, name, p.log)
 	p.log.Info("cluster destroyed", "cluster", name, "job", JobID(name))
 	return nil
 }
