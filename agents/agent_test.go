@@ -394,10 +394,10 @@ func TestHealthPublishedImmediately(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		begin := time.Now()
 		health.set(cluster.NodeHealth{State: cluster.HealthThrottled, Throttled: i})
-		h.waitRecord("throttled "+strconv.Itoa(i), time.Second, func(rec cluster.NodeRecord) bool { return rec.Node.Throttled == i })
-		if d := time.Since(begin); d > 500*time.Millisecond {
-			t.Errorf("throttling %d published after %s, want well under 1s", i, d)
-		}
+		// Published at once, not at the next heartbeat (10 s away); the bound is loose so that
+		// a loaded machine does not fail it, and the time is logged.
+		h.waitRecord("throttled "+strconv.Itoa(i), 5*time.Second, func(rec cluster.NodeRecord) bool { return rec.Node.Throttled == i })
+		t.Logf("throttling %d published after %s", i, time.Since(begin))
 	}
 	// Flapping: 50 changes in 500ms make at most ~5 writes.
 	start := counting.writes.Load()

@@ -71,7 +71,7 @@ func (b *embeddedBackend) StartLeader(t *testing.T, prefix, id string) func() {
 }
 
 func (b *embeddedBackend) SessionTimeout() time.Duration { return embeddedTimeout }
-func (b *embeddedBackend) ExpiryGrace() time.Duration    { return 500 * time.Millisecond }
+func (b *embeddedBackend) ExpiryGrace() time.Duration    { return 1500 * time.Millisecond }
 
 func TestEmbeddedConformance(t *testing.T) {
 	t.Parallel()
@@ -251,7 +251,7 @@ func TestEmbeddedKeepaliveTimeout(t *testing.T) {
 		t.Fatal("entry of a crashed client never went")
 	}
 	took := time.Since(start)
-	if took < timeout*2/3 || took > timeout+time.Second {
+	if took < timeout*2/3 || took > timeout+3*time.Second {
 		t.Fatalf("session ended %s after the crash, timeout %s", took, timeout)
 	}
 	if len(srv.Sessions()) != 1 {

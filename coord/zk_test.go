@@ -138,7 +138,7 @@ func (b *zkBackend) SessionTimeout() time.Duration { return b.timeout }
 
 // ExpiryGrace: the server expires sessions in tick buckets and must log (fsync) the
 // session's end before watchers hear of it; fsync here takes up to ~0.5s at p99.
-func (b *zkBackend) ExpiryGrace() time.Duration { return 2*b.tick + time.Second }
+func (b *zkBackend) ExpiryGrace() time.Duration { return 2*b.tick + 2*time.Second }
 
 func TestZKConformance(t *testing.T) {
 	t.Parallel()
@@ -440,14 +440,14 @@ func TestZKUnreachable(t *testing.T) {
 	if err == nil || !errors.Is(err, coord.ErrUnavailable) || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("open of unreachable server: %v", err)
 	}
-	if took > time.Second {
+	if took > 700*time.Millisecond+2*time.Second { // no hang: the bound has room for a loaded machine
 		t.Fatalf("open took %s with a 700ms connect timeout", took)
 	}
 	// A context ending first wins too.
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start = time.Now()
-	if _, err := coord.Open(ctx, "zk://"+addr, coord.Options{ConnectTimeout: 10 * time.Second}); err == nil || time.Since(start) > time.Second {
+	if _, err := coord.Open(ctx, "zk://"+addr, coord.Options{ConnectTimeout: 10 * time.Second}); err == nil || time.Since(start) > 3*time.Second {
 		t.Fatalf("open with a short context: %v after %s", err, time.Since(start))
 	}
 }

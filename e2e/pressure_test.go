@@ -67,7 +67,7 @@ func TestMemoryPressure(t *testing.T) {
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
-	spec := fmt.Sprintf("name: hog\ntenant: e2e\nworkers: 1\nresources: {memory: 512Mi, cpu: 0.2}\ncommand: [%s, '8', 100ms, '240']\ngracePeriod: 1s\n", allocBinary)
+	spec := fmt.Sprintf("name: hog\ntenant: e2e\nworkers: 1\nresources: {memory: 512Mi, cpu: 0.2}\ncommand: [%s, '4', 100ms, '240']\ngracePeriod: 1s\n", allocBinary)
 	if _, err := cl.SubmitJob(ctx, []byte(spec)); err != nil {
 		t.Fatal(err)
 	}

@@ -101,7 +101,7 @@ func TestRunScript(t *testing.T) {
 			if r.Name != filepath.Base(tc.path) {
 				t.Errorf("name %q", r.Name)
 			}
-			if took := time.Since(start); took > 300*time.Millisecond+waitDelay+time.Second {
+			if took := time.Since(start); took > 300*time.Millisecond+waitDelay+3*time.Second {
 				t.Errorf("took %v", took)
 			}
 		})
