@@ -22,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/coord/zktest"
+	"github.com/stormdock/stormdock/internal/promtest"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation/process"
 )
@@ -416,29 +417,5 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 // gauge reads a metric's value from a registry.
 func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metric
-				}
-			}
-			switch {
-			case m.Gauge != nil:
-				return m.GetGauge().GetValue()
-			case m.Counter != nil:
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	t.Fatalf("metric %s%v not found", name, labels)
-	return 0
+	return promtest.Value(t, reg, name, labels)
 }

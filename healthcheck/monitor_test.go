@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/promtest"
 )
 
 // testLogger sends slog output to the test's log, so that it shows only on failure or -v.
@@ -96,33 +96,7 @@ func startMonitor(t *testing.T, m *Monitor) {
 
 func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if labels[lp.GetName()] != lp.GetValue() {
-					continue metric
-				}
-			}
-			return metricValue(m)
-		}
-	}
-	t.Fatalf("no metric %s %v", name, labels)
-	return 0
-}
-
-func metricValue(m *dto.Metric) float64 {
-	if g := m.GetGauge(); g != nil {
-		return g.GetValue()
-	}
-	return m.GetCounter().GetValue()
+	return promtest.Value(t, reg, name, labels)
 }
 
 func TestMonitorMemoryThrottle(t *testing.T) {

@@ -36,16 +36,10 @@ func TestMain(m *testing.M) {
 		fmt.Print(err)
 		os.Exit(0)
 	}
-	dir, err := os.MkdirTemp("", "hog")
-	if err != nil {
+	var dir string
+	var err error
+	if hog, dir, err = drivertest.BuildStatic("../testdata/hog", "hog"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	hog = filepath.Join(dir, "hog")
-	build := exec.Command("go", "build", "-o", hog, "../testdata/hog")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build hog: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	code := m.Run()
