@@ -17,6 +17,10 @@ const (
 	DCsKey         = "/dcs"         // /dcs/<dc>: DCRecord
 	ElectionKey    = "/master/election"
 	MasterKey      = "/master/info" // MasterInfo of the active master, session-bound
+	// AdminTokenKey holds the hash of the admin token; the token itself is only in the file
+	// of whoever made it (a master's data directory, or the operator's for a provisioned
+	// cluster).
+	AdminTokenKey = "/master/admin"
 )
 
 // JobKey is the store key of a job's record.

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/internal/testenv"
-	"github.com/stormdock/stormdock/scheduler"
 )
 
 // cli runs the stormdock binary against a local cluster.
@@ -61,13 +61,13 @@ func (c *cli) refused(want string, args ...string) {
 	}
 }
 
-func (c *cli) status(job string, token ...string) scheduler.JobStatus {
+func (c *cli) status(job string, token ...string) api.JobStatus {
 	c.t.Helper()
 	args := []string{"job", "status", job, "-o", "json"}
 	if len(token) > 0 {
 		args = append(args, "--token", token[0])
 	}
-	var st scheduler.JobStatus
+	var st api.JobStatus
 	if err := json.Unmarshal([]byte(c.ok(args...)), &st); err != nil {
 		c.t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestCLIAgainstLocalCluster(t *testing.T) {
 	})
 	waitFor(t, "local cluster up", 30*time.Second, func() bool {
 		out, code := c.run("node", "list", "-o", "json")
-		var nodes []scheduler.NodeView
+		var nodes []api.NodeView
 		return code == 0 && json.Unmarshal([]byte(out), &nodes) == nil && len(nodes) == 6
 	})
 

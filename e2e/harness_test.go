@@ -15,11 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/coord/zktest"
 	"github.com/stormdock/stormdock/internal/testenv"
-	"github.com/stormdock/stormdock/scheduler"
 )
 
 // binary is the stormdock binary built once for the package; allocBinary the test worker
@@ -216,15 +216,15 @@ func killCgroupTree(parent string) {
 
 // client returns an admin API client for the master at url, reading the admin token the
 // first master wrote.
-func (h *harness) client(url string) *scheduler.Client {
+func (h *harness) client(url string) *api.Client {
 	h.t.Helper()
 	var tok []byte
 	waitFor(h.t, "admin token", 10*time.Second, func() bool {
 		var err error
-		tok, err = os.ReadFile(filepath.Join(h.dir, "data", scheduler.AdminTokenFile))
+		tok, err = os.ReadFile(filepath.Join(h.dir, "data", api.AdminTokenFile))
 		return err == nil
 	})
-	c, err := scheduler.NewClient(url, strings.TrimSpace(string(tok)))
+	c, err := api.NewClient(url, strings.TrimSpace(string(tok)))
 	if err != nil {
 		h.t.Fatal(err)
 	}

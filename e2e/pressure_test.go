@@ -11,22 +11,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
-	"github.com/stormdock/stormdock/scheduler"
 )
 
 // nodeView finds one node in the master's node list.
-func nodeView(ctx context.Context, cl *scheduler.Client, id string) (scheduler.NodeView, bool) {
+func nodeView(ctx context.Context, cl *api.Client, id string) (api.NodeView, bool) {
 	nodes, err := cl.Nodes(ctx)
 	if err != nil {
-		return scheduler.NodeView{}, false
+		return api.NodeView{}, false
 	}
 	for _, n := range nodes {
 		if n.ID == id {
 			return n, true
 		}
 	}
-	return scheduler.NodeView{}, false
+	return api.NodeView{}, false
 }
 
 func readCgroupInt(t *testing.T, file string) int64 {

@@ -109,24 +109,63 @@ func Flags() []cli.Flag {
 	}
 }
 
-// ConfigFromCLI reads Flags' values from c and validates them.
+// LocalFlags are the health-check flags of a local cluster (`stormdock up`): applied to
+// every node, whose cgroup parent the cluster chooses itself.
+func LocalFlags() []cli.Flag {
+	var out []cli.Flag
+	for _, f := range Flags() {
+		switch f.Names()[0] {
+		case "health-dir", "health-interval", "health-script-interval", "health-script-timeout",
+			"mem-high", "mem-low", "mem-critical", "throttle-hold":
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// ConfigFromCLI reads the values of the command's health-check flags (Flags, or a subset
+// of them such as LocalFlags: the others keep DefaultConfig's values) and validates them.
 func ConfigFromCLI(c *cli.Context) (Config, error) {
 	if c == nil {
 		return Config{}, errors.New("healthcheck: no command-line context")
 	}
-	cfg := Config{
-		HealthDir:              c.String("health-dir"),
-		HealthInterval:         c.Duration("health-interval"),
-		ScriptInterval:         c.Duration("health-script-interval"),
-		ScriptTimeout:          c.Duration("health-script-timeout"),
-		MemHigh:                c.Float64("mem-high"),
-		MemLow:                 c.Float64("mem-low"),
-		MemCritical:            c.Float64("mem-critical"),
-		ThrottleHold:           c.Duration("throttle-hold"),
-		CgroupParent:           c.String("cgroup-parent"),
-		EvictCooldown:          c.Duration("evict-cooldown"),
-		WarnWithhold:           c.Float64("health-warn-withhold"),
-		KillWorkersOnUnhealthy: c.Bool("health-kill-workers"),
+	defined := map[string]bool{}
+	if c.Command != nil {
+		for _, f := range c.Command.Flags {
+			for _, n := range f.Names() {
+				defined[n] = true
+			}
+		}
+	}
+	cfg := DefaultConfig()
+	str := func(name string, v *string) {
+		if defined[name] {
+			*v = c.String(name)
+		}
+	}
+	dur := func(name string, v *time.Duration) {
+		if defined[name] {
+			*v = c.Duration(name)
+		}
+	}
+	frac := func(name string, v *float64) {
+		if defined[name] {
+			*v = c.Float64(name)
+		}
+	}
+	str("health-dir", &cfg.HealthDir)
+	dur("health-interval", &cfg.HealthInterval)
+	dur("health-script-interval", &cfg.ScriptInterval)
+	dur("health-script-timeout", &cfg.ScriptTimeout)
+	frac("mem-high", &cfg.MemHigh)
+	frac("mem-low", &cfg.MemLow)
+	frac("mem-critical", &cfg.MemCritical)
+	dur("throttle-hold", &cfg.ThrottleHold)
+	str("cgroup-parent", &cfg.CgroupParent)
+	dur("evict-cooldown", &cfg.EvictCooldown)
+	frac("health-warn-withhold", &cfg.WarnWithhold)
+	if defined["health-kill-workers"] {
+		cfg.KillWorkersOnUnhealthy = c.Bool("health-kill-workers")
 	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err

@@ -8,19 +8,19 @@ import (
 	"slices"
 	"time"
 
-	"github.com/stormdock/stormdock/scheduler"
+	"github.com/stormdock/stormdock/api"
 )
 
 // Drain moves every worker off nodes through the master's API (`stormdock node drain`)
 // and waits until the nodes run nothing and every job runs at least as many workers as
 // before, so that nothing is lost when the nodes go. Nodes the master does not know are
 // skipped. If ctx ends first, the nodes are undrained again and the error says so.
-func Drain(ctx context.Context, api *scheduler.Client, nodes []string, log *slog.Logger) error {
-	before, err := runningByJob(ctx, api)
+func Drain(ctx context.Context, cl *api.Client, nodes []string, log *slog.Logger) error {
+	before, err := runningByJob(ctx, cl)
 	if err != nil {
 		return err
 	}
-	live, err := api.Nodes(ctx)
+	live, err := cl.Nodes(ctx)
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err)
 	}
@@ -29,8 +29,8 @@ func Drain(ctx context.Context, api *scheduler.Client, nodes []string, log *slog
 		if !slices.Contains(nodes, n.ID) {
 			continue
 		}
-		if err := api.DrainNode(ctx, n.ID, true); err != nil {
-			undrain(api, drained, log)
+		if err := cl.DrainNode(ctx, n.ID, true); err != nil {
+			undrain(cl, drained, log)
 			return fmt.Errorf("drain node %s: %w", n.ID, err)
 		}
 		drained = append(drained, n.ID)
@@ -39,13 +39,13 @@ func Drain(ctx context.Context, api *scheduler.Client, nodes []string, log *slog
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
-		done, why, err := drainDone(ctx, api, drained, before)
+		done, why, err := drainDone(ctx, cl, drained, before)
 		if err == nil && done {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			undrain(api, drained, log)
+			undrain(cl, drained, log)
 			if err == nil {
 				err = errors.New(why)
 			}
@@ -57,25 +57,25 @@ func Drain(ctx context.Context, api *scheduler.Client, nodes []string, log *slog
 
 // Undrain lets nodes take work again. Called after their agents are gone, it clears the
 // drain mark, so that a later agent with the same node id is not born drained.
-func Undrain(ctx context.Context, api *scheduler.Client, nodes []string) error {
+func Undrain(ctx context.Context, cl *api.Client, nodes []string) error {
 	for _, id := range nodes {
-		if err := api.DrainNode(ctx, id, false); err != nil && !errors.Is(err, scheduler.ErrNotFound) {
+		if err := cl.DrainNode(ctx, id, false); err != nil && !errors.Is(err, api.ErrNotFound) {
 			return fmt.Errorf("undrain node %s: %w", id, err)
 		}
 	}
 	return nil
 }
 
-func undrain(api *scheduler.Client, nodes []string, log *slog.Logger) {
+func undrain(cl *api.Client, nodes []string, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := Undrain(ctx, api, nodes); err != nil {
+	if err := Undrain(ctx, cl, nodes); err != nil {
 		log.Warn("undrain after a failed drain", "nodes", nodes, "err", err)
 	}
 }
 
-func runningByJob(ctx context.Context, api *scheduler.Client) (map[string]int, error) {
-	jobs, err := api.Jobs(ctx)
+func runningByJob(ctx context.Context, cl *api.Client) (map[string]int, error) {
+	jobs, err := cl.Jobs(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
@@ -88,8 +88,8 @@ func runningByJob(ctx context.Context, api *scheduler.Client) (map[string]int, e
 
 // drainDone tells whether the drained nodes run nothing and every job that ran workers
 // before runs as many again (or all it now wants, if it was scaled in meanwhile).
-func drainDone(ctx context.Context, api *scheduler.Client, drained []string, before map[string]int) (bool, string, error) {
-	nodes, err := api.Nodes(ctx)
+func drainDone(ctx context.Context, cl *api.Client, drained []string, before map[string]int) (bool, string, error) {
+	nodes, err := cl.Nodes(ctx)
 	if err != nil {
 		return false, "", err
 	}
@@ -98,7 +98,7 @@ func drainDone(ctx context.Context, api *scheduler.Client, drained []string, bef
 			return false, fmt.Sprintf("node %s still runs %d worker(s)", n.ID, max(n.Workers, n.SlotsUsed)), nil
 		}
 	}
-	jobs, err := api.Jobs(ctx)
+	jobs, err := cl.Jobs(ctx)
 	if err != nil {
 		return false, "", err
 	}

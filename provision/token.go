@@ -9,14 +9,15 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
-	"github.com/stormdock/stormdock/scheduler"
 )
 
 // Tokens keeps the admin tokens of the clusters this operator created, one file per
 // cluster: Dir/NAME/admin.token, mode 0600. It is the only thing kept on the operator's
 // machine: the CLI makes the token before the master starts and stores its hash at
-// scheduler.AdminTokenKey, so the master (which finds the hash there) never writes a token
+// cluster.AdminTokenKey, so the master (which finds the hash there) never writes a token
 // of its own, and nothing secret goes into container labels or job specs.
 type Tokens struct {
 	Dir string
@@ -37,7 +38,7 @@ func DefaultTokenDir() string {
 
 // Path is the token file of cluster name.
 func (t Tokens) Path(name string) string {
-	return filepath.Join(t.Dir, name, scheduler.AdminTokenFile)
+	return filepath.Join(t.Dir, name, api.AdminTokenFile)
 }
 
 // Read returns cluster name's admin token.
@@ -55,10 +56,10 @@ func (t Tokens) Read(name string) (string, error) {
 // the chroot belongs to someone else and Install refuses. undo reverses what Install did.
 func (t Tokens) Install(ctx context.Context, kv coord.KV, name string) (token string, undo func(context.Context), err error) {
 	noop := func(context.Context) {}
-	e, err := kv.Get(ctx, scheduler.AdminTokenKey)
+	e, err := kv.Get(ctx, cluster.AdminTokenKey)
 	switch {
 	case err == nil:
-		if tok, rerr := t.Read(name); rerr == nil && scheduler.HashToken(tok) == string(e.Value) {
+		if tok, rerr := t.Read(name); rerr == nil && api.HashToken(tok) == string(e.Value) {
 			return tok, noop, nil
 		}
 		return "", nil, fmt.Errorf("%w: the store already holds another cluster's admin token: give the cluster a fresh chroot, or delete the old state (zkCli.sh deleteall /CHROOT)", ErrExists)
@@ -69,17 +70,17 @@ func (t Tokens) Install(ctx context.Context, kv coord.KV, name string) (token st
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", nil, fmt.Errorf("make token directory: %w", err)
 	}
-	token = scheduler.NewToken()
+	token = api.NewToken()
 	// The file first: a stored hash nobody holds the token of would lock everyone out.
 	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
 		return "", nil, fmt.Errorf("write admin token: %w", err)
 	}
-	if _, err := kv.Create(ctx, scheduler.AdminTokenKey, []byte(scheduler.HashToken(token)), coord.Persistent); err != nil {
+	if _, err := kv.Create(ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
 		os.Remove(path)
 		return "", nil, fmt.Errorf("store admin token: %w", err)
 	}
 	return token, func(ctx context.Context) {
-		_ = kv.Delete(ctx, scheduler.AdminTokenKey, coord.AnyVersion)
+		_ = kv.Delete(ctx, cluster.AdminTokenKey, coord.AnyVersion)
 		t.RemoveFile(name)
 	}, nil
 }
@@ -87,7 +88,7 @@ func (t Tokens) Install(ctx context.Context, kv coord.KV, name string) (token st
 // Remove drops cluster name's admin token from the store (kv may be nil) and its file.
 func (t Tokens) Remove(ctx context.Context, kv coord.KV, name string) error {
 	if kv != nil {
-		if err := kv.Delete(ctx, scheduler.AdminTokenKey, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
+		if err := kv.Delete(ctx, cluster.AdminTokenKey, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
 			return fmt.Errorf("remove admin token from the store: %w", err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/placement"
 )
@@ -42,60 +43,28 @@ func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		fail(w, http.StatusNotFound, "no such API path %s %s", r.Method, r.URL.Path)
+		fail(w, api.ErrNotFound, "no such API path %s %s", r.Method, r.URL.Path)
 	})
 	return mux
 }
 
-func fail(w http.ResponseWriter, status int, format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	msg = strings.ReplaceAll(msg, "\n", "; ")
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(errorBody{Error: msg})
+func fail(w http.ResponseWriter, sentinel error, format string, args ...any) {
+	api.Errorf(w, sentinel, fmt.Sprintf(format, args...))
 }
 
-// failErr maps the package's sentinel errors to status codes.
-func failErr(w http.ResponseWriter, err error) {
-	status := http.StatusInternalServerError
-	switch {
-	case errors.Is(err, ErrBadInput):
-		status = http.StatusBadRequest
-	case errors.Is(err, ErrNotFound):
-		status = http.StatusNotFound
-	case errors.Is(err, ErrExists):
-		status = http.StatusConflict
-	case errors.Is(err, ErrQuota):
-		status = http.StatusForbidden
-	case errors.Is(err, ErrForbidden):
-		status = http.StatusForbidden
-	case errors.Is(err, ErrBusy):
-		status = http.StatusServiceUnavailable
-	}
-	msg := err.Error()
-	for _, s := range []error{ErrBadInput, ErrNotFound, ErrExists, ErrQuota, ErrForbidden, ErrBusy} {
-		msg = strings.TrimPrefix(msg, s.Error()+": ")
-	}
-	fail(w, status, "%s", msg)
-}
+func failErr(w http.ResponseWriter, err error) { api.WriteError(w, err) }
 
-func reply(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
-}
+func reply(w http.ResponseWriter, status int, v any) { api.WriteJSON(w, status, v) }
 
 // readBody reads a bounded request body.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, api.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			fail(w, http.StatusRequestEntityTooLarge, "request body over %d bytes", MaxBodyBytes)
+			fail(w, api.ErrTooLarge, "request body over %d bytes", api.MaxBodyBytes)
 		} else {
-			fail(w, http.StatusBadRequest, "read request body: %v", err)
+			fail(w, api.ErrBadInput, "read request body: %v", err)
 		}
 		return nil, false
 	}
@@ -111,14 +80,14 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		fail(w, http.StatusBadRequest, "bad request body: %v", err)
+		fail(w, api.ErrBadInput, "bad request body: %v", err)
 		return false
 	}
 	return true
 }
 
 func (m *Master) getHealth(w http.ResponseWriter, _ *http.Request) {
-	reply(w, http.StatusOK, Health{ID: m.cfg.ID, Leader: m.Leader()})
+	reply(w, http.StatusOK, api.Health{ID: m.cfg.ID, Leader: m.Leader()})
 }
 
 func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
@@ -128,7 +97,7 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 	}
 	spec, err := cluster.ParseJobSpec(data)
 	if err != nil {
-		fail(w, http.StatusBadRequest, "%v", err)
+		fail(w, api.ErrBadInput, "%v", err)
 		return
 	}
 	if err := mayUse(principalOf(r.Context()), spec.Tenant); err != nil {
@@ -145,7 +114,7 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *Master) scaleJob(w http.ResponseWriter, r *http.Request) {
-	var req ScaleRequest
+	var req api.ScaleRequest
 	if !decodeJSON(w, r, &req) {
 		return
 	}
@@ -162,7 +131,7 @@ func (m *Master) scaleJob(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
-	var req KillRequest
+	var req api.KillRequest
 	if !decodeJSON(w, r, &req) {
 		return
 	}
@@ -195,7 +164,7 @@ func (m *Master) listJobs(w http.ResponseWriter, r *http.Request) {
 	p := principalOf(r.Context())
 	v, assigned := m.current()
 	unplaced := m.unplaced(v, assigned)
-	out := []JobSummary{}
+	out := []api.JobSummary{}
 	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
 		if mayUse(p, v.jobs[name].rec.Spec.Tenant) == nil {
 			out = append(out, summarize(v, v.jobs[name].rec, assigned, unplaced))
@@ -209,7 +178,7 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 	v, assigned := m.current()
 	j, ok := v.jobs[name]
 	if !ok {
-		fail(w, http.StatusNotFound, "no job %q (see `stormdock job list`)", name)
+		fail(w, api.ErrNotFound, "no job %q (see `stormdock job list`)", name)
 		return
 	}
 	if err := mayUse(principalOf(r.Context()), j.rec.Spec.Tenant); err != nil {
@@ -217,11 +186,11 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	unplaced := m.unplaced(v, assigned)
-	st := JobStatus{Job: j.rec, Summary: summarize(v, j.rec, assigned, unplaced), Workers: []WorkerView{}}
+	st := api.JobStatus{Job: j.rec, Summary: summarize(v, j.rec, assigned, unplaced), Workers: []api.WorkerView{}}
 	for _, k := range j.rec.Spec.Keys() {
-		wv := WorkerView{Job: k.Job, Link: k.Link, Worker: k.Worker, State: WorkerPending}
+		wv := api.WorkerView{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.WorkerPending}
 		if reason, ok := unplaced[k]; ok {
-			wv.State, wv.Reason = WorkerUnplaced, reason
+			wv.State, wv.Reason = api.WorkerUnplaced, reason
 		} else if node, ok := assigned[k]; ok {
 			wv.Node = node
 			if rec, ok := v.nodes[node]; ok {
@@ -304,8 +273,8 @@ func (m *Master) unplaced(v *view, assigned map[cluster.WorkerKey]string) map[cl
 	return out
 }
 
-func summarize(v *view, rec cluster.JobRecord, assigned map[cluster.WorkerKey]string, unplaced map[cluster.WorkerKey]string) JobSummary {
-	s := JobSummary{Name: rec.Spec.Name, Tenant: rec.Spec.Tenant, State: rec.State, Workers: rec.Spec.TotalWorkers(),
+func summarize(v *view, rec cluster.JobRecord, assigned map[cluster.WorkerKey]string, unplaced map[cluster.WorkerKey]string) api.JobSummary {
+	s := api.JobSummary{Name: rec.Spec.Name, Tenant: rec.Spec.Tenant, State: rec.State, Workers: rec.Spec.TotalWorkers(),
 		Priority: rec.Spec.Priority, Generation: rec.Generation}
 	for _, k := range rec.Spec.Keys() {
 		if st, ok := v.statuses[k]; ok && st.status.State == cluster.WorkerRunning && st.node == assigned[k] {
@@ -335,7 +304,7 @@ func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
 	for _, node := range assigned {
 		perNode[node]++
 	}
-	out := []NodeView{}
+	out := []api.NodeView{}
 	for _, id := range slices.Sorted(maps.Keys(v.nodes)) {
 		rec := v.nodes[id]
 		n := rec.Node
@@ -344,7 +313,7 @@ func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
 		if health == "" {
 			health = cluster.HealthHealthy
 		}
-		nv := NodeView{ID: id, Host: n.Host, DC: n.DC, Rack: n.Rack, Slots: n.Slots, SlotsUsed: used,
+		nv := api.NodeView{ID: id, Host: n.Host, DC: n.DC, Rack: n.Rack, Slots: n.Slots, SlotsUsed: used,
 			SlotsThrottled: rec.Health.Throttled, SlotsFree: max(n.Slots-used-rec.Health.Throttled, 0),
 			Memory: n.Memory, CPU: n.CPU, Health: health, Reason: rec.Health.Reason, Labels: n.Labels,
 			Workers: len(rec.Workers), Isolation: rec.Isolation, Started: rec.Started}
@@ -366,7 +335,7 @@ func (m *Master) drainNode(drain bool) http.HandlerFunc {
 		v, _ := m.current()
 		if _, ok := v.nodes[id]; !ok {
 			if _, known := v.confs[id]; !known || drain {
-				fail(w, http.StatusNotFound, "no live node %q (see `stormdock node list`)", id)
+				fail(w, api.ErrNotFound, "no live node %q (see `stormdock node list`)", id)
 				return
 			}
 		}
@@ -392,7 +361,7 @@ func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
 	}
 	v, _ := m.current()
 	p := principalOf(r.Context())
-	out := []TenantView{}
+	out := []api.TenantView{}
 	for _, name := range names {
 		if !p.admin && p.tenant != name {
 			continue
@@ -401,7 +370,7 @@ func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			continue
 		}
-		tv := TenantView{Tenant: t.Tenant}
+		tv := api.TenantView{Tenant: t.Tenant}
 		for _, j := range v.jobs {
 			if j.rec.Spec.Tenant == name {
 				n := j.rec.Spec.TotalWorkers()
@@ -435,18 +404,18 @@ func (m *Master) tenantToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m.log.Info("tenant token made", "tenant", r.PathValue("name"))
-	reply(w, http.StatusOK, TokenReply{Tenant: r.PathValue("name"), Token: token})
+	reply(w, http.StatusOK, api.TokenReply{Tenant: r.PathValue("name"), Token: token})
 }
 
 func (m *Master) listDCs(w http.ResponseWriter, _ *http.Request) {
 	v, assigned := m.current()
-	out := []DCView{}
+	out := []api.DCView{}
 	perNode := map[string]int{}
 	for _, node := range assigned {
 		perNode[node]++
 	}
 	for _, name := range slices.Sorted(maps.Keys(v.dcs)) {
-		d := DCView{Name: name, State: v.dcState(name), Since: v.dcs[name].Since}
+		d := api.DCView{Name: name, State: v.dcState(name), Since: v.dcs[name].Since}
 		for id, rec := range v.nodes {
 			if rec.Node.DC != name {
 				continue
@@ -463,12 +432,12 @@ func (m *Master) listDCs(w http.ResponseWriter, _ *http.Request) {
 
 func (m *Master) setDC(state string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var req DCRequest
+		var req api.DCRequest
 		if r.ContentLength != 0 && !decodeJSON(w, r, &req) {
 			return
 		}
 		if req.Rebalance && state != cluster.DCActive {
-			fail(w, http.StatusBadRequest, "--rebalance goes with restore only")
+			fail(w, api.ErrBadInput, "--rebalance goes with restore only")
 			return
 		}
 		rec, err := SetDCState(r.Context(), m.store, r.PathValue("dc"), state, req.Rebalance)

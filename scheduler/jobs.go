@@ -7,18 +7,19 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
 
-// Errors the API maps to status codes.
+// The API's errors, under the names the scheduler's store operations wrap.
 var (
-	ErrNotFound  = errors.New("not found")
-	ErrExists    = errors.New("already exists")
-	ErrQuota     = errors.New("over quota")
-	ErrBadInput  = errors.New("bad input")
-	ErrForbidden = errors.New("forbidden")
-	ErrBusy      = errors.New("busy")
+	ErrNotFound  = api.ErrNotFound
+	ErrExists    = api.ErrExists
+	ErrQuota     = api.ErrQuota
+	ErrBadInput  = api.ErrBadInput
+	ErrForbidden = api.ErrForbidden
+	ErrBusy      = api.ErrBusy
 )
 
 // casRetries bounds the read-modify-write loops against concurrent writers.

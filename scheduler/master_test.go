@@ -9,13 +9,13 @@ import (
 	"log/slog"
 	"maps"
 	"net/http/httptest"
-	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -289,27 +289,19 @@ func TestAPI(t *testing.T) {
 	srv := httptest.NewServer(m.Handler(nil))
 	defer srv.Close()
 	ctx := tc.ctx
-	dir := t.TempDir()
-	path, err := EnsureAdminToken(ctx, tc.admin, dir)
-	if err != nil || path == "" {
-		t.Fatalf("admin token: %q, %v", path, err)
+	token := api.NewToken()
+	if _, err := tc.admin.Create(ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
+		t.Fatal(err)
 	}
-	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("admin token file mode: %v, %v", fi, err)
-	}
-	if again, err := EnsureAdminToken(ctx, tc.admin, dir); err != nil || again != path {
-		t.Fatalf("second start: %q, %v", again, err)
-	}
-	tokenBytes, _ := os.ReadFile(path)
-	cl, err := NewClient(srv.URL, strings.TrimSpace(string(tokenBytes)))
+	cl, err := api.NewClient(srv.URL, token)
 	if err != nil {
 		t.Fatal(err)
 	}
-	anon, _ := NewClient(srv.URL, "")
+	anon, _ := api.NewClient(srv.URL, "")
 	if _, err := anon.Jobs(ctx); err == nil || !strings.Contains(err.Error(), "missing API token") {
 		t.Fatalf("call without token: %v", err)
 	}
-	forged, _ := NewClient(srv.URL, "sdt_forged")
+	forged, _ := api.NewClient(srv.URL, "sdt_forged")
 	if _, err := forged.Jobs(ctx); err == nil || !strings.Contains(err.Error(), "invalid API token") {
 		t.Fatalf("call with a wrong token: %v", err)
 	}
@@ -362,7 +354,7 @@ func TestAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ads, _ := NewClient(srv.URL, adsToken)
+	ads, _ := api.NewClient(srv.URL, adsToken)
 	if _, err := ads.ScaleJob(ctx, "wc", 1); !errors.Is(err, ErrForbidden) || !strings.Contains(err.Error(), "the token of tenant ads cannot act on tenant search's jobs") {
 		t.Fatalf("cross-tenant scale: %v", err)
 	}

@@ -1,12 +1,9 @@
 package tools
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,17 +11,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/healthcheck"
-	"github.com/stormdock/stormdock/isolation/docker"
-	"github.com/stormdock/stormdock/isolation/process"
 )
 
 // AgentCommand runs the node agent.
@@ -75,7 +68,7 @@ func runAgent(c *cli.Context) error {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
 	}
 	switch c.String("cgroups") {
-	case "required", "auto", "off":
+	case daemon.CgroupsRequired, daemon.CgroupsAuto, daemon.CgroupsOff:
 	default:
 		return cli.Exit(fmt.Sprintf("stormdock agent: --cgroups must be required, auto or off, not %q", c.String("cgroups")), 2)
 	}
@@ -94,110 +87,35 @@ func runAgent(c *cli.Context) error {
 		return cli.Exit("stormdock agent: --store: "+err.Error(), 2)
 	}
 
-	ctx := c.Context
-	var drivers []agents.Driver
-	for _, m := range modes {
-		switch m {
-		case cluster.IsolationProcess:
-			pcfg := process.Config{
-				CgroupParent: c.String("cgroup-parent"),
-				StateDir:     filepath.Join(stateDir, "process"),
-				Logger:       log.With("node", node.ID),
-				Unconfined:   c.String("cgroups") == "off",
-			}
-			d, err := process.New(pcfg)
-			if err != nil && c.String("cgroups") == "auto" {
-				// Usually a container without nested cgroups: the workers then share the
-				// container's own limits, which still bound the node as a whole.
-				log.Warn("no writable cgroup hierarchy: workers run unconfined in process groups and share the agent's own limits (node label isolation/cgroups=false)", "err", err)
-				pcfg.Unconfined = true
-				d, err = process.New(pcfg)
-			}
-			if err != nil {
-				return err
-			}
-			if pcfg.Unconfined {
-				// Tells operators and job placement (nodeLabels) that nothing limits workers
-				// one by one here.
-				if node.Labels == nil {
-					node.Labels = map[string]string{}
-				}
-				node.Labels["isolation/cgroups"] = "false"
-			}
-			defer d.Close()
-			drivers = append(drivers, agents.Driver{Isolation: m, Driver: d})
-		case cluster.IsolationDocker:
-			dc, err := docker.Connect(ctx, c.String("docker-host"))
-			if err != nil {
-				return err
-			}
-			defer dc.Close()
-			d, err := docker.New(ctx, docker.Config{Client: dc, Node: node.ID, Logger: log.With("node", node.ID)})
-			if err != nil {
-				return err
-			}
-			defer d.Close()
-			drivers = append(drivers, agents.Driver{Isolation: m, Driver: d})
-		}
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if addr := c.String("metrics"); addr != "off" && addr != "" {
-		stop, err := serveMetrics(ctx, addr, reg, log)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
-
 	hcfg, err := healthcheck.ConfigFromCLI(c)
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
 	}
-	if err := healthcheck.ProtectAgent(""); err != nil {
-		log.Warn("agent not protected from the kernel's OOM killer", "err", err)
+	metrics := c.String("metrics")
+	if metrics == "off" {
+		metrics = ""
 	}
-	health, err := agents.NewHealthMonitor(hcfg, node.Slots, reg, log)
+	a, err := daemon.NewAgent(c.Context, daemon.AgentConfig{
+		Node:         node,
+		Store:        c.String("store"),
+		StoreOptions: coord.Options{SessionTimeout: c.Duration("session-timeout")},
+		StateDir:     stateDir,
+		Drivers: daemon.DriverConfig{Isolation: modes, Cgroups: c.String("cgroups"), CgroupParent: hcfg.CgroupParent,
+			DockerHost: c.String("docker-host")},
+		Heartbeat:  c.Duration("heartbeat"),
+		PortBase:   c.Int("port-base"),
+		LeaseTTL:   c.Duration("lease-ttl"),
+		NoLease:    c.Bool("no-lease"),
+		Health:     hcfg,
+		ProtectOOM: true,
+		Metrics:    metrics,
+		Logger:     log,
+	})
 	if err != nil {
-		return cli.Exit("stormdock agent: "+err.Error(), 2)
+		return cli.Exit("stormdock agent: "+err.Error(), 1)
 	}
-
-	store, err := coord.Open(ctx, c.String("store"), coord.Options{SessionTimeout: c.Duration("session-timeout"), Logger: log})
-	if err != nil {
-		return fmt.Errorf("open store: %w", err)
-	}
-	defer store.Close()
-
-	a, err := agents.New(agents.Config{
-		Node:           node,
-		StateDir:       stateDir,
-		SessionTimeout: c.Duration("session-timeout"),
-		Heartbeat:      c.Duration("heartbeat"),
-		PortBase:       c.Int("port-base"),
-		LeaseTTL:       c.Duration("lease-ttl"),
-		NoLease:        c.Bool("no-lease"),
-		Health:         health,
-		Registerer:     reg,
-		Logger:         log,
-	}, store, drivers...)
-	if err != nil {
-		return cli.Exit("stormdock agent: "+err.Error(), 2)
-	}
-	health.Attach(a)
-	hctx, stopHealth := context.WithCancel(ctx)
-	healthDone := make(chan struct{})
-	go func() {
-		defer close(healthDone)
-		if err := health.Run(hctx); err != nil && hctx.Err() == nil {
-			log.Error("health checks stopped", "err", err)
-		}
-	}()
-	defer func() {
-		stopHealth()
-		<-healthDone
-	}()
-	return a.Run(ctx)
+	defer a.Close()
+	return a.Run(c.Context)
 }
 
 var labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9_./-]*[A-Za-z0-9])?$`)
@@ -261,31 +179,6 @@ func isolationModes(vals []string) ([]string, error) {
 		return nil, errors.New("--isolation: give at least one of process, docker")
 	}
 	return modes, nil
-}
-
-// serveMetrics serves /metrics until stop is called.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server", "err", err)
-		}
-	}()
-	log.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
-	return func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		<-done
-	}, nil
 }
 
 // LaunchCommand is the lease launcher every worker runs under (see agents.Launch). It is

@@ -10,8 +10,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/stormdock/stormdock/scheduler"
 	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/api"
 )
 
 // DefaultMaster is where a local cluster serves its API.
@@ -28,13 +29,24 @@ func masterFlags() []cli.Flag {
 // outputFlag selects table or JSON output.
 var outputFlag = &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output format: table or json", Value: "table"}
 
+// tokenSourceKey keeps, in the command's metadata, where the token came from, so that a
+// refused token's error can say which file held it.
+const tokenSourceKey = "stormdock.tokenSource"
+
 // newClient builds the API client from the command's flags.
-func newClient(c *cli.Context) (*scheduler.Client, error) {
+func newClient(c *cli.Context) (*api.Client, error) {
 	token := c.String("token")
 	if token == "" {
-		token = localAdminToken()
+		var path string
+		token, path = localAdminToken()
+		if token != "" {
+			if c.App.Metadata == nil {
+				c.App.Metadata = map[string]any{}
+			}
+			c.App.Metadata[tokenSourceKey] = path
+		}
 	}
-	cl, err := scheduler.NewClient(c.String("master"), token)
+	cl, err := api.NewClient(c.String("master"), token)
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
@@ -42,13 +54,14 @@ func newClient(c *cli.Context) (*scheduler.Client, error) {
 }
 
 // localAdminToken finds the admin token a local cluster wrote, so that the CLI works
-// against it without setup.
-func localAdminToken() string {
-	b, err := os.ReadFile(filepath.Join(defaultDataDir(), scheduler.AdminTokenFile))
+// against it without setup, and says which file it read.
+func localAdminToken() (token, path string) {
+	path = filepath.Join(defaultDataDir(), api.AdminTokenFile)
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return ""
+		return "", ""
 	}
-	return strings.TrimSpace(string(b))
+	return strings.TrimSpace(string(b)), path
 }
 
 // usageErr is a bad-usage or bad-input failure: exit code 2.
@@ -56,19 +69,20 @@ func usageErr(format string, args ...any) error {
 	return cli.Exit("stormdock: "+fmt.Sprintf(format, args...), 2)
 }
 
-// apiErr turns a client error into an exit: 2 when the request itself was wrong, 1
-// otherwise.
-func apiErr(err error) error {
+// apiErr turns a client error into an exit with the code api's table gives it. A token
+// refused when the CLI took it from a data directory names that file: it may be another
+// cluster's.
+func apiErr(c *cli.Context, err error) error {
 	if err == nil {
 		return nil
 	}
 	msg := strings.ReplaceAll(err.Error(), "\n", "; ")
-	for _, s := range []error{scheduler.ErrBadInput, scheduler.ErrNotFound, scheduler.ErrExists, scheduler.ErrQuota, scheduler.ErrForbidden} {
-		if errors.Is(err, s) {
-			return cli.Exit("stormdock: "+msg, 2)
+	if errors.Is(err, api.ErrUnauthorized) && c != nil {
+		if path, ok := c.App.Metadata[tokenSourceKey].(string); ok {
+			msg += fmt.Sprintf(" (the token was read from %s: pass --token or STORMDOCK_TOKEN for another cluster)", path)
 		}
 	}
-	return cli.Exit("stormdock: "+msg, 1)
+	return cli.Exit("stormdock: "+msg, api.ExitCode(err))
 }
 
 // wantArgs checks the number of positional arguments.

@@ -45,7 +45,7 @@ func dcList(c *cli.Context) error {
 	}
 	dcs, err := cl.DCs(c.Context)
 	if err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	return printOut(c, dcs, func(w io.Writer) {
 		fmt.Fprintln(w, "DC\tSTATE\tNODES\tSLOTS\tFREE\tWORKERS\tSINCE")
@@ -64,7 +64,7 @@ func dcFail(c *cli.Context) error {
 		return err
 	}
 	if _, err := cl.FailDC(c.Context, c.Args().First()); err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	fmt.Fprintf(c.App.Writer, "data center %s failed: its workers move to the others that have room (see `stormdock job list`)\n", c.Args().First())
 	return nil
@@ -79,7 +79,7 @@ func dcRestore(c *cli.Context) error {
 		return err
 	}
 	if _, err := cl.RestoreDC(c.Context, c.Args().First(), c.Bool("rebalance")); err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	fmt.Fprintf(c.App.Writer, "data center %s restored\n", c.Args().First())
 	return nil

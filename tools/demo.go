@@ -11,11 +11,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/stormdock/stormdock/cluster"
-	"github.com/stormdock/stormdock/examples"
-	"github.com/stormdock/stormdock/provision/local"
-	"github.com/stormdock/stormdock/scheduler"
 	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/examples"
 )
 
 // DemoCommand runs the guided tour: a local cluster, the example job, scaling, a node loss.
@@ -35,7 +36,7 @@ var DemoCommand = &cli.Command{
 // demo holds the tour's state.
 type demo struct {
 	w       io.Writer
-	cl      *scheduler.Client
+	cl      *api.Client
 	timeout time.Duration
 	tty     bool
 	workers int // overrides the example's worker count when set
@@ -58,14 +59,14 @@ func runDemo(c *cli.Context) error {
 	defer os.RemoveAll(data)
 	ctx := c.Context
 	start := time.Now()
-	lc, err := local.Start(ctx, local.Config{Nodes: c.Int("nodes"), DCs: []string{"dc-a", "dc-b", "dc-c"}, RacksPerDC: 2, Slots: c.Int("slots"),
+	lc, err := daemon.StartLocal(ctx, daemon.LocalConfig{Nodes: c.Int("nodes"), DCs: []string{"dc-a", "dc-b", "dc-c"}, RacksPerDC: 2, Slots: c.Int("slots"),
 		DataDir: data, API: "127.0.0.1:0", SessionTimeout: 2 * time.Second, Heartbeat: 250 * time.Millisecond, Logger: log})
 	if err != nil {
 		return cli.Exit("stormdock demo: "+err.Error(), 1)
 	}
 	defer lc.Close(context.Background())
 	tok, _ := os.ReadFile(lc.TokenPath())
-	cl, err := scheduler.NewClient(lc.API(), strings.TrimSpace(string(tok)))
+	cl, err := api.NewClient(lc.API(), strings.TrimSpace(string(tok)))
 	if err != nil {
 		return err
 	}
@@ -89,7 +90,7 @@ func runDemo(c *cli.Context) error {
 	return nil
 }
 
-func (d *demo) run(ctx context.Context, lc *local.Cluster) error {
+func (d *demo) run(ctx context.Context, lc *daemon.Local) error {
 	if err := d.waitNodes(ctx, len(lc.Nodes())); err != nil {
 		return err
 	}

@@ -2,14 +2,16 @@ package tools
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/stormdock/stormdock/scheduler"
 	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/api"
 )
 
 // JobCommand manages jobs on a master.
@@ -76,7 +78,7 @@ func jobSubmit(c *cli.Context) error {
 	}
 	rec, err := cl.SubmitJob(c.Context, data)
 	if err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	fmt.Fprintf(c.App.Writer, "job %s submitted: %d workers for tenant %s\n", rec.Spec.Name, rec.Spec.TotalWorkers(), rec.Spec.Tenant)
 	if c.Bool("wait") {
@@ -95,7 +97,7 @@ func jobScale(c *cli.Context) error {
 	}
 	rec, err := cl.ScaleJob(c.Context, c.Args().First(), c.Int("workers"))
 	if err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	fmt.Fprintf(c.App.Writer, "job %s scaled to %d workers\n", rec.Spec.Name, rec.Spec.TotalWorkers())
 	if c.Bool("wait") {
@@ -115,7 +117,7 @@ func jobKill(c *cli.Context) error {
 	name := c.Args().First()
 	rec, err := cl.KillJob(c.Context, name, c.Duration("grace"))
 	if err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	fmt.Fprintf(c.App.Writer, "job %s killed: workers stop within %s\n", name, rec.Spec.Grace())
 	if !c.Bool("wait") {
@@ -125,11 +127,11 @@ func jobKill(c *cli.Context) error {
 	defer cancel()
 	for {
 		if _, err := cl.Job(ctx, name); err != nil {
-			if apiErr(err).(cli.ExitCoder).ExitCode() == 2 {
+			if errors.Is(err, api.ErrNotFound) {
 				fmt.Fprintf(c.App.Writer, "job %s: every worker stopped\n", name)
 				return nil
 			}
-			return apiErr(err)
+			return apiErr(c, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -141,7 +143,7 @@ func jobKill(c *cli.Context) error {
 
 // waitSettled shows a progress line until every worker of the job runs, and explains what
 // holds the rest when it gives up.
-func waitSettled(c *cli.Context, cl *scheduler.Client, name string) error {
+func waitSettled(c *cli.Context, cl *api.Client, name string) error {
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
 	start := time.Now()
@@ -186,7 +188,7 @@ func waitSettled(c *cli.Context, cl *scheduler.Client, name string) error {
 }
 
 // settled reports that no worker is still being stopped or started.
-func settled(st scheduler.JobStatus) bool {
+func settled(st api.JobStatus) bool {
 	if st.Summary.Stopping > 0 {
 		return false
 	}
@@ -199,7 +201,7 @@ func settled(st scheduler.JobStatus) bool {
 }
 
 // notReady says why a job did not get all its workers running.
-func notReady(st scheduler.JobStatus, err error, after time.Duration) string {
+func notReady(st api.JobStatus, err error, after time.Duration) string {
 	if err != nil {
 		return fmt.Sprintf("job %s: %v", st.Summary.Name, err)
 	}
@@ -241,7 +243,7 @@ func jobList(c *cli.Context) error {
 	}
 	jobs, err := cl.Jobs(c.Context)
 	if err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	return printOut(c, jobs, func(w io.Writer) {
 		fmt.Fprintln(w, "NAME\tTENANT\tSTATE\tRUNNING\tWORKERS\tUNPLACED\tPRIORITY")
@@ -261,12 +263,12 @@ func jobStatus(c *cli.Context) error {
 	}
 	st, err := cl.Job(c.Context, c.Args().First())
 	if err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	return printOut(c, st, func(w io.Writer) {
 		s := st.Summary
 		fmt.Fprintf(w, "job %s (tenant %s, %s): %d/%d running\n", s.Name, s.Tenant, s.State, s.Running, s.Workers)
-		fmt.Fprintln(w, "WORKER\tNODE\tDC\tRACK\tSTATE\tRESTARTS\tLAST EXIT")
+		fmt.Fprintln(w, "WORKER\tNODE\tDC\tRACK\tSTATE\tPID\tRESTARTS\tLAST EXIT")
 		for _, wv := range st.Workers {
 			id := fmt.Sprint(wv.Worker)
 			if wv.Link != "" {
@@ -276,7 +278,11 @@ func jobStatus(c *cli.Context) error {
 			if wv.Reason != "" {
 				last = wv.Reason
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", id, clip(wv.Node, 16), clip(wv.DC, 8), clip(wv.Rack, 8), wv.State, wv.Restarts, clip(last, 36))
+			pid := "-"
+			if wv.PID != 0 {
+				pid = fmt.Sprint(wv.PID)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", id, clip(wv.Node, 16), clip(wv.DC, 8), clip(wv.Rack, 8), wv.State, pid, wv.Restarts, clip(last, 32))
 		}
 	})
 }

@@ -45,7 +45,7 @@ func nodeList(c *cli.Context) error {
 	}
 	nodes, err := cl.Nodes(c.Context)
 	if err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	return printOut(c, nodes, func(w io.Writer) {
 		fmt.Fprintln(w, "ID\tDC\tRACK\tSLOTS\tFREE\tTHROTTLED\tHEALTH\tREASON")
@@ -70,7 +70,7 @@ func nodeDrain(drain bool) cli.ActionFunc {
 		}
 		id := c.Args().First()
 		if err := cl.DrainNode(c.Context, id, drain); err != nil {
-			return apiErr(err)
+			return apiErr(c, err)
 		}
 		if drain {
 			fmt.Fprintf(c.App.Writer, "node %s draining: its workers move elsewhere\n", id)

@@ -15,9 +15,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/isolation"
-	"github.com/stormdock/stormdock/isolation/docker"
-	"github.com/stormdock/stormdock/isolation/process"
 )
 
 // RunCommand runs one worker in the foreground under an isolation driver.
@@ -87,32 +86,23 @@ func runWorker(c *cli.Context) error {
 	ctx := context.WithoutCancel(c.Context)
 	// The drivers' progress lines repeat what this command prints; keep their warnings.
 	quiet := slog.New(slog.NewTextHandler(c.App.ErrWriter, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	var drv isolation.Driver
-	switch c.String("isolation") {
+	mode := c.String("isolation")
+	switch mode {
 	case cluster.IsolationProcess:
-		d, err := process.New(process.Config{CgroupParent: c.String("cgroup-parent"), StateDir: stateDir, Logger: quiet})
-		if err != nil {
-			return runErr(err)
-		}
-		drv = d
 	case cluster.IsolationDocker:
 		if spec.Image == "" {
 			return usageErr("--isolation docker needs --image (build one with `stormdock image build`)")
 		}
-		cli, err := docker.Connect(ctx, "")
-		if err != nil {
-			return runErr(err)
-		}
-		defer cli.Close()
-		d, err := docker.New(ctx, docker.Config{Client: cli, Node: "run-" + host, Logger: quiet})
-		if err != nil {
-			return runErr(err)
-		}
-		drv = d
 	default:
-		return usageErr("--isolation must be %s or %s, not %q", cluster.IsolationProcess, cluster.IsolationDocker, c.String("isolation"))
+		return usageErr("--isolation must be %s or %s, not %q", cluster.IsolationProcess, cluster.IsolationDocker, mode)
 	}
-	defer drv.Close()
+	drivers, err := daemon.NewDrivers(ctx, daemon.DriverConfig{Isolation: []string{mode}, CgroupParent: c.String("cgroup-parent"),
+		ProcessState: stateDir, Node: "run-" + host, Logger: quiet})
+	if err != nil {
+		return runErr(err)
+	}
+	defer drivers.Close()
+	drv := drivers.List[0]
 
 	w, err := drv.Start(ctx, spec)
 	if err != nil {

@@ -58,7 +58,7 @@ func tenantCreate(c *cli.Context) error {
 		return err
 	}
 	if err := cl.CreateTenant(c.Context, t); err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	fmt.Fprintf(c.App.Writer, "tenant %s created\n", t.Name)
 	return nil
@@ -74,7 +74,7 @@ func tenantList(c *cli.Context) error {
 	}
 	ts, err := cl.Tenants(c.Context)
 	if err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	return printOut(c, ts, func(w io.Writer) {
 		fmt.Fprintln(w, "NAME\tJOBS\tWORKERS\tMAX WORKERS\tMEMORY\tMAX MEMORY")
@@ -101,7 +101,7 @@ func tenantToken(c *cli.Context) error {
 	}
 	token, err := cl.TenantToken(c.Context, c.Args().First())
 	if err != nil {
-		return apiErr(err)
+		return apiErr(c, err)
 	}
 	fmt.Fprintln(c.App.Writer, token)
 	return nil

@@ -8,15 +8,17 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stormdock/stormdock/provision/local"
 	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/healthcheck"
 )
 
 // UpCommand runs a local cluster in the foreground.
 var UpCommand = &cli.Command{
 	Name:  "up",
 	Usage: "run a local cluster: a master and N agents in this process, with simulated data centers and racks",
-	Flags: []cli.Flag{
+	Flags: append([]cli.Flag{
 		&cli.IntFlag{Name: "nodes", Usage: "simulated nodes", Value: 12},
 		&cli.StringFlag{Name: "dcs", Usage: "data centers, comma-separated", Value: "dc-a,dc-b,dc-c"},
 		&cli.IntFlag{Name: "racks-per-dc", Usage: "racks in each data center", Value: 2},
@@ -27,7 +29,7 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT)"},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
-	},
+	}, healthcheck.LocalFlags()...),
 	Action: runUp,
 }
 
@@ -57,10 +59,14 @@ func runUp(c *cli.Context) error {
 			dcs = append(dcs, dc)
 		}
 	}
-	lc, err := local.Start(c.Context, local.Config{
+	health, err := healthcheck.ConfigFromCLI(c)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	lc, err := daemon.StartLocal(c.Context, daemon.LocalConfig{
 		Nodes: c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
 		DataDir: c.String("data"), Store: c.String("store"), API: c.String("api"),
-		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Logger: log,
+		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log,
 	})
 	if err != nil {
 		return cli.Exit("stormdock up: "+err.Error(), 1)

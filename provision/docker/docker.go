@@ -29,10 +29,10 @@ import (
 	"github.com/docker/docker/client"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/provision"
-	"github.com/stormdock/stormdock/scheduler"
 )
 
 // API is the part of the Docker client the provider uses; *client.Client implements it.
@@ -267,7 +267,7 @@ func (p *Provider) scaleIn(ctx context.Context, spec provision.Spec, apiURL stri
 }
 
 // client is an admin client for the cluster's master.
-func (p *Provider) client(name, apiURL string) (*scheduler.Client, error) {
+func (p *Provider) client(name, apiURL string) (*api.Client, error) {
 	token := p.cfg.Token
 	if token == "" {
 		var err error
@@ -275,7 +275,7 @@ func (p *Provider) client(name, apiURL string) (*scheduler.Client, error) {
 			return nil, err
 		}
 	}
-	return scheduler.NewClient(apiURL, token)
+	return api.NewClient(apiURL, token)
 }
 
 // Status implements provision.Provider.
@@ -459,7 +459,7 @@ func (p *Provider) startAgents(ctx context.Context, spec provision.Spec, slots [
 
 // waitMaster waits until the master at apiURL answers and leads.
 func (p *Provider) waitMaster(ctx context.Context, name, apiURL string) error {
-	api, err := scheduler.NewClient(apiURL, "")
+	api, err := api.NewClient(apiURL, "")
 	if err != nil {
 		return err
 	}

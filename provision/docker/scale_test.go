@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/provision"
 	pdocker "github.com/stormdock/stormdock/provision/docker"
-	"github.com/stormdock/stormdock/scheduler"
 )
 
 func jobSpec(workers int) []byte {
@@ -27,7 +27,7 @@ gracePeriod: 2s
 `, workers)
 }
 
-func apiClient(t testing.TB, p provision.Tokens, c provision.Cluster) *scheduler.Client {
+func apiClient(t testing.TB, p provision.Tokens, c provision.Cluster) *api.Client {
 	t.Helper()
 	token, err := p.Read(c.Name)
 	if err != nil {
@@ -37,7 +37,7 @@ func apiClient(t testing.TB, p provision.Tokens, c provision.Cluster) *scheduler
 	if err != nil || info.Mode().Perm() != 0o600 {
 		t.Errorf("token file %s: %v, mode %v; want 0600", p.Path(c.Name), err, info.Mode())
 	}
-	cl, err := scheduler.NewClient(c.API, token)
+	cl, err := api.NewClient(c.API, token)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,10 +51,10 @@ type placedWorker struct {
 	restarts int
 }
 
-func workers(ctx context.Context, cl *scheduler.Client) (map[int]placedWorker, scheduler.JobSummary, error) {
+func workers(ctx context.Context, cl *api.Client) (map[int]placedWorker, api.JobSummary, error) {
 	st, err := cl.Job(ctx, "wc")
 	if err != nil {
-		return nil, scheduler.JobSummary{}, err
+		return nil, api.JobSummary{}, err
 	}
 	out := map[int]placedWorker{}
 	for _, w := range st.Workers {
@@ -66,11 +66,11 @@ func workers(ctx context.Context, cl *scheduler.Client) (map[int]placedWorker, s
 }
 
 // settled waits until all n workers of wc run and no stale copy is left.
-func settled(t testing.TB, cl *scheduler.Client, n int, timeout time.Duration) map[int]placedWorker {
+func settled(t testing.TB, cl *api.Client, n int, timeout time.Duration) map[int]placedWorker {
 	t.Helper()
 	var ws map[int]placedWorker
 	waitFor(t, fmt.Sprintf("%d workers of wc running", n), timeout, func() (bool, string) {
-		var sum scheduler.JobSummary
+		var sum api.JobSummary
 		var err error
 		ws, sum, err = workers(context.Background(), cl)
 		if err != nil {

@@ -22,9 +22,9 @@ import (
 
 	nomadapi "github.com/hashicorp/nomad/api"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/provision"
-	"github.com/stormdock/stormdock/scheduler"
 )
 
 // Name is the provider's name in Cluster.Provider and on the command line.
@@ -189,7 +189,7 @@ func (p *Provider) Scale(ctx context.Context, name string, agents int) (provisio
 	}
 	defer store.Close()
 	var drained []string
-	var api *scheduler.Client
+	var api *api.Client
 	if agents < cur {
 		allocs, err := p.agentAllocs(ctx, name)
 		if err != nil {
@@ -233,7 +233,7 @@ func (p *Provider) Scale(ctx context.Context, name string, agents int) (provisio
 }
 
 // client is an admin client for the master that leads the cluster.
-func (p *Provider) client(ctx context.Context, kv coord.KV, name string) (*scheduler.Client, error) {
+func (p *Provider) client(ctx context.Context, kv coord.KV, name string) (*api.Client, error) {
 	apiURL, err := provision.MasterAPI(ctx, kv)
 	if err != nil {
 		return nil, err
@@ -247,7 +247,7 @@ func (p *Provider) client(ctx context.Context, kv coord.KV, name string) (*sched
 			return nil, err
 		}
 	}
-	return scheduler.NewClient(apiURL, token)
+	return api.NewClient(apiURL, token)
 }
 
 // waitSettled waits until the job runs its master and exactly n agents, every one

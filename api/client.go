@@ -1,4 +1,4 @@
-package scheduler
+package api
 
 import (
 	"bytes"
@@ -32,31 +32,6 @@ func NewClient(base, token string) (*Client, error) {
 	return &Client{base: strings.TrimSuffix(base, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
 }
 
-// APIError is an error answered by the master.
-type APIError struct {
-	Status int
-	Msg    string
-}
-
-func (e *APIError) Error() string { return e.Msg }
-
-// Is lets callers test API errors against the package's sentinels.
-func (e *APIError) Is(target error) bool {
-	switch target {
-	case ErrBadInput:
-		return e.Status == http.StatusBadRequest || e.Status == http.StatusRequestEntityTooLarge
-	case ErrNotFound:
-		return e.Status == http.StatusNotFound
-	case ErrExists:
-		return e.Status == http.StatusConflict
-	case ErrQuota, ErrForbidden:
-		return e.Status == http.StatusForbidden || e.Status == http.StatusUnauthorized
-	case ErrBusy:
-		return e.Status == http.StatusServiceUnavailable
-	}
-	return false
-}
-
 func (c *Client) do(ctx context.Context, method, path string, body []byte, contentType string, out any) error {
 	var rd io.Reader
 	if body != nil {
@@ -86,11 +61,11 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, conte
 		return fmt.Errorf("read answer of %s %s: %w", method, path, err)
 	}
 	if resp.StatusCode >= 300 {
-		var eb errorBody
+		var eb ErrorBody
 		if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
 			eb.Error = fmt.Sprintf("master answered %s to %s %s", resp.Status, method, path)
 		}
-		return &APIError{Status: resp.StatusCode, Msg: eb.Error}
+		return &Error{Status: resp.StatusCode, Code: eb.Code, Msg: eb.Error}
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {

@@ -1,4 +1,4 @@
-package scheduler
+package api
 
 import (
 	"time"
@@ -7,7 +7,7 @@ import (
 )
 
 // MaxBodyBytes bounds a request body; a job spec is a few hundred bytes. Every body is
-// JSON (a job spec may be YAML); errors are {"error": "one line"}.
+// JSON (a job spec may be YAML); errors are an ErrorBody.
 const MaxBodyBytes = 1 << 20
 
 // JobSummary is one row of the job list.
@@ -98,10 +98,6 @@ type KillRequest struct {
 type Health struct {
 	ID     string `json:"id"`
 	Leader bool   `json:"leader"`
-}
-
-type errorBody struct {
-	Error string `json:"error"`
 }
 
 // TokenReply carries a new tenant token; it is shown once and only its hash is kept.

@@ -1,14 +1,13 @@
-// Package local runs a whole stormdock cluster in one process: a master and many agents on
+package daemon
+
+// A local cluster is a whole stormdock cluster in one process: a master and many agents on
 // one store, with simulated data centers and racks and real worker processes.
-package local
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path"
 	"path/filepath"
@@ -19,17 +18,15 @@ import (
 
 	"github.com/docker/docker/client"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/docker"
-	"github.com/stormdock/stormdock/isolation/process"
-	"github.com/stormdock/stormdock/scheduler"
 )
 
-// Config shapes a local cluster.
-type Config struct {
+// LocalConfig shapes a local cluster.
+type LocalConfig struct {
 	Nodes      int
 	DCs        []string
 	RacksPerDC int
@@ -48,10 +45,13 @@ type Config struct {
 	Heartbeat      time.Duration
 	// Isolation lists the drivers every node offers: process (always) and docker.
 	Isolation []string
-	Logger    *slog.Logger
+	// Health is every node's health-check configuration (its cgroup parent is the node's
+	// own); the zero value means healthcheck.DefaultConfig.
+	Health *healthcheck.Config
+	Logger *slog.Logger
 }
 
-func (c *Config) defaults() error {
+func (c *LocalConfig) defaults() error {
 	if c.Nodes <= 0 {
 		c.Nodes = 12
 	}
@@ -98,79 +98,67 @@ func (c *Config) defaults() error {
 			return fmt.Errorf("isolation must be process or docker, not %q", m)
 		}
 	}
-	return nil
+	if c.Health == nil {
+		d := healthcheck.DefaultConfig()
+		c.Health = &d
+	}
+	return c.Health.Validate()
 }
 
-// Cluster is a running local cluster.
-type Cluster struct {
-	cfg       Config
-	apiURL    string
-	tokenPath string
-	registry  *prometheus.Registry
-	confined  bool
+// Local is a running local cluster.
+type Local struct {
+	cfg      LocalConfig
+	master   *Master
+	store    coord.Store
+	confined bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	http   *http.Server
-	store  coord.Store
 
 	docker *client.Client // shared by every node's docker driver, when docker is offered
 
 	mu    sync.Mutex
-	nodes map[string]*node
+	nodes map[string]*localNode
 	order []string
 }
 
-// node is one simulated machine: an agent with its own store session and driver.
-type node struct {
-	spec    cluster.Node
-	store   coord.Store
-	drivers []isolation.Driver
-	cancel  context.CancelFunc
-	done    chan struct{}
-	dead    bool
+// localNode is one simulated machine: an agent with its own store session and drivers.
+type localNode struct {
+	spec   cluster.Node
+	agent  *Agent
+	cancel context.CancelFunc
+	done   chan struct{}
+	dead   bool
 }
 
-// Start runs the master and every agent; it returns once the API listens.
-func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+// StartLocal runs the master and every agent; it returns once the API listens.
+func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("make data directory: %w", err)
 	}
-	ln, err := net.Listen("tcp", cfg.API)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w (is another local cluster running? pick --api)", cfg.API, err)
-	}
 	rctx, cancel := context.WithCancel(context.Background())
-	c := &Cluster{cfg: cfg, apiURL: "http://" + ln.Addr().String(), cancel: cancel, nodes: map[string]*node{},
-		registry: prometheus.NewRegistry()}
-	fail := func(err error) (*Cluster, error) {
-		ln.Close()
+	c := &Local{cfg: cfg, cancel: cancel, nodes: map[string]*localNode{}}
+	fail := func(err error) (*Local, error) {
 		c.Close(context.Background())
 		return nil, err
 	}
-	c.store, err = coord.Open(ctx, cfg.Store, coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger})
-	if err != nil {
+	var err error
+	opts := coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger}
+	if c.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
 		return fail(fmt.Errorf("open store: %w", err))
 	}
-	if c.tokenPath, err = scheduler.EnsureAdminToken(ctx, c.store, cfg.DataDir); err != nil {
-		return fail(err)
-	}
-	m, err := scheduler.New(c.store, scheduler.Config{ID: "local", API: c.apiURL, Logger: cfg.Logger, Registry: c.registry})
+	c.master, err = NewMaster(ctx, MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local",
+		DataDir: cfg.DataDir, Logger: cfg.Logger})
 	if err != nil {
 		return fail(err)
 	}
-	c.http = &http.Server{Handler: m.Handler(c.registry), ReadHeaderTimeout: 10 * time.Second}
-	c.wg.Add(2)
+	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		_ = c.http.Serve(ln)
-	}()
-	go func() {
-		defer c.wg.Done()
-		if err := m.Run(rctx); err != nil {
+		if err := c.master.Run(rctx); err != nil {
 			cfg.Logger.Error("master stopped", "err", err)
 		}
 	}()
@@ -195,48 +183,42 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	return c, nil
 }
 
-// cgroupParent is where a node's worker cgroups go; one per data directory so that two
+// CgroupParent is where a node's worker cgroups go; one per data directory so that two
 // local clusters do not adopt each other's workers.
-func (c *Cluster) cgroupParent(id string) string {
+func (c *Local) CgroupParent(id string) string {
 	return "/stormdock-local/" + strings.ReplaceAll(filepath.Base(c.cfg.DataDir), ".", "_") + "/" + id
 }
 
-func (c *Cluster) startNode(ctx context.Context, spec cluster.Node) error {
-	stateDir := filepath.Join(c.cfg.DataDir, "nodes", spec.ID)
-	log := c.cfg.Logger.With("node", spec.ID)
-	pd, err := process.New(process.Config{
-		CgroupParent: c.cgroupParent(spec.ID),
-		StateDir:     filepath.Join(stateDir, "process"),
-		Unconfined:   !c.confined,
-		Logger:       log,
+func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
+	iso := []string{cluster.IsolationProcess}
+	if c.docker != nil {
+		iso = append(iso, cluster.IsolationDocker)
+	}
+	cgroups := CgroupsRequired
+	if !c.confined {
+		cgroups = CgroupsOff
+	}
+	c.mu.Lock()
+	portBase := 6700 + 100*len(c.order)
+	c.mu.Unlock()
+	health := *c.cfg.Health
+	health.CgroupParent = c.CgroupParent(spec.ID)
+	a, err := NewAgent(ctx, AgentConfig{
+		Node:         spec,
+		Store:        c.cfg.Store,
+		StoreOptions: coord.Options{SessionTimeout: c.cfg.SessionTimeout},
+		StateDir:     filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
+		Drivers: DriverConfig{Isolation: iso, Cgroups: cgroups, Docker: c.docker,
+			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},
+		Heartbeat: c.cfg.Heartbeat,
+		PortBase:  portBase,
+		Health:    health,
+		Logger:    c.cfg.Logger,
 	})
 	if err != nil {
 		return fmt.Errorf("node %s: %w", spec.ID, err)
 	}
-	n := &node{spec: spec, drivers: []isolation.Driver{pd}, done: make(chan struct{})}
-	drivers := []agents.Driver{{Isolation: cluster.IsolationProcess, Driver: pd}}
-	if c.docker != nil {
-		dd, err := docker.New(ctx, docker.Config{Client: c.docker, Node: spec.ID,
-			Labels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}, Logger: log})
-		if err != nil {
-			n.close()
-			return fmt.Errorf("node %s: %w", spec.ID, err)
-		}
-		n.drivers = append(n.drivers, dd)
-		drivers = append(drivers, agents.Driver{Isolation: cluster.IsolationDocker, Driver: dd})
-	}
-	if n.store, err = coord.Open(ctx, c.cfg.Store, coord.Options{SessionTimeout: c.cfg.SessionTimeout, Logger: c.cfg.Logger}); err != nil {
-		n.close()
-		return fmt.Errorf("node %s: open store: %w", spec.ID, err)
-	}
-	a, err := agents.New(agents.Config{
-		Node: spec, StateDir: stateDir, SessionTimeout: c.cfg.SessionTimeout, Heartbeat: c.cfg.Heartbeat,
-		PortBase: 6700 + 100*len(c.order), Logger: c.cfg.Logger,
-	}, n.store, drivers...)
-	if err != nil {
-		n.close()
-		return fmt.Errorf("node %s: %w", spec.ID, err)
-	}
+	n := &localNode{spec: spec, agent: a, done: make(chan struct{})}
 	actx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	c.mu.Lock()
@@ -253,19 +235,19 @@ func (c *Cluster) startNode(ctx context.Context, spec cluster.Node) error {
 }
 
 // API is the master's URL.
-func (c *Cluster) API() string { return c.apiURL }
+func (c *Local) API() string { return c.master.URL() }
 
 // TokenPath is the admin token's file ("" when another master made the token).
-func (c *Cluster) TokenPath() string { return c.tokenPath }
+func (c *Local) TokenPath() string { return c.master.TokenPath() }
 
 // Registry holds the master's metrics, served at API()/metrics.
-func (c *Cluster) Registry() *prometheus.Registry { return c.registry }
+func (c *Local) Registry() *prometheus.Registry { return c.master.Registry() }
 
 // Confined reports whether workers run in cgroups.
-func (c *Cluster) Confined() bool { return c.confined }
+func (c *Local) Confined() bool { return c.confined }
 
 // Nodes lists the node ids in start order.
-func (c *Cluster) Nodes() []string {
+func (c *Local) Nodes() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]string(nil), c.order...)
@@ -273,7 +255,7 @@ func (c *Cluster) Nodes() []string {
 
 // KillNode simulates the loss of a machine: its agent and workers die at once and its
 // store session ends, so the master re-places the workers elsewhere.
-func (c *Cluster) KillNode(ctx context.Context, id string) error {
+func (c *Local) KillNode(ctx context.Context, id string) error {
 	c.mu.Lock()
 	n, ok := c.nodes[id]
 	if !ok || n.dead {
@@ -286,31 +268,23 @@ func (c *Cluster) KillNode(ctx context.Context, id string) error {
 	<-n.done
 	c.stopWorkers(ctx, n, 0)
 	// A dead machine does not say goodbye: its session lingers until the timeout.
-	if e, ok := n.store.(interface{ Crash() }); ok {
+	if e, ok := n.agent.Store().(interface{ Crash() }); ok {
 		e.Crash()
-	} else {
-		n.store.Close()
 	}
+	n.close()
 	return nil
 }
 
 // close releases the node's drivers and store client.
-func (n *node) close() {
-	for _, d := range n.drivers {
-		d.Close()
-		if p, ok := d.(interface{ RemoveParent() error }); ok {
-			_ = p.RemoveParent()
-		}
-	}
-	if n.store != nil {
-		n.store.Close()
-	}
+func (n *localNode) close() {
+	n.agent.Close()
+	n.agent.Drivers().RemoveParents()
 }
 
 // stopWorkers stops every worker the node's drivers know.
-func (c *Cluster) stopWorkers(ctx context.Context, n *node, grace time.Duration) {
+func (c *Local) stopWorkers(ctx context.Context, n *localNode, grace time.Duration) {
 	var wg sync.WaitGroup
-	for _, d := range n.drivers {
+	for _, d := range n.agent.Drivers().List {
 		ws, err := d.List(ctx)
 		if err != nil {
 			continue
@@ -334,9 +308,9 @@ func (c *Cluster) stopWorkers(ctx context.Context, n *node, grace time.Duration)
 
 // Close stops the agents, then every worker (each with its grace period), then the master,
 // so that nothing is left running.
-func (c *Cluster) Close(ctx context.Context) error {
+func (c *Local) Close(ctx context.Context) error {
 	c.mu.Lock()
-	nodes := make([]*node, 0, len(c.nodes))
+	nodes := make([]*localNode, 0, len(c.nodes))
 	for _, n := range c.nodes {
 		nodes = append(nodes, n)
 	}
@@ -350,20 +324,18 @@ func (c *Cluster) Close(ctx context.Context) error {
 			<-n.done
 			if !n.dead {
 				c.stopWorkers(ctx, n, 5*time.Second)
+				n.close()
 			}
-			n.close()
 		}()
 	}
 	wg.Wait()
 	if c.cancel != nil {
 		c.cancel()
 	}
-	if c.http != nil {
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_ = c.http.Shutdown(sctx)
-		cancel()
-	}
 	c.wg.Wait()
+	if c.master != nil {
+		c.master.Close()
+	}
 	if c.store != nil {
 		c.store.Close()
 	}
@@ -376,8 +348,8 @@ func (c *Cluster) Close(ctx context.Context) error {
 
 // removeCgroupDirs removes the cluster's own cgroup directories above the nodes' parents
 // (the drivers remove those), in every mounted hierarchy, once they are empty.
-func (c *Cluster) removeCgroupDirs() {
-	dir := path.Dir(c.cgroupParent("x"))
+func (c *Local) removeCgroupDirs() {
+	dir := path.Dir(c.CgroupParent("x"))
 	for _, d := range []string{dir, path.Dir(dir)} {
 		mounts, _ := filepath.Glob("/sys/fs/cgroup/*")
 		for _, m := range append(mounts, "/sys/fs/cgroup") {

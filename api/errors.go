@@ -1,0 +1,150 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+)
+
+// Errors callers branch on. The master wraps them (fmt.Errorf("%w: ...")); the client
+// gives them back from the error body's code, so both sides of the wire agree.
+var (
+	ErrBadInput     = errors.New("bad input")
+	ErrUnauthorized = errors.New("unauthorized")
+	ErrForbidden    = errors.New("forbidden")
+	ErrQuota        = errors.New("over quota")
+	ErrNotFound     = errors.New("not found")
+	ErrExists       = errors.New("already exists")
+	ErrTooLarge     = errors.New("request too large")
+	ErrRateLimited  = errors.New("too many requests")
+	// ErrBusy: concurrent changes kept conflicting; the same request may succeed later.
+	ErrBusy = errors.New("busy")
+	// ErrUnavailable: the master cannot reach the coordination store.
+	ErrUnavailable = errors.New("store unavailable")
+	ErrInternal    = errors.New("internal error")
+)
+
+// kind is one row of the one table that ties an error to its wire code, its HTTP status
+// and the CLI's exit code (2: the request was wrong and will stay wrong; 1: it failed).
+type kind struct {
+	err    error
+	code   string
+	status int
+	exit   int
+}
+
+var kinds = []kind{
+	{ErrBadInput, "bad_input", http.StatusBadRequest, 2},
+	{ErrUnauthorized, "unauthorized", http.StatusUnauthorized, 2},
+	{ErrForbidden, "forbidden", http.StatusForbidden, 2},
+	{ErrQuota, "over_quota", http.StatusForbidden, 2},
+	{ErrNotFound, "not_found", http.StatusNotFound, 2},
+	{ErrExists, "exists", http.StatusConflict, 2},
+	{ErrTooLarge, "too_large", http.StatusRequestEntityTooLarge, 2},
+	{ErrRateLimited, "rate_limited", http.StatusTooManyRequests, 1},
+	{ErrBusy, "busy", http.StatusServiceUnavailable, 1},
+	{ErrUnavailable, "unavailable", http.StatusServiceUnavailable, 1},
+	{ErrInternal, "internal", http.StatusInternalServerError, 1},
+}
+
+func kindOf(err error) kind {
+	for _, k := range kinds {
+		if errors.Is(err, k.err) {
+			return k
+		}
+	}
+	return kinds[len(kinds)-1]
+}
+
+// ErrorBody is every error answer: {"error": "one line", "code": "not_found"}.
+type ErrorBody struct {
+	Error string `json:"error"`
+	Code  string `json:"code,omitempty"`
+}
+
+// Error is an error answered by a master.
+type Error struct {
+	Status int
+	Code   string
+	Msg    string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// Is matches the sentinel of the answer's code. An answer without a known code (a proxy's,
+// or a plain-text 405 from the router) matches the sentinel its status alone names, when
+// only one does.
+func (e *Error) Is(target error) bool {
+	for _, k := range kinds {
+		if k.code == e.Code {
+			return k.err == target
+		}
+	}
+	var match error
+	for _, k := range kinds {
+		if k.status == e.Status {
+			if match != nil {
+				return false
+			}
+			match = k.err
+		}
+	}
+	return match == target
+}
+
+// Status is the HTTP status an error is answered with.
+func Status(err error) int { return kindOf(err).status }
+
+// ExitCode is the CLI's exit code for an error of a request: 0 for nil.
+func ExitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ae *Error
+	if errors.As(err, &ae) {
+		for _, k := range kinds {
+			if errors.Is(ae, k.err) {
+				return k.exit
+			}
+		}
+		return 1
+	}
+	for _, k := range kinds {
+		if errors.Is(err, k.err) {
+			return k.exit
+		}
+	}
+	return 1 // not an API error: the master could not be reached, or the answer not read
+}
+
+// WriteError answers err: its status and code from the table, its message in one line
+// without the sentinel's own prefix (the code says that).
+func WriteError(w http.ResponseWriter, err error) {
+	k := kindOf(err)
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, k.err.Error()+": ")
+	writeError(w, k, msg)
+}
+
+// Errorf answers a sentinel with a message of its own.
+func Errorf(w http.ResponseWriter, sentinel error, msg string) {
+	writeError(w, kindOf(sentinel), msg)
+}
+
+func writeError(w http.ResponseWriter, k kind, msg string) {
+	msg = strings.ReplaceAll(strings.TrimSpace(msg), "\n", "; ")
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(k.status)
+	_ = json.NewEncoder(w).Encode(ErrorBody{Error: msg, Code: k.code})
+}
+
+// WriteJSON answers v as indented JSON.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
