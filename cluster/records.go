@@ -101,6 +101,13 @@ const (
 	WorkerEvicted = "evicted"
 )
 
+// WorkerStates lists every worker state, in the order of a worker's life: the label values
+// of the master's and the agents' per-state worker metrics, so that both report the same
+// series (a state with no worker reads 0 rather than missing).
+func WorkerStates() []string {
+	return []string{WorkerStarting, WorkerRunning, WorkerBackoff, WorkerStopping, WorkerFailed, WorkerEvicted}
+}
+
 // WorkerStatus is one worker as its agent sees it.
 type WorkerStatus struct {
 	Key         WorkerKey `json:"key"`
