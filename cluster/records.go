@@ -17,6 +17,11 @@ const (
 	DCsKey         = "/dcs"         // /dcs/<dc>: DCRecord
 	ElectionKey    = "/master/election"
 	MasterKey      = "/master/info" // MasterInfo of the active master, session-bound
+	// MasterDirKey holds the masters' own entries: ElectionKey, MasterKey, the admin token.
+	MasterDirKey = "/master"
+	// RoutersKey holds one entry per mirrored job, written by its output router (package
+	// multidc): /routers/<job>: RouterRecord, /routers/<job>/election: the routers' election.
+	RoutersKey = "/routers"
 )
 
 // JobKey is the store key of a job's record.
@@ -36,6 +41,14 @@ func NodeConfKey(id string) string { return path.Join(NodeConfsKey, id) }
 
 // DCKey is the store key of a data center's record.
 func DCKey(name string) string { return path.Join(DCsKey, name) }
+
+// RouterKey is the store key of a mirrored job's router record, the parent of its
+// RouterElectionKey: deleting the tree removes both.
+func RouterKey(job string) string { return path.Join(RoutersKey, job) }
+
+// RouterElectionKey is the prefix of the election that lets one router at a time serve a
+// job, so that two routers never write one sink.
+func RouterElectionKey(job string) string { return path.Join(RoutersKey, job, "election") }
 
 // Data-center states.
 const (
