@@ -79,29 +79,38 @@ func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int) map[string]stri
 	return env
 }
 
-// command resolves the assignment's command for the isolation it runs under: a program named
-// "stormdock" becomes the agent's own binary (or the image's copy), and unless leases are
-// off the whole is wrapped in the lease launcher.
-func (a *Agent) command(wa cluster.WorkerAssignment, mode, leaseFile string) []string {
-	self := a.cfg.Self
+// SelfPath is the stormdock binary as a worker under isolation mode sees it: the image's
+// copy at containerSelf inside a docker container, self (the agent's own) otherwise.
+func SelfPath(mode, self, containerSelf string) string {
 	if mode == cluster.IsolationDocker {
-		self = a.cfg.ContainerSelf
+		return containerSelf
 	}
-	cmd := slices.Clone(wa.Command)
+	return self
+}
+
+// ResolveSelf applies the rule that lets a job run `stormdock ...` on nodes where stormdock
+// is not on PATH: a command whose program is exactly SelfCommand runs self (see SelfPath)
+// instead. It returns a copy; other commands come back unchanged.
+func ResolveSelf(cmd []string, self string) []string {
+	cmd = slices.Clone(cmd)
 	if len(cmd) > 0 && cmd[0] == SelfCommand {
 		cmd[0] = self
 	}
+	return cmd
+}
+
+// command resolves the assignment's command for the isolation it runs under (ResolveSelf)
+// and, unless leases are off, wraps it in the lease launcher.
+func (a *Agent) command(wa cluster.WorkerAssignment, mode, leaseFile string) []string {
+	self := SelfPath(mode, a.cfg.Self, a.cfg.ContainerSelf)
+	cmd := ResolveSelf(wa.Command, self)
 	if a.cfg.NoLease || len(cmd) == 0 {
 		// A docker worker without a command runs the image's own entrypoint, which the
 		// launcher cannot wrap without inspecting the image.
 		return cmd
 	}
-	out := []string{self, "launch",
-		"--lease", leaseFile,
-		"--ttl", a.cfg.LeaseTTL.String(),
-		"--grace", wa.Grace.Std().String(),
-		"--"}
-	return append(out, cmd...)
+	lc := LaunchConfig{Lease: leaseFile, TTL: a.cfg.LeaseTTL, Grace: wa.Grace.Std(), Command: cmd}
+	return append([]string{self, LaunchCommand}, lc.Args()...)
 }
 
 // spec builds the isolation spec of one worker.

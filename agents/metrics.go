@@ -8,20 +8,18 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 )
 
-// metrics are the agent's Prometheus metrics. The gauges are set by the agent's loop after
-// every change, so a scrape never takes the loop's state.
+// metrics are the agent's Prometheus metrics, all stormdock_agent_* (the health checks'
+// too, see package healthcheck). The gauges are set by the agent's loop after every change,
+// so a scrape never takes the loop's state.
 type metrics struct {
 	slots       *prometheus.GaugeVec // kind: total, used, free, throttled
-	workers     *prometheus.GaugeVec // state
+	workers     *prometheus.GaugeVec // state: cluster.WorkerStates, as the master's
 	starts      prometheus.Counter
 	restarts    prometheus.Counter
 	oomKills    prometheus.Counter
 	evictions   prometheus.Counter
 	storeWrites prometheus.Counter
 }
-
-var workerStates = []string{cluster.WorkerStarting, cluster.WorkerRunning, cluster.WorkerBackoff,
-	cluster.WorkerStopping, cluster.WorkerFailed, cluster.WorkerEvicted}
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -54,7 +52,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Writes of the node record to the coordination store.",
 		}),
 	}
-	for _, s := range workerStates {
+	for _, s := range cluster.WorkerStates() {
 		m.workers.WithLabelValues(s)
 	}
 	if reg == nil {
@@ -78,7 +76,7 @@ func (m *metrics) setSlots(total, used, throttled int) {
 
 // setWorkers publishes the count of workers per state.
 func (m *metrics) setWorkers(byState map[string]int) {
-	for _, s := range workerStates {
+	for _, s := range cluster.WorkerStates() {
 		m.workers.WithLabelValues(s).Set(float64(byState[s]))
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/isolation"
 )
@@ -109,7 +110,8 @@ func TestLauncherMemoryOverhead(t *testing.T) {
 	t.Setenv("HELPER_DIR", h.helperDir)
 	specs := []isolation.Spec{
 		spec("plain", worker...),
-		spec("launched", append([]string{bin, "launch", "--lease", lease, "--ttl", "1m", "--"}, worker...)...),
+		spec("launched", append([]string{bin, agents.LaunchCommand},
+			agents.LaunchConfig{Lease: lease, TTL: time.Minute, Grace: cluster.DefaultGracePeriod, Command: worker}.Args()...)...),
 	}
 	for _, s := range specs {
 		s.Env = map[string]string{"HELPER_DIR": h.helperDir}

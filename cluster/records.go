@@ -21,6 +21,11 @@ const (
 	// of whoever made it (a master's data directory, or the operator's for a provisioned
 	// cluster).
 	AdminTokenKey = "/master/admin"
+	// MasterDirKey holds the masters' own entries: ElectionKey, MasterKey, the admin token.
+	MasterDirKey = "/master"
+	// RoutersKey holds one entry per mirrored job, written by its output router (package
+	// multidc): /routers/<job>: RouterRecord, /routers/<job>/election: the routers' election.
+	RoutersKey = "/routers"
 )
 
 // JobKey is the store key of a job's record.
@@ -40,6 +45,14 @@ func NodeConfKey(id string) string { return path.Join(NodeConfsKey, id) }
 
 // DCKey is the store key of a data center's record.
 func DCKey(name string) string { return path.Join(DCsKey, name) }
+
+// RouterKey is the store key of a mirrored job's router record, the parent of its
+// RouterElectionKey: deleting the tree removes both.
+func RouterKey(job string) string { return path.Join(RoutersKey, job) }
+
+// RouterElectionKey is the prefix of the election that lets one router at a time serve a
+// job, so that two routers never write one sink.
+func RouterElectionKey(job string) string { return path.Join(RoutersKey, job, "election") }
 
 // Data-center states.
 const (
@@ -104,6 +117,13 @@ const (
 	// does not restart it and the master places it elsewhere.
 	WorkerEvicted = "evicted"
 )
+
+// WorkerStates lists every worker state, in the order of a worker's life: the label values
+// of the master's and the agents' per-state worker metrics, so that both report the same
+// series (a state with no worker reads 0 rather than missing).
+func WorkerStates() []string {
+	return []string{WorkerStarting, WorkerRunning, WorkerBackoff, WorkerStopping, WorkerFailed, WorkerEvicted}
+}
 
 // WorkerStatus is one worker as its agent sees it.
 type WorkerStatus struct {

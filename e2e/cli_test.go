@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -218,5 +219,45 @@ func TestDemo(t *testing.T) {
 	}
 	if m, _ := filepath.Glob("/sys/fs/cgroup/memory/stormdock-local/stormdock-demo-*"); len(m) > 0 {
 		t.Errorf("demo left cgroups behind: %v", m)
+	}
+}
+
+// TestRunSelfCommand: `stormdock run -- stormdock ARGS` runs this stormdock binary (in a
+// container, the image's /stormdock), as a job's command does, with the default limits.
+func TestRunSelfCommand(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T) []string // the isolation flags
+	}{
+		{"process", func(t *testing.T) []string {
+			testenv.Cgroups(t)
+			return []string{"--isolation", "process"}
+		}},
+		{"docker", func(t *testing.T) []string {
+			testenv.DockerSocket(t)
+			tag := fmt.Sprintf("stormdock-e2e/run-self:%d", os.Getpid())
+			c := &cli{t: t}
+			c.ok("image", "build", "--tag", tag)
+			t.Cleanup(func() {
+				if out, err := exec.Command("docker", "rmi", "--force", tag).CombinedOutput(); err != nil {
+					t.Logf("remove image %s: %v\n%s", tag, err, out)
+				}
+			})
+			return []string{"--isolation", "docker", "--image", tag}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &cli{t: t}
+			version := strings.TrimSpace(c.ok("version"))
+			args := append([]string{"run"}, tt.setup(t)...)
+			out := c.ok(append(args, "--", "stormdock", "version")...)
+			// The version line proves the program ran and its output was echoed.
+			for _, want := range []string{version, "memory 256Mi, cpu 0.5", "exited with code 0"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("output lacks %q:\n%s", want, out)
+				}
+			}
+		})
 	}
 }

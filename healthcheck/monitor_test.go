@@ -113,10 +113,10 @@ func TestMonitorMemoryThrottle(t *testing.T) {
 	if s.Withheld != 3 || s.Available() != 5 || !strings.Contains(s.Reason, "high-water") {
 		t.Errorf("throttled state %+v", s)
 	}
-	if g := gauge(t, reg, "stormdock_node_slots_withheld", nil); g != 3 {
+	if g := gauge(t, reg, "stormdock_agent_slots_withheld", nil); g != 3 {
 		t.Errorf("withheld gauge %v", g)
 	}
-	if g := gauge(t, reg, "stormdock_node_health_state", map[string]string{"state": "throttled"}); g != 1 {
+	if g := gauge(t, reg, "stormdock_agent_health_state", map[string]string{"state": "throttled"}); g != 1 {
 		t.Errorf("health_state{throttled} %v", g)
 	}
 	var n cluster.Node
@@ -188,7 +188,7 @@ func TestMonitorScripts(t *testing.T) {
 	if !n.Unschedulable || n.Throttled != 6 {
 		t.Errorf("applied %+v", n)
 	}
-	if g := gauge(t, reg, "stormdock_node_health_script_failures_total", map[string]string{"script": "check-disk"}); g < 1 {
+	if g := gauge(t, reg, "stormdock_agent_health_script_failures_total", map[string]string{"script": "check-disk"}); g < 1 {
 		t.Errorf("script failures %v", g)
 	}
 
@@ -228,7 +228,7 @@ func TestMonitorEvicts(t *testing.T) {
 		t.Errorf("critical state %+v", s)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for gauge(t, reg, "stormdock_node_evictions_total", nil) < 1 {
+	for gauge(t, reg, "stormdock_agent_memory_evictions_total", nil) < 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("no eviction")
 		}

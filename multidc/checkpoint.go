@@ -5,23 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path"
 
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
 
-// RoutersKey is the store key under which each mirrored job's router keeps its record.
-const RoutersKey = "/routers"
-
-// RouterKey is the store key of a job's RouterRecord.
-func RouterKey(job string) string { return path.Join(RoutersKey, job) }
-
-// ElectionKey is the prefix of the election that lets one router at a time serve a job, so
-// that two routers never write one sink.
-func ElectionKey(job string) string { return path.Join(RoutersKey, job, "election") }
-
-// RouterRecord is what a router keeps at RouterKey(job): its status, whose Checkpoint field
-// is the checkpoint (every offset up to it is in the sink), and which router wrote it.
+// RouterRecord is what a router keeps at cluster.RouterKey(job): its status, whose
+// Checkpoint field is the checkpoint (every offset up to it is in the sink), and which
+// router wrote it.
 type RouterRecord struct {
 	Status
 	Instance string `json:"instance"`
@@ -35,12 +26,12 @@ func ReadRecord(ctx context.Context, kv coord.KV, job string) (rec RouterRecord,
 
 // readRecord also returns the entry's version, -1 when the key does not exist.
 func readRecord(ctx context.Context, kv coord.KV, job string) (RouterRecord, int64, bool, error) {
-	e, err := kv.Get(ctx, RouterKey(job))
+	e, err := kv.Get(ctx, cluster.RouterKey(job))
 	if errors.Is(err, coord.ErrNotFound) {
 		return RouterRecord{}, -1, false, nil
 	}
 	if err != nil {
-		return RouterRecord{}, 0, false, fmt.Errorf("multidc: read %s: %w", RouterKey(job), err)
+		return RouterRecord{}, 0, false, fmt.Errorf("multidc: read %s: %w", cluster.RouterKey(job), err)
 	}
 	if len(e.Value) == 0 {
 		// The election made the key as the parent of its entries; no router wrote it yet.
@@ -48,7 +39,7 @@ func readRecord(ctx context.Context, kv coord.KV, job string) (RouterRecord, int
 	}
 	var rec RouterRecord
 	if err := json.Unmarshal(e.Value, &rec); err != nil {
-		return RouterRecord{}, 0, false, fmt.Errorf("multidc: decode %s: %w", RouterKey(job), err)
+		return RouterRecord{}, 0, false, fmt.Errorf("multidc: decode %s: %w", cluster.RouterKey(job), err)
 	}
 	return rec, e.Version, true, nil
 }
@@ -76,7 +67,7 @@ func (c *checkpointer) save(ctx context.Context, rec RouterRecord) error {
 	if err != nil {
 		return fmt.Errorf("multidc: encode router record: %w", err)
 	}
-	key := RouterKey(c.job)
+	key := cluster.RouterKey(c.job)
 	if c.version < 0 {
 		if _, err := c.kv.Create(ctx, key, b, coord.Persistent); err != nil {
 			if errors.Is(err, coord.ErrExists) {

@@ -68,9 +68,10 @@
 //
 // # Store keys
 //
-// RouterKey(job) (/routers/<job>) holds a RouterRecord: the checkpoint (every offset up to it
-// is in the sink), the active link and the status, rewritten with compare-and-set by the one
-// router that leads the election under ElectionKey(job) (/routers/<job>/election).
+// cluster.RouterKey(job) (/routers/<job>) holds a RouterRecord: the checkpoint (every offset
+// up to it is in the sink), the active link and the status, rewritten with compare-and-set by
+// the one router that leads the election under cluster.RouterElectionKey(job)
+// (/routers/<job>/election).
 //
 // # Exactly once across router restarts
 //

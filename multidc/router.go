@@ -200,7 +200,7 @@ func (r *Router) Run(ctx context.Context) (err error) {
 		r.log.Info("router API listening", "url", r.URL())
 	}
 
-	el, err := coord.NewElection(r.cfg.Store, ElectionKey(r.cfg.Job), r.instance)
+	el, err := coord.NewElection(r.cfg.Store, cluster.RouterElectionKey(r.cfg.Job), r.instance)
 	if err != nil {
 		return fmt.Errorf("multidc: %w", err)
 	}

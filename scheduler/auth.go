@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -92,22 +91,18 @@ func mayUse(p principal, tenant string) error {
 
 // SetTenantToken makes a new token for a tenant, replacing the old one, and returns it.
 func SetTenantToken(ctx context.Context, s coord.KV, name string) (string, error) {
-	for range casRetries {
-		t, e, err := readTenant(ctx, s, name)
+	var token string
+	_, err := coord.Update(ctx, s, cluster.TenantKey(name), func(cur []byte, exists bool) ([]byte, error) {
+		t, err := decodeTenant(name, cur, exists)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
-		token := NewToken()
+		token = NewToken()
 		t.TokenHash = HashToken(token)
-		val, _ := json.Marshal(t)
-		_, err = s.Put(ctx, cluster.TenantKey(name), val, e.Version)
-		if errors.Is(err, coord.ErrConflict) {
-			continue
-		}
-		if err != nil {
-			return "", fmt.Errorf("store token of tenant %s: %w", name, err)
-		}
-		return token, nil
+		return json.Marshal(t)
+	})
+	if err != nil {
+		return "", busy(err, "tenant "+name)
 	}
-	return "", fmt.Errorf("%w: too many concurrent changes to tenant %s; try again", ErrBusy, name)
+	return token, nil
 }

@@ -226,27 +226,23 @@ func putDC(ctx context.Context, s coord.KV, rec cluster.DCRecord) error {
 // SetDCState fails or restores a data center (restore with rebalance asks the leader to
 // spread jobs back into it once).
 func SetDCState(ctx context.Context, s coord.KV, dc, state string, rebalance bool) (cluster.DCRecord, error) {
-	e, err := s.Get(ctx, cluster.DCKey(dc))
-	if errors.Is(err, coord.ErrNotFound) {
-		return cluster.DCRecord{}, fmt.Errorf("%w: no data center %q (see `stormdock dc list`)", ErrNotFound, dc)
-	}
-	if err != nil {
-		return cluster.DCRecord{}, fmt.Errorf("read data center %s: %w", dc, err)
-	}
 	var rec cluster.DCRecord
-	if err := json.Unmarshal(e.Value, &rec); err != nil {
-		return rec, fmt.Errorf("read data center %s: %w", dc, err)
-	}
-	if rec.State != state {
-		rec.Since = time.Now().UTC()
-	}
-	rec.State, rec.Rebalance = state, rebalance
-	val, _ := json.Marshal(rec)
-	if _, err := s.Put(ctx, cluster.DCKey(dc), val, e.Version); err != nil {
-		if errors.Is(err, coord.ErrConflict) {
-			return rec, fmt.Errorf("%w: data center %s changed meanwhile; try again", ErrBusy, dc)
+	_, err := coord.Update(ctx, s, cluster.DCKey(dc), func(cur []byte, exists bool) ([]byte, error) {
+		if !exists {
+			return nil, fmt.Errorf("%w: no data center %q (see `stormdock dc list`)", ErrNotFound, dc)
 		}
-		return rec, fmt.Errorf("store data center %s: %w", dc, err)
+		rec = cluster.DCRecord{}
+		if err := json.Unmarshal(cur, &rec); err != nil {
+			return nil, fmt.Errorf("read data center %s: %w", dc, err)
+		}
+		if rec.State != state {
+			rec.Since = time.Now().UTC()
+		}
+		rec.State, rec.Rebalance = state, rebalance
+		return json.Marshal(rec)
+	})
+	if err != nil {
+		return cluster.DCRecord{}, busy(err, "data center "+dc)
 	}
 	return rec, nil
 }

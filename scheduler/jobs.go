@@ -22,8 +22,15 @@ var (
 	ErrBusy      = api.ErrBusy
 )
 
-// casRetries bounds the read-modify-write loops against concurrent writers.
-const casRetries = 8
+// busy reports a read-modify-write that kept meeting other writers (coord.ErrContended) as
+// ErrBusy, which the API answers with 503 so that the client tries again; what names the
+// record. Other errors pass unchanged.
+func busy(err error, what string) error {
+	if errors.Is(err, coord.ErrContended) {
+		return fmt.Errorf("%w: too many concurrent changes to %s; try again", ErrBusy, what)
+	}
+	return err
+}
 
 // tenantUsage reads, fresh from the store, what the tenant's jobs ask for, leaving out the
 // job named except (the one being scaled).
@@ -82,17 +89,23 @@ func freeRouterPort(ctx context.Context, s coord.KV) (int, error) {
 // readTenant returns the tenant record and its entry (for its version).
 func readTenant(ctx context.Context, s coord.KV, name string) (cluster.TenantRecord, coord.Entry, error) {
 	e, err := s.Get(ctx, cluster.TenantKey(name))
-	if errors.Is(err, coord.ErrNotFound) {
-		return cluster.TenantRecord{}, e, fmt.Errorf("%w: unknown tenant %q: create it first with `stormdock tenant create %s`", ErrNotFound, name, name)
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, coord.ErrNotFound) {
 		return cluster.TenantRecord{}, e, fmt.Errorf("read tenant %s: %w", name, err)
 	}
+	t, err := decodeTenant(name, e.Value, err == nil)
+	return t, e, err
+}
+
+// decodeTenant decodes a tenant's stored record; exists is false when there is none.
+func decodeTenant(name string, val []byte, exists bool) (cluster.TenantRecord, error) {
 	var t cluster.TenantRecord
-	if err := json.Unmarshal(e.Value, &t); err != nil {
-		return t, e, fmt.Errorf("read tenant %s: %w", name, err)
+	if !exists {
+		return t, fmt.Errorf("%w: unknown tenant %q: create it first with `stormdock tenant create %s`", ErrNotFound, name, name)
 	}
-	return t, e, nil
+	if err := json.Unmarshal(val, &t); err != nil {
+		return cluster.TenantRecord{}, fmt.Errorf("read tenant %s: %w", name, err)
+	}
+	return t, nil
 }
 
 // checkQuota refuses a change that would take the tenant past its caps, with the numbers.
@@ -115,60 +128,69 @@ func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.
 	if err := spec.Validate(); err != nil {
 		return cluster.JobRecord{}, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
-	for range casRetries {
+	var rec cluster.JobRecord
+	err := coord.Retry(ctx, func() error {
 		t, te, err := readTenant(ctx, s, spec.Tenant)
 		if err != nil {
-			return cluster.JobRecord{}, err
+			return err
 		}
 		if _, err := s.Get(ctx, cluster.JobKey(spec.Name)); err == nil {
-			return cluster.JobRecord{}, fmt.Errorf("%w: job %q already exists: scale it with `stormdock job scale` or kill it first", ErrExists, spec.Name)
+			return fmt.Errorf("%w: job %q already exists: scale it with `stormdock job scale` or kill it first", ErrExists, spec.Name)
 		}
 		usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, "")
 		if err != nil {
-			return cluster.JobRecord{}, err
+			return err
 		}
 		if err := checkQuota(t, usedW, usedM, spec); err != nil {
-			return cluster.JobRecord{}, err
+			return err
 		}
 		now := time.Now().UTC()
-		rec := cluster.JobRecord{Spec: *spec, Generation: 1, State: cluster.JobRunning, Submitted: now, Updated: now}
+		rec = cluster.JobRecord{Spec: *spec, Generation: 1, State: cluster.JobRunning, Submitted: now, Updated: now}
 		if spec.Mirrored() {
 			if rec.RouterPort, err = freeRouterPort(ctx, s); err != nil {
-				return cluster.JobRecord{}, err
+				return err
 			}
 		}
 		val, _ := json.Marshal(rec)
+		// A conflict on the tenant (another submit or scale counted its quota meanwhile)
+		// makes Retry read everything again.
 		_, err = s.Txn(ctx,
 			coord.PutOp(cluster.TenantKey(spec.Tenant), te.Value, te.Version),
 			coord.CreateOp(cluster.JobKey(spec.Name), val, coord.Persistent))
 		switch {
 		case err == nil:
-			return rec, nil
+			return nil
 		case errors.Is(err, coord.ErrExists):
-			return cluster.JobRecord{}, fmt.Errorf("%w: job %q already exists", ErrExists, spec.Name)
-		case errors.Is(err, coord.ErrConflict):
-			continue
-		default:
-			return cluster.JobRecord{}, fmt.Errorf("store job %s: %w", spec.Name, err)
+			return fmt.Errorf("%w: job %q already exists", ErrExists, spec.Name)
 		}
+		return fmt.Errorf("store job %s: %w", spec.Name, err)
+	})
+	if err != nil {
+		return cluster.JobRecord{}, busy(err, "tenant "+spec.Tenant)
 	}
-	return cluster.JobRecord{}, fmt.Errorf("%w: too many concurrent changes to tenant %s; try again", ErrBusy, spec.Tenant)
+	return rec, nil
 }
 
 // readJob returns a job's record and entry.
 func readJob(ctx context.Context, s coord.KV, name string) (cluster.JobRecord, coord.Entry, error) {
 	e, err := s.Get(ctx, cluster.JobKey(name))
-	if errors.Is(err, coord.ErrNotFound) {
-		return cluster.JobRecord{}, e, fmt.Errorf("%w: no job %q (see `stormdock job list`)", ErrNotFound, name)
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, coord.ErrNotFound) {
 		return cluster.JobRecord{}, e, fmt.Errorf("read job %s: %w", name, err)
 	}
+	rec, err := decodeJob(name, e.Value, err == nil)
+	return rec, e, err
+}
+
+// decodeJob decodes a job's stored record; exists is false when there is none.
+func decodeJob(name string, val []byte, exists bool) (cluster.JobRecord, error) {
 	var rec cluster.JobRecord
-	if err := json.Unmarshal(e.Value, &rec); err != nil {
-		return rec, e, fmt.Errorf("read job %s: %w", name, err)
+	if !exists {
+		return rec, fmt.Errorf("%w: no job %q (see `stormdock job list`)", ErrNotFound, name)
 	}
-	return rec, e, nil
+	if err := json.Unmarshal(val, &rec); err != nil {
+		return cluster.JobRecord{}, fmt.Errorf("read job %s: %w", name, err)
+	}
+	return rec, nil
 }
 
 // ScaleJob sets a job's worker count, checking the quota for growth. Workers that stay keep
@@ -177,29 +199,31 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 	if workers < 1 || workers > cluster.MaxWorkersPerJob {
 		return cluster.JobRecord{}, fmt.Errorf("%w: workers must be between 1 and %d (kill the job to stop it)", ErrBadInput, cluster.MaxWorkersPerJob)
 	}
-	for range casRetries {
-		rec, je, err := readJob(ctx, s, name)
-		if err != nil {
-			return rec, err
+	var rec cluster.JobRecord
+	err := coord.Retry(ctx, func() error {
+		var je coord.Entry
+		var err error
+		if rec, je, err = readJob(ctx, s, name); err != nil {
+			return err
 		}
 		if rec.State != cluster.JobRunning {
-			return rec, fmt.Errorf("%w: job %q is being killed", ErrBadInput, name)
+			return fmt.Errorf("%w: job %q is being killed", ErrBadInput, name)
 		}
 		t, te, err := readTenant(ctx, s, rec.Spec.Tenant)
 		if err != nil {
-			return rec, err
+			return err
 		}
 		spec := rec.Spec
 		spec.Workers = workers
 		if workers > rec.Spec.Workers {
 			usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, name)
 			if err != nil {
-				return rec, err
+				return err
 			}
 			grow := spec
 			grow.Workers = workers - rec.Spec.Workers
 			if err := checkQuota(t, usedW+rec.Spec.TotalWorkers(), usedM+cluster.Bytes(rec.Spec.TotalWorkers())*spec.Resources.Memory, &grow); err != nil {
-				return rec, err
+				return err
 			}
 		}
 		rec.Spec = spec
@@ -208,16 +232,19 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 		_, err = s.Txn(ctx,
 			coord.PutOp(cluster.TenantKey(spec.Tenant), te.Value, te.Version),
 			coord.PutOp(cluster.JobKey(name), val, je.Version))
-		switch {
-		case err == nil:
-			return rec, nil
-		case errors.Is(err, coord.ErrConflict), errors.Is(err, coord.ErrNotFound):
-			continue
-		default:
-			return rec, fmt.Errorf("scale job %s: %w", name, err)
+		if errors.Is(err, coord.ErrNotFound) {
+			// The job or its tenant went since the read: the next read says which.
+			err = fmt.Errorf("%w: %w", coord.ErrConflict, err)
 		}
+		if err != nil {
+			return fmt.Errorf("scale job %s: %w", name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return cluster.JobRecord{}, busy(err, "job "+name)
 	}
-	return cluster.JobRecord{}, fmt.Errorf("%w: too many concurrent changes to job %s; try again", ErrBusy, name)
+	return rec, nil
 }
 
 // KillJob marks a job killed; the leader stops its workers (with grace when given) and then
@@ -226,28 +253,23 @@ func KillJob(ctx context.Context, s coord.KV, name string, grace time.Duration) 
 	if grace < 0 {
 		return cluster.JobRecord{}, fmt.Errorf("%w: grace must not be negative", ErrBadInput)
 	}
-	for range casRetries {
-		rec, je, err := readJob(ctx, s, name)
-		if err != nil {
-			return rec, err
+	var rec cluster.JobRecord
+	_, err := coord.Update(ctx, s, cluster.JobKey(name), func(cur []byte, exists bool) ([]byte, error) {
+		var err error
+		if rec, err = decodeJob(name, cur, exists); err != nil {
+			return nil, err
 		}
 		rec.State = cluster.JobKilled
 		if grace > 0 {
 			rec.Spec.GracePeriod = cluster.Duration(grace)
 		}
 		rec.Updated = time.Now().UTC()
-		val, _ := json.Marshal(rec)
-		_, err = s.Put(ctx, cluster.JobKey(name), val, je.Version)
-		switch {
-		case err == nil:
-			return rec, nil
-		case errors.Is(err, coord.ErrConflict):
-			continue
-		default:
-			return rec, fmt.Errorf("kill job %s: %w", name, err)
-		}
+		return json.Marshal(rec)
+	})
+	if err != nil {
+		return cluster.JobRecord{}, busy(err, "job "+name)
 	}
-	return cluster.JobRecord{}, fmt.Errorf("%w: too many concurrent changes to job %s; try again", ErrBusy, name)
+	return rec, nil
 }
 
 // CreateTenant stores a new tenant.
@@ -271,33 +293,19 @@ func CreateTenant(ctx context.Context, s coord.KV, t cluster.TenantRecord) error
 
 // UpdateNodeConf applies change to a node's operator settings with compare-and-set.
 func UpdateNodeConf(ctx context.Context, s coord.KV, id string, change func(*cluster.NodeConf)) error {
-	key := cluster.NodeConfKey(id)
-	for range casRetries {
+	// A node has no settings until an operator gives some: a missing key is the zero NodeConf.
+	_, err := coord.Update(ctx, s, cluster.NodeConfKey(id), func(cur []byte, exists bool) ([]byte, error) {
 		var c cluster.NodeConf
-		e, err := s.Get(ctx, key)
-		exists := err == nil
-		if err != nil && !errors.Is(err, coord.ErrNotFound) {
-			return fmt.Errorf("read settings of node %s: %w", id, err)
-		}
-		if exists && len(e.Value) > 0 {
-			if err := json.Unmarshal(e.Value, &c); err != nil {
-				return fmt.Errorf("read settings of node %s: %w", id, err)
+		if exists && len(cur) > 0 {
+			if err := json.Unmarshal(cur, &c); err != nil {
+				return nil, fmt.Errorf("read settings of node %s: %w", id, err)
 			}
 		}
 		change(&c)
-		val, _ := json.Marshal(c)
-		if exists {
-			_, err = s.Put(ctx, key, val, e.Version)
-		} else {
-			_, err = s.Create(ctx, key, val, coord.Persistent)
-		}
-		if errors.Is(err, coord.ErrConflict) || errors.Is(err, coord.ErrExists) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("write settings of node %s: %w", id, err)
-		}
-		return nil
+		return json.Marshal(c)
+	})
+	if err != nil {
+		return busy(err, "node "+id)
 	}
-	return fmt.Errorf("%w: too many concurrent changes to node %s; try again", ErrBusy, id)
+	return nil
 }

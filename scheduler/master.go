@@ -192,7 +192,7 @@ func (m *Master) Run(ctx context.Context) error {
 
 // ensureDirs creates the store's top-level directories so watches have something to watch.
 func ensureDirs(ctx context.Context, s coord.KV) error {
-	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, cluster.DCsKey, "/master"} {
+	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, cluster.DCsKey, cluster.MasterDirKey} {
 		if _, err := s.Create(ctx, k, nil, coord.Persistent); err != nil && !errors.Is(err, coord.ErrExists) {
 			return fmt.Errorf("scheduler: create %s: %w", k, err)
 		}

@@ -8,12 +8,14 @@ import (
 	"github.com/stormdock/stormdock/placement"
 )
 
-// metrics are the master's Prometheus series.
+// metrics are the master's Prometheus series. Every name is stormdock_master_* (agents
+// report stormdock_agent_*, output routers stormdock_router_*), in base units, with
+// _total on counters.
 type metrics struct {
 	leader       prometheus.Gauge
 	nodes        prometheus.Gauge
-	slots        *prometheus.GaugeVec // by state: total, used, free, throttled
-	workers      *prometheus.GaugeVec // by state as agents report it
+	slots        *prometheus.GaugeVec // by kind: total, used, free, throttled (as the agents')
+	workers      *prometheus.GaugeVec // by state as agents report it: cluster.WorkerStates
 	unplaced     prometheus.Gauge
 	placements   prometheus.Counter
 	replacements prometheus.Counter
@@ -22,21 +24,25 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	const ns, sub = "stormdock", "master"
 	m := &metrics{
-		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "stormdock_master_leader", Help: "1 while this master leads."}),
-		nodes:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "stormdock_nodes", Help: "Live nodes."}),
-		slots: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stormdock_slots", Help: "Worker slots of live nodes by state."},
-			[]string{"state"}),
-		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stormdock_workers", Help: "Workers by state as agents report them."},
-			[]string{"state"}),
-		unplaced: prometheus.NewGauge(prometheus.GaugeOpts{Name: "stormdock_workers_unplaced", Help: "Workers no node can take."}),
-		placements: prometheus.NewCounter(prometheus.CounterOpts{Name: "stormdock_placements_total",
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "leader",
+			Help: "1 while this master leads."}),
+		nodes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "nodes",
+			Help: "Live nodes."}),
+		slots: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "slots",
+			Help: "Worker slots of live nodes by kind: total, used, free, throttled."}, []string{"kind"}),
+		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "workers",
+			Help: "Workers by state as agents report them."}, []string{"state"}),
+		unplaced: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "workers_unplaced",
+			Help: "Workers no node can take."}),
+		placements: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "placements_total",
 			Help: "Workers assigned to a node."}),
-		replacements: prometheus.NewCounter(prometheus.CounterOpts{Name: "stormdock_replacements_total",
+		replacements: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "replacements_total",
 			Help: "Workers moved from one node to another."}),
-		reconcile: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stormdock_reconcile_seconds",
+		reconcile: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "reconcile_duration_seconds",
 			Help: "Time to plan and write assignments.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{Name: "stormdock_master_store_writes_total",
+		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_writes_total",
 			Help: "Writes the master made to the coordination store."}),
 	}
 	if reg != nil {
@@ -62,12 +68,12 @@ func (r *reconciler) observe(v *view, cur []cluster.Placement, res *placement.Re
 	m.slots.WithLabelValues("used").Set(float64(used))
 	m.slots.WithLabelValues("throttled").Set(float64(throttled))
 	m.slots.WithLabelValues("free").Set(float64(max(total-used-throttled, 0)))
-	counts := map[string]int{cluster.WorkerStarting: 0, cluster.WorkerRunning: 0, cluster.WorkerBackoff: 0, cluster.WorkerStopping: 0, cluster.WorkerFailed: 0}
+	counts := map[string]int{}
 	for _, s := range v.statuses {
 		counts[s.status.State]++
 	}
-	for state, n := range counts {
-		m.workers.WithLabelValues(state).Set(float64(n))
+	for _, state := range cluster.WorkerStates() {
+		m.workers.WithLabelValues(state).Set(float64(counts[state]))
 	}
 	m.unplaced.Set(float64(len(res.Unplaced)))
 	was := make(map[cluster.WorkerKey]string, len(cur))

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"path"
 	"slices"
 	"time"
 
@@ -284,7 +283,7 @@ func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
 		}
 		if j.rec.Spec.Mirrored() {
 			// The router's checkpoint and election go with the job.
-			if err := coord.DeleteTree(ctx, r.m.store, path.Join("/routers", name)); err != nil && !errors.Is(err, coord.ErrNotFound) {
+			if err := coord.DeleteTree(ctx, r.m.store, cluster.RouterKey(name)); err != nil && !errors.Is(err, coord.ErrNotFound) {
 				return fmt.Errorf("scheduler: remove the router record of %s: %w", name, err)
 			}
 		}

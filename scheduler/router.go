@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/multidc"
 )
 
 // routerSuffix names a mirrored job's router as a job of its own ("wordcount.router"):
@@ -27,14 +27,17 @@ func routerURL(rec cluster.JobRecord) string {
 // cluster has others, writing to the job's output.
 func routerRecord(rec cluster.JobRecord, store string, dcs []string) cluster.JobRecord {
 	j := rec.Spec
+	args := multidc.DefaultRouterArgs()
+	args.Store, args.Job, args.Links, args.Sink = store, j.Name, j.Links, j.Output
+	args.Listen = fmt.Sprintf("127.0.0.1:%d", rec.RouterPort)
 	r := cluster.JobSpec{
 		Name:      j.Name + routerSuffix,
 		Tenant:    j.Tenant,
 		Workers:   1,
 		Resources: routerResources,
 		Isolation: cluster.IsolationProcess,
-		Command: []string{"stormdock", "router", "--store", store, "--job", j.Name, "--links", strings.Join(j.Links, ","),
-			"--sink", j.Output, "--listen", fmt.Sprintf("127.0.0.1:%d", rec.RouterPort)},
+		// "stormdock" is the agent's own binary (agents.SelfCommand).
+		Command:     append([]string{"stormdock", multidc.RouterCommand}, args.Args()...),
 		Priority:    j.Priority,
 		GracePeriod: cluster.Duration(cluster.DefaultGracePeriod),
 	}

@@ -182,28 +182,16 @@ func isolationModes(vals []string) ([]string, error) {
 }
 
 // LaunchCommand is the lease launcher every worker runs under (see agents.Launch). It is
-// hidden: the agent writes its command lines.
+// hidden: the agent writes its command lines with agents.LaunchConfig.Args, and it reads
+// them with agents.LaunchConfig.Parse (launchRun), so the two cannot drift apart.
 var LaunchCommand = &cli.Command{
-	Name:      "launch",
-	Hidden:    true,
-	Usage:     "run a worker while its agent renews its lease",
-	UsageText: "stormdock launch --lease FILE --ttl D [--grace G] -- COMMAND [ARGS...]",
-	Flags: []cli.Flag{
-		&cli.StringFlag{Name: "lease", Usage: "lease `FILE`", Required: true},
-		&cli.DurationFlag{Name: "ttl", Usage: "stop the worker when the lease is older than this", Required: true},
-		&cli.DurationFlag{Name: "grace", Usage: "time between SIGTERM and SIGKILL", Value: cluster.DefaultGracePeriod},
-	},
-	Action: func(c *cli.Context) error {
-		if c.NArg() == 0 {
-			return cli.Exit("stormdock launch: no command given (flags first, then -- COMMAND)", 2)
-		}
-		ws, err := agents.Launch(c.Context, agents.LaunchConfig{
-			Lease: c.String("lease"), TTL: c.Duration("ttl"), Grace: c.Duration("grace"), Command: c.Args().Slice(),
-		})
-		if err != nil && !errors.Is(err, agents.ErrLeaseExpired) {
-			return cli.Exit("stormdock launch: "+err.Error(), 127)
-		}
-		agents.ExitLike(ws)
-		return nil
-	},
+	Name:            agents.LaunchCommand,
+	Hidden:          true,
+	Usage:           "run a worker while its agent renews its lease",
+	UsageText:       "stormdock launch --lease FILE --ttl D [--grace G] -- COMMAND [ARGS...]",
+	Description:     "Flags:\n" + agents.LaunchUsage(),
+	SkipFlagParsing: true,
+	// No help subcommand: every argument is the command line's own.
+	HideHelpCommand: true,
+	Action:          launchRun,
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/multidc"
 	"github.com/urfave/cli/v2"
@@ -66,7 +67,7 @@ func routerOf(c *cli.Context, job string) (url string, rec *multidc.RouterRecord
 		return "", nil, cli.Exit("stormdock: "+err.Error(), 1)
 	}
 	if !ok {
-		return "", nil, cli.Exit(fmt.Sprintf("stormdock: no router record for job %q in the store (%s): is it mirrored, is its router running?", job, multidc.RouterKey(job)), 2)
+		return "", nil, cli.Exit(fmt.Sprintf("stormdock: no router record for job %q in the store (%s): is it mirrored, is its router running?", job, cluster.RouterKey(job)), 2)
 	}
 	return r.Router, &r, nil
 }

@@ -14,24 +14,34 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/isolation"
+)
+
+// Limits of a worker started by `stormdock run` that names none: the resources of the job
+// spec in the README and the design, enough for the example worker and for trying a driver.
+const (
+	runMemory = "256Mi"
+	runCPU    = "0.5"
 )
 
 // RunCommand runs one worker in the foreground under an isolation driver.
 var RunCommand = &cli.Command{
 	Name:      "run",
 	Usage:     "run one worker in the foreground with its limits, and report how it ended",
-	UsageText: "stormdock run [--isolation process|docker] --memory 64Mi --cpu 0.5 [--image T] [flags] -- CMD [ARGS...]",
-	Description: "Flags go first, then -- and the command. Ctrl-C stops the worker: SIGTERM, then SIGKILL after --grace.\n" +
+	UsageText: "stormdock run [--isolation process|docker] [--memory " + runMemory + "] [--cpu " + runCPU + "] [--image T] [flags] -- CMD [ARGS...]",
+	Description: "Flags go first, then -- and the command. As in a job spec, a command whose program is exactly\n" +
+		"`stormdock` runs this stormdock binary (/stormdock inside stormdock images).\n" +
+		"Ctrl-C stops the worker: SIGTERM, then SIGKILL after --grace.\n" +
 		"The exit status is the worker's (128+signal when killed; 137 when OOM-killed at its memory limit).",
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "isolation", Usage: "process (cgroups) or docker", Value: cluster.IsolationProcess},
-		&cli.StringFlag{Name: "memory", Usage: "memory limit, swap included (`QUANTITY`, e.g. 64Mi)", Required: true},
-		&cli.StringFlag{Name: "cpu", Usage: "cpu limit in cores (e.g. 0.5)", Required: true},
+		&cli.StringFlag{Name: "memory", Usage: "memory limit, swap included (`QUANTITY`: Ki Mi Gi or k M G)", Value: runMemory},
+		&cli.StringFlag{Name: "cpu", Usage: "cpu limit in `CORES` (0.5 or 500m)", Value: runCPU},
 		&cli.Int64Flag{Name: "pids", Usage: "process and thread limit", Value: isolation.DefaultPids},
-		&cli.StringFlag{Name: "image", Usage: "docker image (built with `stormdock image build`)"},
+		&cli.StringFlag{Name: "image", Usage: "docker `IMAGE` (built with stormdock image build)"},
 		&cli.DurationFlag{Name: "grace", Usage: "time between SIGTERM and SIGKILL when stopped", Value: isolation.DefaultGrace},
 		&cli.StringFlag{Name: "id", Usage: "worker id (default run-PID)"},
 		&cli.StringSliceFlag{Name: "env", Usage: "`KEY=VALUE` for the worker (repeatable)"},
@@ -43,7 +53,7 @@ var RunCommand = &cli.Command{
 
 func runWorker(c *cli.Context) error {
 	if c.NArg() == 0 {
-		return usageErr("run needs a command after the flags: stormdock run --memory 64Mi --cpu 0.5 -- CMD [ARGS...]")
+		return usageErr("run needs a command after the flags: stormdock run [--memory %s] [--cpu %s] -- CMD [ARGS...]", runMemory, runCPU)
 	}
 	mem, err := cluster.ParseBytes(c.String("memory"))
 	if err != nil {
@@ -64,7 +74,7 @@ func runWorker(c *cli.Context) error {
 	host, _ := os.Hostname()
 	spec := isolation.Spec{
 		ID: c.String("id"), Job: "run", Tenant: "local", Node: host,
-		Command: c.Args().Slice(), Env: env, Image: c.String("image"),
+		Command: runCommand(c.Args().Slice(), c.String("isolation")), Env: env, Image: c.String("image"),
 		MemoryBytes: int64(mem), MilliCPU: int64(cpu), Pids: c.Int64("pids"), Grace: c.Duration("grace"),
 	}
 	if spec.ID == "" {
@@ -140,13 +150,14 @@ func runWorker(c *cli.Context) error {
 		<-followed
 		return runErr(err)
 	}
-	// Release what the worker held (cgroup, container); it has ended, so this does not wait.
-	if _, err := drv.Stop(ctx, spec.ID, 0); err != nil && !errors.Is(err, isolation.ErrNotFound) {
-		fmt.Fprintf(c.App.ErrWriter, "stormdock run: release %s: %v\n", spec.ID, err)
-	}
 	time.Sleep(followPoll) // the last output
 	stopFollow()
 	<-followed
+	// Release what the worker held (cgroup, container); it has ended, so this does not wait.
+	// Only now: removing a container removes its log, and with it output not yet echoed.
+	if _, err := drv.Stop(ctx, spec.ID, 0); err != nil && !errors.Is(err, isolation.ErrNotFound) {
+		fmt.Fprintf(c.App.ErrWriter, "stormdock run: release %s: %v\n", spec.ID, err)
+	}
 	msg := fmt.Sprintf("stormdock run: worker %s %s", spec.ID, ex)
 	if ex.Success() {
 		fmt.Fprintln(c.App.ErrWriter, msg)
@@ -157,6 +168,16 @@ func runWorker(c *cli.Context) error {
 		code = 1
 	}
 	return cli.Exit(msg, code)
+}
+
+// runCommand applies the agent's rule for a program named exactly `stormdock` (see
+// agents.ResolveSelf): it runs this binary, or the image's copy in a container.
+func runCommand(cmd []string, mode string) []string {
+	self, err := os.Executable()
+	if err != nil {
+		self = agents.SelfCommand // not knowing where this binary is, leave it to PATH
+	}
+	return agents.ResolveSelf(cmd, agents.SelfPath(mode, self, agents.DefaultContainerSelf))
 }
 
 // waitAfterStop stops the worker with its grace period and then delivers Wait's result.

@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -31,7 +30,7 @@ func main() {
 		os.Exit(2)
 	}
 	switch os.Args[1] {
-	case "launch":
+	case agents.LaunchCommand:
 		launch(os.Args[2:])
 	case "helper":
 		helper()
@@ -41,14 +40,20 @@ func main() {
 	}
 }
 
+// launch is `stormdock launch` as tools.LaunchCommand runs it: the same parser, the same exit
+// codes.
 func launch(args []string) {
-	fs := flag.NewFlagSet("launch", flag.ExitOnError)
-	lease := fs.String("lease", "", "")
-	ttl := fs.Duration("ttl", 0, "")
-	grace := fs.Duration("grace", 10*time.Second, "")
-	_ = fs.Parse(args)
+	var cfg agents.LaunchConfig
+	if err := cfg.Parse(args); err != nil {
+		fmt.Fprintln(os.Stderr, "launch:", err)
+		os.Exit(1)
+	}
+	if len(cfg.Command) == 0 {
+		fmt.Fprintln(os.Stderr, "launch: no command given")
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	ws, err := agents.Launch(ctx, agents.LaunchConfig{Lease: *lease, TTL: *ttl, Grace: *grace, Command: fs.Args()})
+	ws, err := agents.Launch(ctx, cfg)
 	stop()
 	if err != nil && !errors.Is(err, agents.ErrLeaseExpired) {
 		fmt.Fprintln(os.Stderr, "launch:", err)
