@@ -73,10 +73,6 @@ func EventuallyWith(t testing.TB, what string, timeout time.Duration, cond func(
 	}
 }
 
-// assertPoll is how often AssertUntil checks its property: often, since a property that
-// breaks for a moment must be caught.
-const assertPoll = 10 * time.Millisecond
-
 // AssertUntil checks that cond holds on every poll from now until Timeout(window) has passed,
 // and fails the test, with what and cond's reason, on the first poll where it does not (Nomad's
 // testutil.AssertUntil). It is for a property that must hold throughout a window ("the worker
@@ -85,6 +81,9 @@ const assertPoll = 10 * time.Millisecond
 func AssertUntil(t testing.TB, what string, window time.Duration, cond func() (ok bool, why string)) {
 	t.Helper()
 	window = Timeout(window)
+	// About fifty checks per window, between minPoll and maxPoll apart: often enough to catch
+	// a property that breaks for a moment, seldom enough for checks that cost something.
+	poll := min(max(window/50, minPoll), maxPoll)
 	start := time.Now()
 	deadline := start.Add(window)
 	for {
@@ -95,6 +94,6 @@ func AssertUntil(t testing.TB, what string, window time.Duration, cond func() (o
 		if left <= 0 {
 			return
 		}
-		time.Sleep(min(assertPoll, left))
+		time.Sleep(min(poll, left))
 	}
 }
