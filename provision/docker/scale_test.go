@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/provision"
 	pdocker "github.com/stormdock/stormdock/provision/docker"
 	"github.com/stormdock/stormdock/scheduler"
@@ -69,7 +70,7 @@ func workers(ctx context.Context, cl *scheduler.Client) (map[int]placedWorker, s
 func settled(t testing.TB, cl *scheduler.Client, n int, timeout time.Duration) map[int]placedWorker {
 	t.Helper()
 	var ws map[int]placedWorker
-	waitFor(t, fmt.Sprintf("%d workers of wc running", n), timeout, func() (bool, string) {
+	testenv.EventuallyWith(t, fmt.Sprintf("%d workers of wc running", n), timeout, func() (bool, string) {
 		var sum scheduler.JobSummary
 		var err error
 		ws, sum, err = workers(context.Background(), cl)
