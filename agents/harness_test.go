@@ -16,14 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/coord/zktest"
-	"github.com/stormdock/stormdock/internal/promtest"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/process"
 )
 
@@ -98,6 +96,21 @@ type harness struct {
 	cgParent  string
 	cfg       agents.Config
 	drv       *process.Driver
+
+	// usageCalls counts the agents' Usage calls: every agents' sampleEvery heartbeats an agent
+	// samples each running worker's memory, so the count shows heartbeats that write nothing.
+	usageCalls atomic.Int64
+}
+
+// meteredDriver counts Usage calls into calls.
+type meteredDriver struct {
+	isolation.Driver
+	calls *atomic.Int64
+}
+
+func (d meteredDriver) Usage(ctx context.Context, id string) (isolation.Usage, error) {
+	d.calls.Add(1)
+	return d.Driver.Usage(ctx, id)
 }
 
 func newHarness(t *testing.T, kind string) *harness {
@@ -246,7 +259,7 @@ func (ra *runningAgent) stop() error {
 // start runs an agent with cfg on store and the harness's driver.
 func (h *harness) start(cfg agents.Config, store coord.Store) *runningAgent {
 	h.t.Helper()
-	a, err := agents.New(cfg, store, agents.Driver{Isolation: cluster.IsolationProcess, Driver: h.drv})
+	a, err := agents.New(cfg, store, agents.Driver{Isolation: cluster.IsolationProcess, Driver: meteredDriver{h.drv, &h.usageCalls}})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -311,20 +324,16 @@ func (h *harness) record() (rec cluster.NodeRecord, e coord.Entry, ok bool) {
 // waitRecord polls the node record until cond holds.
 func (h *harness) waitRecord(what string, timeout time.Duration, cond func(cluster.NodeRecord) bool) cluster.NodeRecord {
 	h.t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last cluster.NodeRecord
-	for {
-		rec, _, ok := h.record()
-		if ok && cond(rec) {
-			return rec
+	var rec cluster.NodeRecord
+	testenv.EventuallyWith(h.t, what, timeout, func() (bool, string) {
+		var ok bool
+		if rec, _, ok = h.record(); ok && cond(rec) {
+			return true, ""
 		}
-		last = rec
-		if time.Now().After(deadline) {
-			b, _ := json.MarshalIndent(last, "", "  ")
-			h.t.Fatalf("timed out after %s waiting for %s; node record:\n%s", timeout, what, b)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		b, _ := json.MarshalIndent(rec, "", "  ")
+		return false, "node record:\n" + string(b)
+	})
+	return rec
 }
 
 // states maps worker keys to state in a record.
@@ -379,7 +388,7 @@ func (h *harness) reports(key string) []helperReport {
 func (h *harness) waitReports(key string, n int) []helperReport {
 	h.t.Helper()
 	var reps []helperReport
-	waitFor(h.t, fmt.Sprintf("%d start reports of %s", n, key), 10*time.Second, func() bool {
+	testenv.Eventually(h.t, fmt.Sprintf("%d start reports of %s", n, key), 10*time.Second, func() bool {
 		reps = h.reports(key)
 		return len(reps) >= n
 	})
@@ -401,21 +410,4 @@ func alive(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
-}
-
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// gauge reads a metric's value from a registry.
-func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	return promtest.Value(t, reg, name, labels)
 }

@@ -3,10 +3,10 @@ package agents_test
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // stormdockBin is testdata/stormdock built for the tests: the agents under test run it as
@@ -15,20 +15,13 @@ import (
 var stormdockBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "agents-test-bin-")
-	if err != nil {
+	var err error
+	if stormdockBin, err = testenv.Build("./agents/testdata/stormdock"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	stormdockBin = filepath.Join(dir, "stormdock")
-	build := exec.Command("go", "build", "-o", stormdockBin, "./testdata/stormdock")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build testdata/stormdock: %v\n%s", err, out)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	testenv.RemoveBuilds()
 	os.Exit(code)
 }
 

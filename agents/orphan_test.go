@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,36 +18,15 @@ import (
 
 	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation"
 )
-
-var (
-	realBinOnce sync.Once
-	realBin     string
-	realBinErr  error
-	realBinOut  []byte
-)
-
-// realStormdock builds ./cmd/stormdock once for the tests that need the real binary.
-func realStormdock(t *testing.T) string {
-	t.Helper()
-	realBinOnce.Do(func() {
-		realBin = filepath.Join(filepath.Dir(stormdockBin), "stormdock-real")
-		cmd := exec.Command("go", "build", "-o", realBin, "../cmd/stormdock")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		realBinOut, realBinErr = cmd.CombinedOutput()
-	})
-	if realBinErr != nil {
-		t.Fatalf("build ./cmd/stormdock: %v\n%s", realBinErr, realBinOut)
-	}
-	return realBin
-}
 
 // An agent killed for good leaves its workers running; once their leases lapse (the ttl is
 // the session timeout: about when the master re-places them) the launchers stop them.
 func TestKilledAgentsWorkersStopAfterLease(t *testing.T) {
 	h := newHarness(t, "zk")
-	bin := realStormdock(t)
+	bin := testenv.BuildBinary(t, "./cmd/stormdock")
 	h.drv.Close() // the child agent runs its own driver on the state directory
 	var stderr bytes.Buffer
 	agent := exec.Command(bin, "agent",
@@ -80,7 +60,7 @@ func TestKilledAgentsWorkersStopAfterLease(t *testing.T) {
 	}
 	killed := time.Now()
 	_ = agent.Wait()
-	waitFor(t, "orphaned worker stopped", sessionTimeout+5*time.Second, func() bool { return !alive(worker) })
+	testenv.Eventually(t, "orphaned worker stopped", sessionTimeout+5*time.Second, func() bool { return !alive(worker) })
 	took := time.Since(killed)
 	t.Logf("orphaned worker stopped %s after its agent was killed (lease ttl %s)", took.Round(time.Millisecond), sessionTimeout)
 	if took < sessionTimeout/2 {
@@ -89,15 +69,15 @@ func TestKilledAgentsWorkersStopAfterLease(t *testing.T) {
 	if !h.terminated("orphan.0", worker) {
 		t.Error("the orphaned worker was not given SIGTERM to drain")
 	}
-	waitFor(t, "launcher gone", 5*time.Second, func() bool { return !alive(launcher) })
-	waitFor(t, "node entry gone", 10*time.Second, func() bool { _, _, ok := h.record(); return !ok })
+	testenv.Eventually(t, "launcher gone", 5*time.Second, func() bool { return !alive(launcher) })
+	testenv.Eventually(t, "node entry gone", 10*time.Second, func() bool { _, _, ok := h.record(); return !ok })
 }
 
 // The launcher's memory counts against the worker's limit: measure it with the real binary,
 // as the cgroup sees it (the same worker with and without the launcher).
 func TestLauncherMemoryOverhead(t *testing.T) {
 	h := newHarness(t, "mem")
-	bin := realStormdock(t)
+	bin := testenv.BuildBinary(t, "./cmd/stormdock")
 	ctx := context.Background()
 	lease := filepath.Join(t.TempDir(), "lease")
 	if err := os.WriteFile(lease, nil, 0o644); err != nil {
@@ -119,22 +99,24 @@ func TestLauncherMemoryOverhead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "helpers up", 10*time.Second, func() bool { return len(h.reports("mem.0")) == 2 })
-	time.Sleep(500 * time.Millisecond)
+	testenv.Eventually(t, "helpers up", 10*time.Second, func() bool { return len(h.reports("mem.0")) == 2 })
+	// Both programs run; their memory grows for a moment as the runtimes start: the overhead
+	// must settle between 0 and 32 MiB.
 	usage := map[string]uint64{}
-	for _, s := range specs {
-		u, err := h.drv.Usage(ctx, s.ID)
-		if err != nil {
-			t.Fatal(err)
+	var overhead int64
+	testenv.EventuallyWith(t, "launcher overhead between 0 and 32 MiB", 5*time.Second, func() (bool, string) {
+		for _, s := range specs {
+			u, err := h.drv.Usage(ctx, s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			usage[s.ID] = u.MemoryBytes
 		}
-		usage[s.ID] = u.MemoryBytes
-	}
-	overhead := int64(usage["launched"]) - int64(usage["plain"])
+		overhead = int64(usage["launched"]) - int64(usage["plain"])
+		return overhead > 0 && overhead <= 32<<20, fmt.Sprintf("overhead %d bytes", overhead)
+	})
 	t.Logf("cgroup memory: worker alone %.1f MiB, under the launcher %.1f MiB: launcher overhead %.1f MiB",
 		mib(usage["plain"]), mib(usage["launched"]), float64(overhead)/(1<<20))
-	if overhead <= 0 || overhead > 32<<20 {
-		t.Errorf("launcher overhead %d bytes, want between 0 and 32 MiB", overhead)
-	}
 	for _, s := range specs {
 		if _, err := h.drv.Stop(ctx, s.ID, 2*time.Second); err != nil {
 			t.Error(err)
@@ -149,7 +131,7 @@ func mib(b uint64) float64 { return float64(b) / (1 << 20) }
 func TestWordcountExampleRuns(t *testing.T) {
 	h := newHarness(t, "mem")
 	cfg := h.cfg
-	cfg.Self = realStormdock(t)
+	cfg.Self = testenv.BuildBinary(t, "./cmd/stormdock")
 	var mu sync.Mutex
 	byWorker := map[int]int{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -179,7 +161,7 @@ func TestWordcountExampleRuns(t *testing.T) {
 	}
 	h.assign(ws...)
 	h.waitRecord("running", 15*time.Second, allRunning("wordcount/0", "wordcount/1"))
-	waitFor(t, "records of both workers", 15*time.Second, func() bool {
+	testenv.Eventually(t, "records of both workers", 15*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return byWorker[0] > 0 && byWorker[1] > 0

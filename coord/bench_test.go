@@ -203,7 +203,10 @@ func BenchmarkLeaderFailover(b *testing.B) {
 			}
 			won <- l
 		}()
-		time.Sleep(100 * time.Millisecond)
+		testenv.Eventually(b, "the follower standing", 10*time.Second, func() bool {
+			names, err := f.Children(ctx, prefix)
+			return err == nil && len(names) == 2
+		})
 		b.StartTimer()
 		start := time.Now()
 		kill()

@@ -115,9 +115,10 @@ func (b *zkBackend) Expire(t *testing.T, s coord.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ev := s.SessionEvents(ctx)
+	sid := s.SessionID()
 	d.Cut()
 	// The server expires a session within timeout + one tick of the last ping.
-	time.Sleep(b.timeout + b.tick + 300*time.Millisecond)
+	waitSessionGone(t, b.addr, sid, b.timeout+b.tick+5*time.Second)
 	d.Heal()
 	for e := range ev {
 		switch e.Type {
@@ -139,6 +140,18 @@ func (b *zkBackend) SessionTimeout() time.Duration { return b.timeout }
 // ExpiryGrace: the server expires sessions in tick buckets and must log (fsync) the
 // session's end before watchers hear of it; fsync here takes up to ~0.5s at p99.
 func (b *zkBackend) ExpiryGrace() time.Duration { return 2*b.tick + 2*time.Second }
+
+// waitSessionGone waits until the ZooKeeper server at addr no longer holds session sid: the
+// evidence that it expired the session.
+func waitSessionGone(t testing.TB, addr string, sid int64, timeout time.Duration) {
+	t.Helper()
+	testenv.EventuallyWith(t, fmt.Sprintf("the server to expire session 0x%x", uint64(sid)), timeout, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		live, err := zktest.SessionLive(ctx, addr, sid)
+		return err == nil && !live, fmt.Sprintf("live %v, %v", live, err)
+	})
+}
 
 func TestZKConformance(t *testing.T) {
 	t.Parallel()
@@ -253,8 +266,8 @@ func TestZKServerRestartSessionExpired(t *testing.T) {
 	srv.Kill()
 	srv.Restart()
 	// The restarted server restores the session from its log with a fresh timeout: stay
-	// away longer than that.
-	time.Sleep(timeout + srv.TickTime() + 500*time.Millisecond)
+	// away until that has expired it.
+	waitSessionGone(t, srv.Addr(), sid, timeout+srv.TickTime()+10*time.Second)
 	d.Heal()
 	var types []coord.SessionEventType
 	deadline := time.After(20 * time.Second)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord/zktest"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // zxid reads the ZooKeeper server's last transaction id: its low 32 bits count write
@@ -49,12 +50,12 @@ func fiftyAgents(b *testing.B) {
 	h := newHarness(b, 2*time.Second)
 	ctx := context.Background()
 	cl := h.client(h.startMaster("m1"))
-	waitFor(b, "m1 leads", 30*time.Second, func() bool { hl, err := cl.Health(ctx); return err == nil && hl.Leader })
+	testenv.Eventually(b, "m1 leads", 30*time.Second, func() bool { hl, err := cl.Health(ctx); return err == nil && hl.Leader })
 	m2 := h.startMaster("m2")
 	for i := range agents {
 		h.startAgent(fmt.Sprintf("n%02d", i), fmt.Sprintf("dc-%d", i%5), fmt.Sprintf("r%d", i/5%2), 8)
 	}
-	waitFor(b, "50 nodes", 2*time.Minute, func() bool { return len(h.nodeRecords()) == agents })
+	testenv.Eventually(b, "50 nodes", 2*time.Minute, func() bool { return len(h.nodeRecords()) == agents })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		b.Fatal(err)
 	}
@@ -72,13 +73,25 @@ func fiftyAgents(b *testing.B) {
 		}
 		return st.Summary.Running
 	}
-	pollFor(b, "200 workers running", 5*time.Minute, func() bool { return runningNow() == workers })
+	testenv.Eventually(b, "200 workers running", 5*time.Minute, func() bool { return runningNow() == workers })
 	b.ReportMetric(time.Since(t0).Seconds(), "submit-to-running-s")
 
-	// Steady state: ZooKeeper write transactions per second, per node.
-	time.Sleep(3 * time.Second)
+	// Steady state, once every worker's first memory sample (the last write of its start) is
+	// in: ZooKeeper write transactions per second, per node.
+	testenv.Eventually(b, "every worker's memory sampled", time.Minute, func() bool {
+		st, err := cl.Job(ctx, "wc")
+		if err != nil || len(st.Workers) != workers {
+			return false
+		}
+		for _, w := range st.Workers {
+			if w.Memory == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	z0, s0 := zxid(b, h.zk.Addr()), time.Now()
-	time.Sleep(20 * time.Second)
+	time.Sleep(20 * time.Second) // the measurement window
 	z1 := zxid(b, h.zk.Addr())
 	rate := float64(z1-z0) / time.Since(s0).Seconds()
 	b.ReportMetric(rate, "zk-writes/s")
@@ -95,7 +108,7 @@ func fiftyAgents(b *testing.B) {
 	}
 	t0 = time.Now()
 	h.agents[victim].kill()
-	pollFor(b, "replacements running", 2*time.Minute, func() bool {
+	testenv.Eventually(b, "replacements running", 2*time.Minute, func() bool {
 		st, err := cl.Job(ctx, "wc")
 		if err != nil || st.Summary.Running != workers {
 			return false
@@ -117,21 +130,9 @@ func fiftyAgents(b *testing.B) {
 	}
 	t0 = time.Now()
 	h.masters[leader].kill()
-	pollFor(b, standby+" leads", time.Minute, func() bool {
+	testenv.Eventually(b, standby+" leads", time.Minute, func() bool {
 		hl, err := standbyClient.Health(ctx)
 		return err == nil && hl.Leader
 	})
 	b.ReportMetric(time.Since(t0).Seconds(), "master-kill-to-leader-s")
-}
-
-// pollFor is waitFor with a finer poll, for timings.
-func pollFor(tb testing.TB, what string, d time.Duration, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

@@ -95,7 +95,7 @@ func TestCLIAgainstLocalCluster(t *testing.T) {
 		_ = up.Process.Signal(syscall.SIGKILL)
 		killCgroupTree("/stormdock-local/" + filepath.Base(data))
 	})
-	waitFor(t, "local cluster up", 30*time.Second, func() bool {
+	testenv.Eventually(t, "local cluster up", 30*time.Second, func() bool {
 		out, code := c.run("node", "list", "-o", "json")
 		var nodes []api.NodeView
 		return code == 0 && json.Unmarshal([]byte(out), &nodes) == nil && len(nodes) == 6
@@ -141,7 +141,7 @@ func TestCLIAgainstLocalCluster(t *testing.T) {
 	// Drain the node of worker 0: its workers move, with their grace period.
 	drained := st.Workers[0].Node
 	c.ok("node", "drain", drained)
-	waitFor(t, "drained node emptied", 30*time.Second, func() bool {
+	testenv.Eventually(t, "drained node emptied", 30*time.Second, func() bool {
 		s := c.status("wc")
 		for _, w := range s.Workers {
 			if w.Node == drained || w.State != "running" {

@@ -2,12 +2,16 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"maps"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord/zktest"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // TestClusterLifecycle is issue 5's end-to-end run on one ZooKeeper: submit, lose an agent
@@ -17,7 +21,7 @@ func TestClusterLifecycle(t *testing.T) {
 	m1 := h.startMaster("m1")
 	cl := h.client(m1)
 	ctx := context.Background()
-	waitFor(t, "m1 leads", 15*time.Second, func() bool {
+	testenv.Eventually(t, "m1 leads", 15*time.Second, func() bool {
 		hl, err := cl.Health(ctx)
 		return err == nil && hl.Leader
 	})
@@ -26,7 +30,7 @@ func TestClusterLifecycle(t *testing.T) {
 	for _, n := range nodes {
 		h.startAgent(n[0], n[1], n[2], 4)
 	}
-	waitFor(t, "6 nodes registered", 15*time.Second, func() bool { return len(h.nodeRecords()) == 6 })
+	testenv.Eventually(t, "6 nodes registered", 15*time.Second, func() bool { return len(h.nodeRecords()) == 6 })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +39,7 @@ func TestClusterLifecycle(t *testing.T) {
 	}
 
 	// Every worker runs where the plan says.
-	waitFor(t, "12 workers running", 30*time.Second, func() bool { return len(h.running("wc")) == 12 })
+	testenv.Eventually(t, "12 workers running", 30*time.Second, func() bool { return len(h.running("wc")) == 12 })
 	st, err := cl.Job(ctx, "wc")
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +68,7 @@ func TestClusterLifecycle(t *testing.T) {
 		}
 	}
 	h.agents[victim].kill()
-	waitFor(t, "workers of the killed agent running elsewhere", 30*time.Second, func() bool {
+	testenv.Eventually(t, "workers of the killed agent running elsewhere", 30*time.Second, func() bool {
 		now := h.running("wc")
 		if len(now) != 12 {
 			return false
@@ -81,7 +85,7 @@ func TestClusterLifecycle(t *testing.T) {
 			t.Errorf("worker %s restarted (pid %d -> %d) though its node stayed", k, before.pid, w.pid)
 		}
 	}
-	waitFor(t, "orphaned copies of the dead agent stopped", 15*time.Second, func() bool {
+	testenv.Eventually(t, "orphaned copies of the dead agent stopped", 15*time.Second, func() bool {
 		for _, pid := range orphans {
 			if alive(pid) {
 				return false
@@ -92,13 +96,19 @@ func TestClusterLifecycle(t *testing.T) {
 
 	// SIGKILL the active master: the standby leads and nothing restarts.
 	before := h.running("wc")
+	versions := h.assignmentVersions()
 	h.masters["m1"].kill()
 	cl2 := h.client(m2)
-	waitFor(t, "m2 leads", 15*time.Second, func() bool {
+	testenv.Eventually(t, "m2 leads", 15*time.Second, func() bool {
 		hl, err := cl2.Health(ctx)
 		return err == nil && hl.Leader
 	})
-	time.Sleep(time.Second)
+	// Once the new leader has reconciled (a standby never does), it must have rewritten no
+	// assignment, and no worker may have changed.
+	testenv.Eventually(t, "a reconcile of m2", 15*time.Second, func() bool { return reconciles(t, m2) > 0 })
+	if now := h.assignmentVersions(); !maps.Equal(versions, now) {
+		t.Errorf("assignments rewritten across master failover: versions %v -> %v", versions, now)
+	}
 	if after := h.running("wc"); !maps.Equal(before, after) {
 		t.Errorf("workers changed across master failover:\nbefore %v\nafter  %v", before, after)
 	}
@@ -110,15 +120,43 @@ func TestClusterLifecycle(t *testing.T) {
 		break
 	}
 	p := h.agents[restarted]
+	old, err := h.store.Get(ctx, cluster.NodeKey(restarted))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var oldRec cluster.NodeRecord
+	if err := json.Unmarshal(old.Value, &oldRec); err != nil {
+		t.Fatal(err)
+	}
 	p.kill()
 	h.startAgent(restarted, p.args[6], p.args[8], 4)
-	time.Sleep(3 * h.session)
-	after := h.running("wc")
-	for k, w := range before {
-		if w.node == restarted && after[k] != w {
-			t.Errorf("worker %s on restarted agent %s: was %+v, now %+v", k, restarted, w, after[k])
+	kept := func() (bool, string) {
+		now := h.running("wc")
+		for k, w := range before {
+			if w.node == restarted && now[k] != w {
+				return false, fmt.Sprintf("worker %s on restarted agent %s: was %+v, now %+v", k, restarted, w, now[k])
+			}
 		}
+		return true, ""
 	}
+	// The new agent reports the workers it adopted.
+	testenv.EventuallyWith(t, "the restarted agent reporting its workers", 15*time.Second, func() (bool, string) {
+		if rec := h.nodeRecords()[restarted]; rec.Agent == oldRec.Agent {
+			return false, "the record is the killed agent's"
+		}
+		return kept()
+	})
+	// The killed agent's session ends a session timeout after the kill; the master must not
+	// take that for the node's loss. Once ZooKeeper has dropped it, the workers stay put
+	// through two heartbeats.
+	testenv.EventuallyWith(t, "the killed agent's session expired", 3*h.session+5*time.Second, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		live, err := zktest.SessionLive(ctx, h.zk.Addr(), old.Owner)
+		return err == nil && !live, fmt.Sprintf("live %v, %v", live, err)
+	})
+	testenv.AssertUntil(t, "the restarted agent's workers kept", 2*500*time.Millisecond, kept)
+	after := h.running("wc")
 
 	// Pause an agent past its session timeout: its workers are re-placed, and once it
 	// resumes it stops its stale copies.
@@ -138,7 +176,7 @@ func TestClusterLifecycle(t *testing.T) {
 	if err := pp.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "workers of the paused agent re-placed", 30*time.Second, func() bool {
+	testenv.Eventually(t, "workers of the paused agent re-placed", 30*time.Second, func() bool {
 		now := h.running("wc")
 		n := 0
 		for _, w := range now {
@@ -151,7 +189,7 @@ func TestClusterLifecycle(t *testing.T) {
 	if err := pp.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "stale copies on the resumed agent stopped", 15*time.Second, func() bool {
+	testenv.Eventually(t, "stale copies on the resumed agent stopped", 15*time.Second, func() bool {
 		for _, pid := range stale {
 			if alive(pid) {
 				return false
@@ -159,7 +197,7 @@ func TestClusterLifecycle(t *testing.T) {
 		}
 		return true
 	})
-	waitFor(t, "resumed agent back with no worker of the job", 15*time.Second, func() bool {
+	testenv.Eventually(t, "resumed agent back with no worker of the job", 15*time.Second, func() bool {
 		rec, ok := h.nodeRecords()[paused]
 		if !ok {
 			return false

@@ -1,14 +1,17 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,27 +30,16 @@ import (
 var binary, allocBinary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "stormdock-e2e-")
+	var err error
+	if binary, err = testenv.Build("./cmd/stormdock"); err == nil {
+		allocBinary, err = testenv.Build("./e2e/testdata/alloc")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "stormdock")
-	build := exec.Command("go", "build", "-o", binary, "../cmd/stormdock")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build stormdock: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	allocBinary = filepath.Join(dir, "alloc")
-	build = exec.Command("go", "build", "-o", allocBinary, "./testdata/alloc")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build alloc: %v\n%s", err, out)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	testenv.RemoveBuilds()
 	os.Exit(code)
 }
 
@@ -208,6 +200,8 @@ func killCgroupTree(parent string) {
 				if os.Remove(dirs[i]) == nil || len(pids) == 0 {
 					break
 				}
+				// A last-resort cleanup, also after the test failed: retry while the kernel
+				// tears the killed processes down.
 				time.Sleep(20 * time.Millisecond)
 			}
 		}
@@ -219,7 +213,7 @@ func killCgroupTree(parent string) {
 func (h *harness) client(url string) *api.Client {
 	h.t.Helper()
 	var tok []byte
-	waitFor(h.t, "admin token", 10*time.Second, func() bool {
+	testenv.Eventually(h.t, "admin token", 10*time.Second, func() bool {
 		var err error
 		tok, err = os.ReadFile(filepath.Join(h.dir, "data", api.AdminTokenFile))
 		return err == nil
@@ -231,15 +225,47 @@ func (h *harness) client(url string) *api.Client {
 	return c
 }
 
-func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
+// reconciles reads how many reconciles the master at url has finished, from its /metrics.
+func reconciles(t testing.TB, url string) float64 {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "stormdock_master_reconcile_duration_seconds_count "); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s/metrics: %q: %v", url, sc.Text(), err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("%s/metrics: no stormdock_master_reconcile_duration_seconds_count (%v)", url, sc.Err())
+	return 0
+}
+
+// assignmentVersions maps each node to the version of its assignment entry: a master that
+// writes an assignment changes it.
+func (h *harness) assignmentVersions() map[string]int64 {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	names, err := h.store.Children(ctx, cluster.AssignmentsKey)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, n := range names {
+		e, err := h.store.Get(ctx, cluster.AssignmentKey(n))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		out[n] = e.Version
+	}
+	return out
 }
 
 // nodeRecords reads every live node's record from the store.

@@ -49,7 +49,7 @@ func startUp(t *testing.T, nodes int, extra ...string) *localCluster {
 		_ = cmd.Process.Signal(syscall.SIGINT) // up stops every worker, then exits
 		select {
 		case <-done:
-		case <-time.After(time.Minute):
+		case <-time.After(testenv.Timeout(time.Minute)):
 			_ = cmd.Process.Kill()
 			<-done
 		}
@@ -60,7 +60,7 @@ func startUp(t *testing.T, nodes int, extra ...string) *localCluster {
 		}
 	})
 	lc := &localCluster{url: "http://" + addr, data: data}
-	waitFor(t, "admin token written", 30*time.Second, func() bool {
+	testenv.Eventually(t, "admin token written", 30*time.Second, func() bool {
 		_, err := os.Stat(filepath.Join(data, api.AdminTokenFile))
 		return err == nil
 	})
@@ -71,7 +71,7 @@ func startUp(t *testing.T, nodes int, extra ...string) *localCluster {
 	if lc.cl, err = api.NewClient(lc.url, strings.TrimSpace(string(tok))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, fmt.Sprintf("%d local nodes", nodes), 30*time.Second, func() bool {
+	testenv.Eventually(t, fmt.Sprintf("%d local nodes", nodes), 30*time.Second, func() bool {
 		ns, err := lc.cl.Nodes(context.Background())
 		return err == nil && len(ns) == nodes
 	})
@@ -107,7 +107,7 @@ func TestLocalClusterHealthScripts(t *testing.T) {
 		"--mem-high", "0.98", "--mem-low", "0.97", "--mem-critical", "0.99")
 	expect := func(what, health string, throttled bool, reason string) {
 		t.Helper()
-		waitFor(t, what, 20*time.Second, func() bool {
+		testenv.Eventually(t, what, 20*time.Second, func() bool {
 			ns, err := lc.cl.Nodes(context.Background())
 			if err != nil || len(ns) != 2 {
 				return false
@@ -156,11 +156,11 @@ func TestLocalClusterMemoryPressure(t *testing.T) {
 	if _, err := lc.cl.SubmitJob(ctx, []byte(spec)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the local node throttled", 30*time.Second, func() bool {
+	testenv.Eventually(t, "the local node throttled", 30*time.Second, func() bool {
 		n, ok := nodeView(ctx, lc.cl, node)
 		return ok && n.SlotsThrottled > 0 && n.Health != cluster.HealthHealthy
 	})
-	waitFor(t, "the worker evicted", 30*time.Second, func() bool {
+	testenv.Eventually(t, "the worker evicted", 30*time.Second, func() bool {
 		st, err := lc.cl.Job(ctx, "hog")
 		return err == nil && len(st.Workers) == 1 && (st.Workers[0].State == cluster.WorkerEvicted || st.Workers[0].State == api.WorkerUnplaced)
 	})

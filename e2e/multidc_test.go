@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // TestDataCenterLoss kills every agent of one data center: the job that may use the other
@@ -25,7 +26,7 @@ func TestDataCenterLoss(t *testing.T) {
 			h.startAgent(dc+"-"+r, dc, r, 4)
 		}
 	}
-	waitFor(t, "6 nodes", 20*time.Second, func() bool { return len(h.nodeRecords()) == 6 })
+	testenv.Eventually(t, "6 nodes", 20*time.Second, func() bool { return len(h.nodeRecords()) == 6 })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func TestDataCenterLoss(t *testing.T) {
 	if _, err := cl.SubmitJob(ctx, []byte(pinned)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "11 workers running", 30*time.Second, func() bool {
+	testenv.Eventually(t, "11 workers running", 30*time.Second, func() bool {
 		return len(h.running("wide")) == 9 && len(h.running("pinned")) == 2
 	})
 	t0 := time.Now()
@@ -44,7 +45,7 @@ func TestDataCenterLoss(t *testing.T) {
 		h.agents[id].kill()
 	}
 	killed := time.Since(t0)
-	waitFor(t, "wide running outside dc-a", 30*time.Second, func() bool {
+	testenv.Eventually(t, "wide running outside dc-a", 30*time.Second, func() bool {
 		run := h.running("wide")
 		if len(run) != 9 {
 			return false
@@ -58,7 +59,7 @@ func TestDataCenterLoss(t *testing.T) {
 	})
 	t.Logf("figure: last agent of dc-a killed -> all movable workers running: %s", (time.Since(t0) - killed).Round(time.Millisecond))
 	var st struct{ reason string }
-	waitFor(t, "pinned job reported waiting", 15*time.Second, func() bool {
+	testenv.Eventually(t, "pinned job reported waiting", 15*time.Second, func() bool {
 		js, err := cl.Job(ctx, "pinned")
 		if err != nil || len(js.Workers) != 2 {
 			return false
@@ -87,7 +88,7 @@ func TestMirroredJob(t *testing.T) {
 	for _, dc := range []string{"dc-a", "dc-b", "dc-c"} {
 		h.startAgent(dc+"-r1", dc, "r1", 4)
 	}
-	waitFor(t, "3 nodes", 20*time.Second, func() bool { return len(h.nodeRecords()) == 3 })
+	testenv.Eventually(t, "3 nodes", 20*time.Second, func() bool { return len(h.nodeRecords()) == 3 })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ gracePeriod: 2s
 	if _, err := cl.SubmitJob(ctx, []byte(spec)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "4 link workers and the router running", 30*time.Second, func() bool {
+	testenv.Eventually(t, "4 link workers and the router running", 30*time.Second, func() bool {
 		return len(h.running("mirror")) == 4 && len(h.running("mirror.router")) == 1
 	})
 	for k, w := range h.running("mirror") {
@@ -126,7 +127,7 @@ gracePeriod: 2s
 		t.Errorf("router runs on %s; want the data center outside both links", r.node)
 	}
 	// Let output flow, then lose the active link's data center.
-	waitFor(t, "output flowing", 30*time.Second, func() bool { return len(sinkOffsets(t, out)) > 300 })
+	testenv.Eventually(t, "output flowing", 30*time.Second, func() bool { return len(sinkOffsets(t, out)) > 300 })
 	status := h.start("link-status", "link", "status", "mirror", "-o", "json", "--store", h.storeURL())
 	<-status.done
 	b, _ := os.ReadFile(filepath.Join(h.dir, "link-status.log"))
@@ -137,7 +138,7 @@ gracePeriod: 2s
 		t.Fatalf("link status: %v\n%s", err, b)
 	}
 	h.agents[ls.Active+"-r1"].kill()
-	waitFor(t, "every line delivered", 60*time.Second, func() bool { return len(sinkOffsets(t, out)) >= lines })
+	testenv.Eventually(t, "every line delivered", 60*time.Second, func() bool { return len(sinkOffsets(t, out)) >= lines })
 	offs := sinkOffsets(t, out)
 	if len(offs) != lines {
 		t.Fatalf("sink holds %d records, want %d", len(offs), lines)

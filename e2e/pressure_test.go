@@ -13,6 +13,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // nodeView finds one node in the master's node list.
@@ -63,7 +64,7 @@ func TestMemoryPressure(t *testing.T) {
 	const hold = 2 * time.Second
 	h.startAgent("p1", "dc-a", "r1", 4, "--mem-high", "0.5", "--mem-low", "0.3", "--mem-critical", "0.8",
 		"--throttle-hold", hold.String(), "--health-interval", "100ms")
-	waitFor(t, "node p1", 15*time.Second, func() bool { _, ok := nodeView(ctx, cl, "p1"); return ok })
+	testenv.Eventually(t, "node p1", 15*time.Second, func() bool { _, ok := nodeView(ctx, cl, "p1"); return ok })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func TestMemoryPressure(t *testing.T) {
 		}
 	}()
 	var withheldAt time.Time
-	waitFor(t, "slots withheld in the master's view", 30*time.Second, func() bool {
+	testenv.Eventually(t, "slots withheld in the master's view", 30*time.Second, func() bool {
 		n, _ := nodeView(ctx, cl, "p1")
 		if n.SlotsThrottled > 0 {
 			withheldAt = time.Now()
@@ -116,7 +117,7 @@ func TestMemoryPressure(t *testing.T) {
 
 	// A second node to take the evicted worker.
 	h.startAgent("p2", "dc-a", "r2", 4)
-	waitFor(t, "worker evicted from p1 and running on p2", 30*time.Second, func() bool {
+	testenv.Eventually(t, "worker evicted from p1 and running on p2", 30*time.Second, func() bool {
 		st, err := cl.Job(ctx, "hog")
 		return err == nil && len(st.Workers) == 1 && st.Workers[0].Node == "p2" && st.Workers[0].State == cluster.WorkerRunning
 	})
@@ -133,7 +134,7 @@ func TestMemoryPressure(t *testing.T) {
 
 	// Memory is freed: slots come back, but only after the hold time.
 	var restoredAt time.Time
-	waitFor(t, "p1's slots restored", 30*time.Second, func() bool {
+	testenv.Eventually(t, "p1's slots restored", 30*time.Second, func() bool {
 		n, _ := nodeView(ctx, cl, "p1")
 		if n.SlotsThrottled == 0 && n.Health == cluster.HealthHealthy {
 			restoredAt = time.Now()
@@ -187,7 +188,7 @@ esac
 		"--health-script-timeout", "500ms", "--mem-high", "0.98", "--mem-low", "0.97", "--mem-critical", "0.99")
 	expect := func(what, health string, throttled bool, reason string) {
 		t.Helper()
-		waitFor(t, what, 20*time.Second, func() bool {
+		testenv.Eventually(t, what, 20*time.Second, func() bool {
 			n, ok := nodeView(ctx, cl, "s1")
 			return ok && n.Health == health && (n.SlotsThrottled > 0) == throttled && strings.Contains(n.Reason, reason)
 		})

@@ -74,7 +74,7 @@ func runAllocator() error {
 			if err := alloc(); err != nil {
 				return err
 			}
-			time.Sleep(pause)
+			time.Sleep(pause) // the pace of the growth under test: R MiB/s
 		}
 		for len(chunks) > n {
 			if err := free(); err != nil {

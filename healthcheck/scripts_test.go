@@ -2,6 +2,7 @@ package healthcheck
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // writeScript puts an executable shell script in dir. Tests write every script before running
@@ -52,15 +55,14 @@ func readPids(t *testing.T, path string) []int {
 
 func waitDead(t *testing.T, pids []int) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for _, pid := range pids {
-		for alive(pid) {
-			if time.Now().After(deadline) {
-				t.Fatalf("process %d still alive", pid)
+	testenv.EventuallyWith(t, fmt.Sprintf("processes %v gone", pids), 3*time.Second, func() (bool, string) {
+		for _, pid := range pids {
+			if alive(pid) {
+				return false, fmt.Sprintf("process %d still alive", pid)
 			}
-			time.Sleep(10 * time.Millisecond)
 		}
-	}
+		return true, ""
+	})
 }
 
 func TestRunScript(t *testing.T) {
@@ -163,19 +165,11 @@ func TestScriptRunner(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	// Wait until the hung script has been killed at least twice.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.EventuallyWith(t, "the hung script killed twice", 5*time.Second, func() (bool, string) {
 		mu.Lock()
-		n := failures["40-hang"]
-		mu.Unlock()
-		if n >= 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("hung script failed %d times in 5s", n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return failures["40-hang"] >= 2, fmt.Sprintf("killed %d times", failures["40-hang"])
+	})
 	got := map[string]ScriptResult{}
 	for _, res := range r.Results() {
 		got[res.Name] = res
@@ -219,10 +213,11 @@ func TestScriptRunner(t *testing.T) {
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	done2 := make(chan error, 1)
 	go func() { done2 <- r2.Run(ctx2) }()
-	deadline = time.Now().Add(3 * time.Second)
-	for len(r2.Results()) != 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	defer cancel2()
+	testenv.EventuallyWith(t, "results of the 2 scripts left", 3*time.Second, func() (bool, string) {
+		res := r2.Results()
+		return len(res) == 2, fmt.Sprintf("%+v", res)
+	})
 	cancel2()
 	<-done2
 	if res := r2.Results(); len(res) != 2 || res[0].Name != "10-ok" || res[1].Name != "20-warn" {

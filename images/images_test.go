@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,20 +25,13 @@ import (
 var hog string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "images")
-	if err != nil {
+	var err error
+	if hog, err = testenv.Build("./isolation/testdata/hog"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	hog = filepath.Join(dir, "hog")
-	build := exec.Command("go", "build", "-o", hog, "../isolation/testdata/hog")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build hog: %v\n%s", err, out)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	testenv.RemoveBuilds()
 	os.Exit(code)
 }
 

@@ -130,7 +130,7 @@ func runLinkKillTest(t *testing.T, store coord.Store, kills int) {
 		}
 	}
 	defer lp.stopAll()
-	waitFor(t, 10*time.Second, "delivery", func() bool { st, _ := tr.Status(); return st.Delivered > 0 })
+	testenv.Eventually(t, "delivery", 10*time.Second, func() bool { st, _ := tr.Status(); return st.Delivered > 0 })
 
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, 1))
@@ -143,7 +143,7 @@ func runLinkKillTest(t *testing.T, store coord.Store, kills int) {
 	}
 	var done []kill
 	for k := range kills {
-		time.Sleep(200*time.Millisecond + time.Duration(rng.IntN(500))*time.Millisecond)
+		time.Sleep(200*time.Millisecond + time.Duration(rng.IntN(500))*time.Millisecond) // a random moment to kill at: the chaos under test
 		lp.checkAlive()
 		st, _ := tr.Status()
 		if st.Delivered >= int64(fixtureLen-1) {
@@ -159,15 +159,15 @@ func runLinkKillTest(t *testing.T, store coord.Store, kills int) {
 			lp.procs[victim][w].kill()
 		}
 		done = append(done, kill{at: at, victim: victim, all: len(ws) == lp.workers, offset: st.Delivered})
-		waitFor(t, 10*time.Second, "failover away from "+victim, func() bool { st, _ := tr.Status(); return st.Active != victim })
-		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+		testenv.Eventually(t, "failover away from "+victim, 10*time.Second, func() bool { st, _ := tr.Status(); return st.Active != victim })
+		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // a random time down: the chaos under test
 		for _, w := range ws {
 			lp.start(victim, w)
 		}
 	}
 	n := lp.endInput(fixtureLen)
 	lines = lines[:n]
-	waitFor(t, 60*time.Second, "every record delivered", func() bool {
+	testenv.Eventually(t, "every record delivered", 60*time.Second, func() bool {
 		lp.checkAlive()
 		st, _ := tr.Status()
 		return st.Delivered == int64(n-1)
@@ -251,10 +251,10 @@ func TestRouterKillRestart(t *testing.T) {
 	defer lp.stopAll()
 	cl, _ := NewClient(url)
 	ctx := context.Background()
-	waitFor(t, 15*time.Second, "delivery", func() bool { st, err := cl.Status(ctx); return err == nil && st.Delivered > 0 })
+	testenv.Eventually(t, "delivery", 15*time.Second, func() bool { st, err := cl.Status(ctx); return err == nil && st.Delivered > 0 })
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
 	for k := range kills {
-		time.Sleep(400*time.Millisecond + time.Duration(rng.IntN(600))*time.Millisecond)
+		time.Sleep(400*time.Millisecond + time.Duration(rng.IntN(600))*time.Millisecond) // a random moment to kill at: the chaos under test
 		lp.checkAlive()
 		if router.exited() {
 			t.Fatalf("router exited by itself:\n%s", router.out.String())
@@ -265,7 +265,7 @@ func TestRouterKillRestart(t *testing.T) {
 			t.Fatalf("kill %d: the fixture is exhausted: the machine is too slow for this test", k)
 		}
 		t.Logf("router kill %d with %d lines in the sink", k+1, at)
-		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // a random time down: the chaos under test
 		router = startRouterChild()
 	}
 	n := lp.endInput(fixtureLen)
@@ -275,7 +275,7 @@ func TestRouterKillRestart(t *testing.T) {
 			t.Logf("last router's output:\n%s", router.out.String())
 		}
 	}()
-	waitFor(t, 60*time.Second, "every record delivered", func() bool {
+	testenv.Eventually(t, "every record delivered", 60*time.Second, func() bool {
 		lp.checkAlive()
 		st, err := cl.Status(ctx)
 		return err == nil && st.Delivered == int64(n-1)

@@ -17,7 +17,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // testLogger logs warnings and errors through t, so a failing test shows what the router said.
@@ -139,20 +142,9 @@ func (tr *testRouter) stop(t testing.TB) {
 	}
 }
 
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func waitReady(t testing.TB, url string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "router ready", func() bool {
+	testenv.Eventually(t, "router ready", 10*time.Second, func() bool {
 		resp, err := http.Get(url + "/readyz")
 		if err != nil {
 			return false
@@ -186,7 +178,7 @@ func TestAPIBadInput(t *testing.T) {
 			t.Fatalf("heartbeat %s: %d %s", l, code, body)
 		}
 	}
-	waitFor(t, 5*time.Second, "an active link", func() bool { st, _ := tr.Status(); return st.Active != "" })
+	testenv.Eventually(t, "an active link", 5*time.Second, func() bool { st, _ := tr.Status(); return st.Active != "" })
 	// Every bad batch starts with a good line at offset 0: if anything of a bad batch were
 	// taken, offset 0 would reach the sink.
 	good := `{"offset":0,"link":"dc-a","n":1}` + "\n"
@@ -224,7 +216,8 @@ func TestAPIBadInput(t *testing.T) {
 			t.Errorf("heartbeat ?%s: %d %s, want 400", q, code, body)
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // give a wrongly taken record time to reach the sink
+	// A batch is taken or refused whole before the router answers: a record taken from a bad
+	// batch would show as received, buffered or delivered now.
 	st, _ := tr.Status()
 	if st.Delivered != -1 {
 		t.Fatalf("a bad batch delivered offsets up to %d", st.Delivered)
@@ -250,7 +243,7 @@ func TestAPIBadInput(t *testing.T) {
 	if code, body := post(t, u+"/", good); code != 200 {
 		t.Fatalf("good batch: %d %s", code, body)
 	}
-	waitFor(t, 5*time.Second, "offset 0 delivered", func() bool { st, _ := tr.Status(); return st.Delivered >= 0 })
+	testenv.Eventually(t, "offset 0 delivered", 5*time.Second, func() bool { st, _ := tr.Status(); return st.Delivered >= 0 })
 
 	// Failover errors.
 	cl, err := NewClient(u)
@@ -264,7 +257,18 @@ func TestAPIBadInput(t *testing.T) {
 	if _, err := cl.Failover(context.Background(), "other-job", "dc-b"); !errors.As(err, &ae) || ae.Code != 404 {
 		t.Errorf("failover of another job: %v", err)
 	}
-	time.Sleep(700 * time.Millisecond) // every link's heartbeats are now stale
+	testenv.EventuallyWith(t, "every link's heartbeats stale", 5*time.Second, func() (bool, string) {
+		st, err := tr.Status()
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, l := range st.Links {
+			if l.Alive {
+				return false, "link " + l.Link + " alive"
+			}
+		}
+		return true, ""
+	})
 	if _, err := cl.Failover(context.Background(), "wordcount", otherLink(st.Active)); !errors.As(err, &ae) || ae.Code != 409 {
 		t.Errorf("failover to a dead link: %v", err)
 	}
@@ -387,7 +391,7 @@ func TestManualFailoverAndStatusInStore(t *testing.T) {
 	cl, _ := NewClient(tr.URL())
 	ctx := context.Background()
 	var first string
-	waitFor(t, 10*time.Second, "a link active and delivering", func() bool {
+	testenv.Eventually(t, "a link active and delivering", 10*time.Second, func() bool {
 		st, err := cl.Status(ctx)
 		first = st.Active
 		return err == nil && st.Active != "" && st.Delivered > 200
@@ -409,7 +413,7 @@ func TestManualFailoverAndStatusInStore(t *testing.T) {
 		}
 		return -1
 	}
-	waitFor(t, 10*time.Second, "records from "+second, func() bool { return deliveredFrom(second) >= 0 })
+	testenv.Eventually(t, "records from "+second, 10*time.Second, func() bool { return deliveredFrom(second) >= 0 })
 	st, err = cl.Failover(ctx, "", "") // the most advanced live standby: the first one
 	if err != nil || st.Active != first {
 		t.Fatalf("failover without a target: %v %+v", err, st)
@@ -417,12 +421,12 @@ func TestManualFailoverAndStatusInStore(t *testing.T) {
 	if _, err := cl.Failover(ctx, "", second); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "everything delivered", func() bool { st, _ := cl.Status(ctx); return st.Delivered == 2999 })
+	testenv.Eventually(t, "everything delivered", 10*time.Second, func() bool { st, _ := cl.Status(ctx); return st.Delivered == 2999 })
 	perLink := checkSinkFile(t, tr.path, lines)
 	if perLink["dc-a"] == 0 || perLink["dc-b"] == 0 {
 		t.Fatalf("records per link %v: both links should have delivered", perLink)
 	}
-	waitFor(t, 5*time.Second, "status in the store", func() bool {
+	testenv.Eventually(t, "status in the store", 5*time.Second, func() bool {
 		rec, ok, err := ReadRecord(ctx, store, "wordcount")
 		if err != nil || !ok || rec.Checkpoint != 2999 || rec.Active != second || rec.Failovers != 3 || rec.Router != tr.URL() {
 			return false
@@ -474,9 +478,13 @@ func TestOneRouterPerJob(t *testing.T) {
 	waitReady(t, first.URL())
 	_, lines := writeFixture(t, 500)
 	stops := startSenders(t, first.URL(), []string{"dc-a", "dc-b"}, 1, lines, 1e6, time.Now())
-	waitFor(t, 10*time.Second, "delivered", func() bool { st, _ := first.Status(); return st.Delivered == 499 })
+	testenv.Eventually(t, "delivered", 10*time.Second, func() bool { st, _ := first.Status(); return st.Delivered == 499 })
 	second := startRouter(t, store, []string{"dc-a", "dc-b"}, nil)
-	time.Sleep(200 * time.Millisecond)
+	// The second router stands in the job's router election, behind the first.
+	testenv.Eventually(t, "the second router standing", 10*time.Second, func() bool {
+		names, err := store.Children(context.Background(), cluster.RouterElectionKey("wordcount"))
+		return err == nil && len(names) == 2
+	})
 	if _, err := second.Status(); err == nil {
 		t.Fatal("a second router of the job recovered while the first runs")
 	}
@@ -572,7 +580,7 @@ func TestRouterHTTPSink(t *testing.T) {
 	waitReady(t, tr.URL())
 	_, lines := writeFixture(t, 2000)
 	startSenders(t, tr.URL(), []string{"dc-a", "dc-b"}, 2, lines, 1e5, time.Now())
-	waitFor(t, 20*time.Second, "everything delivered", func() bool { st, _ := tr.Status(); return st.Delivered == 1999 })
+	testenv.Eventually(t, "everything delivered", 20*time.Second, func() bool { st, _ := tr.Status(); return st.Delivered == 1999 })
 	recv.mu.Lock()
 	defer recv.mu.Unlock()
 	if len(recv.got) != 2000 || recv.repeats == 0 {

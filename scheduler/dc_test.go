@@ -7,6 +7,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // TestDCLossMovesWholeJobs loses a data center when the others cannot take all of its
@@ -20,7 +21,7 @@ func TestDCLossMovesWholeJobs(t *testing.T) {
 		n.Slots = 3
 		clients[n.ID] = tc.node(n)
 	}
-	waitFor(t, "the master sees 6 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 6 })
+	testenv.Eventually(t, "the master sees 6 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 6 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +32,7 @@ func TestDCLossMovesWholeJobs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "15 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 15 })
+	testenv.Eventually(t, "15 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 15 })
 	before := tc.assignments()
 	for id, c := range clients {
 		if strings.HasPrefix(id, "n-0-") {
@@ -40,7 +41,7 @@ func TestDCLossMovesWholeJobs(t *testing.T) {
 	}
 	// dc-1 and dc-2 have 2 free slots: a-big's 3 workers from dc-0 cannot all move, so
 	// none do; b-small's 2 can.
-	waitFor(t, "b-small moved whole, a-big waiting", 5*time.Second, func() bool {
+	testenv.Eventually(t, "b-small moved whole, a-big waiting", 5*time.Second, func() bool {
 		// Held workers stay assigned to the node they were lost on, so that every plan
 		// knows where they come from.
 		smallN, bigN, heldN := 0, 0, 0
@@ -91,7 +92,7 @@ func TestDCFailAndRestore(t *testing.T) {
 	for _, n := range testNodes(2, 1, 2) {
 		tc.node(n)
 	}
-	waitFor(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
+	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,11 +108,11 @@ func TestDCFailAndRestore(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "3 workers per data center", 5*time.Second, func() bool { return inDC("dc-0") == 3 && inDC("dc-1") == 3 })
+	testenv.Eventually(t, "3 workers per data center", 5*time.Second, func() bool { return inDC("dc-0") == 3 && inDC("dc-1") == 3 })
 	if _, err := SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCFailed, false); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "dc-0 emptied", 5*time.Second, func() bool { return inDC("dc-0") == 0 && inDC("dc-1") == 6 })
+	testenv.Eventually(t, "dc-0 emptied", 5*time.Second, func() bool { return inDC("dc-0") == 0 && inDC("dc-1") == 6 })
 	if _, err := SetDCState(tc.ctx, tc.admin, "nope", cluster.DCFailed, false); err == nil {
 		t.Error("failing an unknown data center worked")
 	}
@@ -119,13 +120,14 @@ func TestDCFailAndRestore(t *testing.T) {
 	if _, err := SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCActive, false); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	testenv.Eventually(t, "dc-0 active in the master's view", 5*time.Second, func() bool { return m.view().dcState("dc-0") == cluster.DCActive })
+	tc.reconciled(m)
 	if inDC("dc-0") != 0 {
 		t.Fatal("workers moved back without --rebalance")
 	}
 	if _, err := SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCActive, true); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "rebalanced 3/3", 5*time.Second, func() bool { return inDC("dc-0") == 3 && inDC("dc-1") == 3 })
-	waitFor(t, "rebalance request cleared", 5*time.Second, func() bool { return !m.view().dcs["dc-0"].Rebalance })
+	testenv.Eventually(t, "rebalanced 3/3", 5*time.Second, func() bool { return inDC("dc-0") == 3 && inDC("dc-1") == 3 })
+	testenv.Eventually(t, "rebalance request cleared", 5*time.Second, func() bool { return !m.view().dcs["dc-0"].Rebalance })
 }

@@ -15,9 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stormdock/stormdock/api"
+
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -32,6 +36,7 @@ type testCluster struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	regs   map[*Master]*prometheus.Registry // each master's metrics
 }
 
 func newTestCluster(t *testing.T) *testCluster {
@@ -41,7 +46,7 @@ func newTestCluster(t *testing.T) *testCluster {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	tc := &testCluster{t: t, srv: srv, ctx: ctx, cancel: cancel}
+	tc := &testCluster{t: t, srv: srv, ctx: ctx, cancel: cancel, regs: map[*Master]*prometheus.Registry{}}
 	tc.admin = tc.connect(-1)
 	if err := ensureDirs(ctx, tc.admin); err != nil {
 		t.Fatal(err)
@@ -66,10 +71,12 @@ func (tc *testCluster) connect(timeout time.Duration) *coord.Embedded {
 // master starts a master on its own client; cancel stops it.
 func (tc *testCluster) master(id string) (*Master, *coord.Embedded, context.CancelFunc) {
 	c := tc.connect(-1)
-	m, err := New(c, Config{ID: id, Logger: quiet, Debounce: 20 * time.Millisecond})
+	reg := prometheus.NewRegistry()
+	m, err := New(c, Config{ID: id, Logger: quiet, Debounce: 20 * time.Millisecond, Registry: reg})
 	if err != nil {
 		tc.t.Fatal(err)
 	}
+	tc.regs[m] = reg
 	ctx, cancel := context.WithCancel(tc.ctx)
 	tc.wg.Add(1)
 	go func() {
@@ -124,16 +131,15 @@ func (tc *testCluster) node(n cluster.Node) *coord.Embedded {
 // and a worker that stays on two nodes fails the test.
 func (tc *testCluster) assignments() map[cluster.WorkerKey]string {
 	tc.t.Helper()
-	var err error
-	for range 20 {
-		var out map[cluster.WorkerKey]string
-		if out, err = tc.readAssignments(); err == nil {
-			return out
+	var out map[cluster.WorkerKey]string
+	testenv.EventuallyWith(tc.t, "a read of the assignments with each worker on one node", time.Second, func() (bool, string) {
+		var err error
+		if out, err = tc.readAssignments(); err != nil {
+			return false, err.Error()
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	tc.t.Fatal(err)
-	return nil
+		return true, ""
+	})
+	return out
 }
 
 func (tc *testCluster) readAssignments() (map[cluster.WorkerKey]string, error) {
@@ -159,16 +165,21 @@ func (tc *testCluster) readAssignments() (map[cluster.WorkerKey]string, error) {
 	return out, nil
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
+// reconciled waits until m, which leads, has finished a reconcile that began after the call:
+// evidence that it acted on what its mirrors held when called. One may be under way when it
+// is called, so it waits for two, each after a poke: the second began after the first ended.
+func (tc *testCluster) reconciled(m *Master) {
+	tc.t.Helper()
+	for range 2 {
+		n := tc.reconciles(m)
+		m.poke()
+		testenv.Eventually(tc.t, "a reconcile of "+m.cfg.ID, 5*time.Second, func() bool { return tc.reconciles(m) > n })
 	}
+}
+
+// reconciles is how many reconciles m has finished.
+func (tc *testCluster) reconciles(m *Master) float64 {
+	return testenv.Metric(tc.t, tc.regs[m], "stormdock_master_reconcile_duration_seconds", nil)
 }
 
 func testNodes(dcs, racks, perRack int) []cluster.Node {
@@ -197,14 +208,14 @@ func TestMasterPlacesAndReplacesLostNode(t *testing.T) {
 	for _, n := range testNodes(2, 2, 2) {
 		clients[n.ID] = tc.node(n)
 	}
-	waitFor(t, "the master sees 8 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 8 })
+	testenv.Eventually(t, "the master sees 8 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 8 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 12)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "12 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 12 })
+	testenv.Eventually(t, "12 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 12 })
 	before := tc.assignments()
 	perNode := map[string]int{}
 	for _, n := range before {
@@ -218,7 +229,7 @@ func TestMasterPlacesAndReplacesLostNode(t *testing.T) {
 	// Lose a node that has workers: only its workers move.
 	lost := before[cluster.WorkerKey{Job: "wc", Worker: 0}]
 	clients[lost].Close()
-	waitFor(t, "workers of the lost node re-placed", 5*time.Second, func() bool {
+	testenv.Eventually(t, "workers of the lost node re-placed", 5*time.Second, func() bool {
 		a := tc.assignments()
 		if len(a) != 12 {
 			return false
@@ -241,19 +252,19 @@ func TestMasterPlacesAndReplacesLostNode(t *testing.T) {
 func TestMasterFailoverKeepsAssignments(t *testing.T) {
 	tc := newTestCluster(t)
 	m1, c1, _ := tc.master("m1")
-	waitFor(t, "m1 leads", 5*time.Second, m1.Leader)
+	testenv.Eventually(t, "m1 leads", 5*time.Second, m1.Leader)
 	m2, _, _ := tc.master("m2")
 	for _, n := range testNodes(1, 2, 2) {
 		tc.node(n)
 	}
-	waitFor(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m1.view().nodes) == 4 })
+	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m1.view().nodes) == 4 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 6 })
+	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 6 })
 	before := tc.assignments()
 	versions := map[string]int64{}
 	for _, n := range slices.Collect(maps.Values(before)) {
@@ -264,9 +275,9 @@ func TestMasterFailoverKeepsAssignments(t *testing.T) {
 		t.Fatal("two leaders")
 	}
 	c1.Crash() // the leader's process dies: its session ends, m2 takes over
-	waitFor(t, "m2 leads", 5*time.Second, m2.Leader)
-	// Give the new leader time to reconcile; it must not rewrite anything.
-	time.Sleep(200 * time.Millisecond)
+	testenv.Eventually(t, "m2 leads", 5*time.Second, m2.Leader)
+	// Once the new leader has reconciled, nothing may have been rewritten.
+	tc.reconciled(m2)
 	after := tc.assignments()
 	if !maps.Equal(before, after) {
 		t.Errorf("assignments changed across failover:\nbefore %v\nafter  %v", before, after)
@@ -285,7 +296,7 @@ func TestAPI(t *testing.T) {
 	for _, n := range testNodes(1, 1, 2) {
 		tc.node(n)
 	}
-	waitFor(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 2 })
+	testenv.Eventually(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 2 })
 	srv := httptest.NewServer(m.Handler(nil))
 	defer srv.Close()
 	ctx := tc.ctx
@@ -334,7 +345,7 @@ func TestAPI(t *testing.T) {
 	if _, err := cl.ScaleJob(ctx, "wc", 7); !errors.Is(err, ErrQuota) || !strings.Contains(err.Error(), "4 of 6 workers used, asked for 3 more") {
 		t.Fatalf("scale over quota: %v", err)
 	}
-	waitFor(t, "4 running", 5*time.Second, func() bool {
+	testenv.Eventually(t, "4 running", 5*time.Second, func() bool {
 		st, err := cl.Job(ctx, "wc")
 		return err == nil && st.Summary.Running == 4
 	})
@@ -342,7 +353,7 @@ func TestAPI(t *testing.T) {
 	if _, err := cl.ScaleJob(ctx, "wc", 6); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "6 running", 5*time.Second, func() bool {
+	testenv.Eventually(t, "6 running", 5*time.Second, func() bool {
 		st, err := cl.Job(ctx, "wc")
 		return err == nil && st.Summary.Running == 6
 	})
@@ -386,7 +397,7 @@ func TestAPI(t *testing.T) {
 	if _, err := cl.KillJob(ctx, "wc", time.Second); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "job removed", 5*time.Second, func() bool {
+	testenv.Eventually(t, "job removed", 5*time.Second, func() bool {
 		_, err := cl.Job(ctx, "wc")
 		return errors.Is(err, ErrNotFound)
 	})
@@ -401,18 +412,18 @@ func TestDrainMovesWorkersOff(t *testing.T) {
 	for _, n := range testNodes(1, 2, 2) {
 		tc.node(n)
 	}
-	waitFor(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
+	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 8)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "8 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 8 })
+	testenv.Eventually(t, "8 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 8 })
 	if err := UpdateNodeConf(tc.ctx, tc.admin, "n-0-0-0", func(c *cluster.NodeConf) { c.Draining = true }); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "drained node empty", 5*time.Second, func() bool {
+	testenv.Eventually(t, "drained node empty", 5*time.Second, func() bool {
 		a := tc.assignments()
 		for _, n := range a {
 			if n == "n-0-0-0" {
@@ -435,14 +446,14 @@ func TestCrashLoopMovesJobOffNode(t *testing.T) {
 	if _, err := bad.Create(tc.ctx, cluster.NodeKey("bad"), val, coord.Ephemeral); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 2 })
+	testenv.Eventually(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 2 })
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 2)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "2 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 2 })
+	testenv.Eventually(t, "2 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 2 })
 	onBad := cluster.WorkerKey{}
 	for k, n := range tc.assignments() {
 		if n == "bad" {
@@ -457,7 +468,7 @@ func TestCrashLoopMovesJobOffNode(t *testing.T) {
 	if _, err := bad.Put(tc.ctx, cluster.NodeKey("bad"), val, coord.AnyVersion); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the job moved off node bad", 5*time.Second, func() bool {
+	testenv.Eventually(t, "the job moved off node bad", 5*time.Second, func() bool {
 		a := tc.assignments()
 		return len(a) == 2 && a[onBad] == "good"
 	})

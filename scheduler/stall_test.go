@@ -10,6 +10,7 @@ import (
 
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/coord/zktest"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // TestLeaderAfterZooKeeperStall stalls the ZooKeeper server past the session timeout, as a
@@ -51,12 +52,12 @@ func TestLeaderAfterZooKeeperStall(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "one leader", 15*time.Second, func() bool { return leaders() == 1 })
+	testenv.Eventually(t, "one leader", 15*time.Second, func() bool { return leaders() == 1 })
 	for round := range 3 {
 		zk.Pause()
-		time.Sleep(3 * time.Second)
+		time.Sleep(3 * time.Second) // the stall under test: three session timeouts
 		zk.Resume()
-		waitFor(t, "one leader again after the stall", 20*time.Second, func() bool { return leaders() == 1 })
+		testenv.Eventually(t, "one leader again after the stall", 20*time.Second, func() bool { return leaders() == 1 })
 		t.Logf("round %d: one leader again", round)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // Backend gives the suite clients of one fresh, isolated namespace of a store.
@@ -355,6 +356,7 @@ func testTxn(t *testing.T, b Backend) {
 // next receives from ch within d.
 func next[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
 	t.Helper()
+	d = testenv.Timeout(d)
 	select {
 	case v, ok := <-ch:
 		if !ok {
@@ -366,6 +368,17 @@ func next[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
 	}
 	var zero T
 	return zero
+}
+
+// waitCandidates waits until the election under prefix has n candidates: a campaign stands
+// once its entry is there.
+func waitCandidates(t *testing.T, s coord.Store, prefix string, n int) {
+	t.Helper()
+	ctx := testCtx(t)
+	testenv.Eventually(t, fmt.Sprintf("%d candidates under %s", n, prefix), 10*time.Second, func() bool {
+		names, err := s.Children(ctx, prefix)
+		return err == nil && len(names) == n
+	})
 }
 
 func testWatchOrder(t *testing.T, b Backend) {
@@ -647,7 +660,7 @@ func testElection(t *testing.T, b Backend) {
 			}
 			wins <- won{i, l}
 		}()
-		time.Sleep(100 * time.Millisecond) // m1 stands before m2
+		waitCandidates(t, stores[0], prefix, i+1) // m1 stands before m2
 	}
 	select {
 	case w := <-wins:
@@ -708,7 +721,7 @@ func testElectionExpiry(t *testing.T, b Backend) {
 		}
 		won <- l
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitCandidates(t, a, prefix, 2)
 	b.Expire(t, a)
 	select {
 	case <-la.Done():
@@ -741,10 +754,13 @@ func testLeaderKilled(t *testing.T, b Backend) {
 		}
 		won <- l
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitCandidates(t, f, prefix, 2)
 	start := time.Now()
 	kill()
-	limit := b.SessionTimeout() + b.ExpiryGrace()
+	// The takeover should come within the session timeout and the server's grace; the time is
+	// logged, and the bound, with room for a loaded machine, catches a takeover that waits
+	// for something else.
+	limit := b.SessionTimeout() + testenv.Timeout(b.ExpiryGrace())
 	l := next(t, won, limit+5*time.Second, "follower leads after kill")
 	took := time.Since(start)
 	t.Logf("follower led %s after the leader was killed (session timeout %s)", took, b.SessionTimeout())

@@ -243,6 +243,28 @@ func FourLetter(ctx context.Context, addr, cmd string) (string, error) {
 	return buf.String(), err
 }
 
+// SessionLive reports whether the server at addr holds session sid, from the session list of
+// its four-letter command "dump": a session that left it was expired or closed. It is an
+// error when the server lists no sessions (dump not in 4lw.commands.whitelist, or the server
+// not serving yet).
+func SessionLive(ctx context.Context, addr string, sid int64) (bool, error) {
+	out, err := FourLetter(ctx, addr, "dump")
+	if err != nil {
+		return false, err
+	}
+	sessions, _, _ := strings.Cut(out, "ephemeral nodes dump:")
+	if !strings.Contains(sessions, "SessionTracker dump:") {
+		return false, fmt.Errorf("zktest: dump from %s lists no sessions: %s", addr, strings.TrimSpace(out))
+	}
+	id := fmt.Sprintf("0x%x", uint64(sid))
+	for _, line := range strings.Split(sessions, "\n") {
+		if strings.TrimSpace(line) == id {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // ready checks that the server says imok and serves requests ("imok" comes earlier).
 func ready(addr string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)

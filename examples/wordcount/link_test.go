@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/examples/wordcount"
+	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/multidc"
 )
 
@@ -67,25 +69,26 @@ func TestLinksThroughRouter(t *testing.T) {
 			go func() { done <- wordcount.Run(wctx, cfg) }()
 		}
 	}
-	// Stop the active link while it streams: the router fails over to the other.
-	time.Sleep(400 * time.Millisecond)
-	st, err := r.Status()
-	if err != nil || st.Active == "" {
-		t.Fatalf("no active link after 400ms: %+v, %v", st, err)
+	// Stop the active link while it streams, once records flow: the router fails over to the
+	// other.
+	var st multidc.Status
+	testenv.EventuallyWith(t, "an active link delivering", 10*time.Second, func() (bool, string) {
+		var err error
+		st, err = r.Status()
+		return err == nil && st.Active != "" && st.Delivered >= 0, fmt.Sprintf("status %+v, %v", st, err)
+	})
+	if st.Delivered >= lines-1 {
+		t.Fatalf("every line delivered before the active link could be stopped: %+v", st)
 	}
 	active := st.Active
 	for _, stop := range links[active] {
 		stop()
 	}
-	deadline := time.Now().Add(30 * time.Second)
 	var offsets []int64
-	for time.Now().Before(deadline) {
+	testenv.EventuallyWith(t, "every line in the sink", 30*time.Second, func() (bool, string) {
 		offsets = readOffsets(t, out)
-		if len(offsets) >= lines {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(offsets) >= lines, fmt.Sprintf("the sink has %d records", len(offsets))
+	})
 	for _, stops := range links {
 		for _, stop := range stops {
 			stop()

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -20,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 func TestMine(t *testing.T) {
@@ -123,19 +126,12 @@ func runUntil(t *testing.T, cfg Config, cond func([]Record) bool) []Record {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	defer cancel()
 	go func() { done <- Run(ctx, cfg) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.EventuallyWith(t, "the worker's output", 10*time.Second, func() (bool, string) {
 		b, _ := os.ReadFile(cfg.Output)
-		if cond(readRecords(t, b)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("timed out; output so far:\n%s", b)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return cond(readRecords(t, b)), "output so far:\n" + string(b)
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
@@ -217,16 +213,11 @@ func TestFollowsAppendedLines(t *testing.T) {
 	go func() { done <- Run(ctx, cfg) }()
 	wait := func(n int) []Record {
 		var recs []Record
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
+		testenv.EventuallyWith(t, fmt.Sprintf("%d records", n), 5*time.Second, func() (bool, string) {
 			recs = readRecords(t, mustReadOK(out))
-			if len(recs) >= n {
-				return recs
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		t.Fatalf("want %d records, have %+v", n, recs)
-		return nil
+			return len(recs) >= n, fmt.Sprintf("records %+v", recs)
+		})
+		return recs
 	}
 	wait(1)
 	f, err := os.OpenFile(in, os.O_APPEND|os.O_WRONLY, 0o644)
@@ -238,10 +229,12 @@ func TestFollowsAppendedLines(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait(2)
-	time.Sleep(100 * time.Millisecond)
-	if recs := readRecords(t, mustReadOK(out)); len(recs) != 2 || recs[1].Offset != 1 || recs[1].Counts["c"] != 2 {
-		t.Fatalf("records = %+v, want offset 1 {c:2} and nothing for the unfinished line", recs)
-	}
+	// The worker reads on to the unfinished line before it flushes the second record, and
+	// polls the file every 20ms after: over five polls, no record comes for that line.
+	testenv.AssertUntil(t, "no record for the unfinished line", 5*cfg.Poll, func() (bool, string) {
+		recs := readRecords(t, mustReadOK(out))
+		return len(recs) == 2 && recs[1].Offset == 1 && recs[1].Counts["c"] == 2, fmt.Sprintf("records = %+v, want offset 1 {c:2} and nothing for the unfinished line", recs)
+	})
 	if _, err := f.WriteString("ne\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +269,7 @@ func TestEmbeddedSampleToStdout(t *testing.T) {
 	w := &lockedBuffer{b: &buf}
 	go func() { done <- Run(ctx, Config{Worker: 0, Workers: 1, Stdout: w, Logger: quiet()}) }()
 	lines := strings.Count(string(Sample()), "\n")
-	waitFor(t, func() bool { return strings.Count(w.String(), "\n") >= lines })
+	testenv.Eventually(t, "every line's record", 10*time.Second, func() bool { return strings.Count(w.String(), "\n") >= lines })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -302,17 +295,6 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // Records go to an HTTP endpoint as JSON-lines batches; a failed POST is retried, so nothing
@@ -341,7 +323,7 @@ func TestHTTPOutputRetries(t *testing.T) {
 	go func() {
 		done <- Run(ctx, Config{Input: "testdata/input.txt", OutputURL: srv.URL, Worker: 0, Workers: 2, Poll: 20 * time.Millisecond, Logger: quiet()})
 	}()
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= 5 })
+	testenv.Eventually(t, "5 records posted", 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= 5 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -378,8 +360,14 @@ func TestSIGTERMDrains(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// Paced at 20/s, it is mid-stream when SIGTERM comes.
-	time.Sleep(1 * time.Second)
+	// Paced at 20/s (50 records take 2.5s), it is mid-stream when SIGTERM comes: after its
+	// first records are out, which it flushes before each pause.
+	var before int
+	testenv.Eventually(t, "the first records written", 10*time.Second, func() bool {
+		b, _ := os.ReadFile(out)
+		before = bytes.Count(b, []byte("\n"))
+		return before >= 3
+	})
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -388,8 +376,8 @@ func TestSIGTERMDrains(t *testing.T) {
 		t.Fatalf("worker exited with %v, want 0; stderr:\n%s", err, stderr.String())
 	}
 	recs := readRecords(t, mustRead(t, out))
-	if len(recs) == 0 || len(recs) >= 50 {
-		t.Fatalf("%d records flushed, want some but not all 50 (paced)", len(recs))
+	if len(recs) < before || len(recs) >= 50 {
+		t.Fatalf("%d records flushed, want the %d written before SIGTERM or more, but not all 50 (paced)", len(recs), before)
 	}
 	for i, r := range recs {
 		if r.Offset != int64(i) || r.Counts["tick"] != 1 {

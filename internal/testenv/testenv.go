@@ -1,5 +1,5 @@
-// Package testenv tells tests which real parts (ZooKeeper, dockerd, cgroups) this machine has.
-// Under CI=true a missing part fails the test; elsewhere it skips with the reason.
+// Package testenv holds the helpers the tests of every package share, as Go's tree has its own:
+// real parts (ZooKeeper, dockerd, cgroups; under CI=true a missing one fails), waits, binaries, metrics.
 package testenv
 
 import (

@@ -43,9 +43,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	var dir string
 	var err error
-	if hog, dir, err = drivertest.BuildStatic("../testdata/hog", "hog"); err != nil {
+	if hog, err = testenv.Build("./isolation/testdata/hog"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -59,7 +58,7 @@ func TestMain(m *testing.M) {
 		cancel()
 		cli.Close()
 	}
-	os.RemoveAll(dir)
+	testenv.RemoveBuilds()
 	os.Exit(code)
 }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -150,25 +151,25 @@ func testForkBomb(t *testing.T, h Harness) {
 	spec := h.Spec(t, uniqueID(t), "forkbomb")
 	spec.MemoryBytes, spec.Pids = 512*isolation.MiB, 40
 	w := start(t, d, spec)
-	deadline := time.Now().Add(3 * time.Second)
 	most := 0
-	for time.Now().Before(deadline) {
+	testenv.AssertUntil(t, "the fork bomb held", 3*time.Second, func() (bool, string) {
 		// cgroup v1 may list a process more than once: count distinct pids.
 		ps := slices.Compact(slices.Sorted(slices.Values(h.HostPIDs(t, w))))
 		most = max(most, len(ps))
 		if len(ps) > 40 {
-			t.Fatalf("fork bomb has %d processes, limit 40", len(ps))
+			return false, fmt.Sprintf("fork bomb has %d processes, limit 40", len(ps))
 		}
-		// The machine stays usable: a fork outside the worker still works promptly.
+		// The machine stays usable: a fork outside the worker still works promptly (the
+		// bound has room for a loaded machine).
 		t0 := time.Now()
 		if err := exec.Command("/bin/true").Run(); err != nil {
-			t.Fatalf("host fork failed during the fork bomb: %v", err)
+			return false, fmt.Sprintf("host fork failed during the fork bomb: %v", err)
 		}
-		if el := time.Since(t0); el > 2*time.Second {
-			t.Fatalf("host fork took %v during the fork bomb", el)
+		if el := time.Since(t0); el > testenv.Timeout(2*time.Second) {
+			return false, fmt.Sprintf("host fork took %v during the fork bomb", el)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return true, ""
+	})
 	if most < 3 {
 		t.Fatalf("fork bomb never got going: at most %d processes", most)
 	}
@@ -215,22 +216,15 @@ func startTime(pid int) (string, bool) {
 // assertGone checks that no process of the worker and no cgroup or container is left.
 func assertGone(t *testing.T, h Harness, w isolation.Worker, ps []proc) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.EventuallyWith(t, "the processes of worker "+w.Spec.ID+" gone", 5*time.Second, func() (bool, string) {
 		var left []int
 		for _, p := range ps {
 			if s, ok := startTime(p.pid); ok && s == p.start {
 				left = append(left, p.pid)
 			}
 		}
-		if len(left) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processes %v of worker %s survived its stop", left, w.Spec.ID)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(left) == 0, fmt.Sprintf("processes %v survived its stop", left)
+	})
 	if h.Exists(t, w) {
 		t.Fatalf("cgroup or container of worker %s left after stop", w.Spec.ID)
 	}
@@ -239,17 +233,12 @@ func assertGone(t *testing.T, h Harness, w isolation.Worker, ps []proc) {
 // waitPIDs waits until the worker has at least n processes and returns them.
 func waitPIDs(t *testing.T, h Harness, w isolation.Worker, n int) []int {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ps := slices.Compact(slices.Sorted(slices.Values(h.HostPIDs(t, w))))
-		if len(ps) >= n {
-			return ps
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("worker %s has %d processes %v, want %d", w.Spec.ID, len(ps), ps, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var ps []int
+	testenv.EventuallyWith(t, fmt.Sprintf("%d processes of worker %s", n, w.Spec.ID), 20*time.Second, func() (bool, string) {
+		ps = slices.Compact(slices.Sorted(slices.Values(h.HostPIDs(t, w))))
+		return len(ps) >= n, fmt.Sprintf("%d processes %v", len(ps), ps)
+	})
+	return ps
 }
 
 func testStopTree(t *testing.T, h Harness) {
@@ -275,8 +264,7 @@ func testStopTree(t *testing.T, h Harness) {
 // SIGUSR2), so that a test does not race the program's start-up.
 func waitReady(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testenv.Eventually(t, fmt.Sprintf("pid %d ready", pid), 10*time.Second, func() bool {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 		if err != nil {
 			t.Fatalf("read status of %d: %v", pid, err)
@@ -285,13 +273,12 @@ func waitReady(t *testing.T, pid int) {
 			if v, ok := strings.CutPrefix(line, "SigIgn:"); ok {
 				mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
 				if err == nil && mask&(1<<(syscall.SIGUSR2-1)) != 0 {
-					return
+					return true
 				}
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("pid %d never became ready", pid)
+		return false
+	})
 }
 
 func testGraceExit(t *testing.T, h Harness) {
@@ -454,18 +441,11 @@ func testUsage(t *testing.T, h Harness) {
 	spec := h.Spec(t, uniqueID(t), "alloc", "24")
 	spec.MemoryBytes = 64 * isolation.MiB
 	start(t, d, spec)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.EventuallyWith(t, "usage of 20-64 MiB and some cpu", 20*time.Second, func() (bool, string) {
 		u, err := d.Usage(ctxFor(t, 10*time.Second), spec.ID)
 		if err != nil {
 			t.Fatalf("usage: %v", err)
 		}
-		if u.MemoryBytes >= 20*uint64(isolation.MiB) && u.MemoryBytes <= 64*uint64(isolation.MiB) && u.CPU > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("usage = %+v, want 20-64 MiB and some cpu", u)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return u.MemoryBytes >= 20*uint64(isolation.MiB) && u.MemoryBytes <= 64*uint64(isolation.MiB) && u.CPU > 0, fmt.Sprintf("usage = %+v", u)
+	})
 }

@@ -36,15 +36,14 @@ func TestMain(m *testing.M) {
 		fmt.Print(err)
 		os.Exit(0)
 	}
-	var dir string
 	var err error
-	if hog, dir, err = drivertest.BuildStatic("../testdata/hog", "hog"); err != nil {
+	if hog, err = testenv.Build("./isolation/testdata/hog"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
 	removeCgroups(parent)
-	os.RemoveAll(dir)
+	testenv.RemoveBuilds()
 	os.Exit(code)
 }
 
@@ -82,6 +81,8 @@ func removeCgroups(name string) {
 				if err := os.Remove(dirs[i]); err == nil || errors.Is(err, os.ErrNotExist) {
 					break
 				}
+				// TestMain's last-resort cleanup has no testing.TB for testenv.Eventually:
+				// retry while the kernel tears the killed processes down.
 				time.Sleep(20 * time.Millisecond)
 			}
 		}
@@ -301,8 +302,7 @@ func TestLogCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopOnCleanup(t, d, spec.ID)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.EventuallyWith(t, "the log capped", 10*time.Second, func() (bool, string) {
 		cur, err1 := os.Stat(w.LogPath)
 		old, err2 := os.Stat(w.LogPath + ".1")
 		// The rotated file holds what was written up to the check that rotated it, which on a
@@ -312,14 +312,11 @@ func TestLogCapped(t *testing.T) {
 			b1, _ := os.ReadFile(w.LogPath)
 			b2, _ := os.ReadFile(w.LogPath + ".1")
 			if strings.Contains(string(b1)+string(b2), "ready") {
-				return
+				return true, ""
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("log not capped: %v %v / %v %v", cur, err1, old, err2)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("log not capped: %v %v / %v %v", cur, err1, old, err2)
+	})
 }
 
 // A worker that ended while no driver watched is reported ended, and its cgroup cleaned up.
@@ -346,8 +343,8 @@ func TestAdoptEndedWhileAway(t *testing.T) {
 	t.Cleanup(func() { d2.Close() })
 	stopOnCleanup(t, d2, spec.ID)
 	// The killed main process may not be reaped yet by d1's background reaper; either way it
-	// must not count as running.
-	time.Sleep(50 * time.Millisecond)
+	// must not count as running. Adopt once the kill has taken effect.
+	testenv.Eventually(t, "the killed worker dead", 5*time.Second, func() bool { return !running(w.PID) })
 	got, err := d2.Adopt(context.Background())
 	if err != nil || len(got) != 1 {
 		t.Fatalf("adopt = %v, %v", got, err)

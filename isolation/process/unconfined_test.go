@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation/process"
 )
 
@@ -33,14 +34,11 @@ func TestUnconfined(t *testing.T) {
 		t.Fatal(err)
 	}
 	var group []int
-	deadline := time.Now().Add(10 * time.Second)
-	for len(group) < 4 && time.Now().Before(deadline) {
-		group, _ = d.Processes(ctx, spec.ID)
-		time.Sleep(20 * time.Millisecond)
-	}
-	if len(group) < 4 {
-		t.Fatalf("process group %v, want the worker and its 3 children", group)
-	}
+	testenv.EventuallyWith(t, "the worker and its 3 children", 10*time.Second, func() (bool, string) {
+		var err error
+		group, err = d.Processes(ctx, spec.ID)
+		return len(group) >= 4, fmt.Sprintf("process group %v, %v", group, err)
+	})
 	if u, err := d.Usage(ctx, spec.ID); err != nil || u.MemoryBytes == 0 {
 		t.Errorf("usage = %+v, %v", u, err)
 	}

@@ -70,19 +70,3 @@ func leftovers(t testing.TB, dc *client.Client, name string) []string {
 	}
 	return out
 }
-
-// waitFor polls cond until it holds or the timeout ends the test.
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		last = why
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%s: not after %s (last: %s)", what, timeout, last)
-}

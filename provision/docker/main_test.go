@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -30,16 +28,10 @@ var (
 	imageOnce sync.Once
 	imageTag  = fmt.Sprintf("stormdock/provision-test:%d", os.Getpid())
 	imageErr  error
-	binDir    string
 	imageUsed bool
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	if binDir, err = os.MkdirTemp("", "stormdock-provision-"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
 	code := m.Run()
 	if imageUsed {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -52,7 +44,7 @@ func TestMain(m *testing.M) {
 		}
 		cancel()
 	}
-	os.RemoveAll(binDir)
+	testenv.RemoveBuilds()
 	os.Exit(code)
 }
 
@@ -82,11 +74,8 @@ func engine(t testing.TB) *client.Client {
 func testImage(t testing.TB, dc *client.Client) string {
 	t.Helper()
 	imageOnce.Do(func() {
-		bin := filepath.Join(binDir, "stormdock")
-		build := exec.Command("go", "build", "-o", bin, "../../cmd/stormdock")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			imageErr = fmt.Errorf("build stormdock: %v\n%s", err, out)
+		var bin string
+		if bin, imageErr = testenv.Build("./cmd/stormdock"); imageErr != nil {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/provision"
 	pdocker "github.com/stormdock/stormdock/provision/docker"
 )
@@ -69,7 +70,7 @@ func workers(ctx context.Context, cl *api.Client) (map[int]placedWorker, api.Job
 func settled(t testing.TB, cl *api.Client, n int, timeout time.Duration) map[int]placedWorker {
 	t.Helper()
 	var ws map[int]placedWorker
-	waitFor(t, fmt.Sprintf("%d workers of wc running", n), timeout, func() (bool, string) {
+	testenv.EventuallyWith(t, fmt.Sprintf("%d workers of wc running", n), timeout, func() (bool, string) {
 		var sum api.JobSummary
 		var err error
 		ws, sum, err = workers(context.Background(), cl)

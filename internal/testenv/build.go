@@ -1,0 +1,113 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// builds are the binaries this test process built, by package and flags, in one directory
+// that outlives the tests and that RemoveBuilds removes.
+var builds struct {
+	mu   sync.Mutex
+	dir  string
+	done map[string]built
+}
+
+type built struct {
+	path string
+	err  error
+}
+
+// BuildBinary builds the Go package pkg of this module, named by its path from the module
+// root ("./cmd/stormdock", "./isolation/testdata/hog"), as a static binary (CGO_ENABLED=0),
+// which a FROM scratch image can hold too. It builds once per test binary for pkg and flags
+// (extra `go build` flags) and returns the binary's path; a failed build fails the test. The
+// package's TestMain removes the binaries with RemoveBuilds.
+func BuildBinary(t testing.TB, pkg string, flags ...string) string {
+	t.Helper()
+	p, err := Build(pkg, flags...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Build is BuildBinary for TestMain, which has no testing.TB: it returns the build's error.
+func Build(pkg string, flags ...string) (string, error) {
+	key := strings.Join(append([]string{pkg}, flags...), "\x00")
+	builds.mu.Lock()
+	defer builds.mu.Unlock()
+	if b, ok := builds.done[key]; ok {
+		return b.path, b.err
+	}
+	p, err := build(pkg, flags)
+	if builds.done == nil {
+		builds.done = map[string]built{}
+	}
+	builds.done[key] = built{p, err}
+	return p, err
+}
+
+// build runs go build for pkg into a directory of its own under builds.dir; the caller holds
+// builds.mu.
+func build(pkg string, flags []string) (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	if builds.dir == "" {
+		if builds.dir, err = os.MkdirTemp("", "stormdock-testbin-"); err != nil {
+			return "", fmt.Errorf("testenv: %w", err)
+		}
+	}
+	dir := filepath.Join(builds.dir, strconv.Itoa(len(builds.done)))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return "", fmt.Errorf("testenv: %w", err)
+	}
+	out := filepath.Join(dir, path.Base(pkg))
+	args := append(append([]string{"build", "-o", out}, flags...), pkg)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("testenv: go %s (in %s): %v\n%s", strings.Join(args, " "), root, err, b)
+	}
+	return out, nil
+}
+
+// moduleRoot is the nearest directory at or above the working directory that holds a go.mod,
+// found once: go test starts a test binary in its package's directory.
+var moduleRoot = sync.OnceValues(func() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("testenv: %w", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			return "", errors.New("testenv: no go.mod at or above the working directory")
+		}
+		dir = up
+	}
+})
+
+// RemoveBuilds removes every binary this process built. TestMain calls it after m.Run.
+func RemoveBuilds() {
+	builds.mu.Lock()
+	defer builds.mu.Unlock()
+	if builds.dir != "" {
+		os.RemoveAll(builds.dir)
+	}
+	builds.dir, builds.done = "", nil
+}
