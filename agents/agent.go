@@ -70,10 +70,22 @@ type Config struct {
 	Node cluster.Node
 	// StateDir holds the agent's per-worker records and lease files, and its lock.
 	StateDir string
-	// SessionTimeout is the store session timeout. A disconnection this long is treated
-	// as an expiry (the master will have re-placed the workers), and it is the default
+	// SessionTimeout is the store session timeout of the node's keeper, and the default
 	// lease ttl. Default coord.DefaultSessionTimeout.
 	SessionTimeout time.Duration
+	// StoreURL is the store's URL: the keeper probes its servers when it stops answering, and
+	// a keeper process opens it.
+	StoreURL string
+	// StoreCredentialsFile holds user:pass for the store, for a keeper process.
+	StoreCredentialsFile string
+	// RestartGrace is how long the node's workers outlive the agent's process: the keeper
+	// then runs as a process of its own (`stormdock keeper`), started by the agent, and the
+	// node stays registered while the agent restarts. 0 runs the keeper inside the agent:
+	// the node is lost with the agent's process.
+	RestartGrace time.Duration
+	// StoreSilence is how long workers keep running while no store server answers at all
+	// (see Keeper). Default SessionTimeout.
+	StoreSilence time.Duration
 	// Heartbeat is how often the node record may be rewritten. Default 1s.
 	Heartbeat time.Duration
 	// PortBase is the first STORMDOCK_PORT; a worker gets PortBase + its slot index.
@@ -147,6 +159,12 @@ func (c *Config) defaults() error {
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = c.SessionTimeout
 	}
+	if c.StoreSilence < c.SessionTimeout {
+		c.StoreSilence = c.SessionTimeout
+	}
+	if c.RestartGrace < 0 {
+		return fmt.Errorf("agent: restart grace %v must not be negative", c.RestartGrace)
+	}
 	if c.RestartBackoff <= 0 {
 		c.RestartBackoff = DefaultRestartBackoff
 	}
@@ -163,12 +181,6 @@ func (c *Config) defaults() error {
 		c.Logger = slog.Default()
 	}
 	return nil
-}
-
-// leaseInterval is how often leases are renewed: often enough that a late tick or a slow
-// write never lets a live agent's lease lapse.
-func (c *Config) leaseInterval() time.Duration {
-	return min(c.Heartbeat, c.LeaseTTL/4)
 }
 
 // Agent runs one node's workers. Create it with New and run it with Run.

@@ -97,6 +97,10 @@ type harness struct {
 	cfg       agents.Config
 	drv       *process.Driver
 
+	stampOnce sync.Once
+	assignMu  sync.Mutex
+	assigned  []cluster.WorkerAssignment
+
 	// usageCalls counts the agents' Usage calls: every agents' sampleEvery heartbeats an agent
 	// samples each running worker's memory, so the count shows heartbeats that write nothing.
 	usageCalls atomic.Int64
@@ -290,17 +294,64 @@ func (h *harness) wa(job string, idx int, gen int64, mode string) cluster.Worker
 	}
 }
 
+// assign writes the node's assignment as the master would: stamped with the session that
+// owns the node's entry. Like the master, the harness stamps it anew whenever the node
+// registers under another session (stampLoop).
 func (h *harness) assign(ws ...cluster.WorkerAssignment) {
 	h.t.Helper()
-	b, err := json.Marshal(cluster.NodeAssignment{Node: nodeID, Workers: ws})
+	h.stampOnce.Do(func() { h.stampLoop() })
+	h.assignMu.Lock()
+	defer h.assignMu.Unlock()
+	h.assigned = ws
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var session int64
+	if e, err := h.store.Get(ctx, cluster.NodeKey(nodeID)); err == nil {
+		session = e.Owner
+	}
+	if err := h.writeAssignment(ctx, session); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// setAssigned changes what the harness's master wants without writing it: it goes out with
+// the next stamp (the node registered under a new session).
+func (h *harness) setAssigned(ws ...cluster.WorkerAssignment) {
+	h.assignMu.Lock()
+	h.assigned = ws
+	h.assignMu.Unlock()
+}
+
+// writeAssignment writes h.assigned stamped with session; assignMu is held.
+func (h *harness) writeAssignment(ctx context.Context, session int64) error {
+	b, err := json.Marshal(cluster.NodeAssignment{Node: nodeID, Workers: h.assigned, Session: session})
+	if err != nil {
+		return err
+	}
+	_, err = h.store.Put(ctx, cluster.AssignmentKey(nodeID), b, coord.AnyVersion)
+	return err
+}
+
+// stampLoop re-stamps the assignment whenever the node's entry gets a new owner.
+func (h *harness) stampLoop() {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.t.Cleanup(cancel)
+	ch, err := h.store.Watch(ctx, cluster.NodeKey(nodeID))
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := h.store.Put(ctx, cluster.AssignmentKey(nodeID), b, coord.AnyVersion); err != nil {
-		h.t.Fatal(err)
-	}
+	go func() {
+		var last int64
+		for ev := range ch {
+			if !ev.Exists || ev.Entry.Owner == last {
+				continue
+			}
+			last = ev.Entry.Owner
+			h.assignMu.Lock()
+			_ = h.writeAssignment(ctx, last)
+			h.assignMu.Unlock()
+		}
+	}()
 }
 
 // record reads the node record; ok is false when there is none.

@@ -4,21 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"log/slog"
+	"path/filepath"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
-	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/isolation"
 )
-
-// ErrNodeTaken: the node's entry belongs to a live agent on another host (two agents were
-// given the same node id).
-var ErrNodeTaken = errors.New("node id registered by another agent")
 
 // memoryQuantum rounds reported memory so that small fluctuations do not force a write.
 const memoryQuantum = 4 << 20
@@ -110,7 +102,7 @@ func (r *run) record() cluster.NodeRecord {
 	}
 }
 
-// publish hands the node record to the writer if it changed since the last one (or always,
+// publish hands the node record to the keeper if it changed since the last one (or always,
 // with force).
 func (r *run) publish(force bool) {
 	r.updateMetrics()
@@ -122,8 +114,15 @@ func (r *run) publish(force bool) {
 	if !force && bytes.Equal(b, r.lastSent) {
 		return
 	}
+	// The keeper writes it into the node's entry, under the node's session.
+	if err := writeFileAtomic(filepath.Join(r.a.cfg.StateDir, nodeRecordFile), b, 0o600); err != nil {
+		r.log.Error("write node record", "err", err)
+		return
+	}
 	r.lastSent, r.lastSentAt = b, time.Now()
-	r.writer.send(b)
+	if r.keeper != nil {
+		r.keeper.Notify()
+	}
 }
 
 // updateMetrics publishes slot and worker gauges.
@@ -138,133 +137,4 @@ func (r *run) updateMetrics() {
 	}
 	r.a.metrics.setWorkers(byState)
 	r.a.metrics.setSlots(r.a.cfg.Node.Slots, len(r.workers), r.health.Throttled)
-}
-
-// statusWriter writes node records to the store from a goroutine of its own, so that a slow or
-// disconnected store never holds up the agent's loop. Only the latest record is kept: records
-// that were superseded before they could be written are skipped.
-type statusWriter struct {
-	a   *Agent
-	key string
-	log *slog.Logger
-
-	mu   sync.Mutex
-	next []byte
-	wake chan struct{}
-
-	version int64 // of our entry as last written; -1: unknown (writer goroutine only)
-}
-
-func newStatusWriter(a *Agent, log *slog.Logger) *statusWriter {
-	return &statusWriter{a: a, key: cluster.NodeKey(a.cfg.Node.ID), log: log, wake: make(chan struct{}, 1), version: -1}
-}
-
-func (w *statusWriter) send(b []byte) {
-	w.mu.Lock()
-	w.next = b
-	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (w *statusWriter) take() []byte {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	b := w.next
-	w.next = nil
-	return b
-}
-
-// requeue puts b back unless a newer record arrived meanwhile.
-func (w *statusWriter) requeue(b []byte) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.next == nil {
-		w.next = b
-	}
-}
-
-const writeRetryPause = 250 * time.Millisecond
-
-func (w *statusWriter) run(ctx context.Context) {
-	for {
-		b := w.take()
-		if b == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-w.wake:
-				continue
-			}
-		}
-		if err := w.write(ctx, b); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			w.log.Warn("write node record", "err", err)
-			w.requeue(b)
-			t := time.NewTimer(writeRetryPause)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-		}
-	}
-}
-
-// write puts b into the node's session-bound entry. It writes with the entry's version, never
-// unconditionally: an unconditional Put would create a persistent entry while the session's
-// entry is momentarily gone (expiry), and the node would then never disappear.
-func (w *statusWriter) write(ctx context.Context, b []byte) error {
-	st := w.a.store
-	for attempt := 0; attempt < 5; attempt++ {
-		if w.version >= 0 {
-			v, err := st.Put(ctx, w.key, b, w.version)
-			switch {
-			case err == nil:
-				w.version = v
-				w.a.metrics.storeWrites.Inc()
-				return nil
-			case errors.Is(err, coord.ErrNotFound), errors.Is(err, coord.ErrConflict):
-				w.version = -1 // gone or re-created (new session): find out below
-			default:
-				return err
-			}
-		}
-		_, err := st.Create(ctx, w.key, b, coord.Ephemeral)
-		if err == nil {
-			w.version = 0
-			w.a.metrics.storeWrites.Inc()
-			return nil
-		}
-		if !errors.Is(err, coord.ErrExists) {
-			return err
-		}
-		e, err := st.Get(ctx, w.key)
-		switch {
-		case errors.Is(err, coord.ErrNotFound):
-			continue
-		case err != nil:
-			return err
-		case e.Owner == st.SessionID():
-			w.version = e.Version
-			continue
-		}
-		var old cluster.NodeRecord
-		_ = json.Unmarshal(e.Value, &old)
-		if old.Node.Host != w.a.cfg.Node.Host || old.Agent == w.a.instance {
-			return fmt.Errorf("%w: %s is held by agent %s on host %q", ErrNodeTaken, w.key, old.Agent, old.Node.Host)
-		}
-		// An earlier agent on this host, whose session has not timed out yet. It is dead: this
-		// agent holds the state directory's lock. Take the entry over now rather than wait.
-		w.log.Info("replacing the node entry of an earlier agent", "old_agent", old.Agent)
-		if err := st.Delete(ctx, w.key, e.Version); err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrConflict) {
-			return err
-		}
-	}
-	return fmt.Errorf("write %s: gave up after repeated conflicts", w.key)
 }

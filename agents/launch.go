@@ -10,6 +10,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // LaunchConfig configures the lease launcher (`stormdock launch`), the program every worker runs
@@ -54,6 +56,12 @@ func Launch(ctx context.Context, cfg LaunchConfig) (syscall.WaitStatus, error) {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
+	// A shared lock on the lease for as long as the worker may run: the node's keeper knows
+	// every worker stopped once it can lock the node lease, which this lease is a link of.
+	if f, err := os.Open(cfg.Lease); err == nil {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		defer f.Close()
+	}
 
 	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr

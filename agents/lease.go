@@ -8,11 +8,13 @@ import (
 	"time"
 )
 
-// A lease is a file whose modification time the agent renews while its store session is live.
-// Every worker runs under the launcher (see Launch), which stops the worker once the lease is
-// older than its ttl: a worker whose agent died, or lost its session, stops by itself at
-// about the time the master re-places it elsewhere. Each worker has a directory of its own
-// so that docker workers can get exactly their lease bind-mounted, read-only.
+// A lease is a file whose modification time says how long its worker may run: every worker
+// runs under the launcher (see Launch), which stops the worker once the lease is older than
+// its ttl. Each worker's lease is a hard link of the node lease (leases/.node) that the
+// node's keeper renews, so one renewal renews every worker's, and a worker stops by itself
+// when its keeper stops renewing: the node lost its session, or its agent is gone for good.
+// Each worker has a directory of its own so that docker workers get exactly their lease
+// bind-mounted, read-only.
 
 const leaseName = "lease"
 
@@ -20,26 +22,45 @@ func (a *Agent) leaseFile(id string) string {
 	return filepath.Join(a.leasesDir(), id, leaseName)
 }
 
-// renewLease creates or touches a worker's lease.
-func (a *Agent) renewLease(id string, now time.Time) error {
+func (a *Agent) nodeLease() string { return filepath.Join(a.leasesDir(), nodeLeaseName) }
+
+func (a *Agent) aliveFile() string { return filepath.Join(a.cfg.StateDir, agentAliveFile) }
+
+// linkLease makes a worker's lease a hard link of the node lease.
+func (a *Agent) linkLease(id string) error {
 	p := a.leaseFile(id)
-	err := os.Chtimes(p, now, now)
-	if errors.Is(err, os.ErrNotExist) {
-		if err = os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return fmt.Errorf("lease of %s: %w", id, err)
-		}
-		var f *os.File
-		if f, err = os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
-			err = f.Close()
-		}
-		if err == nil {
-			err = os.Chtimes(p, now, now)
-		}
-	}
+	node, err := ensureNodeLease(a.cfg.StateDir)
 	if err != nil {
+		return err
+	}
+	if same, err := sameFile(p, node); err == nil && same {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("lease of %s: %w", id, err)
+	}
+	// Link beside it, then rename over: a launcher never finds its lease missing.
+	tmp := p + ".new"
+	_ = os.Remove(tmp)
+	if err := os.Link(node, tmp); err != nil {
+		return fmt.Errorf("lease of %s: %w", id, err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
 		return fmt.Errorf("lease of %s: %w", id, err)
 	}
 	return nil
+}
+
+func sameFile(a, b string) (bool, error) {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false, err
+	}
+	fb, err := os.Stat(b)
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(fa, fb), nil
 }
 
 // removeLease deletes a worker's lease directory once the worker is gone.
@@ -48,4 +69,16 @@ func (a *Agent) removeLease(id string) error {
 		return fmt.Errorf("remove lease of %s: %w", id, err)
 	}
 	return nil
+}
+
+// touch sets a file's times to now, creating it if missing.
+func touch(p string, now time.Time) error {
+	err := os.Chtimes(p, now, now)
+	if errors.Is(err, os.ErrNotExist) {
+		var f *os.File
+		if f, err = os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+			err = f.Close()
+		}
+	}
+	return err
 }

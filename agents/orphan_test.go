@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,18 +23,16 @@ import (
 	"github.com/stormdock/stormdock/isolation"
 )
 
-// An agent killed for good leaves its workers running; once their leases lapse (the ttl is
-// the session timeout: about when the master re-places them) the launchers stop them.
-func TestKilledAgentsWorkersStopAfterLease(t *testing.T) {
-	h := newHarness(t, "zk")
-	bin := testenv.BuildBinary(t, "./cmd/stormdock")
-	h.drv.Close() // the child agent runs its own driver on the state directory
+// startAgentProcess runs the real agent binary for the harness's node with extra flags.
+func startAgentProcess(t *testing.T, h *harness, bin string, extra ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
 	var stderr bytes.Buffer
-	agent := exec.Command(bin, "agent",
+	args := append([]string{"agent",
 		"--store", h.zkURL, "--node-id", nodeID, "--host", "host-1", "--dc", "dc-a", "--rack", "r1",
 		"--slots", "2", "--memory", "1Gi", "--cpu", "2", "--labels", "disk=ssd",
 		"--session-timeout", sessionTimeout.String(), "--heartbeat", "100ms",
-		"--state-dir", h.stateDir, "--cgroup-parent", h.cgParent, "--metrics", "off")
+		"--state-dir", h.stateDir, "--cgroup-parent", h.cgParent, "--metrics", "off"}, extra...)
+	agent := exec.Command(bin, args...)
 	agent.Stderr = &stderr
 	if err := agent.Start(); err != nil {
 		t.Fatal(err)
@@ -43,34 +42,130 @@ func TestKilledAgentsWorkersStopAfterLease(t *testing.T) {
 		_ = agent.Wait()
 		if t.Failed() {
 			t.Logf("agent stderr:\n%s", stderr.String())
+			if b, err := os.ReadFile(filepath.Join(h.stateDir, "keeper.log")); err == nil {
+				t.Logf("keeper log:\n%s", b)
+			}
 		}
 	})
-	wa := h.wa("orphan", 0, 1, "run")
-	wa.Command = []string{stormdockBin, "helper"} // the real binary has no test worker
-	h.assign(wa)
-	rec := h.waitRecord("worker running", 15*time.Second, allRunning("orphan/0"))
-	if rec.Node.Labels["disk"] != "ssd" || rec.Node.Labels["isolation/process"] != "true" {
-		t.Errorf("labels = %v", rec.Node.Labels)
-	}
-	launcher := states(rec)["orphan/0"].PID
-	worker := h.waitReports("orphan.0", 1)[0].PID
+	return agent, &stderr
+}
 
+// keeperPID is the pid of the node's keeper process, 0 when none runs.
+func keeperPID(h *harness) int {
+	b, err := os.ReadFile(filepath.Join(h.stateDir, "keeper.json"))
+	if err != nil {
+		return 0
+	}
+	var st agents.KeeperStatus
+	if json.Unmarshal(b, &st) != nil || !alive(st.PID) {
+		return 0
+	}
+	return st.PID
+}
+
+// An agent killed for good leaves its workers running while its node's keeper holds their
+// leases: not at all without a restart grace (the keeper lives in the agent's process), for
+// the grace with one. Then the leases lapse, the launchers stop the workers (with SIGTERM
+// first), and the node's entry goes.
+func TestKilledAgentsWorkersStopAfterLease(t *testing.T) {
+	for _, grace := range []time.Duration{0, 3 * time.Second} {
+		t.Run(fmt.Sprintf("restart-grace=%s", grace), func(t *testing.T) {
+			h := newHarness(t, "zk")
+			bin := testenv.BuildBinary(t, "./cmd/stormdock")
+			h.drv.Close() // the child agent runs its own driver on the state directory
+			agent, _ := startAgentProcess(t, h, bin, "--restart-grace", grace.String())
+			t.Cleanup(func() {
+				if pid := keeperPID(h); pid != 0 {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			})
+			wa := h.wa("orphan", 0, 1, "run")
+			wa.Command = []string{stormdockBin, "helper"} // the real binary has no test worker
+			h.assign(wa)
+			rec := h.waitRecord("worker running", 15*time.Second, allRunning("orphan/0"))
+			if rec.Node.Labels["disk"] != "ssd" || rec.Node.Labels["isolation/process"] != "true" {
+				t.Errorf("labels = %v", rec.Node.Labels)
+			}
+			launcher := states(rec)["orphan/0"].PID
+			worker := h.waitReports("orphan.0", 1)[0].PID
+
+			if err := agent.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed := time.Now()
+			_ = agent.Wait()
+			if grace > 0 {
+				// The keeper says so in the node record: no new worker goes to a node whose
+				// agent is away.
+				h.waitRecord("node marked: agent not running", 10*time.Second, func(rec cluster.NodeRecord) bool {
+					return rec.Health.State == cluster.HealthUnhealthy && strings.Contains(rec.Health.Reason, "agent not running")
+				})
+				if !alive(worker) {
+					t.Fatalf("worker stopped %s after its agent was killed, inside the restart grace %s", time.Since(killed), grace)
+				}
+			}
+			testenv.Eventually(t, "orphaned worker stopped", grace+sessionTimeout+5*time.Second, func() bool { return !alive(worker) })
+			took := time.Since(killed)
+			t.Logf("figure: orphaned worker stopped %s after its agent was killed (restart grace %s, lease ttl %s)",
+				took.Round(time.Millisecond), grace, sessionTimeout)
+			if took < grace+sessionTimeout/2 {
+				t.Errorf("worker stopped %s after the kill: before the grace and its lease could lapse", took)
+			}
+			if !h.terminated("orphan.0", worker) {
+				t.Error("the orphaned worker was not given SIGTERM to drain")
+			}
+			testenv.Eventually(t, "launcher gone", 5*time.Second, func() bool { return !alive(launcher) })
+			testenv.Eventually(t, "node entry gone", 10*time.Second, func() bool { _, _, ok := h.record(); return !ok })
+			testenv.Eventually(t, "keeper gone", 10*time.Second, func() bool { return keeperPID(h) == 0 })
+		})
+	}
+}
+
+// An agent restarted within the restart grace finds its node registered and its workers
+// running: the same pids, the node's entry never gone (its keeper held the session).
+func TestRestartedAgentKeepsWorkersWithinGrace(t *testing.T) {
+	h := newHarness(t, "zk")
+	bin := testenv.BuildBinary(t, "./cmd/stormdock")
+	h.drv.Close()
+	agent, _ := startAgentProcess(t, h, bin, "--restart-grace", "30s")
+	t.Cleanup(func() {
+		if pid := keeperPID(h); pid != 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	wa := h.wa("kept", 0, 1, "run")
+	wa.Command = []string{stormdockBin, "helper"}
+	h.assign(wa)
+	rec := h.waitRecord("worker running", 15*time.Second, allRunning("kept/0"))
+	_, entry, _ := h.record()
+	launcher := states(rec)["kept/0"].PID
+	worker := h.waitReports("kept.0", 1)[0].PID
 	if err := agent.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
 	_ = agent.Wait()
-	testenv.Eventually(t, "orphaned worker stopped", sessionTimeout+5*time.Second, func() bool { return !alive(worker) })
-	took := time.Since(killed)
-	t.Logf("orphaned worker stopped %s after its agent was killed (lease ttl %s)", took.Round(time.Millisecond), sessionTimeout)
-	if took < sessionTimeout/2 {
-		t.Errorf("worker stopped %s after the kill: before its lease could lapse", took)
+	h.waitRecord("node marked: agent not running", 10*time.Second, func(rec cluster.NodeRecord) bool {
+		return strings.Contains(rec.Health.Reason, "agent not running")
+	})
+	// Away for longer than a lease lasts without renewal: the keeper renewed it meanwhile.
+	testenv.Eventually(t, "the keeper renewed the lease past the agent's death", 10*time.Second, func() bool {
+		fi, err := os.Stat(filepath.Join(h.stateDir, "leases", ".node"))
+		return err == nil && fi.ModTime().After(killed.Add(sessionTimeout))
+	})
+	if !alive(worker) {
+		t.Fatal("worker stopped while its agent was away, inside the restart grace")
 	}
-	if !h.terminated("orphan.0", worker) {
-		t.Error("the orphaned worker was not given SIGTERM to drain")
+	startAgentProcess(t, h, bin, "--restart-grace", "30s")
+	rec = h.waitRecord("agent back, worker adopted", 15*time.Second, func(rec cluster.NodeRecord) bool {
+		return rec.Health.State == cluster.HealthHealthy && allRunning("kept/0")(rec)
+	})
+	if got := states(rec)["kept/0"].PID; got != launcher || !alive(worker) {
+		t.Errorf("worker runs as launcher pid %d (was %d), worker alive %v: the restart replaced it", got, launcher, alive(worker))
 	}
-	testenv.Eventually(t, "launcher gone", 5*time.Second, func() bool { return !alive(launcher) })
-	testenv.Eventually(t, "node entry gone", 10*time.Second, func() bool { _, _, ok := h.record(); return !ok })
+	if _, e, _ := h.record(); e.Owner != entry.Owner || e.CreateRev != entry.CreateRev {
+		t.Errorf("node entry re-created across the agent's restart (session %x -> %x): the master saw the node go", entry.Owner, e.Owner)
+	}
 }
 
 // The launcher's memory counts against the worker's limit: measure it with the real binary,

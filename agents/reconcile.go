@@ -49,15 +49,23 @@ func (s *slot) active() bool {
 }
 
 // reconcile starts, stops and replaces workers to match the assignment. It never blocks:
-// driver calls run in goroutines and come back as events, after which it runs again.
+// driver calls run in goroutines and come back as events, after which it runs again. It
+// acts only as the gate allows (see gate): on an assignment stamped with the keeper's
+// session, and starting workers only while their leases are kept.
 func (r *run) reconcile() {
 	now := time.Now()
+	g := r.gate()
+	if !g.current {
+		r.armRetry()
+		r.updateMetrics()
+		return
+	}
 	for id, s := range r.workers {
 		if s.busy {
 			continue
 		}
 		want, ok := r.desired[id]
-		if !ok || r.suspended != "" {
+		if !ok {
 			r.stop(s, true)
 			continue
 		}
@@ -73,7 +81,7 @@ func (r *run) reconcile() {
 			s.failures, s.retryAt, s.state = 0, time.Time{}, ""
 		}
 	}
-	if r.suspended == "" {
+	if g.canRun {
 		for id, want := range r.desired {
 			s := r.workers[id]
 			if s == nil {
@@ -155,7 +163,7 @@ func (r *run) start(s *slot) {
 		return
 	}
 	if !r.a.cfg.NoLease {
-		if err := r.a.renewLease(s.id, time.Now()); err != nil {
+		if err := r.a.linkLease(s.id); err != nil {
 			r.startFailed(s, err)
 			return
 		}
@@ -250,16 +258,12 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 	r.reconcile()
 }
 
-// stop stops a worker in the background with its grace period (shortened to the session
-// timeout when the session is lost: the master has re-placed it, and two copies must not run
-// for long). remove drops the slot afterwards; otherwise it is started again (a replacement).
+// stop stops a worker in the background with its grace period. remove drops the slot
+// afterwards; otherwise it is started again (a replacement).
 func (r *run) stop(s *slot, remove bool) {
 	drv := r.a.drivers[s.mode]
 	needDriver := drv != nil && (s.active() || s.held)
 	g := grace(s.assign)
-	if r.suspended != "" {
-		g = min(g, r.a.cfg.SessionTimeout)
-	}
 	if s.cancelWait != nil {
 		s.cancelWait()
 	}
@@ -292,7 +296,7 @@ func (r *run) stopped(s *slot, remove bool, ex isolation.Exit, err error) {
 	}
 	s.held, s.pid, s.containerID, s.memory = false, 0, "", 0
 	r.log.Info("worker stopped", "worker", s.id, "exit", ex.String(), "remove", remove)
-	if _, still := r.desired[s.id]; remove || !still || r.suspended != "" {
+	if _, still := r.desired[s.id]; remove || !still {
 		delete(r.workers, s.id)
 		if err := r.a.removeRecord(s.id); err != nil {
 			r.log.Warn("remove worker record", "worker", s.id, "err", err)

@@ -28,13 +28,14 @@ type run struct {
 	desired map[string]cluster.WorkerAssignment // by worker id: the node's assignment
 	began   time.Time
 
-	// suspended is why no worker may run (the store session is lost), or "".
-	suspended      string
-	disconnectedAt time.Time
-	disconnect     *time.Timer
+	// keeper holds the node's liveness; assignSession is the keeper session the node's
+	// assignment was stamped with (see gate).
+	keeper        keeperLink
+	keeperSeen    KeeperStatus
+	keeperWrites  int64
+	assignSession int64
 
 	health      cluster.NodeHealth
-	writer      *statusWriter
 	lastSent    []byte
 	lastSentAt  time.Time
 	healthTimer *time.Timer
@@ -44,12 +45,6 @@ type run struct {
 	retry   *time.Timer
 	retryAt time.Time
 }
-
-// Reasons for suspension.
-const (
-	suspendExpired   = "store session expired"
-	suspendPartition = "disconnected from the store for longer than the session timeout"
-)
 
 // minHealthWrite bounds immediate node-record writes for health changes: the master must see
 // throttling within a second, but a flapping check must not flood the store.
@@ -66,8 +61,6 @@ func newRun(ctx context.Context, a *Agent) *run {
 		began:   time.Now().UTC().Truncate(time.Millisecond),
 		health:  cluster.NodeHealth{State: cluster.HealthHealthy},
 	}
-	r.writer = newStatusWriter(a, r.log)
-	r.disconnect = stoppedTimer()
 	r.healthTimer = stoppedTimer()
 	r.retry = stoppedTimer()
 	return r
@@ -100,18 +93,43 @@ func (r *run) loop() error {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
 	r.ctx = ctx
-	var writerDone sync.WaitGroup
+	var keeperDone sync.WaitGroup
 	defer func() {
 		cancel()
 		r.ops.Wait()
-		writerDone.Wait()
-		r.log.Info("agent stopped; workers keep running until their leases lapse", "workers", len(r.workers))
+		keeperDone.Wait()
+		r.log.Info("agent stopped; workers keep running while their keeper renews their leases", "workers", len(r.workers))
 	}()
 
 	if err := r.adopt(); err != nil {
 		return err
 	}
-	r.renewLeases()
+	r.publish(true) // the node record the keeper registers
+	if r.a.cfg.RestartGrace > 0 {
+		k, err := r.a.startKeeper(ctx)
+		if err != nil {
+			return err
+		}
+		r.keeper = k
+	} else {
+		k, err := NewKeeper(KeeperConfig{Node: r.a.cfg.Node.ID, Host: r.a.cfg.Node.Host, StateDir: r.a.cfg.StateDir,
+			Store: r.a.cfg.StoreURL, SessionTimeout: r.a.cfg.SessionTimeout, StoreSilence: r.a.cfg.StoreSilence,
+			Logger: r.a.cfg.Logger}, r.a.store)
+		if err != nil {
+			return err
+		}
+		r.keeper = k
+		keeperDone.Add(1)
+		go func() {
+			defer keeperDone.Done()
+			if err := k.Run(ctx); err != nil && ctx.Err() == nil {
+				r.log.Error("keeper stopped", "err", err)
+			}
+		}()
+	}
+	if err := r.linkLeases(); err != nil {
+		return err
+	}
 
 	assignments, err := r.a.store.Watch(ctx, cluster.AssignmentKey(r.a.cfg.Node.ID))
 	if err != nil {
@@ -124,18 +142,13 @@ func (r *run) loop() error {
 		r.health = normalHealth(h.State())
 	}
 
-	writerDone.Add(1)
-	go func() {
-		defer writerDone.Done()
-		r.writer.run(ctx)
-	}()
-	r.publish(true) // registers the node
+	r.checkKeeper()
 	r.log.Info("agent running", "isolation", r.a.modes, "slots", r.a.cfg.Node.Slots, "adopted", len(r.workers))
 
 	heartbeat := time.NewTicker(r.a.cfg.Heartbeat)
 	defer heartbeat.Stop()
-	leases := time.NewTicker(r.a.cfg.leaseInterval())
-	defer leases.Stop()
+	keeperTick := time.NewTicker(min(r.a.cfg.Heartbeat, r.a.cfg.SessionTimeout/5))
+	defer keeperTick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -162,13 +175,11 @@ func (r *run) loop() error {
 			r.publish(false)
 		case <-heartbeat.C:
 			r.heartbeat()
-		case <-leases.C:
-			r.renewLeases()
+		case <-keeperTick.C:
+			r.checkKeeper()
 		case <-r.retry.C:
 			r.retryAt = time.Time{}
 			r.reconcile()
-		case <-r.disconnect.C:
-			r.checkDisconnected()
 		case fn := <-r.events:
 			fn()
 		}
@@ -178,6 +189,7 @@ func (r *run) loop() error {
 // setAssignment takes a new version of the node's assignment.
 func (r *run) setAssignment(ev coord.Event) {
 	desired := map[string]cluster.WorkerAssignment{}
+	r.assignSession = 0
 	if ev.Exists && len(ev.Entry.Value) > 0 {
 		var na cluster.NodeAssignment
 		if err := json.Unmarshal(ev.Entry.Value, &na); err != nil {
@@ -185,6 +197,7 @@ func (r *run) setAssignment(ev coord.Event) {
 			r.log.Error("ignoring unreadable assignment", "err", err)
 			return
 		}
+		r.assignSession = na.Session
 		for _, wa := range na.Workers {
 			id := workerID(r.a.cfg.Node.ID, wa.Key)
 			if wa.Stop {
@@ -202,21 +215,20 @@ func (r *run) setAssignment(ev coord.Event) {
 	r.reconcile()
 }
 
-// renewLeases touches the lease of every worker, unless the session is lost: then the leases
-// lapse and the launchers stop workers the agent could not stop itself.
-func (r *run) renewLeases() {
-	if r.suspended != "" || r.a.cfg.NoLease {
-		return
+// linkLeases makes every active worker's lease a link of the node lease the keeper renews;
+// leases written by an agent of an earlier version are files of their own.
+func (r *run) linkLeases() error {
+	if r.a.cfg.NoLease {
+		return nil
 	}
-	now := time.Now()
 	for id, s := range r.workers {
-		if !s.active() {
-			continue
-		}
-		if err := r.a.renewLease(id, now); err != nil {
-			r.log.Warn("renew lease", "worker", id, "err", err)
+		if s.active() {
+			if err := r.a.linkLease(id); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
 }
 
 // adopt takes over the workers the drivers know: left by an earlier agent, or still known to

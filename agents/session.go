@@ -6,68 +6,67 @@ import (
 	"github.com/stormdock/stormdock/coord"
 )
 
-// The node's entry lives as long as the agent's store session. When the session is lost the
-// master treats the node as dead and re-places its workers, so the agent stops them at once:
-// when it learns of the expiry, or, cut off from the store, once it has been disconnected for
-// the session timeout (a partitioned ZooKeeper client only learns of its expiry when it gets
-// back). It also stops renewing the leases, so a worker it fails to stop stops by itself.
+// The agent never fences on its own session: its keeper holds the node's liveness and the
+// workers' leases (see Keeper), and a worker whose lease lapses is stopped by its launcher.
+// What the agent decides is when it may act on its assignment:
+//
+//   - only on an assignment the master stamped with the keeper's current session, that is
+//     one written after the master saw the node as it is registered now. After the node's
+//     session was lost, the assignment the agent last read may list workers the master has
+//     since placed elsewhere; acting on it would run them twice until the next write. Until
+//     the master stamps the node's assignment anew, the agent starts and stops nothing;
+//   - workers are (re)started only while the keeper keeps their leases: not once they lapse.
 
+// gate says what the agent may do now.
+type gate struct {
+	current bool // the assignment is stamped with the keeper's session
+	canRun  bool // the keeper renews leases: workers may be started
+}
+
+func (r *run) gate() gate {
+	st := r.keeper.Status()
+	return gate{
+		current: st.Session != 0 && r.assignSession == st.Session,
+		canRun:  st.canRun() || (r.a.cfg.NoLease && st.Session != 0),
+	}
+}
+
+// onSession logs the agent's own store session: it holds nothing the node's liveness depends
+// on, and its watches survive reconnects and expiry.
 func (r *run) onSession(ev coord.SessionEvent) {
 	switch ev.Type {
 	case coord.SessionDisconnected:
-		r.log.Warn("store disconnected", "session", ev.SessionID)
-		if r.disconnectedAt.IsZero() {
-			r.disconnectedAt = time.Now()
-			r.disconnect.Reset(r.a.cfg.SessionTimeout)
-		}
+		r.log.Warn("store disconnected: workers keep running", "session", ev.SessionID)
 	case coord.SessionReconnected:
-		r.log.Info("store reconnected, session kept", "session", ev.SessionID)
-		r.disconnectedAt = time.Time{}
-		r.disconnect.Stop()
-		if r.suspended == suspendPartition {
-			r.resume()
-		}
+		r.log.Info("store reconnected", "session", ev.SessionID)
 	case coord.SessionExpired:
-		r.disconnectedAt = time.Time{}
-		r.disconnect.Stop()
-		r.suspend(suspendExpired)
+		r.log.Warn("agent's store session expired: a new one follows", "session", ev.SessionID)
 	case coord.SessionNew:
-		r.log.Info("new store session", "session", ev.SessionID, "restored", ev.Restored, "lost", ev.Lost)
-		r.disconnectedAt = time.Time{}
-		r.disconnect.Stop()
-		r.resume()
+		r.log.Info("new store session", "session", ev.SessionID)
 	}
 }
 
-// checkDisconnected suspends the node once a disconnection has lasted the session timeout.
-func (r *run) checkDisconnected() {
-	if r.disconnectedAt.IsZero() || r.suspended != "" {
+// checkKeeper reconciles when the keeper's session or state changed, and touches
+// agent.alive so that the keeper knows the agent runs.
+func (r *run) checkKeeper() {
+	if r.a.cfg.RestartGrace > 0 {
+		now := time.Now()
+		if err := touch(r.a.aliveFile(), now); err != nil {
+			r.log.Warn("tell the keeper the agent runs", "err", err)
+		}
+	}
+	st := r.keeper.Status()
+	if d := st.Writes - r.keeperWrites; d > 0 {
+		r.a.metrics.storeWrites.Add(float64(d))
+	}
+	r.keeperWrites = st.Writes
+	if st.Session == r.keeperSeen.Session && st.State == r.keeperSeen.State {
 		return
 	}
-	if d := time.Since(r.disconnectedAt); d < r.a.cfg.SessionTimeout {
-		r.disconnect.Reset(r.a.cfg.SessionTimeout - d)
-		return
+	if st.State != r.keeperSeen.State {
+		r.log.Info("keeper state", "state", st.State, "session", st.Session, "detail", st.Detail)
 	}
-	r.suspend(suspendPartition)
-}
-
-// suspend stops every worker and the lease renewals until the session is back.
-func (r *run) suspend(reason string) {
-	if r.suspended == "" {
-		r.log.Warn("session lost: stopping all workers", "reason", reason, "workers", len(r.workers))
-	}
-	r.suspended = reason
+	r.keeperSeen = st
 	r.reconcile()
-}
-
-// resume reconciles against the assignment as it is now and rewrites the node record: the
-// store re-created the entry with the last value written under the old session.
-func (r *run) resume() {
-	if r.suspended != "" {
-		r.log.Info("session back: reconciling", "was", r.suspended)
-	}
-	r.suspended = ""
-	r.reconcile()
-	r.renewLeases()
 	r.publish(true)
 }

@@ -186,6 +186,10 @@ type NodeAssignment struct {
 	DC      string             `json:"dc,omitempty"`
 	Rack    string             `json:"rack,omitempty"`
 	Workers []WorkerAssignment `json:"workers"`
+	// Session is the store session owning the node's entry when the master wrote this: the
+	// node's agent acts only on an assignment stamped with its current session, one written
+	// after the master saw the node as it is registered now.
+	Session int64 `json:"session,omitempty"`
 }
 
 // MasterInfo tells clients where the active master serves its API.

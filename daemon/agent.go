@@ -32,6 +32,11 @@ type AgentConfig struct {
 	PortBase     int
 	LeaseTTL     time.Duration
 	NoLease      bool
+	// RestartGrace is how long the node's workers outlive the agent's process, held by a
+	// keeper process (see agents.Keeper); 0 keeps the keeper inside the agent.
+	RestartGrace time.Duration
+	// StoreSilence is how long workers keep running while no store server answers at all.
+	StoreSilence time.Duration
 	// Health configures the node's health checks; its CgroupParent is the process driver's.
 	Health healthcheck.Config
 	// ProtectOOM asks the kernel to spare the agent when it kills for memory.
@@ -119,6 +124,9 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		PortBase:       cfg.PortBase,
 		LeaseTTL:       cfg.LeaseTTL,
 		NoLease:        cfg.NoLease,
+		StoreURL:       cfg.Store,
+		RestartGrace:   cfg.RestartGrace,
+		StoreSilence:   cfg.StoreSilence,
 		Health:         a.health,
 		Registerer:     a.registry,
 		Logger:         cfg.Logger,

@@ -107,7 +107,7 @@ func fiftyAgents(b *testing.B) {
 		b.Fatalf("worker 0 is on %q, not a known agent", victim)
 	}
 	t0 = time.Now()
-	h.agents[victim].kill()
+	h.killNode(victim)
 	testenv.Eventually(b, "replacements running", 2*time.Minute, func() bool {
 		st, err := cl.Job(ctx, "wc")
 		if err != nil || st.Summary.Running != workers {

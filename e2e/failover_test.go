@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
-	"github.com/stormdock/stormdock/coord/zktest"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -67,7 +66,7 @@ func TestClusterLifecycle(t *testing.T) {
 			orphans = append(orphans, w.pid)
 		}
 	}
-	h.agents[victim].kill()
+	h.killNode(victim)
 	testenv.Eventually(t, "workers of the killed agent running elsewhere", 30*time.Second, func() bool {
 		now := h.running("wc")
 		if len(now) != 12 {
@@ -146,15 +145,11 @@ func TestClusterLifecycle(t *testing.T) {
 		}
 		return kept()
 	})
-	// The killed agent's session ends a session timeout after the kill; the master must not
-	// take that for the node's loss. Once ZooKeeper has dropped it, the workers stay put
-	// through two heartbeats.
-	testenv.EventuallyWith(t, "the killed agent's session expired", 3*h.session+5*time.Second, func() (bool, string) {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		live, err := zktest.SessionLive(ctx, h.zk.Addr(), old.Owner)
-		return err == nil && !live, fmt.Sprintf("live %v, %v", live, err)
-	})
+	// The node's keeper held its session through the restart: the master never saw the
+	// node go, and the workers stay put through two heartbeats.
+	if e, err := h.store.Get(ctx, cluster.NodeKey(restarted)); err != nil || e.Owner != old.Owner {
+		t.Errorf("node entry of the restarted agent: owner %x -> %x (%v): the node was re-registered", old.Owner, e.Owner, err)
+	}
 	testenv.AssertUntil(t, "the restarted agent's workers kept", 2*500*time.Millisecond, kept)
 	after := h.running("wc")
 
@@ -172,10 +167,7 @@ func TestClusterLifecycle(t *testing.T) {
 			stale = append(stale, w.pid)
 		}
 	}
-	pp := h.agents[paused]
-	if err := pp.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	h.signalNode(paused, syscall.SIGSTOP)
 	testenv.Eventually(t, "workers of the paused agent re-placed", 30*time.Second, func() bool {
 		now := h.running("wc")
 		n := 0
@@ -186,9 +178,7 @@ func TestClusterLifecycle(t *testing.T) {
 		}
 		return n == 12
 	})
-	if err := pp.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
+	h.signalNode(paused, syscall.SIGCONT)
 	testenv.Eventually(t, "stale copies on the resumed agent stopped", 15*time.Second, func() bool {
 		for _, pid := range stale {
 			if alive(pid) {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
@@ -140,6 +141,44 @@ func (h *harness) startAgent(id, dc, rack string, slots int, extra ...string) {
 	h.mu.Unlock()
 }
 
+// keeperPID is the pid of node id's keeper process (0 when none runs): the process that
+// holds the node's session and its workers' leases across agent restarts.
+func (h *harness) keeperPID(id string) int {
+	b, err := os.ReadFile(filepath.Join(h.dir, "agent-"+id, "keeper.json"))
+	if err != nil {
+		return 0
+	}
+	var st agents.KeeperStatus
+	if json.Unmarshal(b, &st) != nil || st.PID <= 0 || !alive(st.PID) {
+		return 0
+	}
+	return st.PID
+}
+
+// killNode kills a node as a machine dies: its agent and its keeper at once (its workers are
+// left to their leases).
+func (h *harness) killNode(id string) {
+	h.mu.Lock()
+	p := h.agents[id]
+	h.mu.Unlock()
+	if pid := h.keeperPID(id); pid != 0 {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	p.kill()
+}
+
+// signalNode sends sig to every stormdock process of a node but its workers: the agent and
+// its keeper (SIGSTOP cuts the node off from the store as a partition would).
+func (h *harness) signalNode(id string, sig syscall.Signal) {
+	h.mu.Lock()
+	p := h.agents[id]
+	h.mu.Unlock()
+	if pid := h.keeperPID(id); pid != 0 {
+		_ = syscall.Kill(pid, sig)
+	}
+	_ = p.cmd.Process.Signal(sig)
+}
+
 // kill sends SIGKILL to a process and waits for it.
 func (p *proc) kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
@@ -152,8 +191,11 @@ func (h *harness) stopAll() {
 	for _, p := range h.masters {
 		p.kill()
 	}
-	for _, p := range h.agents {
-		// SIGTERM lets an agent go; its workers are killed below with the cgroups.
+	for id, p := range h.agents {
+		// Its workers are killed below with the cgroups.
+		if pid := h.keeperPID(id); pid != 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 		p.kill()
 	}
 	killCgroupTree(h.cgroup)

@@ -42,7 +42,7 @@ func TestDataCenterLoss(t *testing.T) {
 	})
 	t0 := time.Now()
 	for _, id := range []string{"dc-a-r1", "dc-a-r2"} {
-		h.agents[id].kill()
+		h.killNode(id)
 	}
 	killed := time.Since(t0)
 	testenv.Eventually(t, "wide running outside dc-a", 30*time.Second, func() bool {
@@ -137,7 +137,7 @@ gracePeriod: 2s
 	if err := json.Unmarshal(b, &ls); err != nil || ls.Active == "" {
 		t.Fatalf("link status: %v\n%s", err, b)
 	}
-	h.agents[ls.Active+"-r1"].kill()
+	h.killNode(ls.Active + "-r1")
 	testenv.Eventually(t, "every line delivered", 60*time.Second, func() bool { return len(sinkOffsets(t, out)) >= lines })
 	offs := sinkOffsets(t, out)
 	if len(offs) != lines {

@@ -13,12 +13,6 @@ import (
 	"github.com/stormdock/stormdock/coord"
 )
 
-// Token helpers under the names SetTenantToken uses.
-var (
-	NewToken  = api.NewToken
-	HashToken = api.HashToken
-)
-
 // principal is who makes an API call: the admin, or one tenant.
 type principal struct {
 	admin  bool
@@ -48,13 +42,27 @@ func (m *Master) authenticate(r *http.Request) (principal, error) {
 	if !ok || token == "" {
 		return principal{}, fmt.Errorf("%w: missing API token: pass --token or set STORMDOCK_TOKEN (the admin token is in the master's data directory, admin.token)", api.ErrUnauthorized)
 	}
-	hash := HashToken(strings.TrimSpace(token))
+	hash := api.HashToken(strings.TrimSpace(token))
 	if e, err := m.store.Get(r.Context(), cluster.AdminTokenKey); err == nil && subtle.ConstantTimeCompare(e.Value, []byte(hash)) == 1 {
 		return principal{admin: true}, nil
 	}
-	for name, e := range m.tenants.snapshot() {
+	match := func(name string, value []byte) bool {
 		var t cluster.TenantRecord
-		if json.Unmarshal(e.Value, &t) == nil && t.TokenHash != "" && subtle.ConstantTimeCompare([]byte(t.TokenHash), []byte(hash)) == 1 {
+		return json.Unmarshal(value, &t) == nil && t.TokenHash != "" && subtle.ConstantTimeCompare([]byte(t.TokenHash), []byte(hash)) == 1
+	}
+	for name, e := range m.tenants.snapshot() {
+		if match(name, e.Value) {
+			return principal{tenant: name}, nil
+		}
+	}
+	// The mirror may not have the token yet: one made a moment ago (through another
+	// master, or just now through this one) is in the store.
+	names, err := m.store.Children(r.Context(), cluster.TenantsKey)
+	if err != nil {
+		return principal{}, fmt.Errorf("%w: read tenants: %v", api.ErrUnavailable, err)
+	}
+	for _, name := range names {
+		if e, err := m.store.Get(r.Context(), cluster.TenantKey(name)); err == nil && match(name, e.Value) {
 			return principal{tenant: name}, nil
 		}
 	}
@@ -66,6 +74,11 @@ func (m *Master) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if need == roleNone {
 			h(w, r)
+			return
+		}
+		// Tokens and everything else live in the store: say so at once rather than hang.
+		if msg := m.storeUnavailable(); msg != "" {
+			fail(w, api.ErrUnavailable, "%s", msg)
 			return
 		}
 		p, err := m.authenticate(r)
@@ -86,7 +99,7 @@ func mayUse(p principal, tenant string) error {
 	if p.admin || p.tenant == tenant {
 		return nil
 	}
-	return fmt.Errorf("%w: the token of tenant %s cannot act on tenant %s's jobs", ErrForbidden, p.tenant, tenant)
+	return fmt.Errorf("%w: the token of tenant %s cannot act on tenant %s's jobs", api.ErrForbidden, p.tenant, tenant)
 }
 
 // SetTenantToken makes a new token for a tenant, replacing the old one, and returns it.
@@ -97,8 +110,8 @@ func SetTenantToken(ctx context.Context, s coord.KV, name string) (string, error
 		if err != nil {
 			return nil, err
 		}
-		token = NewToken()
-		t.TokenHash = HashToken(token)
+		token = api.NewToken()
+		t.TokenHash = api.HashToken(token)
 		return json.Marshal(t)
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/placement"
@@ -71,7 +72,7 @@ func (r *reconciler) planWhole(v *view, in placement.Input) (*placement.Result, 
 	out := v.out()
 	if len(out) == 0 {
 		res, err := placement.Plan(in)
-		return res, nil, err
+		return res, in.Hold, err
 	}
 	dcOf := func(node string) string {
 		if rec, ok := v.nodes[node]; ok {
@@ -79,7 +80,10 @@ func (r *reconciler) planWhole(v *view, in placement.Input) (*placement.Result, 
 		}
 		return r.assign[node].a.DC
 	}
-	in.Hold = map[cluster.WorkerKey]string{}
+	in.Hold = maps.Clone(in.Hold)
+	if in.Hold == nil {
+		in.Hold = map[cluster.WorkerKey]string{}
+	}
 	for range len(in.Jobs) + 1 {
 		res, err := placement.Plan(in)
 		if err != nil {
@@ -229,7 +233,7 @@ func SetDCState(ctx context.Context, s coord.KV, dc, state string, rebalance boo
 	var rec cluster.DCRecord
 	_, err := coord.Update(ctx, s, cluster.DCKey(dc), func(cur []byte, exists bool) ([]byte, error) {
 		if !exists {
-			return nil, fmt.Errorf("%w: no data center %q (see `stormdock dc list`)", ErrNotFound, dc)
+			return nil, fmt.Errorf("%w: no data center %q (see `stormdock dc list`)", api.ErrNotFound, dc)
 		}
 		rec = cluster.DCRecord{}
 		if err := json.Unmarshal(cur, &rec); err != nil {

@@ -12,22 +12,12 @@ import (
 	"github.com/stormdock/stormdock/coord"
 )
 
-// The API's errors, under the names the scheduler's store operations wrap.
-var (
-	ErrNotFound  = api.ErrNotFound
-	ErrExists    = api.ErrExists
-	ErrQuota     = api.ErrQuota
-	ErrBadInput  = api.ErrBadInput
-	ErrForbidden = api.ErrForbidden
-	ErrBusy      = api.ErrBusy
-)
-
 // busy reports a read-modify-write that kept meeting other writers (coord.ErrContended) as
-// ErrBusy, which the API answers with 503 so that the client tries again; what names the
+// api.ErrBusy, which the API answers with 503 so that the client tries again; what names the
 // record. Other errors pass unchanged.
 func busy(err error, what string) error {
 	if errors.Is(err, coord.ErrContended) {
-		return fmt.Errorf("%w: too many concurrent changes to %s; try again", ErrBusy, what)
+		return fmt.Errorf("%w: too many concurrent changes to %s; try again", api.ErrBusy, what)
 	}
 	return err
 }
@@ -100,7 +90,7 @@ func readTenant(ctx context.Context, s coord.KV, name string) (cluster.TenantRec
 func decodeTenant(name string, val []byte, exists bool) (cluster.TenantRecord, error) {
 	var t cluster.TenantRecord
 	if !exists {
-		return t, fmt.Errorf("%w: unknown tenant %q: create it first with `stormdock tenant create %s`", ErrNotFound, name, name)
+		return t, fmt.Errorf("%w: unknown tenant %q: create it first with `stormdock tenant create %s`", api.ErrNotFound, name, name)
 	}
 	if err := json.Unmarshal(val, &t); err != nil {
 		return cluster.TenantRecord{}, fmt.Errorf("read tenant %s: %w", name, err)
@@ -113,10 +103,10 @@ func checkQuota(t cluster.TenantRecord, usedW int, usedM cluster.Bytes, spec *cl
 	w := spec.TotalWorkers()
 	m := cluster.Bytes(w) * spec.Resources.Memory
 	if t.MaxWorkers > 0 && usedW+w > t.MaxWorkers {
-		return fmt.Errorf("%w: tenant %s: %d of %d workers used, asked for %d more", ErrQuota, t.Name, usedW, t.MaxWorkers, w)
+		return fmt.Errorf("%w: tenant %s: %d of %d workers used, asked for %d more", api.ErrQuota, t.Name, usedW, t.MaxWorkers, w)
 	}
 	if t.MaxMemory > 0 && usedM+m > t.MaxMemory {
-		return fmt.Errorf("%w: tenant %s: %s of %s memory used, asked for %s more", ErrQuota, t.Name, usedM, t.MaxMemory, m)
+		return fmt.Errorf("%w: tenant %s: %s of %s memory used, asked for %s more", api.ErrQuota, t.Name, usedM, t.MaxMemory, m)
 	}
 	return nil
 }
@@ -126,7 +116,7 @@ func checkQuota(t cluster.TenantRecord, usedW int, usedM cluster.Bytes, spec *cl
 // pass the quota on the same reading.
 func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.JobRecord, error) {
 	if err := spec.Validate(); err != nil {
-		return cluster.JobRecord{}, fmt.Errorf("%w: %v", ErrBadInput, err)
+		return cluster.JobRecord{}, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
 	var rec cluster.JobRecord
 	err := coord.Retry(ctx, func() error {
@@ -135,7 +125,7 @@ func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.
 			return err
 		}
 		if _, err := s.Get(ctx, cluster.JobKey(spec.Name)); err == nil {
-			return fmt.Errorf("%w: job %q already exists: scale it with `stormdock job scale` or kill it first", ErrExists, spec.Name)
+			return fmt.Errorf("%w: job %q already exists: scale it with `stormdock job scale` or kill it first", api.ErrExists, spec.Name)
 		}
 		usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, "")
 		if err != nil {
@@ -161,7 +151,7 @@ func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.
 		case err == nil:
 			return nil
 		case errors.Is(err, coord.ErrExists):
-			return fmt.Errorf("%w: job %q already exists", ErrExists, spec.Name)
+			return fmt.Errorf("%w: job %q already exists", api.ErrExists, spec.Name)
 		}
 		return fmt.Errorf("store job %s: %w", spec.Name, err)
 	})
@@ -185,7 +175,7 @@ func readJob(ctx context.Context, s coord.KV, name string) (cluster.JobRecord, c
 func decodeJob(name string, val []byte, exists bool) (cluster.JobRecord, error) {
 	var rec cluster.JobRecord
 	if !exists {
-		return rec, fmt.Errorf("%w: no job %q (see `stormdock job list`)", ErrNotFound, name)
+		return rec, fmt.Errorf("%w: no job %q (see `stormdock job list`)", api.ErrNotFound, name)
 	}
 	if err := json.Unmarshal(val, &rec); err != nil {
 		return cluster.JobRecord{}, fmt.Errorf("read job %s: %w", name, err)
@@ -197,7 +187,7 @@ func decodeJob(name string, val []byte, exists bool) (cluster.JobRecord, error) 
 // running: the generation does not change.
 func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluster.JobRecord, error) {
 	if workers < 1 || workers > cluster.MaxWorkersPerJob {
-		return cluster.JobRecord{}, fmt.Errorf("%w: workers must be between 1 and %d (kill the job to stop it)", ErrBadInput, cluster.MaxWorkersPerJob)
+		return cluster.JobRecord{}, fmt.Errorf("%w: workers must be between 1 and %d (kill the job to stop it)", api.ErrBadInput, cluster.MaxWorkersPerJob)
 	}
 	var rec cluster.JobRecord
 	err := coord.Retry(ctx, func() error {
@@ -207,7 +197,7 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 			return err
 		}
 		if rec.State != cluster.JobRunning {
-			return fmt.Errorf("%w: job %q is being killed", ErrBadInput, name)
+			return fmt.Errorf("%w: job %q is being killed", api.ErrBadInput, name)
 		}
 		t, te, err := readTenant(ctx, s, rec.Spec.Tenant)
 		if err != nil {
@@ -251,7 +241,7 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 // removes the record.
 func KillJob(ctx context.Context, s coord.KV, name string, grace time.Duration) (cluster.JobRecord, error) {
 	if grace < 0 {
-		return cluster.JobRecord{}, fmt.Errorf("%w: grace must not be negative", ErrBadInput)
+		return cluster.JobRecord{}, fmt.Errorf("%w: grace must not be negative", api.ErrBadInput)
 	}
 	var rec cluster.JobRecord
 	_, err := coord.Update(ctx, s, cluster.JobKey(name), func(cur []byte, exists bool) ([]byte, error) {
@@ -275,7 +265,7 @@ func KillJob(ctx context.Context, s coord.KV, name string, grace time.Duration) 
 // CreateTenant stores a new tenant.
 func CreateTenant(ctx context.Context, s coord.KV, t cluster.TenantRecord) error {
 	if err := t.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", ErrBadInput, err)
+		return fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
 	if t.Created.IsZero() {
 		t.Created = time.Now().UTC()
@@ -283,7 +273,7 @@ func CreateTenant(ctx context.Context, s coord.KV, t cluster.TenantRecord) error
 	val, _ := json.Marshal(t)
 	_, err := s.Create(ctx, cluster.TenantKey(t.Name), val, coord.Persistent)
 	if errors.Is(err, coord.ErrExists) {
-		return fmt.Errorf("%w: tenant %q already exists", ErrExists, t.Name)
+		return fmt.Errorf("%w: tenant %q already exists", api.ErrExists, t.Name)
 	}
 	if err != nil {
 		return fmt.Errorf("create tenant %s: %w", t.Name, err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -27,7 +28,7 @@ func (conflictingKV) Txn(context.Context, ...coord.Op) ([]coord.OpResult, error)
 }
 
 // TestStoreWritesReportContentionAsBusy: every read-modify-write of the master's records
-// gives up after a bounded number of conflicts with ErrBusy, which the API answers with 503.
+// gives up after a bounded number of conflicts with api.ErrBusy, which the API answers with 503.
 func TestStoreWritesReportContentionAsBusy(t *testing.T) {
 	tc := newTestCluster(t)
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
@@ -63,8 +64,8 @@ func TestStoreWritesReportContentionAsBusy(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.do(tc.ctx)
-			if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "too many concurrent changes to "+tt.what) {
-				t.Fatalf("err = %v, want ErrBusy about %s", err, tt.what)
+			if !errors.Is(err, api.ErrBusy) || !strings.Contains(err.Error(), "too many concurrent changes to "+tt.what) {
+				t.Fatalf("err = %v, want api.ErrBusy about %s", err, tt.what)
 			}
 		})
 	}
@@ -91,14 +92,14 @@ func TestConcurrentSubmitsKeepTheQuota(t *testing.T) {
 			for {
 				_, err := SubmitJob(tc.ctx, c, testSpec(fmt.Sprintf("job-%d", i), 2))
 				switch {
-				case errors.Is(err, ErrBusy):
+				case errors.Is(err, api.ErrBusy):
 					time.Sleep(time.Millisecond)
 					continue
 				case err == nil:
 					mu.Lock()
 					placed++
 					mu.Unlock()
-				case !errors.Is(err, ErrQuota):
+				case !errors.Is(err, api.ErrQuota):
 					t.Errorf("submit %d: %v", i, err)
 				}
 				return
@@ -126,7 +127,7 @@ func TestConcurrentNodeConfUpdates(t *testing.T) {
 			defer wg.Done()
 			for {
 				err := UpdateNodeConf(tc.ctx, c, "n1", func(nc *cluster.NodeConf) { nc.Avoid = append(nc.Avoid, want[i]) })
-				if errors.Is(err, ErrBusy) {
+				if errors.Is(err, api.ErrBusy) {
 					continue
 				}
 				if err != nil {

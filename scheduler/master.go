@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -33,8 +34,12 @@ type Config struct {
 	// has been quiet this long, but no longer than MaxDebounce.
 	Debounce    time.Duration
 	MaxDebounce time.Duration
-	Logger      *slog.Logger
-	Registry    prometheus.Registerer
+	// ReregisterGrace is how long, after this master starts leading and after its store
+	// connection comes back, nodes missing from the store are waited for before their
+	// workers move. Default DefaultReregisterGrace.
+	ReregisterGrace time.Duration
+	Logger          *slog.Logger
+	Registry        prometheus.Registerer
 }
 
 func (c *Config) defaults() {
@@ -49,6 +54,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxDebounce < c.Debounce {
 		c.MaxDebounce = max(10*c.Debounce, time.Second)
+	}
+	if c.ReregisterGrace <= 0 {
+		c.ReregisterGrace = DefaultReregisterGrace
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -73,6 +81,7 @@ type Master struct {
 
 	mu     sync.Mutex
 	leader bool
+	conn   storeState // guarded by mu
 }
 
 // New returns a master on store. It does nothing until Run.
@@ -128,6 +137,11 @@ func (m *Master) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		m.watchStore(ctx)
+	}()
 	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
 		wg.Add(1)
 		go func() {
@@ -214,6 +228,7 @@ func (m *Master) lead(ctx context.Context) error {
 			_ = m.store.Delete(dctx, cluster.MasterKey, coord.AnyVersion)
 		}()
 	}
+	m.startGrace("started leading")
 	r := &reconciler{m: m}
 	if err := r.loadAssignments(ctx); err != nil {
 		return err

@@ -37,6 +37,7 @@ type testCluster struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	regs   map[*Master]*prometheus.Registry // each master's metrics
+	grace  time.Duration                    // masters' re-registration window
 }
 
 func newTestCluster(t *testing.T) *testCluster {
@@ -46,7 +47,8 @@ func newTestCluster(t *testing.T) *testCluster {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	tc := &testCluster{t: t, srv: srv, ctx: ctx, cancel: cancel, regs: map[*Master]*prometheus.Registry{}}
+	tc := &testCluster{t: t, srv: srv, ctx: ctx, cancel: cancel, regs: map[*Master]*prometheus.Registry{},
+		grace: 50 * time.Millisecond}
 	tc.admin = tc.connect(-1)
 	if err := ensureDirs(ctx, tc.admin); err != nil {
 		t.Fatal(err)
@@ -72,7 +74,8 @@ func (tc *testCluster) connect(timeout time.Duration) *coord.Embedded {
 func (tc *testCluster) master(id string) (*Master, *coord.Embedded, context.CancelFunc) {
 	c := tc.connect(-1)
 	reg := prometheus.NewRegistry()
-	m, err := New(c, Config{ID: id, Logger: quiet, Debounce: 20 * time.Millisecond, Registry: reg})
+	// A short re-registration window: these tests lose nodes right after the master starts.
+	m, err := New(c, Config{ID: id, Logger: quiet, Debounce: 20 * time.Millisecond, Registry: reg, ReregisterGrace: tc.grace})
 	if err != nil {
 		tc.t.Fatal(err)
 	}
@@ -319,30 +322,30 @@ func TestAPI(t *testing.T) {
 	spec := "name: wc\ntenant: search\nworkers: 4\nresources: {memory: 64Mi, cpu: 0.1}\ncommand: [sleep, '1000']\n"
 
 	_, err = cl.SubmitJob(ctx, []byte(spec))
-	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `unknown tenant "search"`) {
+	if !errors.Is(err, api.ErrNotFound) || !strings.Contains(err.Error(), `unknown tenant "search"`) {
 		t.Fatalf("submit for unknown tenant: %v", err)
 	}
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "search", MaxWorkers: 6}); err != nil {
 		t.Fatal(err)
 	}
-	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "search"}); !errors.Is(err, ErrExists) {
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "search"}); !errors.Is(err, api.ErrExists) {
 		t.Fatalf("second create: %v", err)
 	}
 	_, err = cl.SubmitJob(ctx, []byte("name: wc\nworkers: 0\n"))
-	if !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), "workers: must be at least 1 (line 2)") {
+	if !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), "workers: must be at least 1 (line 2)") {
 		t.Fatalf("bad spec: %v", err)
 	}
 	if _, err := cl.SubmitJob(ctx, []byte(spec)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cl.SubmitJob(ctx, []byte(spec)); !errors.Is(err, ErrExists) {
+	if _, err := cl.SubmitJob(ctx, []byte(spec)); !errors.Is(err, api.ErrExists) {
 		t.Fatalf("duplicate submit: %v", err)
 	}
 	_, err = cl.SubmitJob(ctx, []byte(strings.Replace(spec, "name: wc", "name: wc2", 1)))
-	if !errors.Is(err, ErrQuota) || err.Error() != "tenant search: 4 of 6 workers used, asked for 4 more" {
+	if !errors.Is(err, api.ErrQuota) || err.Error() != "tenant search: 4 of 6 workers used, asked for 4 more" {
 		t.Fatalf("over quota: %v", err)
 	}
-	if _, err := cl.ScaleJob(ctx, "wc", 7); !errors.Is(err, ErrQuota) || !strings.Contains(err.Error(), "4 of 6 workers used, asked for 3 more") {
+	if _, err := cl.ScaleJob(ctx, "wc", 7); !errors.Is(err, api.ErrQuota) || !strings.Contains(err.Error(), "4 of 6 workers used, asked for 3 more") {
 		t.Fatalf("scale over quota: %v", err)
 	}
 	testenv.Eventually(t, "4 running", 5*time.Second, func() bool {
@@ -366,19 +369,19 @@ func TestAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	ads, _ := api.NewClient(srv.URL, adsToken)
-	if _, err := ads.ScaleJob(ctx, "wc", 1); !errors.Is(err, ErrForbidden) || !strings.Contains(err.Error(), "the token of tenant ads cannot act on tenant search's jobs") {
+	if _, err := ads.ScaleJob(ctx, "wc", 1); !errors.Is(err, api.ErrForbidden) || !strings.Contains(err.Error(), "the token of tenant ads cannot act on tenant search's jobs") {
 		t.Fatalf("cross-tenant scale: %v", err)
 	}
-	if _, err := ads.KillJob(ctx, "wc", 0); !errors.Is(err, ErrForbidden) {
+	if _, err := ads.KillJob(ctx, "wc", 0); !errors.Is(err, api.ErrForbidden) {
 		t.Fatalf("cross-tenant kill: %v", err)
 	}
-	if _, err := ads.SubmitJob(ctx, []byte(strings.Replace(spec, "name: wc", "name: wc3", 1))); !errors.Is(err, ErrForbidden) {
+	if _, err := ads.SubmitJob(ctx, []byte(strings.Replace(spec, "name: wc", "name: wc3", 1))); !errors.Is(err, api.ErrForbidden) {
 		t.Fatalf("cross-tenant submit: %v", err)
 	}
 	if jobs, err := ads.Jobs(ctx); err != nil || len(jobs) != 0 {
 		t.Fatalf("tenant ads sees %v, %v", jobs, err)
 	}
-	if err := ads.CreateTenant(ctx, cluster.Tenant{Name: "evil"}); !errors.Is(err, ErrForbidden) {
+	if err := ads.CreateTenant(ctx, cluster.Tenant{Name: "evil"}); !errors.Is(err, api.ErrForbidden) {
 		t.Fatalf("tenant creating a tenant: %v", err)
 	}
 	if st, err := cl.Job(ctx, "wc"); err != nil || st.Summary.Workers != 6 {
@@ -388,10 +391,10 @@ func TestAPI(t *testing.T) {
 	if err != nil || len(nodes) != 2 || nodes[0].SlotsUsed+nodes[1].SlotsUsed != 6 {
 		t.Fatalf("nodes = %+v, %v", nodes, err)
 	}
-	if err := cl.DrainNode(ctx, "nope", true); !errors.Is(err, ErrNotFound) {
+	if err := cl.DrainNode(ctx, "nope", true); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("drain unknown node: %v", err)
 	}
-	if _, err := cl.Job(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := cl.Job(ctx, "nope"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("unknown job: %v", err)
 	}
 	if _, err := cl.KillJob(ctx, "wc", time.Second); err != nil {
@@ -399,7 +402,7 @@ func TestAPI(t *testing.T) {
 	}
 	testenv.Eventually(t, "job removed", 5*time.Second, func() bool {
 		_, err := cl.Job(ctx, "wc")
-		return errors.Is(err, ErrNotFound)
+		return errors.Is(err, api.ErrNotFound)
 	})
 	if len(tc.assignments()) != 0 {
 		t.Errorf("killed job still assigned: %v", tc.assignments())

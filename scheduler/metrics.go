@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/placement"
 )

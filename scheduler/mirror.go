@@ -121,7 +121,9 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 				close(got)
 				once = true
 			}
-			if !had || !ev.Exists || m.relevant == nil || m.relevant(old.Value, ev.Entry.Value) {
+			// A re-created entry (a new session's) always matters: the master stamps the
+			// node's assignment with the session that now owns it.
+			if !had || !ev.Exists || m.relevant == nil || old.Owner != ev.Entry.Owner || m.relevant(old.Value, ev.Entry.Value) {
 				m.poke()
 			}
 		}

@@ -81,7 +81,8 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	in := placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: keep, Avoid: v.avoid()}
+	in := placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: keep, Avoid: v.avoid(),
+		Hold: r.m.holdAbsent(v, keep)}
 	res, held, err := r.planWhole(v, in)
 	if err != nil {
 		return fmt.Errorf("scheduler: plan: %w", err)
@@ -153,11 +154,19 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 		a.Workers = append(a.Workers, ws...)
 		want[node] = a
 	}
+	// Every live node gets an assignment stamped with the session its entry belongs to,
+	// an empty one included: its agent acts only on that (see cluster.NodeAssignment).
+	for node := range v.nodes {
+		if _, ok := want[node]; !ok {
+			want[node] = cluster.NodeAssignment{Node: node}
+		}
+	}
 	for node, a := range want {
 		if rec, ok := v.nodes[node]; ok {
-			a.DC, a.Rack = rec.Node.DC, rec.Node.Rack
+			a.DC, a.Rack, a.Session = rec.Node.DC, rec.Node.Rack, v.sessions[node]
 		} else {
-			a.DC, a.Rack = r.assign[node].a.DC, r.assign[node].a.Rack
+			old := r.assign[node].a
+			a.DC, a.Rack, a.Session = old.DC, old.Rack, old.Session
 		}
 		slices.SortFunc(a.Workers, func(x, y cluster.WorkerAssignment) int {
 			if c := x.Key.Compare(y.Key); c != 0 {

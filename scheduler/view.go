@@ -16,6 +16,7 @@ type view struct {
 	jobs     map[string]jobEntry
 	routers  map[string]cluster.JobRecord // output routers of mirrored jobs, by router job name
 	nodes    map[string]cluster.NodeRecord
+	sessions map[string]int64 // the store session owning each node's entry
 	confs    map[string]cluster.NodeConf
 	dcs      map[string]cluster.DCRecord
 	statuses map[cluster.WorkerKey]nodeWorker // what agents report, by worker
@@ -39,6 +40,7 @@ func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry
 		jobs:     make(map[string]jobEntry, len(jobs)),
 		routers:  map[string]cluster.JobRecord{},
 		nodes:    make(map[string]cluster.NodeRecord, len(nodes)),
+		sessions: make(map[string]int64, len(nodes)),
 		confs:    make(map[string]cluster.NodeConf, len(confs)),
 		statuses: map[cluster.WorkerKey]nodeWorker{},
 	}
@@ -57,6 +59,7 @@ func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry
 			continue
 		}
 		v.nodes[id] = rec
+		v.sessions[id] = e.Owner
 		for _, w := range rec.Workers {
 			nw := nodeWorker{node: id, status: w}
 			// Where two agents report one worker (an old copy still stopping), the one in

@@ -42,7 +42,9 @@ var AgentCommand = &cli.Command{
 		&cli.StringSliceFlag{Name: "isolation", Usage: "isolation drivers to offer: process, docker (repeatable or comma list)", Value: cli.NewStringSlice(cluster.IsolationProcess)},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.DurationFlag{Name: "heartbeat", Usage: "node record interval", Value: agents.DefaultHeartbeat},
-		&cli.DurationFlag{Name: "lease-ttl", Usage: "how long workers outlive the agent's last lease renewal (default: the session timeout)"},
+		&cli.DurationFlag{Name: "lease-ttl", Usage: "how long workers outlive their keeper's last lease renewal (default: the session timeout)"},
+		&cli.DurationFlag{Name: "restart-grace", Usage: "how long the node's workers keep running while the agent is not (an upgrade, a crash): a keeper process holds the node meanwhile; 0 ties the node to the agent's process", Value: 30 * time.Second},
+		&cli.DurationFlag{Name: "store-silence", Usage: "how long workers keep running while no store server answers at all (a partition of this node, or every store host down); default: the session timeout, so that no worker runs twice for longer"},
 		&cli.BoolFlag{Name: "no-lease", Usage: "run workers without the lease launcher (they then outlive a dead agent)"},
 		&cli.StringFlag{Name: "state-dir", Usage: "agent and driver state `DIR`", Value: "/var/lib/stormdock/agent"},
 		&cli.StringFlag{Name: "docker-host", Usage: "docker engine for --isolation docker (default: DOCKER_HOST or the local socket)"},
@@ -79,6 +81,9 @@ func runAgent(c *cli.Context) error {
 	if c.Duration("session-timeout") <= 0 || c.Duration("heartbeat") <= 0 {
 		return cli.Exit("stormdock agent: --session-timeout and --heartbeat must be positive", 2)
 	}
+	if c.Duration("restart-grace") < 0 || c.Duration("store-silence") < 0 {
+		return cli.Exit("stormdock agent: --restart-grace and --store-silence must not be negative", 2)
+	}
 	stateDir, err := filepath.Abs(c.String("state-dir"))
 	if err != nil {
 		return cli.Exit("stormdock agent: --state-dir: "+err.Error(), 2)
@@ -102,10 +107,12 @@ func runAgent(c *cli.Context) error {
 		StateDir:     stateDir,
 		Drivers: daemon.DriverConfig{Isolation: modes, Cgroups: c.String("cgroups"), CgroupParent: hcfg.CgroupParent,
 			DockerHost: c.String("docker-host")},
-		Heartbeat:  c.Duration("heartbeat"),
-		PortBase:   c.Int("port-base"),
-		LeaseTTL:   c.Duration("lease-ttl"),
-		NoLease:    c.Bool("no-lease"),
+		Heartbeat:    c.Duration("heartbeat"),
+		PortBase:     c.Int("port-base"),
+		LeaseTTL:     c.Duration("lease-ttl"),
+		NoLease:      c.Bool("no-lease"),
+		RestartGrace: c.Duration("restart-grace"),
+		StoreSilence: c.Duration("store-silence"),
 		Health:     hcfg,
 		ProtectOOM: true,
 		Metrics:    metrics,

@@ -33,6 +33,7 @@ func App() *cli.App {
 			VersionCommand,
 			AgentCommand,
 			LaunchCommand,
+			KeeperCommand,
 			WorkerCommand,
 			PlanCommand,
 			BenchCommand,

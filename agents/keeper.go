@@ -1,0 +1,516 @@
+package agents
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+)
+
+// The keeper holds a node's liveness: the node's session-bound entry in the store and the
+// stamp every worker's lease is renewed from. It outlives the agent (as containerd's shims
+// and Nomad's executors outlive theirs), so that an agent restarted within the restart grace
+// finds its workers running and the master never saw the node go; and it fences the node's
+// workers only on evidence that someone else may now run them:
+//
+//   - the store answers: the lease stamp is the send time of the last request the store
+//     answered, so a worker stops when the server would expire the session, and no later;
+//   - a majority of the store's servers refuse connections, answer that they are not
+//     serving, or hang: no quorum exists, nobody can expire a session or move a worker, so
+//     the stamp keeps up with the clock and workers run on;
+//   - no server answers at all (a partition of this node, or dead hosts: it cannot tell):
+//     the stamp is held back by StoreSilence, by default the session timeout, so that no
+//     worker runs twice for longer than that;
+//   - the agent has been gone for longer than the restart grace (the machine lives, the
+//     agent does not come back): the keeper retires: it lets the leases lapse, waits for the
+//     lease launchers to stop the workers, then removes the node's entry so the master
+//     places them elsewhere.
+//
+// The agent and its keeper share files in the agent's state directory: the agent writes
+// node.json (the node record) and touches agent.alive every heartbeat; the keeper writes
+// keeper.json (KeeperStatus) and renews leases/.node, to which every worker's lease file is
+// a hard link, so that one renewal renews them all.
+
+// Files of the agent-keeper protocol, in the agent's state directory.
+const (
+	keeperLockFile   = "keeper.lock"
+	keeperStatusFile = "keeper.json"
+	nodeRecordFile   = "node.json"
+	agentAliveFile   = "agent.alive"
+	nodeLeaseName    = ".node"
+)
+
+// Keeper states, as KeeperStatus.State.
+const (
+	KeeperStarting     = "starting"     // no session yet
+	KeeperLive         = "live"         // the store answers: leases follow the session
+	KeeperDisconnected = "disconnected" // the store serves others but not us: leases lapse with the session
+	KeeperStoreDown    = "store-down"   // no quorum anywhere: leases are kept
+	KeeperSilent       = "silent"       // no server answers: leases are kept for StoreSilence
+	KeeperRetiring     = "retiring"     // the agent is gone for good: leases lapse, the node goes
+)
+
+// KeeperStatus is what the keeper tells its agent through keeper.json.
+type KeeperStatus struct {
+	PID            int              `json:"pid"`
+	Node           string           `json:"node"`
+	Store          string           `json:"store"`
+	SessionTimeout cluster.Duration `json:"sessionTimeout"`
+	// Session is the store session owning the node's entry: the master stamps the node's
+	// assignment with it, and the agent acts on an assignment only when they match.
+	Session int64     `json:"session"`
+	State   string    `json:"state"`
+	Since   time.Time `json:"since"`
+	Detail  string    `json:"detail,omitempty"`
+	// Stamp is the lease stamp: leases run out at Stamp + SessionTimeout.
+	Stamp time.Time `json:"stamp"`
+	// Writes counts the keeper's writes of the node's entry.
+	Writes int64 `json:"writes"`
+}
+
+// canRun reports whether workers may be started in this state: not once their leases are
+// lapsing.
+func (s KeeperStatus) canRun() bool {
+	switch s.State {
+	case KeeperLive, KeeperStoreDown, KeeperSilent:
+		return s.Session != 0
+	}
+	return false
+}
+
+// KeeperConfig configures a Keeper.
+type KeeperConfig struct {
+	// Node is the node's id; Host tells this host's earlier entries from another agent's.
+	Node string
+	Host string
+	// StateDir is the agent's state directory.
+	StateDir string
+	// Store is the store's URL (its servers are probed when it stops answering).
+	Store string
+	// SessionTimeout is the store session timeout and the leases' ttl.
+	SessionTimeout time.Duration
+	// RestartGrace is how long the node outlives its agent. 0: the keeper lives and dies
+	// with the agent's process (it runs inside it).
+	RestartGrace time.Duration
+	// StoreSilence is how long workers keep running while no store server answers at all.
+	// Default SessionTimeout.
+	StoreSilence time.Duration
+	// Dial reaches the store's servers for probes; nil uses net.Dialer.
+	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	Logger *slog.Logger
+}
+
+func (c *KeeperConfig) defaults() error {
+	if c.Node == "" || c.StateDir == "" {
+		return errors.New("keeper: a node id and a state directory are required")
+	}
+	if c.SessionTimeout <= 0 {
+		c.SessionTimeout = coord.DefaultSessionTimeout
+	}
+	if c.StoreSilence < c.SessionTimeout {
+		c.StoreSilence = c.SessionTimeout
+	}
+	if c.Host == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("keeper: host name: %w", err)
+		}
+		c.Host = h
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// renewInterval is how often the keeper asks the store and renews the stamp: a lease must
+// never lapse for a late tick while the store answers.
+func (c *KeeperConfig) renewInterval() time.Duration { return c.SessionTimeout / 5 }
+
+// Keeper holds one node's liveness. Create it with NewKeeper, run it with Run.
+type Keeper struct {
+	cfg   KeeperConfig
+	store coord.Store
+	log   *slog.Logger
+	addrs []string // the store's servers, for probes (none for an embedded store)
+
+	notify chan struct{}
+	retireCh chan struct{} // closed by Retire
+
+	mu      sync.Mutex
+	status  KeeperStatus
+	retired sync.Once
+}
+
+// NewKeeper returns a keeper for the node, holding its entry in store (whose session timeout
+// must be cfg.SessionTimeout). The caller closes store after Run returned.
+func NewKeeper(cfg KeeperConfig, store coord.Store) (*Keeper, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	k := &Keeper{cfg: cfg, store: store, log: cfg.Logger.With("node", cfg.Node, "component", "keeper"),
+		notify: make(chan struct{}, 1), retireCh: make(chan struct{})}
+	storeName := ""
+	if t, err := coord.ParseURL(cfg.Store); err == nil {
+		k.addrs, storeName = t.Servers, t.String()
+	}
+	k.status = KeeperStatus{PID: os.Getpid(), Node: cfg.Node, Store: storeName,
+		SessionTimeout: cluster.Duration(cfg.SessionTimeout), State: KeeperStarting, Since: time.Now()}
+	return k, nil
+}
+
+// Status is the keeper's state now.
+func (k *Keeper) Status() KeeperStatus {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.status
+}
+
+// Notify tells the keeper that node.json changed.
+func (k *Keeper) Notify() {
+	select {
+	case k.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Retire makes the keeper retire the node now, as when the agent stays away for longer than
+// the restart grace: the workers stop, then the node's entry goes and the master moves them.
+// A keeper process does this on SIGTERM (a machine shutting down, a node decommissioned).
+func (k *Keeper) Retire() { k.retired.Do(func() { close(k.retireCh) }) }
+
+// ErrKeeperRunning: another keeper holds the node's state directory.
+var ErrKeeperRunning = errors.New("a keeper already runs for this state directory")
+
+// Run holds the node's entry and renews the lease stamp until ctx is done or the keeper
+// retires (the agent gone for longer than RestartGrace). On ctx done it leaves the entry to
+// its session and the leases to their stamp: a keeper inside an agent's process stops with
+// it, and its node is then lost like a dead machine.
+func (k *Keeper) Run(ctx context.Context) error {
+	if err := os.MkdirAll(filepath.Join(k.cfg.StateDir, "leases"), 0o750); err != nil {
+		return fmt.Errorf("keeper: %w", err)
+	}
+	unlock, err := flockFile(filepath.Join(k.cfg.StateDir, keeperLockFile), unix.LOCK_EX)
+	if err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("%w: %s", ErrKeeperRunning, k.cfg.StateDir)
+		}
+		return fmt.Errorf("keeper: %w", err)
+	}
+	defer unlock()
+	lease, err := ensureNodeLease(k.cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	w := &nodeWriter{store: k.store, key: cluster.NodeKey(k.cfg.Node), host: k.cfg.Host, log: k.log, version: -1}
+	sessions := k.store.SessionEvents(ctx)
+	tick := time.NewTicker(k.cfg.renewInterval())
+	defer tick.Stop()
+	var (
+		lastOK     time.Time // send time of the last request the store answered
+		agentSeen  = time.Now()
+		agentAway  bool
+		retireFrom time.Time
+		lastRecord []byte
+	)
+	push := func() {
+		rec, err := os.ReadFile(filepath.Join(k.cfg.StateDir, nodeRecordFile))
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				k.log.Warn("read node record", "err", err)
+			}
+			return
+		}
+		if agentAway {
+			rec = markAgentAway(rec, agentSeen, k.cfg.RestartGrace)
+		}
+		if string(rec) == string(lastRecord) && w.version >= 0 {
+			return
+		}
+		wctx, cancel := context.WithTimeout(ctx, k.cfg.SessionTimeout)
+		err = w.write(wctx, rec)
+		cancel()
+		if err != nil {
+			if errors.Is(err, ErrNodeTaken) {
+				k.log.Error("node entry held by another agent", "err", err)
+			} else if ctx.Err() == nil {
+				k.log.Warn("write node record", "err", err)
+			}
+			return
+		}
+		lastRecord = rec
+		k.mu.Lock()
+		k.status.Writes++
+		k.mu.Unlock()
+		k.setSession(k.store.SessionID())
+	}
+	push()
+	k.renew(ctx, lease, &lastOK, false)
+	retireCh := k.retireCh
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-sessions:
+			if !ok {
+				return nil
+			}
+			k.log.Info("store session", "event", ev.Type.String(), "session", ev.SessionID)
+			if ev.Type == coord.SessionNew {
+				// The store client re-created the entry with the record this keeper last
+				// wrote, under the new session: the master stamps the node's assignment anew.
+				w.version = -1
+				lastRecord = nil
+				push()
+			}
+		case <-k.notify:
+			push()
+		case <-retireCh:
+			if retireFrom.IsZero() {
+				k.log.Warn("asked to retire the node")
+				retireFrom = time.Now()
+			}
+			retireCh = nil
+		case <-tick.C:
+			if k.cfg.RestartGrace > 0 {
+				seen := agentAlive(k.cfg.StateDir)
+				if seen.After(agentSeen) {
+					agentSeen = seen
+				}
+				away := time.Since(agentSeen) > 3*k.cfg.renewInterval()+time.Second
+				if away != agentAway {
+					agentAway = away
+					if away {
+						k.log.Warn("agent not running: its workers keep running for the restart grace", "grace", k.cfg.RestartGrace, "last_seen", agentSeen)
+					} else {
+						k.log.Info("agent back")
+					}
+					lastRecord = nil
+					push()
+				}
+				if time.Since(agentSeen) > k.cfg.RestartGrace && retireFrom.IsZero() {
+					retireFrom = time.Now()
+					k.log.Warn("agent gone for longer than the restart grace: retiring the node", "grace", k.cfg.RestartGrace)
+				}
+			}
+			if !retireFrom.IsZero() {
+				if k.retire(ctx, lease, w, retireFrom) {
+					return nil
+				}
+				continue
+			}
+			if w.version < 0 {
+				push()
+			}
+			k.renew(ctx, lease, &lastOK, true)
+		}
+	}
+}
+
+// renew asks the store and sets the lease stamp from its answer (see the package comment at
+// the top of this file). probe says whether to probe the servers when the store does not
+// answer.
+func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, probe bool) {
+	iv := k.cfg.renewInterval()
+	sent := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, iv)
+	_, err := k.store.Get(pctx, cluster.NodeKey(k.cfg.Node))
+	cancel()
+	if err == nil || errors.Is(err, coord.ErrNotFound) {
+		*lastOK = sent
+		k.setState(KeeperLive, "", sent, lease)
+		return
+	}
+	if ctx.Err() != nil || lastOK.IsZero() {
+		return
+	}
+	if !probe || len(k.addrs) == 0 {
+		k.setState(KeeperDisconnected, err.Error(), *lastOK, lease)
+		return
+	}
+	pctx, cancel = context.WithTimeout(ctx, iv)
+	probes := coord.ProbeServers(pctx, k.addrs, iv, k.cfg.Dial)
+	cancel()
+	detail := probeSummary(probes)
+	switch coord.Judge(probes) {
+	case coord.StoreDown:
+		k.setState(KeeperStoreDown, detail, time.Now(), lease)
+	case coord.StoreSilent:
+		// Held back: run on for StoreSilence after the last answer, then lapse.
+		stamp := lastOK.Add(k.cfg.StoreSilence - k.cfg.SessionTimeout)
+		if now := time.Now(); stamp.After(now) {
+			stamp = now
+		}
+		k.setState(KeeperSilent, detail, stamp, lease)
+	default:
+		k.setState(KeeperDisconnected, detail, *lastOK, lease)
+	}
+}
+
+// setState records the state and moves the lease stamp forward (never back: a launcher may
+// have seen the later one).
+func (k *Keeper) setState(state, detail string, stamp time.Time, lease string) {
+	k.mu.Lock()
+	st := k.status
+	if stamp.Before(st.Stamp) {
+		stamp = st.Stamp
+	}
+	changed := st.State != state
+	if changed {
+		st.Since = time.Now()
+	}
+	st.State, st.Detail, st.Stamp = state, detail, stamp
+	k.status = st
+	k.mu.Unlock()
+	if err := os.Chtimes(lease, stamp, stamp); err != nil {
+		k.log.Warn("renew leases", "err", err)
+	}
+	if changed {
+		k.log.Info("keeper state", "state", state, "detail", detail)
+		k.writeStatus()
+	} else if state != KeeperLive {
+		k.writeStatus() // the agent reads the stamp
+	}
+}
+
+func (k *Keeper) setSession(id int64) {
+	k.mu.Lock()
+	changed := k.status.Session != id
+	k.status.Session = id
+	k.mu.Unlock()
+	if changed {
+		k.log.Info("node registered", "session", id)
+		k.writeStatus()
+	}
+}
+
+// writeStatus replaces keeper.json atomically.
+func (k *Keeper) writeStatus() {
+	b, _ := json.Marshal(k.Status())
+	if err := writeFileAtomic(filepath.Join(k.cfg.StateDir, keeperStatusFile), b, 0o600); err != nil {
+		k.log.Warn("write keeper status", "err", err)
+	}
+}
+
+// retire lets the leases lapse, waits for the lease launchers to stop the workers, then
+// removes the node's entry. It reports whether it is done.
+func (k *Keeper) retire(ctx context.Context, lease string, w *nodeWriter, from time.Time) bool {
+	st := k.Status()
+	if st.State != KeeperRetiring {
+		k.mu.Lock()
+		k.status.State, k.status.Since, k.status.Detail = KeeperRetiring, time.Now(), "agent gone for longer than the restart grace"
+		k.mu.Unlock()
+		k.writeStatus()
+	}
+	// Every launcher holds a shared lock on its lease (a hard link of the node lease): none
+	// left means every worker has stopped. A worker that ignores SIGTERM is killed by its
+	// launcher after its grace; the bound covers launchers of workers started without one.
+	idle := leaseIdle(lease)
+	if !idle && time.Since(from) < k.cfg.SessionTimeout+2*time.Minute {
+		return false
+	}
+	if !idle {
+		k.log.Warn("workers still hold their leases; removing the node anyway")
+	}
+	dctx, cancel := context.WithTimeout(ctx, k.cfg.SessionTimeout)
+	defer cancel()
+	if err := w.remove(dctx); err != nil && ctx.Err() == nil {
+		k.log.Warn("remove node entry", "err", err)
+		return false
+	}
+	k.log.Info("node retired: its workers stopped and the master moves them")
+	_ = os.Remove(filepath.Join(k.cfg.StateDir, keeperStatusFile))
+	return true
+}
+
+// markAgentAway rewrites a node record to say the agent is not running: the node takes no new
+// workers while its agent is away, and operators see why.
+func markAgentAway(rec []byte, since time.Time, grace time.Duration) []byte {
+	var r cluster.NodeRecord
+	if json.Unmarshal(rec, &r) != nil {
+		return rec
+	}
+	r.Health = cluster.NodeHealth{State: cluster.HealthUnhealthy, Throttled: r.Node.Slots,
+		Reason: fmt.Sprintf("agent not running since %s; its workers keep running until %s (restart grace)",
+			since.UTC().Format(time.RFC3339), since.Add(grace).UTC().Format(time.RFC3339))}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return rec
+	}
+	return b
+}
+
+// agentAlive is when the agent last touched agent.alive.
+func agentAlive(stateDir string) time.Time {
+	fi, err := os.Stat(filepath.Join(stateDir, agentAliveFile))
+	if err != nil {
+		return time.Time{}
+	}
+	return fi.ModTime()
+}
+
+// ensureNodeLease creates the node lease if missing, already lapsed, and returns its path.
+func ensureNodeLease(stateDir string) (string, error) {
+	p := filepath.Join(stateDir, "leases", nodeLeaseName)
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDONLY, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("node lease: %w", err)
+	}
+	f.Close()
+	return p, nil
+}
+
+// leaseIdle reports whether no lease launcher holds the node lease.
+func leaseIdle(lease string) bool {
+	unlock, err := flockFile(lease, unix.LOCK_EX)
+	if err != nil {
+		return false
+	}
+	unlock()
+	return true
+}
+
+// flockFile takes a non-blocking flock of the given kind on path (created if missing).
+func flockFile(path string, how int) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// probeSummary says in one line what each server answered.
+func probeSummary(probes []coord.ServerProbe) string {
+	parts := make([]string, len(probes))
+	for i, p := range probes {
+		parts[i] = p.Addr + " " + p.State.String()
+	}
+	return strings.Join(parts, ", ")
+}
+
+func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
