@@ -146,7 +146,7 @@ type Keeper struct {
 	log   *slog.Logger
 	addrs []string // the store's servers, for probes (none for an embedded store)
 
-	notify chan struct{}
+	notify   chan struct{}
 	retireCh chan struct{} // closed by Retire
 
 	mu      sync.Mutex

@@ -113,10 +113,10 @@ func runAgent(c *cli.Context) error {
 		NoLease:      c.Bool("no-lease"),
 		RestartGrace: c.Duration("restart-grace"),
 		StoreSilence: c.Duration("store-silence"),
-		Health:     hcfg,
-		ProtectOOM: true,
-		Metrics:    metrics,
-		Logger:     log,
+		Health:       hcfg,
+		ProtectOOM:   true,
+		Metrics:      metrics,
+		Logger:       log,
 	})
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 1)
