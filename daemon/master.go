@@ -35,7 +35,9 @@ type MasterConfig struct {
 	// RouterStore is the store URL the master's output routers open (default: Store when it
 	// is ZooKeeper).
 	RouterStore string
-	Logger      *slog.Logger
+	// ReregisterGrace: see scheduler.Config.
+	ReregisterGrace time.Duration
+	Logger          *slog.Logger
 }
 
 // Master is a built master: its store client, its scheduler and its HTTP server.
@@ -91,7 +93,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		routerStore = cfg.Store
 	}
 	m.sched, err = scheduler.New(m.store, scheduler.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore,
-		Logger: cfg.Logger, Registry: m.registry})
+		ReregisterGrace: cfg.ReregisterGrace, Logger: cfg.Logger, Registry: m.registry})
 	if err != nil {
 		return nil, err
 	}

@@ -103,6 +103,14 @@ func TestCLIAgainstLocalCluster(t *testing.T) {
 
 	c.ok("tenant", "create", "t1", "--max-workers", "10")
 	c.ok("tenant", "create", "t2")
+	// A data directory holding another cluster's admin token: the refusal names the file.
+	otherData := t.TempDir()
+	if err := os.WriteFile(filepath.Join(otherData, api.AdminTokenFile), []byte(api.NewToken()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stranger := &cli{t: t, env: []string{"STORMDOCK_DATA=" + otherData, "STORMDOCK_MASTER=http://" + addr}}
+	stranger.refused("read from "+filepath.Join(otherData, api.AdminTokenFile), "job", "list")
+	// job status shows each worker's pid.
 	dir := t.TempDir()
 	specFile := filepath.Join(dir, "wc.yaml")
 	spec := "name: wc\ntenant: t1\nworkers: 6\nresources: {memory: 64Mi, cpu: 0.1}\ncommand: [stormdock, worker, wordcount, --rate, '2']\nplacement: {spread: [dc, rack]}\ngracePeriod: 2s\n"

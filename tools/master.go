@@ -9,6 +9,7 @@ import (
 
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/scheduler"
 )
 
 // storeFlags are the flags of every process that opens the coordination store.
@@ -48,6 +49,7 @@ var MasterCommand = &cli.Command{
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` the HTTP API and /metrics listen on", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600)", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
+		&cli.DurationFlag{Name: "reregister-grace", Usage: "after this master starts leading or its store comes back, how long nodes missing from the store are waited for before their workers move", Value: scheduler.DefaultReregisterGrace},
 	),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
@@ -58,12 +60,13 @@ var MasterCommand = &cli.Command{
 		}
 		log := slog.Default()
 		m, err := daemon.NewMaster(c.Context, daemon.MasterConfig{
-			Store:        c.String("store"),
-			StoreOptions: storeOptions(c),
-			Listen:       c.String("api"),
-			ID:           c.String("id"),
-			DataDir:      c.String("data"),
-			Logger:       log,
+			Store:           c.String("store"),
+			StoreOptions:    storeOptions(c),
+			Listen:          c.String("api"),
+			ID:              c.String("id"),
+			DataDir:         c.String("data"),
+			ReregisterGrace: c.Duration("reregister-grace"),
+			Logger:          log,
 		})
 		if err != nil {
 			return cli.Exit("stormdock master: "+err.Error(), 1)
