@@ -53,7 +53,7 @@ func (w *testWriter) Write(p []byte) (int, error) {
 }
 
 type zkBackend struct {
-	addr    string
+	addrs   string // comma-separated host:port list: one server or an ensemble
 	chroot  string
 	tick    time.Duration
 	timeout time.Duration
@@ -68,21 +68,21 @@ func uniqueChroot(t testing.TB, top string) string {
 	return fmt.Sprintf("/%s/%s-%x", top, name, rand.Uint64())
 }
 
-func newZKBackendFunc(addr string, tick, timeout time.Duration) func(t *testing.T) coordtest.Backend {
+func newZKBackendFunc(addrs string, tick, timeout time.Duration) func(t *testing.T) coordtest.Backend {
 	return func(t *testing.T) coordtest.Backend {
-		b := &zkBackend{addr: addr, chroot: uniqueChroot(t, "stormdock-test"), tick: tick, timeout: timeout,
+		b := &zkBackend{addrs: addrs, chroot: uniqueChroot(t, "stormdock-test"), tick: tick, timeout: timeout,
 			dialers: map[coord.Store]*zktest.Partition{}}
-		t.Cleanup(func() { cleanupZK(t, addr, b.chroot) })
+		t.Cleanup(func() { cleanupZK(t, addrs, b.chroot) })
 		return b
 	}
 }
 
 // cleanupZK removes a test's chroot; entries of killed clients may linger until their
-// session ends, so it tolerates leftovers.
-func cleanupZK(t testing.TB, addr, chroot string) {
+// session ends, so it tolerates leftovers. addrs is one host:port or a comma-separated list.
+func cleanupZK(t testing.TB, addrs, chroot string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := coord.OpenZK(ctx, []string{addr}, "", coord.Options{SessionTimeout: sharedTimeout, Logger: quiet})
+	s, err := coord.OpenZK(ctx, strings.Split(addrs, ","), "", coord.Options{SessionTimeout: sharedTimeout, Logger: quiet})
 	if err != nil {
 		t.Logf("cleanup %s: %v", chroot, err)
 		return
@@ -97,7 +97,7 @@ func (b *zkBackend) Client(t *testing.T) coord.Store {
 	d := &zktest.Partition{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := coord.OpenZK(ctx, []string{b.addr}, b.chroot, coord.Options{SessionTimeout: b.timeout, Dialer: d.Dial})
+	s, err := coord.OpenZK(ctx, strings.Split(b.addrs, ","), b.chroot, coord.Options{SessionTimeout: b.timeout, Dialer: d.Dial})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func (b *zkBackend) Expire(t *testing.T, s coord.Store) {
 	sid := s.SessionID()
 	d.Cut()
 	// The server expires a session within timeout + one tick of the last ping.
-	waitSessionGone(t, b.addr, sid, b.timeout+b.tick+5*time.Second)
+	waitSessionGone(t, b.addrs, sid, b.timeout+b.tick+5*time.Second)
 	d.Heal()
 	for e := range ev {
 		switch e.Type {
@@ -132,7 +132,7 @@ func (b *zkBackend) Expire(t *testing.T, s coord.Store) {
 }
 
 func (b *zkBackend) StartLeader(t *testing.T, prefix, id string) func() {
-	return coordtest.StartChildLeader(t, "zk://"+b.addr+b.chroot, b.timeout, prefix, id)
+	return coordtest.StartChildLeader(t, "zk://"+b.addrs+b.chroot, b.timeout, prefix, id)
 }
 
 func (b *zkBackend) SessionTimeout() time.Duration { return b.timeout }
@@ -143,13 +143,27 @@ func (b *zkBackend) ExpiryGrace() time.Duration { return 2*b.tick + 2*time.Secon
 
 // waitSessionGone waits until the ZooKeeper server at addr no longer holds session sid: the
 // evidence that it expired the session.
-func waitSessionGone(t testing.TB, addr string, sid int64, timeout time.Duration) {
+// waitSessionGone waits until no server of addrs (comma-separated) lists session sid. Only
+// an ensemble's leader lists sessions in its dump; the others' answers are skipped.
+func waitSessionGone(t testing.TB, addrs string, sid int64, timeout time.Duration) {
 	t.Helper()
 	testenv.EventuallyWith(t, fmt.Sprintf("the server to expire session 0x%x", uint64(sid)), timeout, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		live, err := zktest.SessionLive(ctx, addr, sid)
-		return err == nil && !live, fmt.Sprintf("live %v, %v", live, err)
+		listed := 0
+		var why []string
+		for _, addr := range strings.Split(addrs, ",") {
+			live, err := zktest.SessionLive(ctx, addr, sid)
+			if err != nil {
+				why = append(why, err.Error())
+				continue
+			}
+			listed++
+			if live {
+				return false, addr + " lists it"
+			}
+		}
+		return listed > 0, strings.Join(why, "; ")
 	})
 }
 
@@ -297,6 +311,68 @@ func TestZKServerRestartSessionExpired(t *testing.T) {
 		case <-deadline:
 			t.Fatalf("session events %v, no new session", types)
 		}
+	}
+}
+
+// A standalone server down for longer than the session timeout, for every client at once:
+// the client keeps trying, and when the server is back its session is kept (the server
+// restores sessions from its log and starts their timeouts afresh), whether the server was
+// SIGKILLed or stopped with SIGTERM. Compare TestZKServerRestartSessionExpired, where the
+// server comes back but the client stays away: there the session expires. While the server
+// is down, the probe finds it refusing connections: the store is down for everyone.
+func TestZKServerDownLongerThanSession(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		stop func(s *zktest.Server)
+	}{
+		{"SIGKILL", (*zktest.Server).Kill},
+		{"SIGTERM", (*zktest.Server).Stop},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := zktest.Start(t, zktest.Options{TickTime: 200 * time.Millisecond})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			const timeout = 2 * time.Second
+			s, err := coord.Open(ctx, srv.URL("/down-for-all"), coord.Options{SessionTimeout: timeout, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			log := recordSessions(ctx, s)
+			if _, err := s.Create(ctx, "/nodes/me", []byte("up"), coord.Ephemeral); err != nil {
+				t.Fatal(err)
+			}
+			sid := s.SessionID()
+
+			down := time.Now()
+			tc.stop(srv)
+			log.waitSeen(t, 30*time.Second, coord.SessionDisconnected)
+			p, err := coord.ProbeStore(ctx, srv.URL(""), time.Second, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v := coord.Judge(p); v != coord.StoreDown || p[0].State != coord.ServerRefused {
+				t.Fatalf("stopped server probed %v, judged %s; want refused, down", p, v)
+			}
+			time.Sleep(time.Until(down.Add(timeout + 2*time.Second)))
+			srv.Restart()
+			log.waitSeen(t, 30*time.Second, coord.SessionReconnected)
+			t.Logf("server down %s: events %s", time.Since(down).Round(time.Millisecond), log.since(down))
+			if got := s.SessionID(); got != sid {
+				t.Fatalf("session %x after the restart, want %x kept (events %v)", got, sid, log.types())
+			}
+			if e, err := s.Get(ctx, "/nodes/me"); err != nil || e.Owner != sid {
+				t.Fatalf("ephemeral after the restart: %+v %v", e, err)
+			}
+			for _, ty := range log.types() {
+				if ty == coord.SessionExpired || ty == coord.SessionNew {
+					t.Fatalf("events %v: the session was lost", log.types())
+				}
+			}
+		})
 	}
 }
 

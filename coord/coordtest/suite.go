@@ -34,29 +34,47 @@ type Backend interface {
 	ExpiryGrace() time.Duration
 }
 
+// suite lists the conformance tests. session marks those about sessions (ephemeral entries,
+// expiry, election across session loss): the ones worth running again against a store whose
+// sessions live on several servers (RunSessionSuite).
+var suite = []struct {
+	name    string
+	session bool
+	fn      func(t *testing.T, b Backend)
+}{
+	{"GetPutCreateDelete", false, testCRUD},
+	{"InvalidKeys", false, testInvalidKeys},
+	{"CompareAndSet", false, testCAS},
+	{"ConcurrentCAS", false, testConcurrentCAS},
+	{"Sequential", false, testSequential},
+	{"Txn", false, testTxn},
+	{"WatchOrder", false, testWatchOrder},
+	{"WatchChildren", false, testWatchChildren},
+	{"WatchStopsOnCancelAndClose", false, testWatchStops},
+	{"EphemeralGoneOnClose", true, testEphemeralClose},
+	{"SessionExpiry", true, testSessionExpiry},
+	{"Election", true, testElection},
+	{"ElectionLostOnExpiry", true, testElectionExpiry},
+	{"LeaderKilled", true, testLeaderKilled},
+	{"ClosedStore", false, testClosed},
+}
+
 // RunSuite runs the conformance suite; newBackend is called once per subtest.
 func RunSuite(t *testing.T, newBackend func(t *testing.T) Backend) {
-	tests := []struct {
-		name string
-		fn   func(t *testing.T, b Backend)
-	}{
-		{"GetPutCreateDelete", testCRUD},
-		{"InvalidKeys", testInvalidKeys},
-		{"CompareAndSet", testCAS},
-		{"ConcurrentCAS", testConcurrentCAS},
-		{"Sequential", testSequential},
-		{"Txn", testTxn},
-		{"WatchOrder", testWatchOrder},
-		{"WatchChildren", testWatchChildren},
-		{"WatchStopsOnCancelAndClose", testWatchStops},
-		{"EphemeralGoneOnClose", testEphemeralClose},
-		{"SessionExpiry", testSessionExpiry},
-		{"Election", testElection},
-		{"ElectionLostOnExpiry", testElectionExpiry},
-		{"LeaderKilled", testLeaderKilled},
-		{"ClosedStore", testClosed},
-	}
-	for _, tc := range tests {
+	run(t, newBackend, false)
+}
+
+// RunSessionSuite runs the suite's session tests only: ephemeral entries removed on close,
+// session expiry and restoration, elections and their loss to expiry or to a killed leader.
+func RunSessionSuite(t *testing.T, newBackend func(t *testing.T) Backend) {
+	run(t, newBackend, true)
+}
+
+func run(t *testing.T, newBackend func(t *testing.T) Backend, sessionOnly bool) {
+	for _, tc := range suite {
+		if sessionOnly && !tc.session {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			tc.fn(t, newBackend(t))
 		})

@@ -1,5 +1,6 @@
-// Package zktest starts real standalone ZooKeeper servers for tests: on a free loopback port,
-// from a generated zoo.cfg, killable and restartable on the same port and data directory.
+// Package zktest starts real ZooKeeper servers for tests: standalone servers and ensembles on
+// free loopback ports, from generated zoo.cfg files, killable, pausable and restartable on the
+// same ports and data directories.
 package zktest
 
 import (
@@ -21,15 +22,29 @@ import (
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
-// Options tune a test server.
+// Options tune test servers.
 type Options struct {
-	// TickTime is ZooKeeper's tick; sessions may last 2 to 20 ticks. Default 200ms.
+	// TickTime is ZooKeeper's tick; sessions may last 2 to 20 ticks. Default 200ms for a
+	// standalone server, 250ms for an ensemble (its members also time each other out in
+	// ticks, and a loaded machine needs the room).
 	TickTime time.Duration
-	// StartTimeout bounds the wait for "imok". Default 30s.
+	// StartTimeout bounds the wait for a server (and for an ensemble's quorum) to answer.
+	// Default 30s.
 	StartTimeout time.Duration
 }
 
-// Server is a standalone ZooKeeper server run by a test.
+func (o Options) withDefaults(tick time.Duration) Options {
+	if o.TickTime <= 0 {
+		o.TickTime = tick
+	}
+	if o.StartTimeout <= 0 {
+		o.StartTimeout = 30 * time.Second
+	}
+	return o
+}
+
+// Server is a ZooKeeper server run by a test: standalone (Start) or a member of an ensemble
+// (StartEnsemble).
 type Server struct {
 	t       testing.TB
 	script  string
@@ -37,6 +52,8 @@ type Server struct {
 	cfg     string
 	logFile string
 	addr    string
+	id      int // myid in an ensemble, 0 for a standalone server
+	heap    string
 	opts    Options
 
 	mu     sync.Mutex
@@ -44,34 +61,88 @@ type Server struct {
 	exited chan struct{}
 }
 
-// Start runs a ZooKeeper server for the test and stops it when the test ends. A missing
-// ZooKeeper skips the test, or fails it under CI=true (internal/testenv).
+// Start runs a standalone ZooKeeper server for the test and stops it when the test ends. A
+// missing ZooKeeper skips the test, or fails it under CI=true (internal/testenv).
 func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
+	opts = opts.withDefaults(200 * time.Millisecond)
+	// 256 MiB: a standalone server holds a whole local cluster's state in e2e tests.
+	servers := launch(t, 1, opts, "256m")
+	return servers[0]
+}
+
+// launch writes the configuration of n servers (n == 1: standalone, no server.N lines),
+// starts them all at once (members must find each other to elect a leader) and waits until
+// each answers: a standalone server must serve, an ensemble member only answer imok (it
+// serves once a quorum has formed; StartEnsemble waits for that).
+func launch(t testing.TB, n int, opts Options, heap string) []*Server {
+	t.Helper()
 	script := testenv.ZKServerScript(t)
-	if opts.TickTime <= 0 {
-		opts.TickTime = 200 * time.Millisecond
+	perServer := 1
+	if n > 1 {
+		perServer = 3 // client, quorum and election ports
 	}
-	if opts.StartTimeout <= 0 {
-		opts.StartTimeout = 30 * time.Second
-	}
-	dir := t.TempDir()
-	port, err := freePort()
+	ports, err := freePorts(n * perServer)
 	if err != nil {
-		t.Fatalf("zktest: free port: %v", err)
+		t.Fatalf("zktest: free ports: %v", err)
 	}
-	s := &Server{
-		t:       t,
-		script:  script,
-		dir:     dir,
-		cfg:     filepath.Join(dir, "zoo.cfg"),
-		logFile: filepath.Join(dir, "logs", "server.out"),
-		addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		opts:    opts,
+	var peers strings.Builder
+	if n > 1 {
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&peers, "server.%d=127.0.0.1:%d:%d\n", i+1, ports[3*i+1], ports[3*i+2])
+		}
 	}
-	// forceSync=no: a test server's log need not reach the disk before it answers (a killed
-	// JVM's writes still survive in the page cache); on a loaded machine an fsync per write
-	// stalls the server long enough to expire sessions.
+	servers := make([]*Server, n)
+	for i := range servers {
+		dir := t.TempDir()
+		s := &Server{
+			t:       t,
+			script:  script,
+			dir:     dir,
+			cfg:     filepath.Join(dir, "zoo.cfg"),
+			logFile: filepath.Join(dir, "server.out"),
+			addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[perServer*i])),
+			heap:    heap,
+			opts:    opts,
+		}
+		if n > 1 {
+			s.id = i + 1
+		}
+		if err := s.writeConfig(ports[perServer*i], peers.String()); err != nil {
+			t.Fatalf("zktest: %v", err)
+		}
+		// Registered after t.TempDir: cleanups run last-in first-out, so the JVM is dead
+		// before its directory is removed.
+		t.Cleanup(s.Kill)
+		servers[i] = s
+	}
+	for _, s := range servers {
+		if err := s.spawn(); err != nil {
+			t.Fatalf("zktest: %v", err)
+		}
+	}
+	for _, s := range servers {
+		if err := s.waitUp(); err != nil {
+			t.Fatalf("zktest: %v", err)
+		}
+	}
+	return servers
+}
+
+// writeConfig writes zoo.cfg (and myid for an ensemble member). forceSync=no: a test
+// server's log need not reach the disk before it answers (a killed JVM's writes still
+// survive in the page cache); on a loaded machine an fsync per write stalls the server long
+// enough to expire sessions.
+func (s *Server) writeConfig(clientPort int, peers string) error {
+	data := filepath.Join(s.dir, "data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		return err
+	}
+	if s.id != 0 {
+		if err := os.WriteFile(filepath.Join(data, "myid"), []byte(strconv.Itoa(s.id)+"\n"), 0o644); err != nil {
+			return fmt.Errorf("write myid: %w", err)
+		}
+	}
 	cfg := fmt.Sprintf(`tickTime=%d
 initLimit=10
 syncLimit=5
@@ -82,30 +153,49 @@ admin.enableServer=false
 4lw.commands.whitelist=*
 maxClientCnxns=0
 forceSync=no
-`, opts.TickTime.Milliseconds(), filepath.Join(dir, "data"), port)
-	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
-		t.Fatalf("zktest: %v", err)
-	}
+%s`, s.opts.TickTime.Milliseconds(), data, clientPort, peers)
 	if err := os.WriteFile(s.cfg, []byte(cfg), 0o644); err != nil {
-		t.Fatalf("zktest: write zoo.cfg: %v", err)
+		return fmt.Errorf("write zoo.cfg: %w", err)
 	}
-	t.Cleanup(s.Kill)
-	if err := s.start(); err != nil {
-		t.Fatalf("zktest: %v", err)
-	}
-	return s
+	return nil
 }
 
-// Addr returns the server's host:port.
+// Addr returns the server's client host:port.
 func (s *Server) Addr() string { return s.addr }
 
-// URL returns a coord store URL for the server with the given chroot ("" for none).
+// URL returns a coord store URL for the server alone with the given chroot ("" for none).
 func (s *Server) URL(chroot string) string { return "zk://" + s.addr + chroot }
 
 // TickTime returns the server's tick.
 func (s *Server) TickTime() time.Duration { return s.opts.TickTime }
 
-func (s *Server) start() error {
+// ID returns the server's myid in its ensemble, 0 for a standalone server.
+func (s *Server) ID() int { return s.id }
+
+// String names the server in test logs.
+func (s *Server) String() string {
+	if s.id == 0 {
+		return "zk " + s.addr
+	}
+	return fmt.Sprintf("zk%d %s", s.id, s.addr)
+}
+
+// jvmFlags: Debian's zkEnv.sh overwrites CLASSPATH and ZOO_LOG_DIR but zkServer.sh passes
+// JVMFLAGS (SERVER_JVMFLAGS prepended) after its own -cp, and java takes the last -cp. The
+// package has no SLF4J binding, so the server logs nothing; slf4j-simple (from libslf4j-java,
+// which zookeeper depends on) on the class path makes it log to stderr, into server.out.
+func (s *Server) jvmFlags() string {
+	flags := "-Xmx" + s.heap + " -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+	const binding = "/usr/share/java/slf4j-simple.jar"
+	if _, err := os.Stat(binding); err == nil {
+		flags += " -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar:" + binding +
+			" -Dorg.slf4j.simpleLogger.showDateTime=true -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"
+	}
+	return flags
+}
+
+// spawn starts the server's process without waiting for it to answer.
+func (s *Server) spawn() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil {
@@ -115,6 +205,7 @@ func (s *Server) start() error {
 	if err != nil {
 		return err
 	}
+	fmt.Fprintf(out, "==== zktest: starting %s at %s\n", s, time.Now().Format("15:04:05.000"))
 	// The server runs at a higher CPU priority than the test's other processes, as it would on
 	// machines of its own: on a two-core machine running hundreds of workers, a starved JVM
 	// answers no pings and expires every session at once.
@@ -122,10 +213,8 @@ func (s *Server) start() error {
 	if os.Geteuid() == 0 {
 		cmd = exec.Command("nice", "-n", "-10", s.script, "start-foreground", s.cfg)
 	}
-	cmd.Env = append(os.Environ(),
-		"ZOO_LOG_DIR="+filepath.Join(s.dir, "logs"),
-		"JVMFLAGS=-Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
-	)
+	// JMX is not used and costs startup time and memory in every JVM.
+	cmd.Env = append(os.Environ(), "JMXDISABLE=true", "JVMFLAGS="+s.jvmFlags())
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -139,26 +228,47 @@ func (s *Server) start() error {
 		close(exited)
 	}()
 	s.cmd, s.exited = cmd, exited
+	return nil
+}
 
+// waitUp waits until the server answers: a standalone server must serve (srvr shows a
+// Mode line), an ensemble member must answer imok.
+func (s *Server) waitUp() error {
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.mu.Unlock()
+	if cmd == nil {
+		return fmt.Errorf("%s is not running", s)
+	}
+	check := ready
+	if s.id != 0 {
+		check = alive
+	}
 	deadline := time.Now().Add(s.opts.StartTimeout)
 	for {
-		if ready(s.addr) == nil {
+		err := check(s.addr)
+		if err == nil {
 			return nil
 		}
 		select {
 		case <-exited:
-			s.cmd = nil
-			return fmt.Errorf("zookeeper exited while starting: %s", s.logTail())
+			s.mu.Lock()
+			if s.cmd == cmd {
+				s.cmd = nil
+			}
+			s.mu.Unlock()
+			return fmt.Errorf("%s exited while starting: %s", s, s.logTail())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			s.killLocked()
-			return fmt.Errorf("zookeeper at %s not answering imok after %s: %s", s.addr, s.opts.StartTimeout, s.logTail())
+			s.Kill()
+			return fmt.Errorf("%s not answering after %s (%v): %s", s, s.opts.StartTimeout, err, s.logTail())
 		}
 	}
 }
 
-// Kill SIGKILLs the server's process group (the whole JVM) and waits for it to exit.
+// Kill SIGKILLs the server's process group (the whole JVM) and waits for it to exit. A
+// paused server dies too.
 func (s *Server) Kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -175,7 +285,8 @@ func (s *Server) killLocked() {
 }
 
 // Pause stops the server's JVM (SIGSTOP) as a long garbage-collection pause or a starved
-// machine would: connections stay open but nothing is answered. Resume lets it go on.
+// machine would: connections stay open and the kernel still accepts new ones, but nothing
+// is answered. Resume lets it go on.
 func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
 
 // Resume continues a paused server (SIGCONT).
@@ -189,7 +300,8 @@ func (s *Server) signal(sig syscall.Signal) {
 	}
 }
 
-// Stop asks the server to shut down (SIGTERM) and waits; after 10s it kills it.
+// Stop asks the server to shut down (SIGTERM, and SIGCONT in case it is paused) and waits;
+// after 10s it kills it.
 func (s *Server) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -197,6 +309,7 @@ func (s *Server) Stop() {
 		return
 	}
 	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGTERM)
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGCONT)
 	select {
 	case <-s.exited:
 		s.cmd = nil
@@ -205,21 +318,39 @@ func (s *Server) Stop() {
 	}
 }
 
-// Restart stops the server if it runs and starts it again on the same port and data
-// directory, failing the test if it does not come back.
+// Restart stops the server if it runs and starts it again on the same ports and data
+// directory, failing the test if it does not come back: a standalone server must serve
+// again, an ensemble member only answer (whether it serves depends on the others; see
+// Ensemble.WaitServing).
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Stop()
-	if err := s.start(); err != nil {
+	if err := s.spawn(); err != nil {
+		s.t.Fatalf("zktest: restart: %v", err)
+	}
+	if err := s.waitUp(); err != nil {
 		s.t.Fatalf("zktest: restart: %v", err)
 	}
 }
 
-// Running reports whether the server process is up.
+// Running reports whether the server process is up (paused counts as up).
 func (s *Server) Running() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cmd != nil
+}
+
+// Mode asks the server with srvr and returns its mode ("standalone", "leader", "follower",
+// ...); an error if it does not answer or does not serve (no quorum).
+func (s *Server) Mode(ctx context.Context) (string, error) {
+	return mode(ctx, s.addr)
+}
+
+// Log returns everything the server wrote (all its runs), for tests that look for what the
+// server did (elections, session expiry).
+func (s *Server) Log() string {
+	b, _ := os.ReadFile(s.logFile)
+	return string(b)
 }
 
 // FourLetter sends a four-letter command ("ruok", "stat", "dump", ...) and returns the reply.
@@ -265,8 +396,21 @@ func SessionLive(ctx context.Context, addr string, sid int64) (bool, error) {
 	return false, nil
 }
 
-// ready checks that the server says imok and serves requests ("imok" comes earlier).
-func ready(addr string) error {
+func mode(ctx context.Context, addr string) (string, error) {
+	r, err := FourLetter(ctx, addr, "srvr")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(r, "\n") {
+		if m, ok := strings.CutPrefix(line, "Mode: "); ok {
+			return strings.TrimSpace(m), nil
+		}
+	}
+	return "", fmt.Errorf("srvr: %q", strings.TrimSpace(r))
+}
+
+// alive checks that the server process answers imok (it does so before it serves).
+func alive(addr string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	r, err := FourLetter(ctx, addr, "ruok")
@@ -276,29 +420,40 @@ func ready(addr string) error {
 	if r != "imok" {
 		return fmt.Errorf("ruok: %q", r)
 	}
-	r, err = FourLetter(ctx, addr, "srvr")
-	if err != nil {
+	return nil
+}
+
+// ready checks that the server says imok and serves requests ("imok" comes earlier).
+func ready(addr string) error {
+	if err := alive(addr); err != nil {
 		return err
 	}
-	if !strings.Contains(r, "Mode: ") {
-		return fmt.Errorf("srvr: %q", r)
-	}
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := mode(ctx, addr)
+	return err
 }
 
 func (s *Server) logTail() string {
 	b, _ := os.ReadFile(s.logFile)
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
 	}
 	return string(b)
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePorts returns n distinct free loopback ports, holding each until all are found so that
+// one search cannot return the same port twice. Another process may still take one before
+// the server binds it; the server then fails to start and says so in its log.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
