@@ -214,49 +214,27 @@ func (k *Keeper) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w := &nodeWriter{store: k.store, key: cluster.NodeKey(k.cfg.Node), host: k.cfg.Host, log: k.log, version: -1}
+	w := &recordWriter{k: k, nw: &nodeWriter{store: k.store, key: cluster.NodeKey(k.cfg.Node), host: k.cfg.Host, log: k.log, version: -1},
+		wake: make(chan struct{}, 1)}
+	wctx, stopWriter := context.WithCancel(ctx)
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		w.run(wctx)
+	}()
+	defer func() {
+		stopWriter()
+		<-writerDone
+	}()
 	sessions := k.store.SessionEvents(ctx)
 	tick := time.NewTicker(k.cfg.renewInterval())
 	defer tick.Stop()
 	var (
 		lastOK     time.Time // send time of the last request the store answered
 		agentSeen  = time.Now()
-		agentAway  bool
 		retireFrom time.Time
-		lastRecord []byte
 	)
-	push := func() {
-		rec, err := os.ReadFile(filepath.Join(k.cfg.StateDir, nodeRecordFile))
-		if err != nil {
-			if !errors.Is(err, os.ErrNotExist) {
-				k.log.Warn("read node record", "err", err)
-			}
-			return
-		}
-		if agentAway {
-			rec = markAgentAway(rec, agentSeen, k.cfg.RestartGrace)
-		}
-		if string(rec) == string(lastRecord) && w.version >= 0 {
-			return
-		}
-		wctx, cancel := context.WithTimeout(ctx, k.cfg.SessionTimeout)
-		err = w.write(wctx, rec)
-		cancel()
-		if err != nil {
-			if errors.Is(err, ErrNodeTaken) {
-				k.log.Error("node entry held by another agent", "err", err)
-			} else if ctx.Err() == nil {
-				k.log.Warn("write node record", "err", err)
-			}
-			return
-		}
-		lastRecord = rec
-		k.mu.Lock()
-		k.status.Writes++
-		k.mu.Unlock()
-		k.setSession(k.store.SessionID())
-	}
-	push()
+	w.push(true)
 	k.renew(ctx, lease, &lastOK, false)
 	retireCh := k.retireCh
 	for {
@@ -271,12 +249,10 @@ func (k *Keeper) Run(ctx context.Context) error {
 			if ev.Type == coord.SessionNew {
 				// The store client re-created the entry with the record this keeper last
 				// wrote, under the new session: the master stamps the node's assignment anew.
-				w.version = -1
-				lastRecord = nil
-				push()
+				w.push(true)
 			}
 		case <-k.notify:
-			push()
+			w.push(false)
 		case <-retireCh:
 			if retireFrom.IsZero() {
 				k.log.Warn("asked to retire the node")
@@ -290,15 +266,13 @@ func (k *Keeper) Run(ctx context.Context) error {
 					agentSeen = seen
 				}
 				away := time.Since(agentSeen) > 3*k.cfg.renewInterval()+time.Second
-				if away != agentAway {
-					agentAway = away
+				if w.setAway(away, agentSeen) {
 					if away {
 						k.log.Warn("agent not running: its workers keep running for the restart grace", "grace", k.cfg.RestartGrace, "last_seen", agentSeen)
 					} else {
 						k.log.Info("agent back")
 					}
-					lastRecord = nil
-					push()
+					w.push(false)
 				}
 				if time.Since(agentSeen) > k.cfg.RestartGrace && retireFrom.IsZero() {
 					retireFrom = time.Now()
@@ -306,16 +280,109 @@ func (k *Keeper) Run(ctx context.Context) error {
 				}
 			}
 			if !retireFrom.IsZero() {
-				if k.retire(ctx, lease, w, retireFrom) {
+				// No record is written any more: one written after the entry's removal
+				// would bring the node back.
+				stopWriter()
+				<-writerDone
+				if k.retire(ctx, lease, w.nw, retireFrom) {
 					return nil
 				}
 				continue
 			}
-			if w.version < 0 {
-				push()
-			}
 			k.renew(ctx, lease, &lastOK, true)
 		}
+	}
+}
+
+// recordWriter writes node.json into the node's entry from a goroutine of its own, so that a
+// store that does not answer never holds up the lease renewals. Only the latest record is
+// written.
+type recordWriter struct {
+	k    *Keeper
+	nw   *nodeWriter // the writer goroutine's alone
+	wake chan struct{}
+
+	mu        sync.Mutex
+	force     bool // write even if unchanged: the entry was re-created
+	away      bool // the agent is not running: say so in the record
+	awaySince time.Time
+}
+
+// push asks for the current node.json to be written (always, with force).
+func (w *recordWriter) push(force bool) {
+	w.mu.Lock()
+	w.force = w.force || force
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// setAway records whether the agent runs and reports whether that changed.
+func (w *recordWriter) setAway(away bool, since time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	changed := w.away != away
+	w.away, w.awaySince = away, since
+	return changed
+}
+
+func (w *recordWriter) run(ctx context.Context) {
+	k := w.k
+	var last []byte
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.wake:
+		case <-retry.C:
+		}
+		rec, err := os.ReadFile(filepath.Join(k.cfg.StateDir, nodeRecordFile))
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				k.log.Warn("read node record", "err", err)
+			}
+			continue
+		}
+		w.mu.Lock()
+		force, away, since := w.force, w.away, w.awaySince
+		w.force = false
+		w.mu.Unlock()
+		if away {
+			rec = markAgentAway(rec, since, k.cfg.RestartGrace)
+		}
+		if force {
+			w.nw.version = -1
+		} else if string(rec) == string(last) && w.nw.version >= 0 {
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, k.cfg.SessionTimeout)
+		err = w.nw.write(wctx, rec)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, ErrNodeTaken) {
+				k.log.Error("node entry held by another agent", "err", err)
+			} else {
+				k.log.Warn("write node record", "err", err)
+			}
+			w.mu.Lock()
+			w.force = w.force || force
+			w.mu.Unlock()
+			retry.Reset(250 * time.Millisecond)
+			continue
+		}
+		last = rec
+		k.mu.Lock()
+		k.status.Writes++
+		k.mu.Unlock()
+		k.setSession(k.store.SessionID())
 	}
 }
 

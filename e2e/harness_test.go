@@ -57,6 +57,7 @@ type proc struct {
 type harness struct {
 	t       testing.TB
 	zk      *zktest.Server
+	ens     *zktest.Ensemble // set instead of zk for a harness on an ensemble
 	chroot  string
 	dir     string
 	session time.Duration
@@ -71,10 +72,25 @@ type harness struct {
 func newHarness(t testing.TB, session time.Duration) *harness {
 	t.Helper()
 	testenv.Cgroups(t)
-	zk := zktest.Start(t, zktest.Options{TickTime: 250 * time.Millisecond})
-	h := &harness{t: t, zk: zk, chroot: "/e2e", dir: t.TempDir(), session: session,
-		cgroup:  fmt.Sprintf("/stormdock-e2e-%d", os.Getpid()),
-		masters: map[string]*proc{}, agents: map[string]*proc{}}
+	h := &harness{t: t, zk: zktest.Start(t, zktest.Options{TickTime: 250 * time.Millisecond})}
+	h.init(session)
+	return h
+}
+
+// newEnsembleHarness is a harness on a ZooKeeper ensemble of n servers of its own.
+func newEnsembleHarness(t testing.TB, n int, session time.Duration) *harness {
+	t.Helper()
+	testenv.Cgroups(t)
+	h := &harness{t: t, ens: zktest.StartEnsemble(t, n, zktest.Options{TickTime: 250 * time.Millisecond})}
+	h.init(session)
+	return h
+}
+
+func (h *harness) init(session time.Duration) {
+	t := h.t
+	h.chroot, h.dir, h.session = "/e2e", t.TempDir(), session
+	h.cgroup = fmt.Sprintf("/stormdock-e2e-%d", os.Getpid())
+	h.masters, h.agents = map[string]*proc{}, map[string]*proc{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := coord.Open(ctx, h.storeURL(), coord.Options{SessionTimeout: 4 * time.Second})
@@ -83,10 +99,14 @@ func newHarness(t testing.TB, session time.Duration) *harness {
 	}
 	h.store = s
 	t.Cleanup(h.stopAll)
-	return h
 }
 
-func (h *harness) storeURL() string { return h.zk.URL(h.chroot) }
+func (h *harness) storeURL() string {
+	if h.ens != nil {
+		return h.ens.URL(h.chroot)
+	}
+	return h.zk.URL(h.chroot)
+}
 
 func (h *harness) start(name string, args ...string) *proc {
 	h.t.Helper()
@@ -118,11 +138,12 @@ func freeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
-// startMaster runs `stormdock master` and returns its API URL.
-func (h *harness) startMaster(id string) string {
+// startMaster runs `stormdock master` and returns its API URL; extra flags are added at the
+// end.
+func (h *harness) startMaster(id string, extra ...string) string {
 	addr := freeAddr(h.t)
-	p := h.start("master-"+id, "master", "--store", h.storeURL(), "--api", addr, "--id", id,
-		"--session-timeout", h.session.String(), "--data", filepath.Join(h.dir, "data"))
+	p := h.start("master-"+id, append([]string{"master", "--store", h.storeURL(), "--api", addr, "--id", id,
+		"--session-timeout", h.session.String(), "--data", filepath.Join(h.dir, "data")}, extra...)...)
 	h.mu.Lock()
 	h.masters[id] = p
 	h.mu.Unlock()
@@ -203,9 +224,17 @@ func (h *harness) stopAll() {
 		h.store.Close()
 	}
 	if h.t.Failed() {
-		for _, name := range []string{"master-m1", "master-m2"} {
+		names := []string{"master-m1", "master-m2"}
+		for id := range h.agents {
+			names = append(names, "agent-"+id)
+		}
+		for _, name := range names {
 			b, _ := os.ReadFile(filepath.Join(h.dir, name+".log"))
 			h.t.Logf("%s log (tail):\n%s", name, tail(b, 3000))
+		}
+		for id := range h.agents {
+			b, _ := os.ReadFile(filepath.Join(h.dir, "agent-"+id, "keeper.log"))
+			h.t.Logf("keeper of %s log (tail):\n%s", id, tail(b, 2000))
 		}
 	}
 }

@@ -1,0 +1,137 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// procWorker is one worker process found in /proc.
+type procWorker struct {
+	pid  int
+	node string
+}
+
+// workerProcs finds the worker processes of a job from /proc, outside the project's own
+// API: processes whose environment names the job, less their lease launchers. It maps
+// "link/worker" (or "worker") to the processes running it.
+func workerProcs(job string) map[string][]procWorker {
+	out := map[string][]procWorker{}
+	ents, _ := os.ReadDir("/proc")
+	want := []byte("STORMDOCK_JOB=" + job + "\x00")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(append(env, 0), want) {
+			continue
+		}
+		// The lease launcher: `stormdock launch`, or the process driver's shim running it in
+		// place (`stormdock-shim BIN BIN launch ...`).
+		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if args := bytes.Split(cmd, []byte{0}); len(args) > 1 && (string(args[1]) == "launch" || string(args[0]) == "stormdock-shim") {
+			continue
+		}
+		if !alive(pid) {
+			continue
+		}
+		var worker, link, node string
+		for _, kv := range strings.Split(string(env), "\x00") {
+			if v, ok := strings.CutPrefix(kv, "STORMDOCK_WORKER="); ok {
+				worker = v
+			}
+			if v, ok := strings.CutPrefix(kv, "STORMDOCK_LINK="); ok {
+				link = v
+			}
+			if v, ok := strings.CutPrefix(kv, "STORMDOCK_NODE="); ok {
+				node = v
+			}
+		}
+		key := worker
+		if link != "" {
+			key = link + "/" + worker
+		}
+		out[key] = append(out[key], procWorker{pid: pid, node: node})
+	}
+	return out
+}
+
+// twiceWatch samples a job's worker processes until stopped and remembers every moment a
+// worker index ran as two processes at once.
+type twiceWatch struct {
+	job  string
+	stop chan struct{}
+	done chan struct{}
+
+	mu         sync.Mutex
+	violations []string
+	samples    int
+}
+
+func watchTwice(t *testing.T, job string) *twiceWatch {
+	w := &twiceWatch{job: job, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-tick.C:
+			}
+			procs := workerProcs(job)
+			w.mu.Lock()
+			w.samples++
+			for k, ps := range procs {
+				if len(ps) > 1 {
+					w.violations = append(w.violations, fmt.Sprintf("%s: worker %s ran as %v", time.Now().Format("15:04:05.000"), k, ps))
+				}
+			}
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(w.end)
+	return w
+}
+
+func (w *twiceWatch) end() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// check fails the test for every moment a worker ran twice.
+func (w *twiceWatch) check(t *testing.T) {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.samples == 0 {
+		t.Errorf("no sample of %s's processes was taken", w.job)
+	}
+	for _, v := range w.violations {
+		t.Error("ran twice: " + v)
+	}
+}
+
+// procsOf maps each worker of a job to its one process, from /proc.
+func procsOf(job string) map[string]procWorker {
+	out := map[string]procWorker{}
+	for k, ps := range workerProcs(job) {
+		if len(ps) == 1 {
+			out[k] = ps[0]
+		}
+	}
+	return out
+}
