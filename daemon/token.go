@@ -34,18 +34,29 @@ func EnsureAdminToken(ctx context.Context, s coord.KV, dataDir string) (string, 
 	}
 	token := api.NewToken()
 	// The file first: a token whose hash is stored but that nobody holds would lock
-	// everyone out.
-	if err := os.WriteFile(path+".tmp", []byte(token+"\n"), 0o600); err != nil {
+	// everyone out. A temporary file of its own: masters sharing a data directory may start
+	// at the same moment, and only the one whose hash the store takes renames its file.
+	f, err := os.CreateTemp(dataDir, ".admin.token-*")
+	if err != nil {
+		return "", fmt.Errorf("write admin token: %w", err)
+	}
+	tmp := f.Name()
+	_, err = f.WriteString(token + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
 		return "", fmt.Errorf("write admin token: %w", err)
 	}
 	if _, err := s.Create(ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
-		os.Remove(path + ".tmp")
+		os.Remove(tmp)
 		if errors.Is(err, coord.ErrExists) {
 			return "", nil // another master made it at the same moment
 		}
 		return "", fmt.Errorf("store admin token: %w", err)
 	}
-	if err := os.Rename(path+".tmp", path); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		return "", fmt.Errorf("write admin token: %w", err)
 	}
 	return path, nil

@@ -2,8 +2,11 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stormdock/stormdock/api"
@@ -38,5 +41,42 @@ func TestEnsureAdminToken(t *testing.T) {
 	// Another master's data directory: the token is not its to show.
 	if other, err := EnsureAdminToken(ctx, s, t.TempDir()); err != nil || other != "" {
 		t.Fatalf("another data directory: %q, %v", other, err)
+	}
+}
+
+// Masters sharing a data directory start at the same moment: one token is made, and the file
+// holds the token whose hash the store has.
+func TestEnsureAdminTokenRace(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	for i := range 20 {
+		s, err := coord.Open(ctx, fmt.Sprintf("mem://race-%d", i), coord.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub := filepath.Join(dir, fmt.Sprint(i))
+		var wg sync.WaitGroup
+		paths := make([]string, 4)
+		for j := range paths {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p, err := EnsureAdminToken(ctx, s, sub)
+				if err != nil {
+					t.Error(err)
+				}
+				paths[j] = p
+			}()
+		}
+		wg.Wait()
+		b, err := os.ReadFile(filepath.Join(sub, api.AdminTokenFile))
+		e, gerr := s.Get(ctx, cluster.AdminTokenKey)
+		if err != nil || gerr != nil || string(e.Value) != api.HashToken(strings.TrimSpace(string(b))) {
+			t.Fatalf("round %d: token file %q (%v) does not match the stored hash (%v)", i, b, err, gerr)
+		}
+		if left, _ := filepath.Glob(filepath.Join(sub, ".admin.token-*")); len(left) > 0 {
+			t.Errorf("round %d: temporary files left: %v", i, left)
+		}
+		s.Close()
 	}
 }

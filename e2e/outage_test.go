@@ -41,9 +41,9 @@ func startOutageCluster(t *testing.T, h *harness, workers int) *outageCluster {
 	}
 	cl := h.client(oc.masters[0])
 	ctx := context.Background()
-	testenv.Eventually(t, "3 nodes", 30*time.Second, func() bool {
+	testenv.EventuallyWith(t, "3 nodes", 30*time.Second, func() (bool, string) {
 		ns, err := cl.Nodes(ctx)
-		return err == nil && len(ns) == 3
+		return err == nil && len(ns) == 3, fmt.Sprintf("%d nodes, %v", len(ns), err)
 	})
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
