@@ -407,7 +407,9 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 		k.setState(KeeperDisconnected, err.Error(), *lastOK, lease)
 		return
 	}
-	pctx, cancel = context.WithTimeout(ctx, iv)
+	// The probe's own timeout must end first: a probe cut short by its context counts as
+	// serving (unknown), and a wedged server would then look alive.
+	pctx, cancel = context.WithTimeout(ctx, 2*iv)
 	probes := coord.ProbeServers(pctx, k.addrs, iv, k.cfg.Dial)
 	cancel()
 	detail := probeSummary(probes)

@@ -69,6 +69,9 @@ type harness struct {
 	store   coord.Store
 }
 
+// testCgroup is the cgroup parent of every worker this test process's clusters run.
+func testCgroup() string { return fmt.Sprintf("/stormdock-e2e-%d", os.Getpid()) }
+
 func newHarness(t testing.TB, session time.Duration) *harness {
 	t.Helper()
 	testenv.Cgroups(t)
@@ -89,7 +92,7 @@ func newEnsembleHarness(t testing.TB, n int, session time.Duration) *harness {
 func (h *harness) init(session time.Duration) {
 	t := h.t
 	h.chroot, h.dir, h.session = "/e2e", t.TempDir(), session
-	h.cgroup = fmt.Sprintf("/stormdock-e2e-%d", os.Getpid())
+	h.cgroup = testCgroup()
 	h.masters, h.agents = map[string]*proc{}, map[string]*proc{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

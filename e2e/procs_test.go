@@ -16,15 +16,18 @@ import (
 type procWorker struct {
 	pid  int
 	node string
+	cmd  string // for diagnostics: ppid and command line
 }
 
 // workerProcs finds the worker processes of a job from /proc, outside the project's own
-// API: processes whose environment names the job, less their lease launchers. It maps
-// "link/worker" (or "worker") to the processes running it.
+// API: processes whose environment names the job, less their lease launchers, in the
+// cgroups of this test process's clusters (other tests on the machine run jobs of the same
+// names). It maps "link/worker" (or "worker") to the processes running it.
 func workerProcs(job string) map[string][]procWorker {
 	out := map[string][]procWorker{}
 	ents, _ := os.ReadDir("/proc")
 	want := []byte("STORMDOCK_JOB=" + job + "\x00")
+	ours := []byte(testCgroup() + "/")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -32,6 +35,9 @@ func workerProcs(job string) map[string][]procWorker {
 		}
 		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
 		if err != nil || !bytes.Contains(append(env, 0), want) {
+			continue
+		}
+		if cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup")); err != nil || !bytes.Contains(cg, ours) {
 			continue
 		}
 		// The lease launcher: `stormdock launch`, or the process driver's shim running it in
@@ -59,7 +65,7 @@ func workerProcs(job string) map[string][]procWorker {
 		if link != "" {
 			key = link + "/" + worker
 		}
-		out[key] = append(out[key], procWorker{pid: pid, node: node})
+		out[key] = append(out[key], procWorker{pid: pid, node: node, cmd: describe(pid, cmd)})
 	}
 	return out
 }
@@ -134,4 +140,16 @@ func procsOf(job string) map[string]procWorker {
 		}
 	}
 	return out
+}
+
+// describe names a process for diagnostics: its parent and command line.
+func describe(pid int, cmdline []byte) string {
+	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	ppid := ""
+	if i := bytes.LastIndexByte(stat, ')'); i >= 0 {
+		if f := strings.Fields(string(stat[i+1:])); len(f) > 1 {
+			ppid = f[1]
+		}
+	}
+	return "ppid " + ppid + ": " + strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " ")
 }
