@@ -232,4 +232,3 @@ func shortID(id string) string {
 	id = strings.TrimPrefix(id, "sha256:")
 	return id[:min(12, len(id))]
 }
-

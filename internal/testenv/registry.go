@@ -175,4 +175,3 @@ func WriteAuthFile(t testing.TB, host, user, password string) string {
 	}
 	return p
 }
-
