@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/scheduler"
 )
 
@@ -35,7 +36,10 @@ type MasterConfig struct {
 	// RouterStore is the store URL the master's output routers open (default: Store when it
 	// is ZooKeeper).
 	RouterStore string
-	Logger      *slog.Logger
+	// RegistryAuth is Docker's config.json with the credentials the master resolves image
+	// tags to digests with; "" resolves anonymously.
+	RegistryAuth string
+	Logger       *slog.Logger
 }
 
 // Master is a built master: its store client, its scheduler and its HTTP server.
@@ -90,8 +94,14 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		// (the scheduler's default) and recover from their sink alone.
 		routerStore = cfg.Store
 	}
+	res := &images.Resolver{}
+	if cfg.RegistryAuth != "" {
+		if res.Auth, err = images.LoadAuth(cfg.RegistryAuth); err != nil {
+			return nil, err
+		}
+	}
 	m.sched, err = scheduler.New(m.store, scheduler.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore,
-		Logger: cfg.Logger, Registry: m.registry})
+		Resolver: res, Logger: cfg.Logger, Registry: m.registry})
 	if err != nil {
 		return nil, err
 	}

@@ -48,6 +48,7 @@ var MasterCommand = &cli.Command{
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` the HTTP API and /metrics listen on", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600)", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
+		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin docker jobs' image tags to digests with"},
 	),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
@@ -63,6 +64,7 @@ var MasterCommand = &cli.Command{
 			Listen:       c.String("api"),
 			ID:           c.String("id"),
 			DataDir:      c.String("data"),
+			RegistryAuth: c.String("registry-auth"),
 			Logger:       log,
 		})
 		if err != nil {
