@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -279,6 +280,9 @@ func TestPrepull(t *testing.T) {
 	if ok, err := images.New(cli).Has(context.Background(), v1.pinned); !ok || err != nil {
 		t.Fatalf("reported %+v but the engine has no %s (%v)", rec.Images, v1.pinned, err)
 	}
+	if w := d.ra.a.WantedImages(); !slices.Equal(w, sorted(v1.pinned, v2.pinned)) {
+		t.Errorf("WantedImages = %v; want the pre-pulled %s and the running worker's %s", w, v1.pinned, v2.pinned)
+	}
 	pulled := d.pulls(t, "ok")
 	with := h.switchImage(t, cli, d, dockerWA(3, v1.tag, v1.pinned), &na)
 	if d.pulls(t, "ok") != pulled {
@@ -344,4 +348,9 @@ func (h *harness) assignFull(na cluster.NodeAssignment, ws ...cluster.WorkerAssi
 	h.prepull = na.Prepull
 	h.assignMu.Unlock()
 	h.assign(ws...)
+}
+
+func sorted(s ...string) []string {
+	slices.Sort(s)
+	return s
 }
