@@ -330,7 +330,7 @@ func (h *harness) switchImage(t *testing.T, cli *client.Client, d *dockerAgent, 
 			t.Fatalf("engine events: %v", err)
 		}
 	}
-	rec = h.waitRecord("worker running the new image", time.Minute, func(rec cluster.NodeRecord) bool {
+	h.waitRecord("worker running the new image", time.Minute, func(rec cluster.NodeRecord) bool {
 		w := states(rec)["img/0"]
 		return w.State == cluster.WorkerRunning && w.ContainerID == newID && w.Generation == wa.Generation
 	})

@@ -144,8 +144,7 @@ func TestResolveBearer(t *testing.T) {
 		w.Write([]byte(`{"token":"tok-1"}`))
 	}))
 	defer tokens.Close()
-	var reg *httptest.Server
-	reg = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer tok-1" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="`+tokens.URL+`/token",service="fake",scope="repository:bars/w:pull"`)
 			w.WriteHeader(http.StatusUnauthorized)
