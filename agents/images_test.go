@@ -72,6 +72,23 @@ func pushImage(t *testing.T, cli *client.Client, reg, variant string) pushedImag
 	return p
 }
 
+// removePushedImages removes the images pushImage built from the engine, at the end of the
+// tests (the registry's storage goes with the registry).
+func removePushedImages() {
+	imageBuilds.Lock()
+	defer imageBuilds.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli, err := docker.Connect(ctx, "")
+	if err != nil {
+		return
+	}
+	defer cli.Close()
+	for _, p := range imageBuilds.done {
+		_, _ = cli.ImageRemove(ctx, p.id, image.RemoveOptions{Force: true, PruneChildren: true})
+	}
+}
+
 // dropImage removes an image from the engine under every name (containers using it gone).
 func dropImage(t *testing.T, cli *client.Client, id string) {
 	t.Helper()
