@@ -107,6 +107,9 @@ type Config struct {
 	CrashLoopWindow time.Duration
 	// Health reports throttling; nil means always healthy.
 	Health Health
+	// Images pulls docker workers' images the node lacks, and the assignment's pre-pull
+	// list; nil means images must be on the node already.
+	Images Images
 	// Registerer receives the agent's metrics; nil means none are registered.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -193,9 +196,12 @@ type Agent struct {
 	metrics  *metrics
 	instance string
 
-	mu  sync.Mutex
-	ran bool
-	cur *run // the running loop, for Victims and Evict
+	imageMetrics *imageMetrics
+
+	mu     sync.Mutex
+	ran    bool
+	cur    *run     // the running loop, for Victims and Evict
+	wanted []string // images the assignment needs (WantedImages)
 }
 
 // New returns an agent for the node in cfg that runs workers through drivers and keeps its
@@ -237,6 +243,9 @@ func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
 		return nil, err
 	}
 	a.metrics = m
+	if a.imageMetrics, err = newImageMetrics(cfg.Registerer); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 

@@ -129,7 +129,7 @@ func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port i
 		Node:        a.cfg.Node.ID,
 		Command:     a.command(wa, mode, leaseFile),
 		Env:         a.workerEnv(wa, port),
-		Image:       wa.Image,
+		Image:       imageRef(wa),
 		MemoryBytes: int64(wa.Resources.Memory),
 		MilliCPU:    int64(wa.Resources.CPU),
 		Grace:       grace(wa),
@@ -146,12 +146,13 @@ func grace(wa cluster.WorkerAssignment) time.Duration {
 }
 
 // sameRun reports whether two assignments of one worker run the same thing, so a running
-// worker can stay: generation, command, image, environment, resources and output.
+// worker can stay: generation, command, image (and its pinned digest), environment,
+// resources and output.
 func sameRun(a, b cluster.WorkerAssignment) bool {
 	// The worker count is left out: scaling a job must not restart the workers that stay,
 	// so STORMDOCK_WORKERS is the count when the worker started.
 	return a.Key == b.Key && a.Generation == b.Generation && a.Tenant == b.Tenant &&
-		a.Isolation == b.Isolation && a.Image == b.Image &&
+		a.Isolation == b.Isolation && a.Image == b.Image && a.Pinned == b.Pinned &&
 		a.Output == b.Output && a.Resources == b.Resources &&
 		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env)
 }

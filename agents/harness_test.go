@@ -100,6 +100,7 @@ type harness struct {
 	stampOnce sync.Once
 	assignMu  sync.Mutex
 	assigned  []cluster.WorkerAssignment
+	prepull   []string // the assignment's pre-pull list (images_test.go)
 
 	// usageCalls counts the agents' Usage calls: every agents' sampleEvery heartbeats an agent
 	// samples each running worker's memory, so the count shows heartbeats that write nothing.
@@ -324,7 +325,7 @@ func (h *harness) setAssigned(ws ...cluster.WorkerAssignment) {
 
 // writeAssignment writes h.assigned stamped with session; assignMu is held.
 func (h *harness) writeAssignment(ctx context.Context, session int64) error {
-	b, err := json.Marshal(cluster.NodeAssignment{Node: nodeID, Workers: h.assigned, Session: session})
+	b, err := json.Marshal(cluster.NodeAssignment{Node: nodeID, Workers: h.assigned, Prepull: h.prepull, Session: session})
 	if err != nil {
 		return err
 	}

@@ -97,6 +97,7 @@ func (r *run) record() cluster.NodeRecord {
 		Health:    r.health,
 		Workers:   ws,
 		Isolation: r.a.modes,
+		Images:    r.imageStatuses(),
 		Agent:     r.a.instance,
 		Started:   r.began,
 	}

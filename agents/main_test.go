@@ -21,6 +21,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	removePushedImages()
 	testenv.RemoveBuilds()
 	os.Exit(code)
 }

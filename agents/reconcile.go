@@ -171,10 +171,17 @@ func (r *run) start(s *slot) {
 	s.busy, s.state, s.since = true, cluster.WorkerStarting, time.Now()
 	s.seq++
 	seq, held, ctx := s.seq, s.held, r.ctx
+	pull := s.mode == cluster.IsolationDocker && r.a.cfg.Images != nil && spec.Image != ""
 	r.goOp(func() {
 		if held {
 			if _, err := drv.Stop(ctx, s.id, 0); err != nil && !errors.Is(err, isolation.ErrNotFound) {
 				r.log.Warn("release ended worker", "worker", s.id, "err", err)
+			}
+		}
+		if pull {
+			if err := r.fetch(ctx, s, seq, spec.Image); err != nil {
+				r.post(func() { r.pullFailed(s, seq, err) })
+				return
 			}
 		}
 		w, err := drv.Start(ctx, spec)

@@ -44,6 +44,9 @@ type run struct {
 
 	retry   *time.Timer
 	retryAt time.Time
+
+	prepulls  map[string]*prepull // by reference: the assignment's pre-pull list (images.go)
+	prepullAt time.Time           // when a retry of failed pre-pulls is due, if one is set
 }
 
 // minHealthWrite bounds immediate node-record writes for health changes: the master must see
@@ -189,6 +192,7 @@ func (r *run) loop() error {
 // setAssignment takes a new version of the node's assignment.
 func (r *run) setAssignment(ev coord.Event) {
 	desired := map[string]cluster.WorkerAssignment{}
+	var prepull []string
 	r.assignSession = 0
 	if ev.Exists && len(ev.Entry.Value) > 0 {
 		var na cluster.NodeAssignment
@@ -198,6 +202,7 @@ func (r *run) setAssignment(ev coord.Event) {
 			return
 		}
 		r.assignSession = na.Session
+		prepull = na.Prepull
 		for _, wa := range na.Workers {
 			id := workerID(r.a.cfg.Node.ID, wa.Key)
 			if wa.Stop {
@@ -212,6 +217,7 @@ func (r *run) setAssignment(ev coord.Event) {
 	}
 	r.log.Debug("assignment", "workers", len(desired), "version", ev.Entry.Version)
 	r.desired = desired
+	r.syncImages(prepull)
 	r.reconcile()
 }
 

@@ -86,9 +86,12 @@ type JobRecord struct {
 	State      string `json:"state"`
 	// RouterPort is where a mirrored job's output router listens (on loopback), given at
 	// submit so that the job's link workers know where to send.
-	RouterPort int       `json:"routerPort,omitempty"`
-	Submitted  time.Time `json:"submitted"`
-	Updated    time.Time `json:"updated"`
+	RouterPort int `json:"routerPort,omitempty"`
+	// Image pins the spec's docker image to a registry digest for one generation (nil for a
+	// job without an image).
+	Image     *ImagePin `json:"image,omitempty"`
+	Submitted time.Time `json:"submitted"`
+	Updated   time.Time `json:"updated"`
 }
 
 // TenantRecord is a tenant with the hash of its API token.
@@ -108,6 +111,8 @@ type NodeConf struct {
 
 // Worker states as agents report them.
 const (
+	// WorkerPulling: the node lacks the worker's image and its agent is pulling it.
+	WorkerPulling  = "pulling"
 	WorkerStarting = "starting"
 	WorkerRunning  = "running"
 	WorkerBackoff  = "backoff" // crashed; waiting before the next restart
@@ -122,7 +127,7 @@ const (
 // of the master's and the agents' per-state worker metrics, so that both report the same
 // series (a state with no worker reads 0 rather than missing).
 func WorkerStates() []string {
-	return []string{WorkerStarting, WorkerRunning, WorkerBackoff, WorkerStopping, WorkerFailed, WorkerEvicted}
+	return []string{WorkerPulling, WorkerStarting, WorkerRunning, WorkerBackoff, WorkerStopping, WorkerFailed, WorkerEvicted}
 }
 
 // WorkerStatus is one worker as its agent sees it.
@@ -154,25 +159,30 @@ type NodeRecord struct {
 	Health  NodeHealth     `json:"health"`
 	Workers []WorkerStatus `json:"workers"`
 	// Isolation lists the drivers this agent can run workers with.
-	Isolation []string  `json:"isolation"`
-	Agent     string    `json:"agent"` // agent instance id, new at every start
-	Started   time.Time `json:"started"`
+	Isolation []string `json:"isolation"`
+	// Images reports the images the node's assignment asks to pre-pull.
+	Images  []ImageStatus `json:"images,omitempty"`
+	Agent   string        `json:"agent"` // agent instance id, new at every start
+	Started time.Time     `json:"started"`
 }
 
 // WorkerAssignment is everything an agent needs to run one worker.
 type WorkerAssignment struct {
-	Key        WorkerKey         `json:"key"`
-	Generation int64             `json:"generation"`
-	Tenant     string            `json:"tenant"`
-	Workers    int               `json:"workers"` // workers in the job (per link)
-	Isolation  string            `json:"isolation"`
-	Command    []string          `json:"command,omitempty"`
-	Image      string            `json:"image,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	Resources  Resources         `json:"resources"`
-	Priority   int               `json:"priority,omitempty"`
-	Grace      Duration          `json:"grace"`
-	Output     string            `json:"output,omitempty"`
+	Key        WorkerKey `json:"key"`
+	Generation int64     `json:"generation"`
+	Tenant     string    `json:"tenant"`
+	Workers    int       `json:"workers"` // workers in the job (per link)
+	Isolation  string    `json:"isolation"`
+	Command    []string  `json:"command,omitempty"`
+	Image      string    `json:"image,omitempty"`
+	// Pinned is Image by digest (NAME@sha256:...), as the master resolved it for Generation:
+	// what the agent pulls and runs. Empty when the image is not pinned.
+	Pinned    string            `json:"pinned,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Resources Resources         `json:"resources"`
+	Priority  int               `json:"priority,omitempty"`
+	Grace     Duration          `json:"grace"`
+	Output    string            `json:"output,omitempty"`
 	// Stop asks the agent to stop the worker with Grace (a job killed with its own grace
 	// period); the master drops the entry once the agent no longer reports the worker.
 	Stop bool `json:"stop,omitempty"`
@@ -186,6 +196,10 @@ type NodeAssignment struct {
 	DC      string             `json:"dc,omitempty"`
 	Rack    string             `json:"rack,omitempty"`
 	Workers []WorkerAssignment `json:"workers"`
+	// Prepull lists images (pinned references) the agent pulls ahead of need, so that a
+	// rollout that replaces a worker with a new image stops it only for stop and start; the
+	// agent reports them in its NodeRecord's Images.
+	Prepull []string `json:"prepull,omitempty"`
 	// Session is the store session owning the node's entry when the master wrote this: the
 	// node's agent acts only on an assignment stamped with its current session, one written
 	// after the master saw the node as it is registered now.

@@ -18,6 +18,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
+	"github.com/stormdock/stormdock/images"
 )
 
 // AgentConfig is everything a node agent process is built from.
@@ -43,6 +44,12 @@ type AgentConfig struct {
 	ProtectOOM bool
 	// Metrics is where /metrics is served ("" serves none).
 	Metrics string
+	// RegistryAuth is Docker's config.json with the credentials docker workers' images are
+	// pulled with; "" pulls anonymously. Never from a job spec, never logged.
+	RegistryAuth string
+	// ImageGC caps the stormdock images kept on the node's engine (docker isolation only);
+	// its zero value collects nothing.
+	ImageGC images.GCConfig
 	Logger  *slog.Logger
 }
 
@@ -55,6 +62,15 @@ type Agent struct {
 	health   *agents.HealthMonitor
 	registry *prometheus.Registry
 	metrics  net.Listener
+	gc       *images.GC
+}
+
+// puller adapts images.Manager to agents.Images.
+type puller struct{ m *images.Manager }
+
+func (p puller) Has(ctx context.Context, ref string) (bool, error) { return p.m.Has(ctx, ref) }
+func (p puller) Pull(ctx context.Context, ref string) error {
+	return p.m.Pull(ctx, ref, images.Progress{})
 }
 
 // NewAgent builds the node's drivers (with the cgroup fallback), its health monitor, its
@@ -112,6 +128,18 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 	if a.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	var pull agents.Images
+	var mgr *images.Manager
+	if a.drivers.Docker != nil {
+		var auth *images.Auth
+		if cfg.RegistryAuth != "" {
+			if auth, err = images.LoadAuth(cfg.RegistryAuth); err != nil {
+				return nil, err
+			}
+		}
+		mgr = images.New(a.drivers.Docker, images.WithAuth(auth), images.WithLogger(log))
+		pull = puller{mgr}
+	}
 	ds := make([]agents.Driver, len(a.drivers.List))
 	for i, d := range a.drivers.List {
 		ds[i] = agents.Driver{Isolation: a.drivers.Modes[i], Driver: d}
@@ -128,11 +156,17 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		RestartGrace:   cfg.RestartGrace,
 		StoreSilence:   cfg.StoreSilence,
 		Health:         a.health,
+		Images:         pull,
 		Registerer:     a.registry,
 		Logger:         cfg.Logger,
 	}, a.store, ds...)
 	if err != nil {
 		return nil, err
+	}
+	if mgr != nil && cfg.ImageGC.Enabled() {
+		gcfg := cfg.ImageGC
+		gcfg.Wanted = a.agent.WantedImages
+		a.gc = mgr.NewGC(gcfg)
 	}
 	a.health.Attach(a.agent)
 	return a, nil
@@ -163,6 +197,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		stop()
 		<-done
 	}()
+	if a.gc != nil {
+		gcDone := make(chan struct{})
+		go func() {
+			defer close(gcDone)
+			_ = a.gc.Run(hctx)
+		}()
+		defer func() {
+			stop()
+			<-gcDone
+		}()
+	}
 	if a.metrics != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))

@@ -52,7 +52,10 @@ type Drivers struct {
 	Modes []string
 	// Unconfined reports that process workers run without cgroups.
 	Unconfined bool
-	closers    []func()
+	// Docker is the engine client of the docker driver (nil without docker isolation): the
+	// agent pulls and collects images through it.
+	Docker  *client.Client
+	closers []func()
 }
 
 // Close releases every driver and the docker client dialled for them. Workers keep running.
@@ -119,6 +122,7 @@ func NewDrivers(ctx context.Context, cfg DriverConfig) (d *Drivers, err error) {
 			if derr != nil {
 				return nil, derr
 			}
+			d.Docker = cl
 			drv = dd
 		default:
 			return nil, fmt.Errorf("unknown isolation %q (process or docker)", mode)

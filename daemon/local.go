@@ -45,6 +45,9 @@ type LocalConfig struct {
 	Heartbeat      time.Duration
 	// Isolation lists the drivers every node offers: process (always) and docker.
 	Isolation []string
+	// RegistryAuth is Docker's config.json with registry credentials, for the master's
+	// image pinning and the agents' pulls.
+	RegistryAuth string
 	// Health is every node's health-check configuration (its cgroup parent is the node's
 	// own); the zero value means healthcheck.DefaultConfig.
 	Health *healthcheck.Config
@@ -151,7 +154,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 		return fail(fmt.Errorf("open store: %w", err))
 	}
 	c.master, err = NewMaster(ctx, MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local",
-		DataDir: cfg.DataDir, Logger: cfg.Logger})
+		DataDir: cfg.DataDir, RegistryAuth: cfg.RegistryAuth, Logger: cfg.Logger})
 	if err != nil {
 		return fail(err)
 	}
@@ -210,10 +213,11 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 		StateDir:     filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
 		Drivers: DriverConfig{Isolation: iso, Cgroups: cgroups, Docker: c.docker,
 			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},
-		Heartbeat: c.cfg.Heartbeat,
-		PortBase:  portBase,
-		Health:    health,
-		Logger:    c.cfg.Logger,
+		Heartbeat:    c.cfg.Heartbeat,
+		PortBase:     portBase,
+		Health:       health,
+		RegistryAuth: c.cfg.RegistryAuth,
+		Logger:       c.cfg.Logger,
 	})
 	if err != nil {
 		return fmt.Errorf("node %s: %w", spec.ID, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/scheduler"
 )
 
@@ -37,7 +38,10 @@ type MasterConfig struct {
 	RouterStore string
 	// ReregisterGrace: see scheduler.Config.
 	ReregisterGrace time.Duration
-	Logger          *slog.Logger
+	// RegistryAuth is Docker's config.json with the credentials the master resolves image
+	// tags to digests with; "" resolves anonymously.
+	RegistryAuth string
+	Logger       *slog.Logger
 }
 
 // Master is a built master: its store client, its scheduler and its HTTP server.
@@ -92,8 +96,14 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		// (the scheduler's default) and recover from their sink alone.
 		routerStore = cfg.Store
 	}
+	res := &images.Resolver{}
+	if cfg.RegistryAuth != "" {
+		if res.Auth, err = images.LoadAuth(cfg.RegistryAuth); err != nil {
+			return nil, err
+		}
+	}
 	m.sched, err = scheduler.New(m.store, scheduler.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore,
-		ReregisterGrace: cfg.ReregisterGrace, Logger: cfg.Logger, Registry: m.registry})
+		ReregisterGrace: cfg.ReregisterGrace, Resolver: res, Logger: cfg.Logger, Registry: m.registry})
 	if err != nil {
 		return nil, err
 	}

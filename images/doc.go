@@ -1,3 +1,3 @@
-// Package images builds, lists and prunes stormdock worker images through the Docker API.
-// Images are FROM scratch around static binaries, so nothing is ever pulled from a registry.
+// Package images builds stormdock worker images (FROM scratch around static binaries), pushes
+// and pulls them through the Docker API, pins tags to registry digests and garbage-collects them.
 package images

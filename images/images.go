@@ -13,6 +13,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/client"
 )
 
 const (
@@ -35,23 +36,45 @@ type API interface {
 	ImageList(ctx context.Context, options image.ListOptions) ([]image.Summary, error)
 	ImageRemove(ctx context.Context, imageID string, options image.RemoveOptions) ([]image.DeleteResponse, error)
 	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
+	ImagePush(ctx context.Context, ref string, options image.PushOptions) (io.ReadCloser, error)
+	ImagePull(ctx context.Context, ref string, options image.PullOptions) (io.ReadCloser, error)
+	ImageInspect(ctx context.Context, ref string, opts ...client.ImageInspectOption) (image.InspectResponse, error)
 }
 
-// Manager builds and garbage-collects stormdock images on one Docker engine.
+// Manager builds, pushes, pulls and garbage-collects stormdock images on one Docker engine.
 type Manager struct {
-	api API
-	log *slog.Logger
+	api  API
+	log  *slog.Logger
+	auth *Auth
+}
+
+// Option configures a Manager.
+type Option func(*Manager)
+
+// WithAuth gives the registry credentials pushes and pulls use.
+func WithAuth(a *Auth) Option { return func(m *Manager) { m.auth = a } }
+
+// WithLogger sets the logger.
+func WithLogger(l *slog.Logger) Option {
+	return func(m *Manager) { m.log = l.With("component", "images") }
 }
 
 // New returns a Manager using api (normally a *client.Client with API version negotiation).
-func New(api API) *Manager {
-	return &Manager{api: api, log: slog.Default().With("component", "images")}
+func New(api API, opts ...Option) *Manager {
+	m := &Manager{api: api, log: slog.Default().With("component", "images")}
+	for _, o := range opts {
+		o(m)
+	}
+	return m
 }
 
 // Image is a stormdock image on the engine.
 type Image struct {
-	ID      string
-	Tags    []string
+	ID   string
+	Tags []string
+	// Digests are the registry digests the image is known by (NAME@sha256:...): set once it
+	// was pushed or pulled, empty for an image only ever built here.
+	Digests []string
 	Created time.Time
 	Size    int64
 	Labels  map[string]string
@@ -59,7 +82,8 @@ type Image struct {
 
 func fromSummary(s image.Summary) Image {
 	tags := slices.DeleteFunc(slices.Clone(s.RepoTags), func(t string) bool { return t == "<none>:<none>" })
-	return Image{ID: s.ID, Tags: tags, Created: time.Unix(s.Created, 0), Size: s.Size, Labels: s.Labels}
+	digests := slices.DeleteFunc(slices.Clone(s.RepoDigests), func(d string) bool { return d == "<none>@<none>" })
+	return Image{ID: s.ID, Tags: tags, Digests: digests, Created: time.Unix(s.Created, 0), Size: s.Size, Labels: s.Labels}
 }
 
 // List returns the stormdock images, optionally only those that also carry every label in

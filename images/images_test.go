@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func connect(t *testing.T) *client.Client {
+func connect(t testing.TB) *client.Client {
 	t.Helper()
 	testenv.DockerSocket(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -67,6 +67,12 @@ type Spec struct {
 	SessionTimeout time.Duration `json:"sessionTimeout"`
 	// AgentArgs are extra flags given to every agent (e.g. --health-dir).
 	AgentArgs []string `json:"agentArgs,omitempty"`
+	// DockerWorkers lets the agents run docker workers too, pulling their images (Docker
+	// provider: the engine's socket goes into every agent, which is root on the host).
+	DockerWorkers bool `json:"dockerWorkers,omitempty"`
+	// RegistryAuth is the path, on the Docker host, of Docker's config.json with the
+	// credentials the master pins and the agents pull images with (Docker provider).
+	RegistryAuth string `json:"registryAuth,omitempty"`
 }
 
 // Defaults of a Spec.

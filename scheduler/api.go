@@ -105,12 +105,20 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
-	rec, err := SubmitJob(r.Context(), m.store, spec)
+	// The registry is asked before the store, outside its retries: a slow registry delays
+	// this submit only.
+	pin := pinImage(r.Context(), m.cfg.Resolver, spec, 1)
+	rec, err := SubmitJobPinned(r.Context(), m.store, spec, pin)
 	if err != nil {
 		failErr(w, err)
 		return
 	}
 	m.log.Info("job submitted", "job", spec.Name, "tenant", spec.Tenant, "workers", spec.TotalWorkers())
+	if pin != nil && pin.Ref != "" {
+		m.log.Info("image pinned", "job", spec.Name, "generation", pin.Generation, "ref", pin.Ref)
+	} else if pin != nil {
+		m.log.Warn("image not pinned yet; workers pull the tag meanwhile", "job", spec.Name, "image", pin.Image, "err", pin.Error)
+	}
 	reply(w, http.StatusCreated, rec)
 }
 

@@ -115,6 +115,11 @@ func checkQuota(t cluster.TenantRecord, usedW int, usedM cluster.Bytes, spec *cl
 // version is bumped in the same transaction, so two submits for one tenant cannot both
 // pass the quota on the same reading.
 func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.JobRecord, error) {
+	return SubmitJobPinned(ctx, s, spec, nil)
+}
+
+// SubmitJobPinned is SubmitJob with the image pin of its first generation (see pinImage).
+func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cluster.ImagePin) (cluster.JobRecord, error) {
 	if err := spec.Validate(); err != nil {
 		return cluster.JobRecord{}, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
@@ -135,7 +140,7 @@ func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.
 			return err
 		}
 		now := time.Now().UTC()
-		rec = cluster.JobRecord{Spec: *spec, Generation: 1, State: cluster.JobRunning, Submitted: now, Updated: now}
+		rec = cluster.JobRecord{Spec: *spec, Generation: 1, State: cluster.JobRunning, Image: pin, Submitted: now, Updated: now}
 		if spec.Mirrored() {
 			if rec.RouterPort, err = freeRouterPort(ctx, s); err != nil {
 				return err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/images"
 )
 
 // Config tunes a master.
@@ -38,8 +39,14 @@ type Config struct {
 	// connection comes back, nodes missing from the store are waited for before their
 	// workers move. Default DefaultReregisterGrace.
 	ReregisterGrace time.Duration
-	Logger          *slog.Logger
-	Registry        prometheus.Registerer
+	// Resolver pins docker jobs' images to digests (see pinImage); nil resolves anonymously
+	// through the registries' HTTP API.
+	Resolver Resolver
+	// PinRetry is how often images that could not be pinned are tried again. Default
+	// DefaultPinRetry.
+	PinRetry time.Duration
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
 }
 
 func (c *Config) defaults() {
@@ -57,6 +64,12 @@ func (c *Config) defaults() {
 	}
 	if c.ReregisterGrace <= 0 {
 		c.ReregisterGrace = DefaultReregisterGrace
+	}
+	if c.Resolver == nil {
+		c.Resolver = &images.Resolver{}
+	}
+	if c.PinRetry <= 0 {
+		c.PinRetry = DefaultPinRetry
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -141,6 +154,11 @@ func (m *Master) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		m.watchStore(ctx)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		m.repin(ctx)
 	}()
 	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
 		wg.Add(1)

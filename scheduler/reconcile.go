@@ -189,6 +189,7 @@ func workerAssignment(j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAs
 		Isolation:  s.IsolationMode(),
 		Command:    s.Command,
 		Image:      s.Image,
+		Pinned:     j.Image.PinnedFor(j.Generation),
 		Env:        s.Env,
 		Resources:  s.Resources,
 		Priority:   s.Priority,

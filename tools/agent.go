@@ -18,6 +18,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/healthcheck"
+	"github.com/stormdock/stormdock/images"
 )
 
 // AgentCommand runs the node agent.
@@ -48,6 +49,10 @@ var AgentCommand = &cli.Command{
 		&cli.BoolFlag{Name: "no-lease", Usage: "run workers without the lease launcher (they then outlive a dead agent)"},
 		&cli.StringFlag{Name: "state-dir", Usage: "agent and driver state `DIR`", Value: "/var/lib/stormdock/agent"},
 		&cli.StringFlag{Name: "docker-host", Usage: "docker engine for --isolation docker (default: DOCKER_HOST or the local socket)"},
+		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) docker workers' images are pulled with"},
+		&cli.IntFlag{Name: "image-gc-keep", Usage: "keep at most N stormdock images no container uses, removing the least recently used beyond (0: no count cap)", Value: 5},
+		&cli.StringFlag{Name: "image-gc-max-size", Usage: "remove unused stormdock images, least recently used first, while all of them take more than `QUANTITY` (e.g. 5Gi; 0: no size cap)", Value: "0"},
+		&cli.DurationFlag{Name: "image-gc-unused", Usage: "an image is removed only after no container used it for this long", Value: images.DefaultGCUnused},
 		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers", Value: agents.DefaultPortBase},
 		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics (\"off\" to disable)", Value: "127.0.0.1:0"},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
@@ -96,6 +101,25 @@ func runAgent(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
 	}
+	gc := images.GCConfig{Keep: c.Int("image-gc-keep"), Unused: c.Duration("image-gc-unused")}
+	switch {
+	case gc.Keep < 0:
+		return cli.Exit("stormdock agent: --image-gc-keep must be 0 (no count cap) or more", 2)
+	case gc.Unused <= 0:
+		return cli.Exit("stormdock agent: --image-gc-unused must be positive", 2)
+	}
+	if s := c.String("image-gc-max-size"); s != "0" {
+		maxSize, err := cluster.ParseBytes(s)
+		if err != nil {
+			return cli.Exit("stormdock agent: --image-gc-max-size: "+err.Error(), 2)
+		}
+		gc.MaxBytes = int64(maxSize)
+	}
+	if p := c.String("registry-auth"); p != "" {
+		if _, err := images.LoadAuth(p); err != nil {
+			return cli.Exit("stormdock agent: --registry-auth: "+err.Error(), 2)
+		}
+	}
 	metrics := c.String("metrics")
 	if metrics == "off" {
 		metrics = ""
@@ -116,6 +140,8 @@ func runAgent(c *cli.Context) error {
 		Health:       hcfg,
 		ProtectOOM:   true,
 		Metrics:      metrics,
+		RegistryAuth: c.String("registry-auth"),
+		ImageGC:      gc,
 		Logger:       log,
 	})
 	if err != nil {

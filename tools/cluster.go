@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -44,6 +45,8 @@ var ClusterCommand = &cli.Command{
 				&cli.StringFlag{Name: "image", Usage: "stormdock `IMAGE` (build it with stormdock image build)", Value: images.DefaultTag},
 				&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout of the master and agents", Value: provision.DefaultSessionTimeout},
 				&cli.StringSliceFlag{Name: "agent-arg", Usage: "extra flag for every agent (repeatable), e.g. --agent-arg=--health-interval=1s"},
+				&cli.BoolFlag{Name: "docker-workers", Usage: "agents run docker workers too, pulling their images (docker: they get the engine's socket, root on the host)"},
+				&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` on the Docker host (Docker's config.json format) for the master's pinning and the agents' pulls"},
 				outputFlag,
 			),
 			Action: clusterCreate,
@@ -182,7 +185,17 @@ func specFromFlags(c *cli.Context) (provision.Spec, error) {
 	spec := provision.Spec{
 		Name: c.Args().First(), Agents: c.Int("agents"), RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
 		Image: c.String("image"), Store: c.String("store"), SessionTimeout: c.Duration("session-timeout"),
-		AgentArgs: c.StringSlice("agent-arg"),
+		AgentArgs: c.StringSlice("agent-arg"), DockerWorkers: c.Bool("docker-workers"),
+	}
+	if p := c.String("registry-auth"); p != "" {
+		abs, err := filepath.Abs(p)
+		if err == nil {
+			_, err = images.LoadAuth(abs)
+		}
+		if err != nil {
+			return spec, usageErr("--registry-auth: %v", err)
+		}
+		spec.RegistryAuth = abs
 	}
 	for _, dc := range strings.Split(c.String("dcs"), ",") {
 		if dc = strings.TrimSpace(dc); dc != "" {

@@ -1,12 +1,14 @@
 package tools
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 
+	"github.com/moby/term"
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/images"
@@ -14,27 +16,40 @@ import (
 	"github.com/stormdock/stormdock/isolation/docker"
 )
 
-// ImageCommand builds and garbage-collects worker images on the local Docker engine.
+// registryAuthFlag names Docker's config.json to take registry credentials from.
+var registryAuthFlag = &cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` in Docker's config.json format (default: ~/.docker/config.json when it exists)"}
+
+// ImageCommand builds, pushes and garbage-collects worker images on the local Docker engine.
 var ImageCommand = &cli.Command{
 	Name:  "image",
-	Usage: "build, list and prune worker images (FROM scratch around the static stormdock binary)",
-	Description: "Talks to the engine at DOCKER_HOST or the default socket; images are built locally, never pulled.\n" +
-		"The stormdock binary put into images is this one if it is static (CGO_ENABLED=0), else name one with --binary.",
+	Usage: "build, push, list and prune worker images (FROM scratch around the static stormdock binary)",
+	Description: "Talks to the engine at DOCKER_HOST or the default socket. Images pushed to a registry (--tag REGISTRY/NAME:TAG)\n" +
+		"are pulled by agents that lack them. The stormdock binary put into images is this one if it is static\n" +
+		"(CGO_ENABLED=0), else name one with --binary. Flags go first.",
 	Subcommands: []*cli.Command{
 		{
 			Name:      "build",
-			Usage:     "build a worker image",
-			UsageText: "stormdock image build [--tag T] [--binary PATH] [--job PATH]",
+			Usage:     "build a worker image, and push it with --push",
+			UsageText: "stormdock image build [--tag REGISTRY/NAME:TAG] [--push] [--binary PATH] [--job PATH] [--registry-auth FILE]",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "tag", Usage: "image `NAME:TAG`", Value: images.DefaultTag},
+				&cli.StringFlag{Name: "tag", Usage: "image `NAME:TAG` (REGISTRY/NAME:TAG to push it)", Value: images.DefaultTag},
 				&cli.StringFlag{Name: "binary", Usage: "static stormdock binary to embed at " + images.StormdockPath + " (default: this one)"},
 				&cli.StringFlag{Name: "job", Usage: "a job's own static binary to embed at " + images.JobPath},
+				&cli.BoolFlag{Name: "push", Usage: "push the image to the registry its tag names"},
+				registryAuthFlag,
 			},
 			Action: imageBuild,
 		},
 		{
+			Name:      "push",
+			Usage:     "push an image to the registry its tag names",
+			UsageText: "stormdock image push [--registry-auth FILE] REGISTRY/NAME:TAG",
+			Flags:     []cli.Flag{registryAuthFlag},
+			Action:    imagePush,
+		},
+		{
 			Name:   "list",
-			Usage:  "list stormdock images",
+			Usage:  "list stormdock images with their registry digests",
 			Flags:  []cli.Flag{outputFlag},
 			Action: imageList,
 		},
@@ -46,25 +61,74 @@ var ImageCommand = &cli.Command{
 	},
 }
 
-// imageManager connects to the engine.
-func imageManager(ctx context.Context) (*images.Manager, io.Closer, error) {
-	dc, err := docker.Connect(ctx, "")
+// imageManager connects to the engine, with the registry credentials of --registry-auth
+// when the command has that flag.
+func imageManager(c *cli.Context) (*images.Manager, io.Closer, error) {
+	var opts []images.Option
+	if c.Command.Names()[0] == "build" || c.Command.Names()[0] == "push" {
+		a, err := registryAuth(c.String("registry-auth"))
+		if err != nil {
+			return nil, nil, usageErr("--registry-auth: %v", err)
+		}
+		opts = append(opts, images.WithAuth(a))
+	}
+	dc, err := docker.Connect(c.Context, "")
 	if err != nil {
 		return nil, nil, cli.Exit("stormdock image: "+err.Error(), 1)
 	}
-	return images.New(dc), dc, nil
+	return images.New(dc, opts...), dc, nil
+}
+
+// registryAuth loads the named credentials file, or Docker's own when none is named and it
+// exists; nil means anonymous.
+func registryAuth(path string) (*images.Auth, error) {
+	if path == "" {
+		dir := os.Getenv("DOCKER_CONFIG")
+		if dir == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return nil, nil //nolint:nilerr // no home: anonymous
+			}
+			dir = filepath.Join(home, ".docker")
+		}
+		path = filepath.Join(dir, "config.json")
+		if _, err := os.Stat(path); err != nil {
+			return nil, nil
+		}
+	}
+	return images.LoadAuth(path)
+}
+
+// progress shows the engine's progress bars when stderr is a terminal, one line per step
+// otherwise.
+func progress(c *cli.Context) images.Progress {
+	w := c.App.ErrWriter
+	if w == nil {
+		w = os.Stderr
+	}
+	pr := images.Progress{Out: w}
+	if f, ok := w.(*os.File); ok {
+		pr.FD, pr.Terminal = term.GetFdInfo(f)
+	}
+	return pr
 }
 
 func imageBuild(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return usageErr("image build takes no arguments (got %q): use --binary and --job", c.Args().First())
+		return usageErr("image build takes no arguments (got %q): use --tag, --binary and --job, flags first", c.Args().First())
 	}
-	m, closer, err := imageManager(c.Context)
+	tag := c.String("tag")
+	if c.Bool("push") {
+		if err := pushable(tag); err != nil {
+			return err
+		}
+	}
+	m, closer, err := imageManager(c)
 	if err != nil {
 		return err
 	}
 	defer closer.Close()
-	img, err := m.Build(c.Context, images.BuildOptions{Tag: c.String("tag"), Binary: c.String("binary"), Job: c.String("job")})
+	img, err := m.Build(c.Context, images.BuildOptions{Tag: tag, Binary: c.String("binary"), Job: c.String("job")})
 	if err != nil {
 		code := 1
 		if errors.Is(err, images.ErrNotStatic) {
@@ -73,11 +137,55 @@ func imageBuild(c *cli.Context) error {
 		return cli.Exit("stormdock image build: "+strings.ReplaceAll(err.Error(), "\n", "; "), code)
 	}
 	fmt.Fprintf(c.App.Writer, "%s %s\n", img.ID, strings.Join(img.Tags, ","))
+	if c.Bool("push") {
+		return push(c, m, tag)
+	}
 	return nil
 }
 
+// pushable refuses a tag that names no registry before anything is built or sent.
+func pushable(tag string) error {
+	r, err := images.ParseRef(tag)
+	switch {
+	case err != nil:
+		return usageErr("%v", err)
+	case r.Digest != "":
+		return usageErr("%s is a digest: push a tag (REGISTRY/NAME:TAG)", tag)
+	case !r.Explicit:
+		return usageErr("%s names no registry: tag it REGISTRY/NAME:TAG (e.g. 127.0.0.1:5000/%s)", tag, tag)
+	}
+	return nil
+}
+
+func push(c *cli.Context, m *images.Manager, tag string) error {
+	dgst, err := m.Push(c.Context, tag, progress(c))
+	if err != nil {
+		return cli.Exit("stormdock image push: "+err.Error(), 1)
+	}
+	r, _ := images.ParseRef(tag)
+	pinned, _ := r.WithDigest(dgst)
+	fmt.Fprintf(c.App.Writer, "pushed %s\n%s\n", tag, pinned)
+	return nil
+}
+
+func imagePush(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return usageErr("image push takes one REGISTRY/NAME:TAG (flags first)")
+	}
+	tag := c.Args().First()
+	if err := pushable(tag); err != nil {
+		return err
+	}
+	m, closer, err := imageManager(c)
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	return push(c, m, tag)
+}
+
 func imageList(c *cli.Context) error {
-	m, closer, err := imageManager(c.Context)
+	m, closer, err := imageManager(c)
 	if err != nil {
 		return err
 	}
@@ -87,16 +195,24 @@ func imageList(c *cli.Context) error {
 		return cli.Exit("stormdock image list: "+err.Error(), 1)
 	}
 	return printOut(c, imgs, func(w io.Writer) {
-		fmt.Fprintln(w, "ID\tTAGS\tSIZE\tCREATED")
+		fmt.Fprintln(w, "ID\tTAGS\tDIGEST\tSIZE\tCREATED")
 		for _, img := range imgs {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", shortID(img.ID), strings.Join(img.Tags, ","),
+			dg := "-"
+			if len(img.Digests) > 0 {
+				_, d, _ := strings.Cut(img.Digests[0], "@")
+				dg = d
+				if len(img.Digests) > 1 {
+					dg += fmt.Sprintf(" (+%d)", len(img.Digests)-1)
+				}
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", shortID(img.ID), strings.Join(img.Tags, ","), dg,
 				fmt.Sprintf("%.1fMiB", float64(img.Size)/float64(isolation.MiB)), img.Created.Format("2006-01-02 15:04:05"))
 		}
 	})
 }
 
 func imagePrune(c *cli.Context) error {
-	m, closer, err := imageManager(c.Context)
+	m, closer, err := imageManager(c)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
 )
 
 // JobCommand manages jobs on a master.
@@ -81,6 +82,9 @@ func jobSubmit(c *cli.Context) error {
 		return apiErr(c, err)
 	}
 	fmt.Fprintf(c.App.Writer, "job %s submitted: %d workers for tenant %s\n", rec.Spec.Name, rec.Spec.TotalWorkers(), rec.Spec.Tenant)
+	if line := imageLine(rec); line != "" {
+		fmt.Fprintln(c.App.Writer, line)
+	}
 	if c.Bool("wait") {
 		return waitSettled(c, cl, rec.Spec.Name)
 	}
@@ -268,6 +272,9 @@ func jobStatus(c *cli.Context) error {
 	return printOut(c, st, func(w io.Writer) {
 		s := st.Summary
 		fmt.Fprintf(w, "job %s (tenant %s, %s): %d/%d running\n", s.Name, s.Tenant, s.State, s.Running, s.Workers)
+		if line := imageLine(st.Job); line != "" {
+			fmt.Fprintln(w, line)
+		}
 		fmt.Fprintln(w, "WORKER\tNODE\tDC\tRACK\tSTATE\tPID\tRESTARTS\tLAST EXIT")
 		for _, wv := range st.Workers {
 			id := fmt.Sprint(wv.Worker)
@@ -282,7 +289,20 @@ func jobStatus(c *cli.Context) error {
 			if wv.PID != 0 {
 				pid = fmt.Sprint(wv.PID)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", id, clip(wv.Node, 16), clip(wv.DC, 8), clip(wv.Rack, 8), wv.State, pid, wv.Restarts, clip(last, 32))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", id, clip(wv.Node, 16), clip(wv.DC, 8), clip(wv.Rack, 8), wv.State, pid, wv.Restarts, clip(last, 72))
 		}
 	})
+}
+
+// imageLine says which image a job's current generation runs: pinned to a digest, or why
+// not yet.
+func imageLine(rec cluster.JobRecord) string {
+	p := rec.Image
+	switch {
+	case p == nil:
+		return ""
+	case p.Ref != "":
+		return fmt.Sprintf("image %s pinned for generation %d: %s", p.Image, p.Generation, p.Ref)
+	}
+	return fmt.Sprintf("image %s not pinned yet (workers pull the tag; the master tries again): %s", p.Image, p.Error)
 }

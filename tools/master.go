@@ -50,6 +50,7 @@ var MasterCommand = &cli.Command{
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600)", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 		&cli.DurationFlag{Name: "reregister-grace", Usage: "after this master starts leading or its store comes back, how long nodes missing from the store are waited for before their workers move", Value: scheduler.DefaultReregisterGrace},
+		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin docker jobs' image tags to digests with"},
 	),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
@@ -66,6 +67,7 @@ var MasterCommand = &cli.Command{
 			ID:              c.String("id"),
 			DataDir:         c.String("data"),
 			ReregisterGrace: c.Duration("reregister-grace"),
+			RegistryAuth:    c.String("registry-auth"),
 			Logger:          log,
 		})
 		if err != nil {

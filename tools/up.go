@@ -27,6 +27,7 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the store, the admin token and the agents' state", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` of the master's API and /metrics", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT)"},
+		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for pinning and pulling docker workers' images"},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
 	}, healthcheck.LocalFlags()...),
@@ -67,6 +68,7 @@ func runUp(c *cli.Context) error {
 		Nodes: c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
 		DataDir: c.String("data"), Store: c.String("store"), API: c.String("api"),
 		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log,
+		RegistryAuth: c.String("registry-auth"),
 	})
 	if err != nil {
 		return cli.Exit("stormdock up: "+err.Error(), 1)

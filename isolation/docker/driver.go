@@ -120,8 +120,8 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 // ContainerName is the name of a worker's container.
 func (d *Driver) ContainerName(id string) string { return d.cfg.NamePrefix + id }
 
-// Start implements isolation.Starter. The image must be on the node already: stormdock builds
-// images (package images) and never pulls.
+// Start implements isolation.Starter. The image must be on the node already: the agent pulls
+// it first (package images), the driver never does.
 func (d *Driver) Start(ctx context.Context, spec isolation.Spec) (isolation.Worker, error) {
 	if err := spec.Validate(); err != nil {
 		return isolation.Worker{}, err
@@ -201,8 +201,8 @@ func (d *Driver) start(ctx context.Context, spec isolation.Spec) (isolation.Work
 	created, err := d.api.ContainerCreate(ctx, cfg, hc, nil, nil, name)
 	switch {
 	case errdefs.IsNotFound(err):
-		return isolation.Worker{}, fmt.Errorf("%w: image %q of worker %s is not on this node: build it with `stormdock image build --tag %s` (images are never pulled)",
-			isolation.ErrImageNotFound, spec.Image, spec.ID, spec.Image)
+		return isolation.Worker{}, fmt.Errorf("%w: image %q of worker %s is not on this node: build it here, or push it to a registry the agent pulls from (`stormdock image build --push --tag REGISTRY/NAME:TAG`)",
+			isolation.ErrImageNotFound, spec.Image, spec.ID)
 	case errdefs.IsConflict(err):
 		return isolation.Worker{}, fmt.Errorf("%w: container %s already exists: call Adopt, or remove it", isolation.ErrExists, name)
 	case err != nil:

@@ -7,10 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/stormdock/stormdock/cluster"
@@ -101,7 +105,12 @@ func (p *Provider) startMaster(ctx context.Context, spec provision.Spec, port in
 		Cmd: []string{binary, "master", "--store", spec.Store, "--api", api, "--id", spec.Name + "-master",
 			"--data", masterData, "--session-timeout", spec.SessionTimeout.String()},
 	}
-	return p.run(ctx, cfg, hostConfig(spec.MasterMemory, spec.MasterCPU, masterData), containerName(spec.Name+"-master"))
+	hc := hostConfig(spec.MasterMemory, spec.MasterCPU, masterData)
+	if spec.RegistryAuth != "" {
+		hc.Mounts = append(hc.Mounts, authMount(spec.RegistryAuth))
+		cfg.Cmd = append(cfg.Cmd, "--registry-auth", registryAuthPath)
+	}
+	return p.run(ctx, cfg, hc, containerName(spec.Name+"-master"))
 }
 
 // agentReserve is the share of an agent container's memory kept for the agent itself and
@@ -120,14 +129,66 @@ func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provis
 	cmd := []string{binary, "agent", "--store", spec.Store, "--node-id", s.Node, "--host", name,
 		"--dc", s.DC, "--rack", s.Rack, "--slots", strconv.Itoa(spec.Slots),
 		"--memory", strconv.FormatInt(int64(workerMem), 10), "--cpu", spec.AgentCPU.String(),
-		"--session-timeout", spec.SessionTimeout.String(), "--state-dir", agentState,
+		"--session-timeout", spec.SessionTimeout.String(),
 		"--cgroups", "auto", "--metrics", "off",
 		// Agents share the host's network: each gets its own range of worker ports.
 		"--port-base", strconv.Itoa(portBase + s.Index*spec.Slots)}
-	cmd = append(cmd, spec.AgentArgs...)
-	cfg := &container.Config{Image: spec.Image, Labels: labels, Cmd: cmd}
-	_, err = p.run(ctx, cfg, hostConfig(spec.AgentMemory, spec.AgentCPU, agentState), name)
+	hc := hostConfig(spec.AgentMemory, spec.AgentCPU, agentState)
+	cfg := &container.Config{Image: spec.Image, Labels: labels}
+	if spec.RegistryAuth != "" {
+		hc.Mounts = append(hc.Mounts, authMount(spec.RegistryAuth))
+		cmd = append(cmd, "--registry-auth", registryAuthPath)
+	}
+	if spec.DockerWorkers {
+		// The agent starts worker containers on the host's engine: their lease files are
+		// bind-mounted from the host, so the agent's state is a host directory at the same
+		// path inside. With the engine's socket the agent is root on the host anyway: it
+		// runs as root in its container, which owns both.
+		dir := filepath.Join(p.cfg.StateRoot, spec.Name, s.Node)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("agent %s: state directory: %w", s.Node, err)
+		}
+		cfg.User = "0:0"
+		hc.Mounts = append(hc.Mounts,
+			mount.Mount{Type: mount.TypeBind, Source: p.cfg.DockerSocket, Target: "/var/run/docker.sock"},
+			mount.Mount{Type: mount.TypeBind, Source: dir, Target: dir})
+		cmd = append(cmd, "--isolation", "process,docker", "--state-dir", dir)
+	} else {
+		cmd = append(cmd, "--state-dir", agentState)
+	}
+	cfg.Cmd = append(cmd, spec.AgentArgs...)
+	_, err = p.run(ctx, cfg, hc, name)
 	return err
+}
+
+// registryAuthPath is where masters and agents find the registry credentials file.
+const registryAuthPath = "/etc/stormdock/registry-auth.json"
+
+func authMount(hostPath string) mount.Mount {
+	return mount.Mount{Type: mount.TypeBind, Source: hostPath, Target: registryAuthPath, ReadOnly: true}
+}
+
+// removeWorkers removes the docker workers the agents among ctrs left on the engine (an
+// agent stops its workers only when asked; a destroyed cluster's would otherwise stay).
+func (p *Provider) removeWorkers(ctx context.Context, ctrs []container.Summary) error {
+	var errs []error
+	for _, c := range ctrs {
+		node := c.Labels[LabelNode]
+		if c.Labels[LabelRole] != roleAgent || node == "" {
+			continue
+		}
+		ws, err := p.api.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
+			filters.Arg("label", "io.stormdock.managed=true"), filters.Arg("label", "io.stormdock.node="+node))})
+		if err != nil {
+			return engineErr("list workers", err)
+		}
+		for _, w := range ws {
+			if err := p.remove(ctx, w.ID, 0); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // portBase is the first worker port of agent 0.

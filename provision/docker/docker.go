@@ -1,6 +1,10 @@
 // Package docker provisions stormdock clusters on a Docker host: a master container and N
 // agent containers from the FROM scratch stormdock image, on the host network.
 //
+// With Spec.DockerWorkers the agents run docker workers too, as sibling containers on the
+// same engine (whose socket they get), pulling their images from registries; their state is
+// then a host directory under Config.StateRoot rather than a tmpfs.
+//
 // Containers carry the cluster's name, role, node identity, API URL, store URL and spec in
 // labels (see labels.go), so every command finds a cluster again without local state. Each
 // agent container is the node: its memory and cpu limits bound the agent and all its
@@ -16,6 +20,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -62,8 +68,19 @@ type Config struct {
 	DrainTimeout time.Duration
 	// StopGrace is how long a removed agent gets between SIGTERM and SIGKILL. Default 10s.
 	StopGrace time.Duration
-	Logger    *slog.Logger
+	// StateRoot is the directory on the Docker host under which agents that run docker
+	// workers keep their state (CLUSTER/NODE), mounted into the agent at the same path: the
+	// workers' lease files are bind-mounted into their containers from the host. Default
+	// DefaultStateRoot. The provider must run on the Docker host for it.
+	StateRoot string
+	// DockerSocket is the engine's socket on the Docker host, mounted into agents that run
+	// docker workers. Default /var/run/docker.sock.
+	DockerSocket string
+	Logger       *slog.Logger
 }
+
+// DefaultStateRoot is Config.StateRoot's default.
+const DefaultStateRoot = "/var/lib/stormdock/clusters"
 
 // Provider runs stormdock clusters on one Docker engine. It implements provision.Provider.
 type Provider struct {
@@ -90,6 +107,12 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.StopGrace <= 0 {
 		cfg.StopGrace = 10 * time.Second
+	}
+	if cfg.StateRoot == "" {
+		cfg.StateRoot = DefaultStateRoot
+	}
+	if cfg.DockerSocket == "" {
+		cfg.DockerSocket = "/var/run/docker.sock"
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -142,6 +165,9 @@ func (p *Provider) Create(ctx context.Context, spec provision.Spec) (_ provision
 	}
 	undo = append(undo, undoToken)
 	undo = append(undo, func(ctx context.Context) { p.removeAll(ctx, spec.Name) })
+	if spec.DockerWorkers {
+		undo = append(undo, func(context.Context) { _ = os.RemoveAll(filepath.Join(p.cfg.StateRoot, spec.Name)) })
+	}
 
 	port, err := freePort()
 	if err != nil {
@@ -333,6 +359,12 @@ func (p *Provider) Destroy(ctx context.Context, name string) error {
 	spec, _, specErr := specOf(ctrs)
 	if err := p.removeAll(ctx, name); err != nil {
 		return err
+	}
+	if err := p.removeWorkers(ctx, ctrs); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(filepath.Join(p.cfg.StateRoot, name)); err != nil {
+		return fmt.Errorf("remove agents' state: %w", err)
 	}
 	// The token goes with the cluster; the rest of the store (jobs, tenants) stays in the
 	// chroot for the operator to keep or delete.

@@ -103,7 +103,7 @@ func newProvider(t testing.TB, agents int) (*pdocker.Provider, provision.Spec, *
 	dc := engine(t)
 	zk := testenv.ZKAddr(t)
 	img := testImage(t, dc)
-	p, err := pdocker.New(pdocker.Config{API: dc, Tokens: provision.Tokens{Dir: t.TempDir()}, StartTimeout: 45 * time.Second})
+	p, err := pdocker.New(pdocker.Config{API: dc, Tokens: provision.Tokens{Dir: t.TempDir()}, StartTimeout: 45 * time.Second, StateRoot: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

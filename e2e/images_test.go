@@ -1,0 +1,216 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/isolation/docker"
+)
+
+// TestDockerJobFromRegistry is issue 20 through the CLI binary against `stormdock up
+// --isolation docker`: an image built and pushed, then removed from the engine, runs a
+// docker job pulled by the agents, pinned to its digest; restarted workers still run the
+// pinned bytes after the tag is moved; a job whose tag does not exist shows the registry's
+// answer and crash-loops nowhere.
+func TestDockerJobFromRegistry(t *testing.T) {
+	testenv.Cgroups(t)
+	testenv.DockerSocket(t)
+	reg := testenv.Registry(t)
+	data := t.TempDir()
+	addr := freeAddr(t)
+	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data, "STORMDOCK_MASTER=http://" + addr}}
+	tag := fmt.Sprintf("%s/stormdock-e2e/wc-%d:1", reg, os.Getpid())
+
+	out := c.ok("image", "build", "--tag", tag, "--push")
+	firstID, pinned := builtID(out), lastLine(out)
+	if !strings.HasPrefix(pinned, strings.TrimSuffix(tag, ":1")+"@sha256:") || !strings.Contains(out, "pushed "+tag) {
+		t.Fatalf("image build --push printed %q; want the pushed tag and its pinned reference", out)
+	}
+	var moved string
+	t.Cleanup(func() {
+		for _, ref := range []string{firstID, moved} {
+			if ref != "" {
+				_ = exec.Command("docker", "rmi", "--force", ref).Run()
+			}
+		}
+	})
+	rmi(t, firstID)
+
+	up := exec.Command(binary, "up", "--nodes", "2", "--dcs", "dc-a", "--racks-per-dc", "2", "--slots", "4",
+		"--isolation", "docker", "--data", data, "--api", addr, "--session-timeout", "1s", "--log-level", "warn")
+	var upOut bytes.Buffer
+	up.Stdout, up.Stderr = &upOut, &upOut
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = up.Process.Signal(syscall.SIGKILL)
+		_, _ = up.Process.Wait()
+		killCgroupTree("/stormdock-local/" + filepath.Base(data))
+		removeLocalContainers(filepath.Base(data))
+		if t.Failed() {
+			t.Logf("stormdock up output:\n%s", tail(upOut.Bytes(), 4000))
+		}
+	})
+	testenv.Eventually(t, "local cluster up", 30*time.Second, func() bool {
+		out, code := c.run("node", "list", "-o", "json")
+		var nodes []api.NodeView
+		return code == 0 && json.Unmarshal([]byte(out), &nodes) == nil && len(nodes) == 2
+	})
+	c.ok("tenant", "create", "t1")
+	dir := t.TempDir()
+	spec := func(name, image string) string {
+		p := filepath.Join(dir, name+".yaml")
+		body := fmt.Sprintf("name: %s\ntenant: t1\nworkers: 2\nisolation: docker\nimage: %s\nresources: {memory: 64Mi, cpu: 0.1}\n"+
+			"command: [stormdock, worker, wordcount, --rate, '2']\nplacement: {spread: [node]}\ngracePeriod: 2s\n", name, image)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	t0 := time.Now()
+	out = c.ok("job", "submit", spec("wcimg", tag), "--wait")
+	if !strings.Contains(out, "pinned for generation 1: "+pinned) || !strings.Contains(out, "all 2 workers running") {
+		t.Fatalf("submit: %s; want the pinned digest and the workers running", out)
+	}
+	t.Logf("figure: docker job of 2 workers on 2 nodes, image pulled on both, submit to all running: %v", time.Since(t0).Round(time.Millisecond))
+	if st := c.ok("job", "status", "wcimg"); !strings.Contains(st, pinned) {
+		t.Errorf("job status does not show the digest:\n%s", st)
+	}
+	ids := jobImages(t, "wcimg")
+	if len(ids) != 2 || ids[0] != firstID || ids[1] != firstID {
+		t.Fatalf("containers of wcimg run images %v; want %s on both", ids, firstID)
+	}
+
+	// Move the tag to another image; a restarted worker still runs the pinned digest.
+	moveOut := c.ok("image", "build", "--tag", tag, "--push", "--job", allocBinary)
+	moved = builtID(moveOut)
+	if moved == firstID {
+		t.Fatal("the moved tag names the same image")
+	}
+	st := c.status("wcimg")
+	victim := st.Workers[0]
+	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill worker %d (pid %d): %v", victim.Worker, victim.PID, err)
+	}
+	testenv.EventuallyWith(t, "killed worker restarted", 60*time.Second, func() (bool, string) {
+		for _, w := range c.status("wcimg").Workers {
+			if w.Worker == victim.Worker {
+				return w.Restarts >= 1 && w.State == cluster.WorkerRunning && w.PID != victim.PID, fmt.Sprintf("%+v", w)
+			}
+		}
+		return false, "no worker"
+	})
+	if ids := jobImages(t, "wcimg"); len(ids) != 2 || ids[0] != firstID || ids[1] != firstID {
+		t.Fatalf("after the tag moved to %s and a restart, wcimg runs %v; want the pinned %s on both", moved, ids, firstID)
+	}
+
+	// A tag that does not exist: accepted, not pinned, 'image pull failed' with the
+	// registry's answer on each worker, and no crash counted.
+	missing := fmt.Sprintf("%s/stormdock-e2e/none-%d:1", reg, os.Getpid())
+	out = c.ok("job", "submit", spec("nope", missing))
+	if !strings.Contains(out, "not pinned yet") || !strings.Contains(out, "manifest unknown") {
+		t.Errorf("submit of a missing tag: %s; want it shown as not pinned with the registry's answer", out)
+	}
+	testenv.EventuallyWith(t, "image pull failed on both workers", 60*time.Second, func() (bool, string) {
+		st := c.status("nope")
+		for _, w := range st.Workers {
+			if w.State != cluster.WorkerFailed || !strings.HasPrefix(w.LastExit, "image pull failed: ") || !strings.Contains(w.LastExit, "manifest unknown") {
+				return false, fmt.Sprintf("%+v", w)
+			}
+		}
+		return len(st.Workers) == 2, ""
+	})
+	table := c.ok("job", "status", "nope")
+	if !strings.Contains(table, "image pull failed") {
+		t.Errorf("job status table lacks the reason:\n%s", table)
+	}
+	// The retries themselves are counted in the agents' tests (TestPullFailures); here: no
+	// restart is counted, so the master moves nothing for a crash loop.
+	for _, w := range c.status("nope").Workers {
+		if w.Restarts != 0 {
+			t.Errorf("worker %d of nope: %d restarts after failed pulls; want 0", w.Worker, w.Restarts)
+		}
+	}
+	c.ok("job", "kill", "nope", "--wait")
+	c.ok("job", "kill", "wcimg", "--grace", "1s", "--wait")
+}
+
+// rmi removes an image from the engine, every name of it.
+func rmi(t *testing.T, ref string) {
+	t.Helper()
+	if out, err := exec.Command("docker", "rmi", "--force", ref).CombinedOutput(); err != nil {
+		t.Fatalf("docker rmi %s: %v\n%s", ref, err, out)
+	}
+}
+
+// jobImages returns the image ids the containers of job run, sorted by worker.
+func jobImages(t *testing.T, job string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cli, err := docker.Connect(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	cs, err := cli.ContainerList(ctx, container.ListOptions{Filters: filters.NewArgs(filters.Arg("label", docker.LabelJob+"="+job))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byWorker := map[string]string{}
+	for _, c := range cs {
+		byWorker[c.Labels[docker.LabelWorker]] = c.ImageID
+	}
+	var out []string
+	for i := range len(byWorker) {
+		out = append(out, byWorker[fmt.Sprint(i)])
+	}
+	return out
+}
+
+// removeLocalContainers removes what a local cluster's docker workers left.
+func removeLocalContainers(data string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli, err := docker.Connect(ctx, "")
+	if err != nil {
+		return
+	}
+	defer cli.Close()
+	cs, _ := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", "stormdock.local="+data))})
+	for _, c := range cs {
+		_ = cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
+	}
+}
+
+// builtID is the image id `image build` printed (its log lines are mixed in).
+func builtID(out string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "sha256:") {
+			id, _, _ := strings.Cut(l, " ")
+			return id
+		}
+	}
+	return ""
+}
+
+func lastLine(out string) string {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return lines[len(lines)-1]
+}
