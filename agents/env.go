@@ -24,6 +24,11 @@ const (
 	EnvPort       = "STORMDOCK_PORT"
 	EnvOutput     = "STORMDOCK_OUTPUT"
 	EnvGeneration = "STORMDOCK_GENERATION"
+	// EnvAddr is the node's advertised address: where a worker that serves others (an
+	// output router) listens, with its STORMDOCK_PORT.
+	EnvAddr = "STORMDOCK_ADDR"
+	// EnvConfig names the worker's live configuration file (cluster.WorkerConfig).
+	EnvConfig = "STORMDOCK_CONFIG"
 )
 
 // containerLeaseDir is where a docker worker sees its lease directory (read-only).
@@ -64,7 +69,7 @@ func sanitize(s string) string {
 
 // workerEnv is the worker contract's environment beyond what isolation.Spec derives: the
 // assignment's own variables first, the contract's on top.
-func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int) map[string]string {
+func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int, config string) map[string]string {
 	env := maps.Clone(wa.Env)
 	if env == nil {
 		env = map[string]string{}
@@ -75,7 +80,14 @@ func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int) map[string]stri
 	env[EnvLink] = wa.Key.Link
 	env[EnvPort] = strconv.Itoa(port)
 	env[EnvOutput] = wa.Output
+	if len(wa.Routers) > 0 {
+		// The routers as they were when the worker started; the live configuration
+		// follows them as they move.
+		env[EnvOutput] = strings.Join(wa.Routers, ",")
+	}
 	env[EnvGeneration] = strconv.FormatInt(wa.Generation, 10)
+	env[EnvAddr] = a.cfg.Node.Addr
+	env[EnvConfig] = config
 	return env
 }
 
@@ -115,11 +127,13 @@ func (a *Agent) command(wa cluster.WorkerAssignment, mode, leaseFile string) []s
 
 // spec builds the isolation spec of one worker.
 func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port int) isolation.Spec {
-	leaseFile := a.leaseFile(id)
+	leaseFile, config := a.leaseFile(id), a.configFile(id)
 	var mounts []isolation.Mount
-	if mode == cluster.IsolationDocker && !a.cfg.NoLease {
+	if mode == cluster.IsolationDocker {
+		// The worker's directory holds its lease and its live configuration.
 		mounts = []isolation.Mount{{Source: filepath.Dir(leaseFile), Target: containerLeaseDir, ReadOnly: true}}
 		leaseFile = filepath.Join(containerLeaseDir, filepath.Base(leaseFile))
+		config = filepath.Join(containerLeaseDir, filepath.Base(config))
 	}
 	return isolation.Spec{
 		ID:          id,
@@ -128,7 +142,7 @@ func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port i
 		Worker:      wa.Key.Worker,
 		Node:        a.cfg.Node.ID,
 		Command:     a.command(wa, mode, leaseFile),
-		Env:         a.workerEnv(wa, port),
+		Env:         a.workerEnv(wa, port, config),
 		Image:       imageRef(wa),
 		MemoryBytes: int64(wa.Resources.Memory),
 		MilliCPU:    int64(wa.Resources.CPU),
@@ -155,6 +169,12 @@ func sameRun(a, b cluster.WorkerAssignment) bool {
 		a.Isolation == b.Isolation && a.Image == b.Image && a.Pinned == b.Pinned &&
 		a.Output == b.Output && a.Resources == b.Resources &&
 		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env)
+}
+
+// sameLive reports whether two assignments of one worker give it the same live
+// configuration (WorkerConfig).
+func sameLive(a, b cluster.WorkerAssignment) bool {
+	return a.Workers == b.Workers && slices.Equal(a.Routers, b.Routers)
 }
 
 // isolationOf is the assignment's isolation mode, process when it names none.

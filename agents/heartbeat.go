@@ -83,6 +83,7 @@ func (r *run) record() cluster.NodeRecord {
 			Generation:     s.assign.Generation,
 			State:          state,
 			PID:            s.pid,
+			Port:           s.port,
 			ContainerID:    s.containerID,
 			Restarts:       s.restarts,
 			RecentRestarts: len(s.recent),

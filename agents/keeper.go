@@ -146,8 +146,9 @@ type Keeper struct {
 	log   *slog.Logger
 	addrs []string // the store's servers, for probes (none for an embedded store)
 
-	notify   chan struct{}
-	retireCh chan struct{} // closed by Retire
+	notify    chan struct{}
+	retireCh  chan struct{}                // closed by Retire
+	lastProbe map[string]coord.ServerState // the Run loop's alone
 
 	mu      sync.Mutex
 	status  KeeperStatus
@@ -412,6 +413,7 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 	pctx, cancel = context.WithTimeout(ctx, 2*iv)
 	probes := coord.ProbeServers(pctx, k.addrs, iv, k.cfg.Dial)
 	cancel()
+	k.stickHung(probes)
 	detail := probeSummary(probes)
 	switch coord.Judge(probes) {
 	case coord.StoreDown:
@@ -425,6 +427,25 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 		k.setState(KeeperSilent, detail, stamp, lease)
 	default:
 		k.setState(KeeperDisconnected, detail, *lastOK, lease)
+	}
+}
+
+// stickHung keeps a server that was seen hung (it accepted a connection and never answered)
+// hung while later probes time out connecting: a stopped or wedged process stops accepting,
+// its accept queue fills up, and the kernel then drops new connections as a partition would.
+// Any answer from it (serving, not serving, refused) ends that. Being cut off from a server
+// that was already wedged would take two faults at once.
+func (k *Keeper) stickHung(probes []coord.ServerProbe) {
+	if k.lastProbe == nil {
+		k.lastProbe = map[string]coord.ServerState{}
+	}
+	for i, p := range probes {
+		if p.State == coord.ServerSilent && k.lastProbe[p.Addr] == coord.ServerHung {
+			probes[i].State = coord.ServerHung
+			probes[i].Detail = "hung before; its accept queue is full"
+			continue
+		}
+		k.lastProbe[p.Addr] = p.State
 	}
 }
 

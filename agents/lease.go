@@ -1,11 +1,14 @@
 package agents
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/stormdock/stormdock/cluster"
 )
 
 // A lease is a file whose modification time says how long its worker may run: every worker
@@ -20,6 +23,29 @@ const leaseName = "lease"
 
 func (a *Agent) leaseFile(id string) string {
 	return filepath.Join(a.leasesDir(), id, leaseName)
+}
+
+// configFile is a worker's live configuration, beside its lease.
+func (a *Agent) configFile(id string) string {
+	return filepath.Join(a.leasesDir(), id, "config.json")
+}
+
+// writeConfig writes a worker's live configuration (cluster.WorkerConfig) atomically: the
+// worker re-reads it when it changes.
+func (a *Agent) writeConfig(id string, wa cluster.WorkerAssignment) error {
+	p := a.configFile(id)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("config of %s: %w", id, err)
+	}
+	b, err := json.Marshal(cluster.WorkerConfig{Job: wa.Key.Job, Link: wa.Key.Link, Worker: wa.Key.Worker,
+		Workers: wa.Workers, Generation: wa.Generation, Routers: wa.Routers})
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(p, b, 0o644); err != nil {
+		return fmt.Errorf("config of %s: %w", id, err)
+	}
+	return nil
 }
 
 func (a *Agent) nodeLease() string { return filepath.Join(a.leasesDir(), nodeLeaseName) }

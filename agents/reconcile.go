@@ -79,6 +79,15 @@ func (r *run) reconcile() {
 			// Not running: the next start takes the new assignment, without delay.
 			s.assign, s.known, s.mode = want, true, isolationOf(want)
 			s.failures, s.retryAt, s.state = 0, time.Time{}, ""
+		} else if !sameLive(s.assign, want) {
+			// Only what a running worker re-reads changed: no restart.
+			s.assign = want
+			if err := r.a.writeConfig(id, want); err != nil {
+				r.log.Warn("write live configuration", "worker", id, "err", err)
+			}
+			if err := r.a.writeRecord(id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
+				r.log.Warn("write worker record", "worker", id, "err", err)
+			}
 		}
 	}
 	if g.canRun {
@@ -158,6 +167,10 @@ func (r *run) start(s *slot) {
 		s.port = r.allocPort(s.id)
 	}
 	spec := r.a.spec(s.id, s.assign, s.mode, s.port)
+	if err := r.a.writeConfig(s.id, s.assign); err != nil {
+		r.startFailed(s, err)
+		return
+	}
 	if err := r.a.writeRecord(s.id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
 		r.startFailed(s, err)
 		return

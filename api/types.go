@@ -52,6 +52,21 @@ type JobStatus struct {
 	Job     cluster.JobRecord `json:"job"`
 	Summary JobSummary        `json:"summary"`
 	Workers []WorkerView      `json:"workers"`
+	// Sink is where a mirrored job's output stands; nil for other jobs.
+	Sink *SinkView `json:"sink,omitempty"`
+}
+
+// SinkView is a mirrored job's output as its routers last recorded it in the store.
+type SinkView struct {
+	Routers   []string  `json:"routers"`          // where the job's routers serve
+	Leader    string    `json:"leader,omitempty"` // the router that writes the sink
+	Active    string    `json:"active,omitempty"` // the link it delivers from
+	Delivered int64     `json:"delivered"`
+	Updated   time.Time `json:"updated,omitempty"`
+	// Fed is false when the sink is not being fed; Problem then says why (no router
+	// leads, no link is active, the router stopped recording).
+	Fed     bool   `json:"fed"`
+	Problem string `json:"problem,omitempty"`
 }
 
 // NodeView is one node as operators see it.

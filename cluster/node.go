@@ -19,8 +19,11 @@ type Usage struct {
 // Node is one machine that runs workers, as its agent registers it and as the scheduler
 // sees it.
 type Node struct {
-	ID     string            `json:"id" yaml:"id"`
-	Host   string            `json:"host,omitempty" yaml:"host,omitempty"`
+	ID   string `json:"id" yaml:"id"`
+	Host string `json:"host,omitempty" yaml:"host,omitempty"`
+	// Addr is the address other hosts reach this node's workers and services at (the
+	// agent's --advertise-addr).
+	Addr   string            `json:"addr,omitempty" yaml:"addr,omitempty"`
 	DC     string            `json:"dc" yaml:"dc"`
 	Rack   string            `json:"rack" yaml:"rack"`
 	Slots  int               `json:"slots" yaml:"slots"`

@@ -84,9 +84,6 @@ type JobRecord struct {
 	// from an older spec.
 	Generation int64  `json:"generation"`
 	State      string `json:"state"`
-	// RouterPort is where a mirrored job's output router listens (on loopback), given at
-	// submit so that the job's link workers know where to send.
-	RouterPort int `json:"routerPort,omitempty"`
 	// Image pins the spec's docker image to a registry digest for one generation (nil for a
 	// job without an image).
 	Image     *ImagePin `json:"image,omitempty"`
@@ -132,12 +129,14 @@ func WorkerStates() []string {
 
 // WorkerStatus is one worker as its agent sees it.
 type WorkerStatus struct {
-	Key         WorkerKey `json:"key"`
-	Generation  int64     `json:"generation"`
-	State       string    `json:"state"`
-	PID         int       `json:"pid,omitempty"`
-	ContainerID string    `json:"containerId,omitempty"`
-	Restarts    int       `json:"restarts"`
+	Key        WorkerKey `json:"key"`
+	Generation int64     `json:"generation"`
+	State      string    `json:"state"`
+	PID        int       `json:"pid,omitempty"`
+	// Port is the worker's STORMDOCK_PORT on its node's address.
+	Port        int    `json:"port,omitempty"`
+	ContainerID string `json:"containerId,omitempty"`
+	Restarts    int    `json:"restarts"`
 	// RecentRestarts counts restarts within the agent's crash-loop window.
 	RecentRestarts int       `json:"recentRestarts,omitempty"`
 	LastExit       string    `json:"lastExit,omitempty"`
@@ -186,6 +185,21 @@ type WorkerAssignment struct {
 	// Stop asks the agent to stop the worker with Grace (a job killed with its own grace
 	// period); the master drops the entry once the agent no longer reports the worker.
 	Stop bool `json:"stop,omitempty"`
+	// Routers are the URLs of a mirrored job's output routers, the active one among them,
+	// for its link workers. Like the worker count, they reach a running worker through its
+	// live configuration (WorkerConfig), without a restart.
+	Routers []string `json:"routers,omitempty"`
+}
+
+// WorkerConfig is a worker's live configuration: the file named by STORMDOCK_CONFIG, which
+// its agent rewrites when any of it changes, without restarting the worker.
+type WorkerConfig struct {
+	Job        string   `json:"job"`
+	Link       string   `json:"link,omitempty"`
+	Worker     int      `json:"worker"`
+	Workers    int      `json:"workers"`
+	Generation int64    `json:"generation"`
+	Routers    []string `json:"routers,omitempty"`
 }
 
 // NodeAssignment is the set of workers the master wants on one node.

@@ -101,6 +101,11 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		return nil, err
 	}
 	node := cfg.Node
+	if node.Addr == "" {
+		if node.Addr, err = AdvertiseAddr(cfg.Store); err != nil {
+			return nil, err
+		}
+	}
 	if a.drivers.Unconfined {
 		node.Labels = maps.Clone(node.Labels)
 		if node.Labels == nil {

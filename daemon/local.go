@@ -18,6 +18,7 @@ import (
 
 	"github.com/docker/docker/client"
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
@@ -178,7 +179,8 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 		dc := cfg.DCs[i%len(cfg.DCs)]
 		rack := fmt.Sprintf("r%d", (i/len(cfg.DCs))%cfg.RacksPerDC+1)
 		id := fmt.Sprintf("%s-%s-n%d", dc, rack, i/(len(cfg.DCs)*cfg.RacksPerDC)+1)
-		n := cluster.Node{ID: id, Host: "localhost", DC: dc, Rack: rack, Slots: cfg.Slots, Memory: cfg.NodeMemory, CPU: cfg.NodeCPU}
+		// Every local node is this host.
+		n := cluster.Node{ID: id, Host: "localhost", Addr: "127.0.0.1", DC: dc, Rack: rack, Slots: cfg.Slots, Memory: cfg.NodeMemory, CPU: cfg.NodeCPU}
 		if err := c.startNode(ctx, n); err != nil {
 			return fail(err)
 		}

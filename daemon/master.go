@@ -29,6 +29,10 @@ type MasterConfig struct {
 	OpenedStore coord.Store
 	// Listen is the API's listen address ("127.0.0.1:7070"; port 0 picks one).
 	Listen string
+	// Advertise is the API's URL as clients on other hosts reach it (http://HOST:PORT),
+	// published in the store; default: the listen address, or, when that is every
+	// interface, the address that reaches the store.
+	Advertise string
 	// ID names the master in the election (default host@listen address).
 	ID string
 	// DataDir receives admin.token at the cluster's first start.
@@ -48,6 +52,7 @@ type MasterConfig struct {
 type Master struct {
 	cfg       MasterConfig
 	ln        net.Listener
+	url       string // advertised
 	store     coord.Store
 	ownStore  bool
 	sched     *scheduler.Master
@@ -70,6 +75,11 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	}()
 	if m.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen on %s: %w (is another master running? pick --api)", cfg.Listen, err)
+	}
+	if m.url = cfg.Advertise; m.url == "" {
+		if m.url, err = advertisedURL(m.ln, cfg.Store); err != nil {
+			return nil, err
+		}
 	}
 	if m.cfg.ID == "" {
 		host, _ := os.Hostname()
@@ -124,8 +134,8 @@ func NewHTTPServer(h http.Handler) *http.Server {
 	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 }
 
-// URL is where the API is served.
-func (m *Master) URL() string { return "http://" + m.ln.Addr().String() }
+// URL is where the API is served, as other hosts reach it.
+func (m *Master) URL() string { return m.url }
 
 // TokenPath is the admin token's file, or "" when another master (or data directory) made it.
 func (m *Master) TokenPath() string { return m.tokenPath }

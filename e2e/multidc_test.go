@@ -13,6 +13,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/multidc"
 )
 
 // TestDataCenterLoss kills every agent of one data center: the job that may use the other
@@ -79,16 +80,17 @@ func TestDataCenterLoss(t *testing.T) {
 	t.Logf("pinned job: %s", st.reason)
 }
 
-// TestMirroredJob runs a job in two links with its router placed by the scheduler; the
-// active link's data center is lost mid-stream and the sink still holds every offset once.
+// TestMirroredJob runs a job in two links with its routers placed by the scheduler (a
+// leader and a standby, in two data centers); the active link's data center is lost
+// mid-stream, then the leading router's node, and the sink still holds every offset once.
 func TestMirroredJob(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
-	cl := h.client(h.startMaster("m1"))
+	cl := h.client(h.startMaster("m1", "--reregister-grace", "1s"))
 	ctx := context.Background()
-	for _, dc := range []string{"dc-a", "dc-b", "dc-c"} {
-		h.startAgent(dc+"-r1", dc, "r1", 4)
+	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1", "dc-c-r2"} {
+		h.startAgent(n, n[:4], n[5:], 4)
 	}
-	testenv.Eventually(t, "3 nodes", 20*time.Second, func() bool { return len(h.nodeRecords()) == 3 })
+	testenv.Eventually(t, "4 nodes", 20*time.Second, func() bool { return len(h.nodeRecords()) == 4 })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +109,7 @@ func TestMirroredJob(t *testing.T) {
 tenant: e2e
 workers: 2
 resources: {memory: 64Mi, cpu: 0.1}
-command: [stormdock, worker, wordcount, --input, %s, --rate, '300']
+command: [stormdock, worker, wordcount, --input, %s, --rate, '200']
 links: [dc-a, dc-b]
 output: file://%s
 gracePeriod: 2s
@@ -115,39 +117,80 @@ gracePeriod: 2s
 	if _, err := cl.SubmitJob(ctx, []byte(spec)); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, "4 link workers and the router running", 30*time.Second, func() bool {
-		return len(h.running("mirror")) == 4 && len(h.running("mirror.router")) == 1
+	testenv.Eventually(t, "4 link workers and 2 routers running", 30*time.Second, func() bool {
+		return len(h.running("mirror")) == 4 && len(h.running("mirror.router")) == 2
 	})
 	for k, w := range h.running("mirror") {
 		if !strings.HasPrefix(w.node, k.Link) {
 			t.Errorf("worker %s runs on %s, outside its link's data center", k, w.node)
 		}
 	}
-	if r := h.running("mirror.router")[cluster.WorkerKey{Job: "mirror.router"}]; r.node != "dc-c-r1" {
-		t.Errorf("router runs on %s; want the data center outside both links", r.node)
+	routerDCs := map[string]bool{}
+	for _, r := range h.running("mirror.router") {
+		routerDCs[r.node[:4]] = true
+	}
+	if len(routerDCs) != 2 {
+		t.Errorf("routers run in data centers %v; want two, so that the output survives the loss of either", routerDCs)
 	}
 	// Let output flow, then lose the active link's data center.
 	testenv.Eventually(t, "output flowing", 30*time.Second, func() bool { return len(sinkOffsets(t, out)) > 300 })
-	status := h.start("link-status", "link", "status", "mirror", "-o", "json", "--store", h.storeURL())
-	<-status.done
-	b, _ := os.ReadFile(filepath.Join(h.dir, "link-status.log"))
-	var ls struct {
-		Active string `json:"active"`
-	}
-	if err := json.Unmarshal(b, &ls); err != nil || ls.Active == "" {
-		t.Fatalf("link status: %v\n%s", err, b)
-	}
+	ls := h.linkStatus(t, "mirror")
 	h.killNode(ls.Active + "-r1")
-	testenv.Eventually(t, "every line delivered", 60*time.Second, func() bool { return len(sinkOffsets(t, out)) >= lines })
+	testenv.Eventually(t, "output flowing after the link failover", 60*time.Second, func() bool { return len(sinkOffsets(t, out)) > 1200 })
+
+	// Lose the node of the leading router, unless it is the last link's.
+	ls = h.linkStatus(t, "mirror")
+	var leaderNode string
+	for node, rec := range h.nodeRecords() {
+		for _, w := range rec.Workers {
+			if w.Key.Job == "mirror.router" && w.State == cluster.WorkerRunning && strings.HasSuffix(ls.Router, fmt.Sprintf(":%d", w.Port)) &&
+				strings.Contains(ls.Router, rec.Node.Addr) {
+				leaderNode = node
+			}
+		}
+	}
+	if leaderNode == "" {
+		t.Fatalf("no running router serves at %s", ls.Router)
+	}
+	if !strings.HasPrefix(leaderNode, ls.Active) {
+		before := len(sinkOffsets(t, out))
+		cut := time.Now()
+		h.killNode(leaderNode)
+		testenv.Eventually(t, "the sink receiving again after the leading router's node was lost", 60*time.Second, func() bool {
+			return len(sinkOffsets(t, out)) > before+50
+		})
+		t.Logf("figure: leading router's node (%s) killed -> the sink receiving again: %s", leaderNode, time.Since(cut).Round(time.Millisecond))
+	} else {
+		t.Logf("the leading router runs beside the last link (%s): not killed", leaderNode)
+	}
+	testenv.Eventually(t, "every line delivered", 90*time.Second, func() bool { return len(sinkOffsets(t, out)) >= lines })
 	offs := sinkOffsets(t, out)
 	if len(offs) != lines {
 		t.Fatalf("sink holds %d records, want %d", len(offs), lines)
 	}
 	for i, o := range offs {
 		if o != int64(i) {
-			t.Fatalf("sink record %d has offset %d: lost or repeated output across the failover", i, o)
+			t.Fatalf("sink record %d has offset %d: lost or repeated output across the failovers", i, o)
 		}
 	}
+	st, err := cl.Job(ctx, "mirror")
+	if err != nil || st.Sink == nil || !st.Sink.Fed {
+		t.Errorf("job status says the sink is not fed after recovery: %+v, %v", st.Sink, err)
+	}
+}
+
+// linkStatus runs `stormdock link status -o json` against the store.
+func (h *harness) linkStatus(t *testing.T, job string) multidc.Status {
+	t.Helper()
+	name := fmt.Sprintf("link-status-%d", time.Now().UnixNano())
+	p := h.start(name, "link", "status", job, "-o", "json", "--store", h.storeURL())
+	<-p.done
+	b, _ := os.ReadFile(filepath.Join(h.dir, name+".log"))
+	var ls multidc.Status
+	if err := json.Unmarshal(b, &ls); err != nil || ls.Active == "" {
+		t.Fatalf("link status: %v\n%s", err, b)
+	}
+	return ls
 }
 
 func sinkOffsets(t testing.TB, path string) []int64 {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,9 +131,11 @@ func (e *RestartError) Error() string {
 
 // Sender is the worker side of the ingest protocol: it posts batches of records of one
 // link's worker, retrying on backpressure and unavailability, sends heartbeats, and tells
-// the worker when the router restarted (RestartError, Rewind). Safe for concurrent use.
+// the worker when the router restarted (RestartError, Rewind). A job has more than one
+// router (one leads, the others stand by in other data centers): the sender keeps to the
+// one that took its last request and moves to the next when that one fails or stands by.
+// Safe for concurrent use.
 type Sender struct {
-	base            string
 	link            string
 	worker, workers int
 	hc              *http.Client
@@ -140,19 +143,70 @@ type Sender struct {
 	MinBackoff, MaxBackoff time.Duration
 
 	mu       sync.Mutex
-	instance string // the router instance that answered last
-	rewind   int64  // -1, or where to rewind after a router restart not yet reported
+	bases    []string // the routers' URLs
+	cur      int      // the one requests go to
+	instance string   // the router instance that answered last
+	rewind   int64    // -1, or where to rewind after a router restart not yet reported
 }
 
-// NewSender returns a sender for worker (of workers) of link, to the router at base.
-func NewSender(base, link string, worker, workers int) *Sender {
-	return &Sender{
-		base: strings.TrimSuffix(base, "/"), link: link, worker: worker, workers: workers,
+// NewSender returns a sender for worker (of workers) of link, to the routers at bases (a
+// comma-separated list of http://HOST:PORT).
+func NewSender(bases, link string, worker, workers int) *Sender {
+	s := &Sender{
+		link: link, worker: worker, workers: workers,
 		hc:         &http.Client{Timeout: 10 * time.Second},
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: time.Second,
 		rewind: -1,
 	}
+	s.SetRouters(strings.Split(bases, ","))
+	return s
 }
+
+// SetRouters replaces the routers' URLs (a worker's live configuration changed: a router
+// moved). The sender keeps to the router it used if it is still listed.
+func (s *Sender) SetRouters(urls []string) {
+	var bases []string
+	for _, u := range urls {
+		if u = strings.TrimSuffix(strings.TrimSpace(u), "/"); u != "" {
+			bases = append(bases, u)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := ""
+	if s.cur < len(s.bases) {
+		old = s.bases[s.cur]
+	}
+	s.bases, s.cur = bases, 0
+	for i, b := range bases {
+		if b == old {
+			s.cur = i
+		}
+	}
+}
+
+// base is the router requests go to now, "" while none is known.
+func (s *Sender) base() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.bases) == 0 {
+		return ""
+	}
+	return s.bases[s.cur%len(s.bases)]
+}
+
+// next moves to the next router after base failed or stood by.
+func (s *Sender) next(base string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.bases) > 0 && s.bases[s.cur%len(s.bases)] == base {
+		s.cur = (s.cur + 1) % len(s.bases)
+	}
+}
+
+// errNoRouter: the worker's configuration names no router yet (the job's routers are
+// starting).
+var errNoRouter = errors.New("multidc: no router known yet")
 
 // answered records which router instance answered, noting a restart.
 func (s *Sender) answered(instance string, next int64) {
@@ -186,17 +240,25 @@ func (s *Sender) Heartbeat(ctx context.Context) (HeartbeatResult, error) {
 	if s.workers > 0 {
 		q.Set("workers", strconv.Itoa(s.workers))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"/v1/heartbeat?"+q.Encode(), nil)
+	base := s.base()
+	if base == "" {
+		return HeartbeatResult{}, errNoRouter
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/heartbeat?"+q.Encode(), nil)
 	if err != nil {
 		return HeartbeatResult{}, err
 	}
 	resp, err := s.hc.Do(req)
 	if err != nil {
+		s.next(base)
 		return HeartbeatResult{}, err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
+		if resp.StatusCode >= 500 {
+			s.next(base)
+		}
 		return HeartbeatResult{}, apiError(resp.StatusCode, b)
 	}
 	var res HeartbeatResult
@@ -227,13 +289,21 @@ func (s *Sender) Heartbeats(ctx context.Context, interval time.Duration) {
 // errors. A 400 (the batch is wrong) is returned at once as an *APIError; a router restart
 // as a *RestartError, after which the caller rewinds and sends again from there.
 func (s *Sender) Send(ctx context.Context, batch []byte) error {
-	u := s.base + "/v1/records?" + url.Values{"link": {s.link}, "worker": {strconv.Itoa(s.worker)}}.Encode()
+	q := "/v1/records?" + url.Values{"link": {s.link}, "worker": {strconv.Itoa(s.worker)}}.Encode()
 	wait := s.MinBackoff
 	for {
 		if off, ok := s.Rewind(); ok {
 			return &RestartError{NextOffset: off}
 		}
-		err := s.post(ctx, u, batch)
+		err := errNoRouter
+		if base := s.base(); base != "" {
+			if err = s.post(ctx, base+q, batch); err != nil {
+				var ae *APIError
+				if !errors.As(err, &ae) || ae.Code >= 500 {
+					s.next(base) // down, or standing by: try the next router
+				}
+			}
+		}
 		if off, ok := s.Rewind(); ok {
 			return &RestartError{NextOffset: off}
 		}
@@ -276,4 +346,29 @@ func (s *Sender) post(ctx context.Context, u string, batch []byte) error {
 		return nil
 	}
 	return apiError(resp.StatusCode, b)
+}
+
+// FollowConfig keeps the sender's routers those of the worker's live configuration (the
+// file named by STORMDOCK_CONFIG, cluster.WorkerConfig), re-read whenever it changes, until
+// ctx is done. The agent rewrites it when the job's routers move.
+func (s *Sender) FollowConfig(ctx context.Context, path string) {
+	var seen time.Time
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if fi, err := os.Stat(path); err == nil && !fi.ModTime().Equal(seen) {
+			var c cluster.WorkerConfig
+			if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &c) == nil {
+				seen = fi.ModTime()
+				if len(c.Routers) > 0 {
+					s.SetRouters(c.Routers)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -214,6 +214,9 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 		}
 		st.Workers = append(st.Workers, wv)
 	}
+	if j.rec.Spec.Mirrored() {
+		st.Sink = m.sinkView(r.Context(), v, j.rec.Spec.Name)
+	}
 	reply(w, http.StatusOK, st)
 }
 

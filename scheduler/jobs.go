@@ -51,31 +51,6 @@ func tenantUsage(ctx context.Context, s coord.KV, tenant, except string) (worker
 	return workers, memory, nil
 }
 
-// RouterPortBase is the first loopback port given to mirrored jobs' output routers.
-const RouterPortBase = 17100
-
-// freeRouterPort finds the lowest router port no job holds. Two submits racing for one
-// port are told apart by the tenant version check only within a tenant; across tenants the
-// second router fails to listen and says so, and the job can be resubmitted.
-func freeRouterPort(ctx context.Context, s coord.KV) (int, error) {
-	names, err := s.Children(ctx, cluster.JobsKey)
-	if err != nil {
-		return 0, fmt.Errorf("list jobs: %w", err)
-	}
-	used := map[int]bool{}
-	for _, name := range names {
-		rec, _, err := readJob(ctx, s, name)
-		if err == nil && rec.RouterPort != 0 {
-			used[rec.RouterPort] = true
-		}
-	}
-	p := RouterPortBase
-	for used[p] {
-		p++
-	}
-	return p, nil
-}
-
 // readTenant returns the tenant record and its entry (for its version).
 func readTenant(ctx context.Context, s coord.KV, name string) (cluster.TenantRecord, coord.Entry, error) {
 	e, err := s.Get(ctx, cluster.TenantKey(name))
@@ -141,11 +116,6 @@ func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin
 		}
 		now := time.Now().UTC()
 		rec = cluster.JobRecord{Spec: *spec, Generation: 1, State: cluster.JobRunning, Image: pin, Submitted: now, Updated: now}
-		if spec.Mirrored() {
-			if rec.RouterPort, err = freeRouterPort(ctx, s); err != nil {
-				return err
-			}
-		}
 		val, _ := json.Marshal(rec)
 		// A conflict on the tenant (another submit or scale counted its quota meanwhile)
 		// makes Retry read everything again.

@@ -145,7 +145,7 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 		j, _ := v.record(p.Job)
 		a := want[p.Node]
 		a.Node = p.Node
-		a.Workers = append(a.Workers, workerAssignment(j, p.Key()))
+		a.Workers = append(a.Workers, workerAssignment(v, j, p.Key()))
 		want[p.Node] = a
 	}
 	for node, ws := range stopping {
@@ -179,7 +179,7 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 	return want
 }
 
-func workerAssignment(j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAssignment {
+func workerAssignment(v *view, j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAssignment {
 	s := j.Spec
 	wa := cluster.WorkerAssignment{
 		Key:        k,
@@ -197,8 +197,11 @@ func workerAssignment(j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAs
 		Output:     s.Output,
 	}
 	if s.Mirrored() {
-		// Link workers send to the job's router, which alone writes to the job's output.
-		wa.Output = routerURL(j)
+		// Link workers send to the job's routers, whose leader alone writes to the job's
+		// output. Where the routers run reaches running workers through their live
+		// configuration: a router moving restarts no link worker.
+		wa.Output = ""
+		wa.Routers = v.routerURLs(s.Name)
 	}
 	return wa
 }

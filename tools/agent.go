@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -33,6 +34,7 @@ var AgentCommand = &cli.Command{
 		&cli.StringFlag{Name: "store", Usage: "coordination store `URL` (zk://host:port/chroot, mem://, file:///path)", EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
 		&cli.StringFlag{Name: "node-id", Usage: "node `ID`", Required: true},
 		&cli.StringFlag{Name: "host", Usage: "host name reported for the node (default: the machine's)"},
+		&cli.StringFlag{Name: "advertise-addr", Usage: "`ADDR` other hosts reach this node's workers and services at (routers listen there); default: the address of the interface that reaches the store"},
 		&cli.StringFlag{Name: "dc", Usage: "data center", Required: true},
 		&cli.StringFlag{Name: "rack", Usage: "rack", Required: true},
 		&cli.IntFlag{Name: "slots", Usage: "worker slots", Required: true},
@@ -154,7 +156,12 @@ func runAgent(c *cli.Context) error {
 var labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9_./-]*[A-Za-z0-9])?$`)
 
 func agentNode(c *cli.Context) (cluster.Node, error) {
-	n := cluster.Node{ID: c.String("node-id"), Host: c.String("host"), DC: c.String("dc"), Rack: c.String("rack"), Slots: c.Int("slots")}
+	n := cluster.Node{ID: c.String("node-id"), Host: c.String("host"), Addr: c.String("advertise-addr"), DC: c.String("dc"), Rack: c.String("rack"), Slots: c.Int("slots")}
+	if n.Addr != "" && net.ParseIP(n.Addr) == nil {
+		if _, err := net.LookupHost(n.Addr); err != nil {
+			return n, fmt.Errorf("--advertise-addr %q: not an IP address or a resolvable host name", n.Addr)
+		}
+	}
 	for flag, v := range map[string]string{"node-id": n.ID, "dc": n.DC, "rack": n.Rack} {
 		if err := cluster.CheckName(v); err != nil {
 			return n, fmt.Errorf("--%s: %v", flag, err)

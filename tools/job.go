@@ -272,6 +272,13 @@ func jobStatus(c *cli.Context) error {
 	return printOut(c, st, func(w io.Writer) {
 		s := st.Summary
 		fmt.Fprintf(w, "job %s (tenant %s, %s): %d/%d running\n", s.Name, s.Tenant, s.State, s.Running, s.Workers)
+		if sk := st.Sink; sk != nil {
+			if sk.Fed {
+				fmt.Fprintf(w, "sink fed from link %s by router %s, delivered up to offset %d\n", sk.Active, sk.Leader, sk.Delivered)
+			} else {
+				fmt.Fprintf(w, "sink NOT FED: %s\n", sk.Problem)
+			}
+		}
 		if line := imageLine(st.Job); line != "" {
 			fmt.Fprintln(w, line)
 		}

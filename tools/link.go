@@ -108,7 +108,7 @@ func linkStatus(c *cli.Context) error {
 	case st.Job != job:
 		return usageErr("the router at %s serves job %q, not %q", url, st.Job, job)
 	}
-	return printOut(c, st, func(w io.Writer) {
+	perr := printOut(c, st, func(w io.Writer) {
 		fmt.Fprintf(w, "JOB %s\tACTIVE %s\tDELIVERED %d\tCHECKPOINT %d\tFAILOVERS %d\n", st.Job, orDash(st.Active), st.Delivered, st.Checkpoint, st.Failovers)
 		if f := st.LastFailover; f != nil {
 			fmt.Fprintf(w, "LAST FAILOVER %s -> %s (%s) at offset %d, %s\n", f.From, f.To, f.Reason, f.NextOffset, f.At.Format(time.RFC3339))
@@ -130,6 +130,14 @@ func linkStatus(c *cli.Context) error {
 				l.LastProduced, l.LastDelivered, l.Lag, l.Buffered, age)
 		}
 	})
+	if perr != nil {
+		return perr
+	}
+	if cerr != nil {
+		// What the store says is printed above; the router itself did not answer.
+		return cli.Exit(fmt.Sprintf("stormdock: router %s of job %s unreachable: %v", url, job, cerr), 1)
+	}
+	return nil
 }
 
 func orDash(s string) string {

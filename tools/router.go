@@ -68,11 +68,13 @@ func routerRun(c *cli.Context) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r, err := multidc.New(multidc.Config{
-		Job:                a.Job,
-		Links:              a.Links,
-		Store:              store,
-		Sink:               sink,
-		Listen:             a.Listen,
+		Job:   a.Job,
+		Links: a.Links,
+		Store: store,
+		Sink:  sink,
+		// The master writes $STORMDOCK_ADDR:$STORMDOCK_PORT: the node's advertised address
+		// and the port its agent gave the router.
+		Listen:             os.ExpandEnv(a.Listen),
 		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		HeartbeatTimeout:   a.HeartbeatTimeout,
 		CloseGrace:         a.CloseGrace,

@@ -26,6 +26,9 @@ func runLink(ctx context.Context, cfg Config) error {
 	s := multidc.NewSender(cfg.OutputURL, cfg.Link, cfg.Worker, cfg.Workers)
 	hctx, stop := context.WithCancel(ctx)
 	defer stop()
+	if cfg.ConfigFile != "" {
+		go s.FollowConfig(hctx, cfg.ConfigFile)
+	}
 	go s.Heartbeats(hctx, heartbeatEvery)
 
 	from := int64(0)

@@ -44,6 +44,9 @@ type Config struct {
 	// OutputURL if it is set, else written to Stdout.
 	Output    string
 	OutputURL string
+	// ConfigFile is the worker's live configuration (STORMDOCK_CONFIG): a link worker
+	// follows its job's routers there as they move.
+	ConfigFile string
 	Stdout    io.Writer
 	// Rate caps the records emitted per second; 0 means unpaced.
 	Rate float64
@@ -58,8 +61,8 @@ type Config struct {
 }
 
 // ConfigFromEnv fills the identity of a worker from the stormdock worker contract:
-// STORMDOCK_WORKER, STORMDOCK_WORKERS, STORMDOCK_JOB, STORMDOCK_LINK, and STORMDOCK_OUTPUT when
-// it is an http(s) URL. A worker run by hand, without them, is worker 0 of 1.
+// STORMDOCK_WORKER, STORMDOCK_WORKERS, STORMDOCK_JOB, STORMDOCK_LINK, STORMDOCK_OUTPUT when it
+// is an http(s) URL (a link worker's routers, comma-separated), and STORMDOCK_CONFIG. A worker run by hand, without them, is worker 0 of 1.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	cfg := Config{Worker: 0, Workers: 1, Job: getenv("STORMDOCK_JOB"), Link: getenv("STORMDOCK_LINK")}
 	if v := getenv("STORMDOCK_WORKERS"); v != "" {
@@ -79,6 +82,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	if v := getenv("STORMDOCK_OUTPUT"); strings.HasPrefix(v, "http://") || strings.HasPrefix(v, "https://") {
 		cfg.OutputURL = v
 	}
+	cfg.ConfigFile = getenv("STORMDOCK_CONFIG")
 	return cfg, nil
 }
 
@@ -121,7 +125,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Link != "" && cfg.OutputURL != "" && cfg.Output == "" {
+	if cfg.Link != "" && (cfg.OutputURL != "" || cfg.ConfigFile != "") && cfg.Output == "" {
 		return runLink(ctx, cfg)
 	}
 	var src io.Reader
