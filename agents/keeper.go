@@ -153,6 +153,7 @@ type Keeper struct {
 	mu      sync.Mutex
 	status  KeeperStatus
 	retired sync.Once
+	fileMu  sync.Mutex // serializes writes of keeper.json
 }
 
 // NewKeeper returns a keeper for the node, holding its entry in store (whose session timeout
@@ -486,8 +487,11 @@ func (k *Keeper) setSession(id int64) {
 	}
 }
 
-// writeStatus replaces keeper.json atomically.
+// writeStatus replaces keeper.json atomically. The Run loop and the record writer both call
+// it: one at a time, so that an older status is never renamed over a newer one.
 func (k *Keeper) writeStatus() {
+	k.fileMu.Lock()
+	defer k.fileMu.Unlock()
 	b, _ := json.Marshal(k.Status())
 	if err := writeFileAtomic(filepath.Join(k.cfg.StateDir, keeperStatusFile), b, 0o600); err != nil {
 		k.log.Warn("write keeper status", "err", err)

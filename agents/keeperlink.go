@@ -29,22 +29,18 @@ type externalKeeper struct {
 
 	pid  int
 	last KeeperStatus
-	mod  time.Time
 }
 
+// Status reads keeper.json. It is read every time, not cached by its modification time:
+// two rewrites within one tick of the kernel's file clock leave the same time.
 func (e *externalKeeper) Status() KeeperStatus {
-	p := filepath.Join(e.dir, keeperStatusFile)
-	fi, err := os.Stat(p)
+	b, err := os.ReadFile(filepath.Join(e.dir, keeperStatusFile))
 	if err != nil {
 		return KeeperStatus{State: KeeperStarting}
 	}
-	if !fi.ModTime().Equal(e.mod) {
-		b, err := os.ReadFile(p)
-		var st KeeperStatus
-		if err == nil && json.Unmarshal(b, &st) == nil {
-			e.last, e.mod = st, fi.ModTime()
-			e.pid = st.PID
-		}
+	var st KeeperStatus
+	if json.Unmarshal(b, &st) == nil {
+		e.last, e.pid = st, st.PID
 	}
 	return e.last
 }

@@ -66,6 +66,7 @@ type harness struct {
 	mu      sync.Mutex
 	masters map[string]*proc
 	agents  map[string]*proc
+	ports   map[string]int // each node's port base
 	store   coord.Store
 }
 
@@ -155,7 +156,12 @@ func (h *harness) startMaster(id string, extra ...string) string {
 
 // startAgent runs `stormdock agent` for one node; extra flags are added at the end.
 func (h *harness) startAgent(id, dc, rack string, slots int, extra ...string) {
-	args := []string{"agent", "--store", h.storeURL(), "--node-id", id, "--dc", dc, "--rack", rack,
+	// Every node of these clusters shares one host: each gets ports of its own for its
+	// workers (routers listen on theirs).
+	h.mu.Lock()
+	base := h.portBase(id)
+	h.mu.Unlock()
+	args := []string{"agent", "--store", h.storeURL(), "--node-id", id, "--dc", dc, "--rack", rack, "--port-base", fmt.Sprint(base),
 		"--slots", fmt.Sprint(slots), "--memory", "8Gi", "--cpu", "8", "--session-timeout", h.session.String(),
 		"--heartbeat", "500ms", "--state-dir", filepath.Join(h.dir, "agent-"+id), "--cgroup-parent", h.cgroup + "/" + id,
 		"--metrics", "off"}
@@ -163,6 +169,18 @@ func (h *harness) startAgent(id, dc, rack string, slots int, extra ...string) {
 	h.mu.Lock()
 	h.agents[id] = p
 	h.mu.Unlock()
+}
+
+// portBase gives each node id a range of 50 ports of its own, kept across restarts; h.mu is
+// held.
+func (h *harness) portBase(id string) int {
+	if h.ports == nil {
+		h.ports = map[string]int{}
+	}
+	if _, ok := h.ports[id]; !ok {
+		h.ports[id] = 20000 + 50*len(h.ports) + 1000*(os.Getpid()%20)
+	}
+	return h.ports[id]
 }
 
 // keeperPID is the pid of node id's keeper process (0 when none runs): the process that
@@ -189,6 +207,13 @@ func (h *harness) killNode(id string) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	p.kill()
+}
+
+// killMachine kills a node as a dead machine: its agent, its keeper and every worker at
+// once (killNode leaves the workers to their leases).
+func (h *harness) killMachine(id string) {
+	h.killNode(id)
+	killCgroupTree(h.cgroup + "/" + id)
 }
 
 // signalNode sends sig to every stormdock process of a node but its workers: the agent and
@@ -238,6 +263,11 @@ func (h *harness) stopAll() {
 		for id := range h.agents {
 			b, _ := os.ReadFile(filepath.Join(h.dir, "agent-"+id, "keeper.log"))
 			h.t.Logf("keeper of %s log (tail):\n%s", id, tail(b, 2000))
+			logs, _ := filepath.Glob(filepath.Join(h.dir, "agent-"+id, "process", "logs", "*router*"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				h.t.Logf("%s (tail):\n%s", l, tail(b, 2500))
+			}
 		}
 	}
 }

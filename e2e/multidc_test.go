@@ -135,7 +135,11 @@ gracePeriod: 2s
 	// Let output flow, then lose the active link's data center.
 	testenv.Eventually(t, "output flowing", 30*time.Second, func() bool { return len(sinkOffsets(t, out)) > 300 })
 	ls := h.linkStatus(t, "mirror")
-	h.killNode(ls.Active + "-r1")
+	cut := time.Now()
+	before := len(sinkOffsets(t, out))
+	h.killMachine(ls.Active + "-r1")
+	testenv.Eventually(t, "output flowing after the link failover", 60*time.Second, func() bool { return len(sinkOffsets(t, out)) > before+50 })
+	t.Logf("figure: active link's data center lost -> the sink receiving again: %s", time.Since(cut).Round(time.Millisecond))
 	testenv.Eventually(t, "output flowing after the link failover", 60*time.Second, func() bool { return len(sinkOffsets(t, out)) > 1200 })
 
 	// Lose the node of the leading router, unless it is the last link's.
@@ -155,7 +159,7 @@ gracePeriod: 2s
 	if !strings.HasPrefix(leaderNode, ls.Active) {
 		before := len(sinkOffsets(t, out))
 		cut := time.Now()
-		h.killNode(leaderNode)
+		h.killMachine(leaderNode)
 		testenv.Eventually(t, "the sink receiving again after the leading router's node was lost", 60*time.Second, func() bool {
 			return len(sinkOffsets(t, out)) > before+50
 		})

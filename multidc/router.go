@@ -24,6 +24,9 @@ type Config struct {
 	Links []string    // the job's links, in order of preference
 	Store coord.Store // checkpoint, status and the one-router-per-job election
 	Sink  Sink        // the router closes it when Run returns
+	// OpenSink, when Sink is nil, opens the sink once the router leads the job's election:
+	// a standby router must not hold the sink (a file sink is locked by its writer).
+	OpenSink func() (Sink, error)
 	// Listen, if set, is the address New listens on and Run serves the API on
 	// ("127.0.0.1:0" picks a port; see URL).
 	Listen string
@@ -100,7 +103,7 @@ func New(cfg Config) (*Router, error) {
 			return nil, fmt.Errorf("multidc: link %q listed twice", l)
 		}
 	}
-	if cfg.Store == nil || cfg.Sink == nil {
+	if cfg.Store == nil || (cfg.Sink == nil && cfg.OpenSink == nil) {
 		return nil, errors.New("multidc: a router needs a store and a sink")
 	}
 	if cfg.HeartbeatTimeout <= 0 {
@@ -171,6 +174,9 @@ func (r *Router) Run(ctx context.Context) (err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer func() {
+		if r.cfg.Sink == nil {
+			return
+		}
 		if cerr := r.cfg.Sink.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("multidc: close sink: %w", cerr)
 		}
@@ -217,6 +223,15 @@ func (r *Router) Run(ctx context.Context) (err error) {
 		defer rcancel()
 		_ = lead.Resign(rctx)
 	}()
+	if r.cfg.Sink == nil {
+		sink, err := r.cfg.OpenSink()
+		if err != nil {
+			return fmt.Errorf("multidc: open sink: %w", err)
+		}
+		r.mu.Lock()
+		r.cfg.Sink = sink
+		r.mu.Unlock()
+	}
 	if err := r.recover(ctx); err != nil {
 		return err
 	}

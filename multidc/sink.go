@@ -37,28 +37,40 @@ type SinkOptions struct {
 //	file:///ABS/PATH[?fsync=checkpoint|always|never]   see FileSink
 //	http://HOST/PATH, https://HOST/PATH                 see HTTPSink
 func OpenSink(raw string, opts SinkOptions) (Sink, error) {
-	u, err := url.Parse(raw)
+	u, err := CheckSink(raw)
 	if err != nil {
-		return nil, fmt.Errorf("multidc: sink %q: %w", raw, err)
+		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if u.Scheme == "file" {
+		policy := FsyncPolicy(u.Query().Get("fsync"))
+		if policy == "" {
+			policy = FsyncCheckpoint
+		}
+		return OpenFileSink(u.Path, policy)
+	}
+	return NewHTTPSink(raw, HTTPSinkOptions{Job: opts.Job, Logger: opts.Logger}), nil
+}
+
+// CheckSink checks a job's output URL without opening the sink (see OpenSink).
+func CheckSink(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("multidc: sink %q: %w", raw, err)
 	}
 	switch u.Scheme {
 	case "file":
 		if u.Host != "" || u.Path == "" || u.Path[0] != '/' {
 			return nil, fmt.Errorf("multidc: sink %q: want file:///ABSOLUTE/PATH", raw)
 		}
-		policy := FsyncPolicy(u.Query().Get("fsync"))
-		if policy == "" {
-			policy = FsyncCheckpoint
-		}
-		return OpenFileSink(u.Path, policy)
+		return u, nil
 	case "http", "https":
 		if u.Host == "" {
 			return nil, fmt.Errorf("multidc: sink %q: no host", raw)
 		}
-		return NewHTTPSink(raw, HTTPSinkOptions{Job: opts.Job, Logger: opts.Logger}), nil
+		return u, nil
 	}
 	return nil, fmt.Errorf("multidc: sink %q: want file:// or http(s)://", raw)
 }

@@ -51,17 +51,15 @@ func routerRun(c *cli.Context) error {
 		return cli.Exit(fmt.Sprintf("stormdock router: %v (see --help)", err), 1)
 	}
 	log := slog.Default()
-	sink, err := multidc.OpenSink(a.Sink, multidc.SinkOptions{Job: a.Job, Logger: log})
-	if err != nil {
+	// Checked now, opened once this router leads: a standby holds no sink.
+	if _, err := multidc.CheckSink(a.Sink); err != nil {
 		return usageErr("--sink: %v", err)
 	}
 	if _, err := coord.ParseURL(a.Store); err != nil {
-		sink.Close()
 		return usageErr("--store: %v", err)
 	}
 	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: a.StoreCredentials, Logger: log})
 	if err != nil {
-		sink.Close()
 		return cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
 	}
 	defer store.Close()
@@ -71,7 +69,9 @@ func routerRun(c *cli.Context) error {
 		Job:   a.Job,
 		Links: a.Links,
 		Store: store,
-		Sink:  sink,
+		OpenSink: func() (multidc.Sink, error) {
+			return multidc.OpenSink(a.Sink, multidc.SinkOptions{Job: a.Job, Logger: log})
+		},
 		// The master writes $STORMDOCK_ADDR:$STORMDOCK_PORT: the node's advertised address
 		// and the port its agent gave the router.
 		Listen:             os.ExpandEnv(a.Listen),
@@ -84,7 +84,6 @@ func routerRun(c *cli.Context) error {
 		Logger:             log,
 	})
 	if err != nil {
-		sink.Close()
 		return usageErr("%v", err)
 	}
 	if err := r.Run(c.Context); err != nil {
