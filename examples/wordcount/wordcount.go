@@ -47,7 +47,7 @@ type Config struct {
 	// ConfigFile is the worker's live configuration (STORMDOCK_CONFIG): a link worker
 	// follows its job's routers there as they move.
 	ConfigFile string
-	Stdout    io.Writer
+	Stdout     io.Writer
 	// Rate caps the records emitted per second; 0 means unpaced.
 	Rate float64
 	// Worker and Workers say which lines are this worker's: offset % Workers == Worker.
