@@ -145,6 +145,7 @@ type Keeper struct {
 	store coord.Store
 	log   *slog.Logger
 	addrs []string // the store's servers, for probes (none for an embedded store)
+	key   string   // the node's entry
 
 	notify   chan struct{}
 	retireCh chan struct{} // closed by Retire
@@ -160,7 +161,11 @@ func NewKeeper(cfg KeeperConfig, store coord.Store) (*Keeper, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	k := &Keeper{cfg: cfg, store: store, log: cfg.Logger.With("node", cfg.Node, "component", "keeper"),
+	key, err := cluster.NodeKey(cfg.Node)
+	if err != nil {
+		return nil, fmt.Errorf("keeper: %w", err)
+	}
+	k := &Keeper{cfg: cfg, store: store, key: key, log: cfg.Logger.With("node", cfg.Node, "component", "keeper"),
 		notify: make(chan struct{}, 1), retireCh: make(chan struct{})}
 	storeName := ""
 	if t, err := coord.ParseURL(cfg.Store); err == nil {
@@ -214,7 +219,7 @@ func (k *Keeper) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w := &nodeWriter{store: k.store, key: cluster.NodeKey(k.cfg.Node), host: k.cfg.Host, log: k.log, version: -1}
+	w := &nodeWriter{store: k.store, key: k.key, host: k.cfg.Host, log: k.log, version: -1}
 	sessions := k.store.SessionEvents(ctx)
 	tick := time.NewTicker(k.cfg.renewInterval())
 	defer tick.Stop()
@@ -326,7 +331,7 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 	iv := k.cfg.renewInterval()
 	sent := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, iv)
-	_, err := k.store.Get(pctx, cluster.NodeKey(k.cfg.Node))
+	_, err := k.store.Get(pctx, k.key)
 	cancel()
 	if err == nil || errors.Is(err, coord.ErrNotFound) {
 		*lastOK = sent

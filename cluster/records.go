@@ -1,7 +1,7 @@
 package cluster
 
 import (
-	"path"
+	"fmt"
 	"time"
 )
 
@@ -28,31 +28,49 @@ const (
 	RoutersKey = "/routers"
 )
 
+// The key builders below are the only way store keys are made from names. Each refuses a
+// name CheckName refuses (wrapping ErrInvalidName), so that a name no entry point checked
+// still cannot reach another record: path.Join("/jobs", "../tenants/demo") is
+// "/tenants/demo".
+
+func nameKey(dir, kind, name string) (string, error) {
+	if err := CheckName(name); err != nil {
+		return "", fmt.Errorf("%s: %w", kind, err)
+	}
+	return dir + "/" + name, nil
+}
+
 // JobKey is the store key of a job's record.
-func JobKey(name string) string { return path.Join(JobsKey, name) }
+func JobKey(name string) (string, error) { return nameKey(JobsKey, "job", name) }
 
 // TenantKey is the store key of a tenant's record.
-func TenantKey(name string) string { return path.Join(TenantsKey, name) }
+func TenantKey(name string) (string, error) { return nameKey(TenantsKey, "tenant", name) }
 
 // NodeKey is the store key of a node's live record.
-func NodeKey(id string) string { return path.Join(NodesKey, id) }
+func NodeKey(id string) (string, error) { return nameKey(NodesKey, "node", id) }
 
 // AssignmentKey is the store key of a node's assignment.
-func AssignmentKey(id string) string { return path.Join(AssignmentsKey, id) }
+func AssignmentKey(id string) (string, error) { return nameKey(AssignmentsKey, "node", id) }
 
 // NodeConfKey is the store key of a node's operator settings.
-func NodeConfKey(id string) string { return path.Join(NodeConfsKey, id) }
+func NodeConfKey(id string) (string, error) { return nameKey(NodeConfsKey, "node", id) }
 
 // DCKey is the store key of a data center's record.
-func DCKey(name string) string { return path.Join(DCsKey, name) }
+func DCKey(name string) (string, error) { return nameKey(DCsKey, "data center", name) }
 
 // RouterKey is the store key of a mirrored job's router record, the parent of its
 // RouterElectionKey: deleting the tree removes both.
-func RouterKey(job string) string { return path.Join(RoutersKey, job) }
+func RouterKey(job string) (string, error) { return nameKey(RoutersKey, "job", job) }
 
 // RouterElectionKey is the prefix of the election that lets one router at a time serve a
 // job, so that two routers never write one sink.
-func RouterElectionKey(job string) string { return path.Join(RoutersKey, job, "election") }
+func RouterElectionKey(job string) (string, error) {
+	k, err := RouterKey(job)
+	if err != nil {
+		return "", err
+	}
+	return k + "/election", nil
+}
 
 // Data-center states.
 const (

@@ -301,7 +301,7 @@ func (h *harness) assignmentVersions() map[string]int64 {
 	}
 	out := map[string]int64{}
 	for _, n := range names {
-		e, err := h.store.Get(ctx, cluster.AssignmentKey(n))
+		e, err := h.store.Get(ctx, cluster.AssignmentsKey+"/"+n)
 		if err != nil {
 			h.t.Fatal(err)
 		}
@@ -321,7 +321,7 @@ func (h *harness) nodeRecords() map[string]cluster.NodeRecord {
 		return out
 	}
 	for _, n := range names {
-		e, err := h.store.Get(ctx, cluster.NodeKey(n))
+		e, err := h.store.Get(ctx, cluster.NodesKey+"/"+n)
 		if err != nil {
 			continue
 		}

@@ -56,7 +56,7 @@ func RouterURL(ctx context.Context, kv coord.KV, job string) (string, error) {
 		return "", err
 	}
 	if !ok || rec.Router == "" {
-		return "", fmt.Errorf("multidc: no router record for job %q at %s: is the job mirrored and its router running?", job, cluster.RouterKey(job))
+		return "", fmt.Errorf("multidc: no router record for job %q at %s/%s: is the job mirrored and its router running?", job, cluster.RoutersKey, job)
 	}
 	return rec.Router, nil
 }

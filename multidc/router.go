@@ -200,7 +200,11 @@ func (r *Router) Run(ctx context.Context) (err error) {
 		r.log.Info("router API listening", "url", r.URL())
 	}
 
-	el, err := coord.NewElection(r.cfg.Store, cluster.RouterElectionKey(r.cfg.Job), r.instance)
+	ekey, err := cluster.RouterElectionKey(r.cfg.Job)
+	if err != nil {
+		return fmt.Errorf("multidc: %w", err)
+	}
+	el, err := coord.NewElection(r.cfg.Store, ekey, r.instance)
 	if err != nil {
 		return fmt.Errorf("multidc: %w", err)
 	}

@@ -482,7 +482,7 @@ func TestOneRouterPerJob(t *testing.T) {
 	second := startRouter(t, store, []string{"dc-a", "dc-b"}, nil)
 	// The second router stands in the job's router election, behind the first.
 	testenv.Eventually(t, "the second router standing", 10*time.Second, func() bool {
-		names, err := store.Children(context.Background(), cluster.RouterElectionKey("wordcount"))
+		names, err := store.Children(context.Background(), cluster.RoutersKey+"/wordcount"+"/election")
 		return err == nil && len(names) == 2
 	})
 	if _, err := second.Status(); err == nil {

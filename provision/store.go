@@ -98,7 +98,11 @@ func Nodes(ctx context.Context, kv coord.KV) (map[string]NodeInfo, error) {
 	}
 	out := make(map[string]NodeInfo, len(ids))
 	for id := range ids {
-		e, err := kv.Get(ctx, cluster.NodeKey(id))
+		key, err := cluster.NodeKey(id)
+		if err != nil {
+			continue // not a node any agent registers
+		}
+		e, err := kv.Get(ctx, key)
 		if errors.Is(err, coord.ErrNotFound) {
 			continue // gone meanwhile
 		}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
@@ -62,7 +65,11 @@ func (m *Master) authenticate(r *http.Request) (principal, error) {
 		return principal{}, fmt.Errorf("%w: read tenants: %v", api.ErrUnavailable, err)
 	}
 	for _, name := range names {
-		if e, err := m.store.Get(r.Context(), cluster.TenantKey(name)); err == nil && match(name, e.Value) {
+		key, err := cluster.TenantKey(name)
+		if err != nil {
+			continue // not a tenant's record
+		}
+		if e, err := m.store.Get(r.Context(), key); err == nil && match(name, e.Value) {
 			return principal{tenant: name}, nil
 		}
 	}
@@ -76,16 +83,33 @@ func (m *Master) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 			h(w, r)
 			return
 		}
+		host := remoteHost(r)
+		if limited, wait := m.authFails.blocked(host); limited {
+			m.metrics.authFailures.WithLabelValues("limited").Inc()
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
+			fail(w, api.ErrRateLimited, "too many failed token checks from %s: try again in %s", host, wait.Round(100*time.Millisecond))
+			return
+		}
 		// Tokens and everything else live in the store: say so at once rather than hang.
 		if msg := m.storeUnavailable(); msg != "" {
 			fail(w, api.ErrUnavailable, "%s", msg)
 			return
 		}
 		p, err := m.authenticate(r)
+		if errors.Is(err, api.ErrUnauthorized) {
+			reason := "invalid"
+			if r.Header.Get("Authorization") == "" {
+				reason = "missing"
+			}
+			m.authFails.fail(host)
+			m.metrics.authFailures.WithLabelValues(reason).Inc()
+			m.log.Warn("API token refused", "remote", r.RemoteAddr, "reason", reason, "method", r.Method, "path", clipPath(r.URL.Path))
+		}
 		if err != nil {
 			failErr(w, err)
 			return
 		}
+		notePrincipal(r, p)
 		if need == roleAdmin && !p.admin {
 			fail(w, api.ErrForbidden, "this needs the admin token; tenant %s's token cannot do it", p.tenant)
 			return
@@ -105,7 +129,11 @@ func mayUse(p principal, tenant string) error {
 // SetTenantToken makes a new token for a tenant, replacing the old one, and returns it.
 func SetTenantToken(ctx context.Context, s coord.KV, name string) (string, error) {
 	var token string
-	_, err := coord.Update(ctx, s, cluster.TenantKey(name), func(cur []byte, exists bool) ([]byte, error) {
+	key, err := keyOf(cluster.TenantKey(name))
+	if err != nil {
+		return "", err
+	}
+	_, err = coord.Update(ctx, s, key, func(cur []byte, exists bool) ([]byte, error) {
 		t, err := decodeTenant(name, cur, exists)
 		if err != nil {
 			return nil, err

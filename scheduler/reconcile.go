@@ -48,7 +48,11 @@ func (r *reconciler) loadAssignments(ctx context.Context) error {
 
 // reload reads one node's assignment from the store, after a conflict or at the start.
 func (r *reconciler) reload(ctx context.Context, node string) error {
-	e, err := r.m.store.Get(ctx, cluster.AssignmentKey(node))
+	key, err := cluster.AssignmentKey(node)
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	e, err := r.m.store.Get(ctx, key)
 	if errors.Is(err, coord.ErrNotFound) {
 		delete(r.assign, node)
 		return nil
@@ -242,11 +246,11 @@ func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssi
 	})
 	for _, c := range changes {
 		st := r.assign[c.node]
-		key := cluster.AssignmentKey(c.node)
-		var (
-			ver int64
-			err error
-		)
+		key, err := cluster.AssignmentKey(c.node)
+		if err != nil {
+			return 0, fmt.Errorf("scheduler: %w", err)
+		}
+		var ver int64
 		if st.exists {
 			ver, err = r.m.store.Put(ctx, key, c.value, st.version)
 		} else {
@@ -290,13 +294,21 @@ func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
 		if j.rec.State != cluster.JobKilled || left[name] {
 			continue
 		}
+		jobKey, err := cluster.JobKey(name)
+		if err != nil {
+			return fmt.Errorf("scheduler: %w", err)
+		}
 		if j.rec.Spec.Mirrored() {
 			// The router's checkpoint and election go with the job.
-			if err := coord.DeleteTree(ctx, r.m.store, cluster.RouterKey(name)); err != nil && !errors.Is(err, coord.ErrNotFound) {
+			routerKey, err := cluster.RouterKey(name)
+			if err != nil {
+				return fmt.Errorf("scheduler: %w", err)
+			}
+			if err := coord.DeleteTree(ctx, r.m.store, routerKey); err != nil && !errors.Is(err, coord.ErrNotFound) {
 				return fmt.Errorf("scheduler: remove the router record of %s: %w", name, err)
 			}
 		}
-		err := r.m.store.Delete(ctx, cluster.JobKey(name), j.version)
+		err = r.m.store.Delete(ctx, jobKey, j.version)
 		r.m.metrics.storeWrites.Inc()
 		if err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrConflict) {
 			return fmt.Errorf("scheduler: remove killed job %s: %w", name, err)
@@ -314,7 +326,11 @@ func (r *reconciler) forgetLost(ctx context.Context, v *view) error {
 		if _, alive := v.nodes[node]; alive || !st.exists || len(st.a.Workers) > 0 {
 			continue
 		}
-		err := r.m.store.Delete(ctx, cluster.AssignmentKey(node), st.version)
+		key, err := cluster.AssignmentKey(node)
+		if err != nil {
+			return fmt.Errorf("scheduler: %w", err)
+		}
+		err = r.m.store.Delete(ctx, key, st.version)
 		r.m.metrics.storeWrites.Inc()
 		if err != nil && !errors.Is(err, coord.ErrNotFound) {
 			_ = r.reload(ctx, node)

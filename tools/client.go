@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
 )
 
 // DefaultMaster is where a local cluster serves its API.
@@ -89,6 +90,19 @@ func apiErr(c *cli.Context, err error) error {
 func wantArgs(c *cli.Context, n int, names string) error {
 	if c.NArg() != n {
 		return usageErr("%s takes %s (flags may go before or after it); got %d argument(s)", c.Command.FullName(), names, c.NArg())
+	}
+	return nil
+}
+
+// wantName checks that the command got exactly one positional argument and that it is a
+// valid name (cluster.CheckName): a name that is not valid is refused here, before any
+// request is made.
+func wantName(c *cli.Context, names string) error {
+	if err := wantArgs(c, 1, names); err != nil {
+		return err
+	}
+	if err := cluster.CheckName(c.Args().First()); err != nil {
+		return usageErr("%s: %v", names, err)
 	}
 	return nil
 }

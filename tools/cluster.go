@@ -151,8 +151,19 @@ func provisionErr(c *cli.Context, err error) error {
 	return cli.Exit(msg, 1)
 }
 
-func clusterCreate(c *cli.Context) error {
+// wantClusterName checks that the command got one argument, a valid cluster name.
+func wantClusterName(c *cli.Context) error {
 	if err := wantArgs(c, 1, "a cluster NAME"); err != nil {
+		return err
+	}
+	if err := provision.CheckName(c.Args().First()); err != nil {
+		return usageErr("%v", err)
+	}
+	return nil
+}
+
+func clusterCreate(c *cli.Context) error {
+	if err := wantClusterName(c); err != nil {
 		return err
 	}
 	spec, err := specFromFlags(c)
@@ -170,8 +181,9 @@ func clusterCreate(c *cli.Context) error {
 		}
 		if c.String("output") != "json" {
 			tokens := provision.Tokens{Dir: provision.DefaultTokenDir()}
+			path, _ := tokens.Path(cl.Name)
 			fmt.Fprintf(c.App.Writer, "\nready in %s. Use it with:\n  export STORMDOCK_MASTER=%s\n  export STORMDOCK_TOKEN=$(cat %s)\n",
-				time.Since(start).Round(100*time.Millisecond), cl.API, tokens.Path(cl.Name))
+				time.Since(start).Round(100*time.Millisecond), cl.API, path)
 		}
 		return nil
 	})
@@ -211,7 +223,7 @@ func specFromFlags(c *cli.Context) (provision.Spec, error) {
 }
 
 func clusterScale(c *cli.Context) error {
-	if err := wantArgs(c, 1, "a cluster NAME"); err != nil {
+	if err := wantClusterName(c); err != nil {
 		return err
 	}
 	if c.Int("agents") < 0 {
@@ -234,7 +246,7 @@ func clusterScale(c *cli.Context) error {
 }
 
 func clusterStatus(c *cli.Context) error {
-	if err := wantArgs(c, 1, "a cluster NAME"); err != nil {
+	if err := wantClusterName(c); err != nil {
 		return err
 	}
 	return withProvider(c, func(ctx context.Context, p provision.Provider) error {
@@ -268,7 +280,7 @@ func clusterList(c *cli.Context) error {
 }
 
 func clusterDestroy(c *cli.Context) error {
-	if err := wantArgs(c, 1, "a cluster NAME"); err != nil {
+	if err := wantClusterName(c); err != nil {
 		return err
 	}
 	return withProvider(c, func(ctx context.Context, p provision.Provider) error {

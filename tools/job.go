@@ -88,7 +88,7 @@ func jobSubmit(c *cli.Context) error {
 }
 
 func jobScale(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the job NAME"); err != nil {
+	if err := wantName(c, "the job NAME"); err != nil {
 		return err
 	}
 	cl, err := newClient(c)
@@ -107,7 +107,7 @@ func jobScale(c *cli.Context) error {
 }
 
 func jobKill(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the job NAME"); err != nil {
+	if err := wantName(c, "the job NAME"); err != nil {
 		return err
 	}
 	cl, err := newClient(c)
@@ -254,7 +254,7 @@ func jobList(c *cli.Context) error {
 }
 
 func jobStatus(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the job NAME"); err != nil {
+	if err := wantName(c, "the job NAME"); err != nil {
 		return err
 	}
 	cl, err := newClient(c)

@@ -67,7 +67,7 @@ func routerOf(c *cli.Context, job string) (url string, rec *multidc.RouterRecord
 		return "", nil, cli.Exit("stormdock: "+err.Error(), 1)
 	}
 	if !ok {
-		return "", nil, cli.Exit(fmt.Sprintf("stormdock: no router record for job %q in the store (%s): is it mirrored, is its router running?", job, cluster.RouterKey(job)), 2)
+		return "", nil, cli.Exit(fmt.Sprintf("stormdock: no router record for job %q in the store (%s/%s): is it mirrored, is its router running?", job, cluster.RoutersKey, job), 2)
 	}
 	return r.Router, &r, nil
 }
@@ -81,7 +81,7 @@ func routerErr(err error) error {
 }
 
 func linkStatus(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the JOB"); err != nil {
+	if err := wantName(c, "the JOB"); err != nil {
 		return err
 	}
 	job := c.Args().First()
@@ -140,10 +140,15 @@ func orDash(s string) string {
 }
 
 func linkFailover(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the JOB"); err != nil {
+	if err := wantName(c, "the JOB"); err != nil {
 		return err
 	}
 	job := c.Args().First()
+	if to := c.String("to"); to != "" {
+		if err := cluster.CheckName(to); err != nil {
+			return usageErr("--to: link: %v", err)
+		}
+	}
 	url, _, err := routerOf(c, job)
 	if err != nil {
 		return err
