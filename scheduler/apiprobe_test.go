@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -443,5 +444,98 @@ func TestAPIRateLimitsFailedTokens(t *testing.T) {
 	}
 	if got := testenv.Metric(t, reg, "stormdock_master_api_auth_failures_total", map[string]string{"reason": "invalid"}); got != authFailBurst {
 		t.Errorf("stormdock_master_api_auth_failures_total{reason=invalid} = %v, want %d", got, authFailBurst)
+	}
+}
+
+// syncBuffer is a log sink a handler and the test share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) lines() []map[string]any {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestAuditLogsEveryChangeOnce: each call that changes something (or tries to) gives exactly
+// one audit line with principal, action, object, result and remote address; reads give none.
+func TestAuditLogsEveryChangeOnce(t *testing.T) {
+	tc := newTestCluster(t)
+	var logs syncBuffer
+	m, err := New(tc.connect(-1), Config{ID: "m1", Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(tc.ctx)
+	defer cancel()
+	go func() { _ = m.Run(ctx) }()
+	srv := httptest.NewServer(m.Handler(nil))
+	defer srv.Close()
+	f := &apiFixture{tc: tc, m: m, srv: srv}
+	f.admin = api.NewToken()
+	if _, err := tc.admin.Create(tc.ctx, cluster.AdminTokenKey, []byte(api.HashToken(f.admin)), coord.Persistent); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "the master answers", testenv.Timeout(5*time.Second), func() bool {
+		status, _, _ := f.raw(t, "GET", "/v1/jobs", f.admin, nil)
+		return status == http.StatusOK
+	})
+	calls := []struct {
+		method, target, token, body string
+		principal, object, result  string
+	}{
+		{"POST", "/v1/tenants", f.admin, `{"name": "demo"}`, "admin", "tenant/demo", "ok"},
+		{"POST", "/v1/tenants/demo/token", f.admin, ``, "admin", "tenant/demo", "ok"},
+		{"POST", "/v1/jobs", f.admin, `{"name": "wc", "tenant": "demo", "workers": 1, "resources": {"memory": "64Mi", "cpu": 0.1}, "command": ["sleep", "1"]}`, "admin", "job/wc", "ok"},
+		{"POST", "/v1/jobs/wc/scale", f.admin, `{"workers": 0}`, "admin", "job/wc", "bad_request"},
+		{"POST", "/v1/jobs/wc/kill", "", `{}`, "-", "job/wc", "unauthorized"},
+		{"POST", "/v1/jobs/..%2Ftenants%2Fdemo/kill", f.admin, `{}`, "-", "", "bad_request"},
+		{"GET", "/v1/jobs", f.admin, ``, "", "", ""},
+		{"GET", "/v1/jobs/wc", f.admin, ``, "", "", ""},
+	}
+	for _, c := range calls {
+		f.raw(t, c.method, c.target, c.token, []byte(c.body))
+	}
+	var audit []map[string]any
+	for _, l := range logs.lines() {
+		if l["msg"] == "audit" {
+			audit = append(audit, l)
+		}
+	}
+	want := 0
+	for _, c := range calls {
+		if c.method != "GET" {
+			want++
+		}
+	}
+	if len(audit) != want {
+		t.Fatalf("%d audit lines for %d changing calls: %v", len(audit), want, audit)
+	}
+	i := 0
+	for _, c := range calls {
+		if c.method == "GET" {
+			continue
+		}
+		a := audit[i]
+		i++
+		if a["principal"] != c.principal || a["object"] != c.object || a["result"] != c.result ||
+			!strings.HasPrefix(fmt.Sprint(a["remote"]), "127.0.0.1:") || !strings.HasPrefix(fmt.Sprint(a["action"]), c.method+" /v1/") {
+			t.Errorf("%s %s: audit line %v; want principal %s, object %q, result %s", c.method, c.target, a, c.principal, c.object, c.result)
+		}
 	}
 }
