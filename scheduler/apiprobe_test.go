@@ -497,7 +497,7 @@ func TestAuditLogsEveryChangeOnce(t *testing.T) {
 	})
 	calls := []struct {
 		method, target, token, body string
-		principal, object, result  string
+		principal, object, result   string
 	}{
 		{"POST", "/v1/tenants", f.admin, `{"name": "demo"}`, "admin", "tenant/demo", "ok"},
 		{"POST", "/v1/tenants/demo/token", f.admin, ``, "admin", "tenant/demo", "ok"},
