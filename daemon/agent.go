@@ -16,6 +16,7 @@ import (
 
 	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
 )
@@ -166,7 +167,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.metrics != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
-		srv := NewHTTPServer(mux)
+		srv := api.NewServer(mux)
 		served := make(chan struct{})
 		go func() {
 			defer close(served)

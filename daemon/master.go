@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/scheduler"
 )
@@ -95,7 +96,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	if err != nil {
 		return nil, err
 	}
-	m.srv = NewHTTPServer(m.sched.Handler(m.registry))
+	m.srv = api.NewServer(m.sched.Handler(m.registry))
 	return m, nil
 }
 
@@ -104,12 +105,6 @@ func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
-}
-
-// NewHTTPServer is every stormdock HTTP server's shape: bounded header reads, so a client
-// that sends its headers slowly cannot hold a connection.
-func NewHTTPServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 }
 
 // URL is where the API is served.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -180,12 +181,9 @@ func (r *Router) Run(ctx context.Context) (err error) {
 	if r.ln != nil {
 		// Serve from the start: until the router leads and has recovered, workers get 503
 		// and retry, instead of connection errors.
-		srv := &http.Server{
-			Handler:           r.Handler(),
-			ReadHeaderTimeout: 10 * time.Second,
-			ConnContext:       func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
-			ConnState:         r.connState,
-		}
+		srv := api.NewServer(r.Handler())
+		srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) }
+		srv.ConnState = r.connState
 		wg.Go(func() {
 			if err := srv.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				cancel(fmt.Errorf("multidc: serve: %w", err))
