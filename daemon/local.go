@@ -40,7 +40,10 @@ type LocalConfig struct {
 	// ZooKeeper).
 	Store string
 	// API is the master's listen address; port 0 picks a free one.
-	API            string
+	API string
+	// TLS serves the API over TLS with a CA and certificate made in DataDir (ca.crt,
+	// master.crt, master.key) at the first start.
+	TLS            bool
 	SessionTimeout time.Duration
 	Heartbeat      time.Duration
 	// Isolation lists the drivers every node offers: process (always) and docker.
@@ -150,8 +153,13 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	if c.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
 		return fail(fmt.Errorf("open store: %w", err))
 	}
-	c.master, err = NewMaster(ctx, MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local",
-		DataDir: cfg.DataDir, Logger: cfg.Logger})
+	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir, Logger: cfg.Logger}
+	if cfg.TLS {
+		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {
+			return fail(err)
+		}
+	}
+	c.master, err = NewMaster(ctx, mcfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -239,6 +247,14 @@ func (c *Local) API() string { return c.master.URL() }
 
 // TokenPath is the admin token's file ("" when another master made the token).
 func (c *Local) TokenPath() string { return c.master.TokenPath() }
+
+// CAFile is the CA certificate that signs the API's certificate ("" without TLS).
+func (c *Local) CAFile() string {
+	if !c.cfg.TLS {
+		return ""
+	}
+	return filepath.Join(c.cfg.DataDir, CACertFile)
+}
 
 // Registry holds the master's metrics, served at API()/metrics.
 func (c *Local) Registry() *prometheus.Registry { return c.master.Registry() }

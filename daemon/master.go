@@ -2,12 +2,14 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -29,9 +31,15 @@ type MasterConfig struct {
 	OpenedStore coord.Store
 	// Listen is the API's listen address ("127.0.0.1:7070"; port 0 picks one).
 	Listen string
+	// Advertise is the API's address as clients reach it, told to them through the store
+	// and written to the data directory's api.url (default: the listen address).
+	Advertise string
+	// TLS, when set, serves the API over TLS (see EnsureCerts and ServerTLS).
+	TLS *tls.Config
 	// ID names the master in the election (default host@listen address).
 	ID string
-	// DataDir receives admin.token at the cluster's first start.
+	// DataDir receives admin.token at the cluster's first start, and api.url (the URL the
+	// API is served at, which the CLI reads when no --master is given).
 	DataDir string
 	// RouterStore is the store URL the master's output routers open (default: Store when it
 	// is ZooKeeper).
@@ -66,6 +74,9 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	if m.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen on %s: %w (is another master running? pick --api)", cfg.Listen, err)
 	}
+	if m.cfg.Advertise == "" {
+		m.cfg.Advertise = m.ln.Addr().String()
+	}
 	if m.cfg.ID == "" {
 		host, _ := os.Hostname()
 		m.cfg.ID = host + "@" + m.ln.Addr().String()
@@ -83,6 +94,9 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		if m.tokenPath, err = EnsureAdminToken(ctx, m.store, cfg.DataDir); err != nil {
 			return nil, err
 		}
+		if err := writeFiles(map[string][]byte{filepath.Join(cfg.DataDir, api.URLFile): []byte(m.URL() + "\n")}, 0o644); err != nil {
+			return nil, err
+		}
 	}
 	m.registry = NewRegistry()
 	routerStore := cfg.RouterStore
@@ -97,6 +111,9 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		return nil, err
 	}
 	m.srv = api.NewServer(m.sched.Handler(m.registry))
+	// The server's own complaints (TLS handshakes that fail, connections cut by the
+	// limits) go to the master's log.
+	m.srv.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
 	return m, nil
 }
 
@@ -107,8 +124,13 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// URL is where the API is served.
-func (m *Master) URL() string { return "http://" + m.ln.Addr().String() }
+// URL is where the API is served: https:// when it is served over TLS.
+func (m *Master) URL() string {
+	if m.cfg.TLS != nil {
+		return "https://" + m.cfg.Advertise
+	}
+	return "http://" + m.cfg.Advertise
+}
 
 // TokenPath is the admin token's file, or "" when another master (or data directory) made it.
 func (m *Master) TokenPath() string { return m.tokenPath }
@@ -122,7 +144,11 @@ func (m *Master) Scheduler() *scheduler.Master { return m.sched }
 // Run serves the API and runs the scheduler until ctx is done, then shuts the server down.
 func (m *Master) Run(ctx context.Context) error {
 	errc := make(chan error, 1)
-	go func() { errc <- m.srv.Serve(m.ln) }()
+	ln := m.ln
+	if m.cfg.TLS != nil {
+		ln = tls.NewListener(ln, m.cfg.TLS)
+	}
+	go func() { errc <- m.srv.Serve(ln) }()
 	m.cfg.Logger.Info("master API listening", "url", m.URL(), "metrics", m.URL()+"/metrics", "id", m.cfg.ID)
 	runErr := m.sched.Run(ctx)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -1,8 +1,10 @@
 package tools
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -40,6 +42,42 @@ func storeOptions(c *cli.Context) coord.Options {
 	return coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: c.String("store-credentials")}
 }
 
+// Environment that gives a master its certificate and key as PEM text, for a container
+// whose file system holds no files of its own (see provision/docker).
+const (
+	envTLSCertPEM = "STORMDOCK_TLS_CERT_PEM"
+	envTLSKeyPEM  = "STORMDOCK_TLS_KEY_PEM"
+)
+
+// masterTLS is the master's TLS configuration from its flags: nil without TLS.
+func masterTLS(c *cli.Context) (*tls.Config, error) {
+	cert, key := c.String("tls-cert"), c.String("tls-key")
+	certPEM, keyPEM := os.Getenv(envTLSCertPEM), os.Getenv(envTLSKeyPEM)
+	switch {
+	case (cert == "") != (key == ""):
+		return nil, usageErr("--tls-cert and --tls-key go together")
+	case cert != "":
+		conf, err := daemon.ServerTLS(cert, key)
+		if err != nil {
+			return nil, usageErr("--tls-cert, --tls-key: %v", err)
+		}
+		return conf, nil
+	case certPEM != "" && keyPEM != "":
+		conf, err := daemon.ServerTLSPEM([]byte(certPEM), []byte(keyPEM))
+		if err != nil {
+			return nil, usageErr("%s, %s: %v", envTLSCertPEM, envTLSKeyPEM, err)
+		}
+		return conf, nil
+	case c.Bool("tls"):
+		conf, err := daemon.MasterTLS(c.String("data"), c.String("api"), c.String("advertise"))
+		if err != nil {
+			return nil, cli.Exit("stormdock master: "+err.Error(), 1)
+		}
+		return conf, nil
+	}
+	return nil, nil
+}
+
 // MasterCommand runs a master.
 var MasterCommand = &cli.Command{
 	Name:  "master",
@@ -47,7 +85,11 @@ var MasterCommand = &cli.Command{
 	Flags: append(storeFlags(),
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` the HTTP API and /metrics listen on", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
-		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600)", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
+		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600), api.url and, with --tls, ca.crt, ca.key, master.crt and master.key", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
+		&cli.StringFlag{Name: "advertise", Usage: "`ADDR` clients reach the API at, when it differs from --api (the TLS certificate covers both)"},
+		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS: a CA and a server certificate are made in --data at the first start"},
+		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
+		&cli.StringFlag{Name: "tls-key", Usage: "the key of --tls-cert, in `FILE` (PEM)"},
 	),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
@@ -57,10 +99,16 @@ var MasterCommand = &cli.Command{
 			return usageErr("--store: %v", err)
 		}
 		log := slog.Default()
+		tlsConf, err := masterTLS(c)
+		if err != nil {
+			return err
+		}
 		m, err := daemon.NewMaster(c.Context, daemon.MasterConfig{
 			Store:        c.String("store"),
 			StoreOptions: storeOptions(c),
 			Listen:       c.String("api"),
+			Advertise:    c.String("advertise"),
+			TLS:          tlsConf,
 			ID:           c.String("id"),
 			DataDir:      c.String("data"),
 			Logger:       log,

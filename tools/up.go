@@ -27,6 +27,7 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the store, the admin token and the agents' state", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` of the master's API and /metrics", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT)"},
+		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS (a CA and certificate are made in --data at the first start; the CLI trusts them by itself)", Value: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
 	}, healthcheck.LocalFlags()...),
@@ -66,7 +67,7 @@ func runUp(c *cli.Context) error {
 	lc, err := daemon.StartLocal(c.Context, daemon.LocalConfig{
 		Nodes: c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
 		DataDir: c.String("data"), Store: c.String("store"), API: c.String("api"),
-		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log,
+		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log, TLS: c.Bool("tls"),
 	})
 	if err != nil {
 		return cli.Exit("stormdock up: "+err.Error(), 1)
@@ -77,6 +78,9 @@ func runUp(c *cli.Context) error {
 	fmt.Fprintf(w, "  metrics   %s/metrics\n", lc.API())
 	if lc.TokenPath() != "" {
 		fmt.Fprintf(w, "  admin token %s (the CLI finds it by itself)\n", lc.TokenPath())
+	}
+	if ca := lc.CAFile(); ca != "" {
+		fmt.Fprintf(w, "  CA        %s (the CLI trusts it by itself; elsewhere: --ca or STORMDOCK_CA)\n", ca)
 	}
 	if !lc.Confined() {
 		fmt.Fprintln(w, "  warning: not root, workers run without cgroup limits")
