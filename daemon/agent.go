@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/stormdock/stormdock/agents"
-	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
 )
