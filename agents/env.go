@@ -24,6 +24,8 @@ const (
 	EnvPort       = "STORMDOCK_PORT"
 	EnvOutput     = "STORMDOCK_OUTPUT"
 	EnvGeneration = "STORMDOCK_GENERATION"
+	// EnvOutputTokenFile names a link worker's sender token file (multidc.EnvTokenFile).
+	EnvOutputTokenFile = "STORMDOCK_OUTPUT_TOKEN_FILE"
 )
 
 // containerLeaseDir is where a docker worker sees its lease directory (read-only).
@@ -76,6 +78,9 @@ func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int) map[string]stri
 	env[EnvPort] = strconv.Itoa(port)
 	env[EnvOutput] = wa.Output
 	env[EnvGeneration] = strconv.FormatInt(wa.Generation, 10)
+	if wa.System && a.cfg.StoreCredentialsFile != "" {
+		env[EnvStoreCredentialsFile] = a.cfg.StoreCredentialsFile
+	}
 	return env
 }
 
@@ -117,9 +122,13 @@ func (a *Agent) command(wa cluster.WorkerAssignment, mode, leaseFile string) []s
 func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port int) isolation.Spec {
 	leaseFile := a.leaseFile(id)
 	var mounts []isolation.Mount
-	if mode == cluster.IsolationDocker && !a.cfg.NoLease {
+	if mode == cluster.IsolationDocker && (!a.cfg.NoLease || wa.OutputToken != "") {
 		mounts = []isolation.Mount{{Source: filepath.Dir(leaseFile), Target: containerLeaseDir, ReadOnly: true}}
 		leaseFile = filepath.Join(containerLeaseDir, filepath.Base(leaseFile))
+	}
+	env := a.workerEnv(wa, port)
+	if wa.OutputToken != "" {
+		env[EnvOutputTokenFile] = a.tokenPath(id, mode)
 	}
 	return isolation.Spec{
 		ID:          id,
@@ -128,7 +137,8 @@ func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port i
 		Worker:      wa.Key.Worker,
 		Node:        a.cfg.Node.ID,
 		Command:     a.command(wa, mode, leaseFile),
-		Env:         a.workerEnv(wa, port),
+		Env:         env,
+		User:        a.userOf(wa, mode),
 		Image:       wa.Image,
 		MemoryBytes: int64(wa.Resources.Memory),
 		MilliCPU:    int64(wa.Resources.CPU),
@@ -152,7 +162,7 @@ func sameRun(a, b cluster.WorkerAssignment) bool {
 	// so STORMDOCK_WORKERS is the count when the worker started.
 	return a.Key == b.Key && a.Generation == b.Generation && a.Tenant == b.Tenant &&
 		a.Isolation == b.Isolation && a.Image == b.Image &&
-		a.Output == b.Output && a.Resources == b.Resources &&
+		a.Output == b.Output && a.OutputToken == b.OutputToken && a.System == b.System && a.Resources == b.Resources &&
 		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env)
 }
 

@@ -23,6 +23,9 @@ const (
 	AdminTokenKey = "/master/admin"
 	// MasterDirKey holds the masters' own entries: ElectionKey, MasterKey, the admin token.
 	MasterDirKey = "/master"
+	// OutputKeyKey holds the key that mirrored jobs' sender tokens are made with (see
+	// package multidc); only masters read it.
+	OutputKeyKey = "/master/output-key"
 	// RoutersKey holds one entry per mirrored job, written by its output router (package
 	// multidc): /routers/<job>: RouterRecord, /routers/<job>/election: the routers' election.
 	RoutersKey = "/routers"
@@ -104,9 +107,12 @@ type JobRecord struct {
 	State      string `json:"state"`
 	// RouterPort is where a mirrored job's output router listens (on loopback), given at
 	// submit so that the job's link workers know where to send.
-	RouterPort int       `json:"routerPort,omitempty"`
-	Submitted  time.Time `json:"submitted"`
-	Updated    time.Time `json:"updated"`
+	RouterPort int `json:"routerPort,omitempty"`
+	// OutputTokenHash is the hash of the sender token a mirrored job's link workers present
+	// to its router; the token itself is in no record (see package multidc).
+	OutputTokenHash string    `json:"outputTokenHash,omitempty"`
+	Submitted       time.Time `json:"submitted"`
+	Updated         time.Time `json:"updated"`
 }
 
 // TenantRecord is a tenant with the hash of its API token.
@@ -191,6 +197,12 @@ type WorkerAssignment struct {
 	Priority   int               `json:"priority,omitempty"`
 	Grace      Duration          `json:"grace"`
 	Output     string            `json:"output,omitempty"`
+	// OutputToken is the sender token of a mirrored job's link worker: the agent hands it to
+	// the worker in a file only the worker may read.
+	OutputToken string `json:"outputToken,omitempty"`
+	// System marks stormdock's own workers (output routers): they run as the agent's user
+	// and get the store's credentials.
+	System bool `json:"system,omitempty"`
 	// Stop asks the agent to stop the worker with Grace (a job killed with its own grace
 	// period); the master drops the entry once the agent no longer reports the worker.
 	Stop bool `json:"stop,omitempty"`

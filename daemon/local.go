@@ -37,7 +37,8 @@ type LocalConfig struct {
 	// DataDir holds the store file, the admin token and the agents' state.
 	DataDir string
 	// Store overrides the embedded store persisted under DataDir (a zk:// URL joins a real
-	// ZooKeeper).
+	// ZooKeeper, with digest ACLs: credentials are made in DataDir/store.credentials at the
+	// first start, unless the URL carries some).
 	Store string
 	// API is the master's listen address; port 0 picks a free one.
 	API string
@@ -111,6 +112,8 @@ func (c *LocalConfig) defaults() error {
 // Local is a running local cluster.
 type Local struct {
 	cfg      LocalConfig
+	creds    string // the store's credentials, when it has ACLs
+	credFile string
 	master   *Master
 	store    coord.Store
 	confined bool
@@ -150,6 +153,13 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	}
 	var err error
 	opts := coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger}
+	if t, perr := coord.ParseURL(cfg.Store); perr == nil && t.Scheme == "zk" && t.Credentials == "" {
+		// A ZooKeeper this cluster shares with others: its entries are for it alone.
+		if c.credFile, c.creds, err = EnsureStoreCredentials(cfg.DataDir); err != nil {
+			return fail(err)
+		}
+		opts.Credentials = c.creds
+	}
 	if c.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
 		return fail(fmt.Errorf("open store: %w", err))
 	}
@@ -212,10 +222,11 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 	health := *c.cfg.Health
 	health.CgroupParent = c.CgroupParent(spec.ID)
 	a, err := NewAgent(ctx, AgentConfig{
-		Node:         spec,
-		Store:        c.cfg.Store,
-		StoreOptions: coord.Options{SessionTimeout: c.cfg.SessionTimeout},
-		StateDir:     filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
+		Node:                 spec,
+		Store:                c.cfg.Store,
+		StoreOptions:         coord.Options{SessionTimeout: c.cfg.SessionTimeout, Credentials: c.creds},
+		StoreCredentialsFile: c.credFile,
+		StateDir:             filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
 		Drivers: DriverConfig{Isolation: iso, Cgroups: cgroups, Docker: c.docker,
 			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},
 		Heartbeat: c.cfg.Heartbeat,

@@ -102,8 +102,12 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	routerStore := cfg.RouterStore
 	if routerStore == "" && strings.HasPrefix(cfg.Store, "zk://") {
 		// An embedded store is held by one process: routers then keep no checkpoint
-		// (the scheduler's default) and recover from their sink alone.
-		routerStore = cfg.Store
+		// (the scheduler's default) and recover from their sink alone. Routers get the
+		// store's credentials from their agent, in a file: the URL goes on their command
+		// line.
+		if routerStore, _, err = PlainStoreURL(cfg.Store); err != nil {
+			return nil, err
+		}
 	}
 	m.sched, err = scheduler.New(m.store, scheduler.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore,
 		Logger: cfg.Logger, Registry: m.registry})

@@ -38,6 +38,8 @@ func (e *APIError) Retryable() bool {
 type Client struct {
 	base string
 	hc   *http.Client
+	// Token is the job's sender token, needed for a failover.
+	Token string
 }
 
 // NewClient returns a client of the router at base (http://HOST:PORT).
@@ -88,6 +90,9 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	if err != nil {
 		return fmt.Errorf("multidc: %w", err)
 	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("multidc: %w", err)
@@ -136,6 +141,8 @@ type Sender struct {
 	link            string
 	worker, workers int
 	hc              *http.Client
+	// Token is the job's sender token (ReadTokenFile), sent with every request.
+	Token string
 	// MinBackoff and MaxBackoff bound the wait between retries (defaults 10 ms, 1 s).
 	MinBackoff, MaxBackoff time.Duration
 
@@ -151,6 +158,12 @@ func NewSender(base, link string, worker, workers int) *Sender {
 		hc:         &http.Client{Timeout: 10 * time.Second},
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: time.Second,
 		rewind: -1,
+	}
+}
+
+func (s *Sender) authorize(req *http.Request) {
+	if s.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.Token)
 	}
 }
 
@@ -190,6 +203,7 @@ func (s *Sender) Heartbeat(ctx context.Context) (HeartbeatResult, error) {
 	if err != nil {
 		return HeartbeatResult{}, err
 	}
+	s.authorize(req)
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		return HeartbeatResult{}, err
@@ -260,6 +274,7 @@ func (s *Sender) post(ctx context.Context, u string, batch []byte) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/x-ndjson")
+	s.authorize(req)
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		return err

@@ -25,6 +25,9 @@ type Config struct {
 	Links []string    // the job's links, in order of preference
 	Store coord.Store // checkpoint, status and the one-router-per-job election
 	Sink  Sink        // the router closes it when Run returns
+	// TokenHash is the hash (api.HashToken) of the job's sender token: records, heartbeats
+	// and failovers without the token are refused (401).
+	TokenHash string
 	// Listen, if set, is the address New listens on and Run serves the API on
 	// ("127.0.0.1:0" picks a port; see URL).
 	Listen string
@@ -75,6 +78,7 @@ type Router struct {
 	failovers    int64
 	lastFailover *Failover
 	conns        map[net.Conn][]beatKey // the workers each open connection carried
+	fails        *api.FailLimiter       // failed token checks, per remote address
 }
 
 type runState int
@@ -103,6 +107,9 @@ func New(cfg Config) (*Router, error) {
 	}
 	if cfg.Store == nil || cfg.Sink == nil {
 		return nil, errors.New("multidc: a router needs a store and a sink")
+	}
+	if len(cfg.TokenHash) != 64 {
+		return nil, errors.New("multidc: a router needs the hash of its job's sender token (--token-hash)")
 	}
 	if cfg.HeartbeatTimeout <= 0 {
 		cfg.HeartbeatTimeout = 600 * time.Millisecond
@@ -140,6 +147,7 @@ func New(cfg Config) (*Router, error) {
 		kick:     make(chan struct{}, 1),
 		live:     newLiveness(cfg.Links, cfg.HeartbeatTimeout, cfg.CloseGrace),
 		conns:    map[net.Conn][]beatKey{},
+		fails:    api.NewFailLimiter(),
 	}
 	m, err := newMetrics(r, cfg.Registerer)
 	if err != nil {

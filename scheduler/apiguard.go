@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -228,14 +227,4 @@ func checkDuplicateKeys(data []byte) error {
 			top.key = true
 		}
 	}
-}
-
-// remoteHost is the address a request came from, without its port: what failed token
-// checks are counted by.
-func remoteHost(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }

@@ -422,7 +422,7 @@ func TestAPIQuotaUnderRacingSubmitsAndScales(t *testing.T) {
 func TestAPIRateLimitsFailedTokens(t *testing.T) {
 	f := newAPIFixture(t)
 	limited := 0
-	for i := range authFailBurst + 5 {
+	for i := range api.AuthFailBurst + 5 {
 		status, body, hdr := f.raw(t, "GET", "/v1/jobs", fmt.Sprintf("sdt_guess%d", i), nil)
 		switch status {
 		case http.StatusUnauthorized:
@@ -436,14 +436,14 @@ func TestAPIRateLimitsFailedTokens(t *testing.T) {
 		}
 	}
 	if limited < 5 {
-		t.Fatalf("%d of %d guesses limited; want the ones past the burst of %d", limited, authFailBurst+5, authFailBurst)
+		t.Fatalf("%d of %d guesses limited; want the ones past the burst of %d", limited, api.AuthFailBurst+5, api.AuthFailBurst)
 	}
 	reg := f.tc.regs[f.m]
 	if got := testenv.Metric(t, reg, "stormdock_master_api_auth_failures_total", map[string]string{"reason": "limited"}); got != float64(limited) {
 		t.Errorf("stormdock_master_api_auth_failures_total{reason=limited} = %v, want %d", got, limited)
 	}
-	if got := testenv.Metric(t, reg, "stormdock_master_api_auth_failures_total", map[string]string{"reason": "invalid"}); got != authFailBurst {
-		t.Errorf("stormdock_master_api_auth_failures_total{reason=invalid} = %v, want %d", got, authFailBurst)
+	if got := testenv.Metric(t, reg, "stormdock_master_api_auth_failures_total", map[string]string{"reason": "invalid"}); got != api.AuthFailBurst {
+		t.Errorf("stormdock_master_api_auth_failures_total{reason=invalid} = %v, want %d", got, api.AuthFailBurst)
 	}
 }
 

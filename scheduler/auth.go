@@ -83,8 +83,8 @@ func (m *Master) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 			h(w, r)
 			return
 		}
-		host := remoteHost(r)
-		if limited, wait := m.authFails.blocked(host); limited {
+		host := api.RemoteHost(r)
+		if limited, wait := m.authFails.Blocked(host); limited {
 			m.metrics.authFailures.WithLabelValues("limited").Inc()
 			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
 			fail(w, api.ErrRateLimited, "too many failed token checks from %s: try again in %s", host, wait.Round(100*time.Millisecond))
@@ -101,7 +101,7 @@ func (m *Master) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 			if r.Header.Get("Authorization") == "" {
 				reason = "missing"
 			}
-			m.authFails.fail(host)
+			m.authFails.Fail(host)
 			m.metrics.authFailures.WithLabelValues(reason).Inc()
 			m.log.Warn("API token refused", "remote", r.RemoteAddr, "reason", reason, "method", r.Method, "path", clipPath(r.URL.Path))
 		}

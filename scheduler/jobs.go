@@ -153,6 +153,9 @@ func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.
 			if rec.RouterPort, err = freeRouterPort(ctx, s); err != nil {
 				return err
 			}
+			if rec.OutputTokenHash, err = outputTokenHash(ctx, s, rec); err != nil {
+				return err
+			}
 		}
 		val, _ := json.Marshal(rec)
 		// A conflict on the tenant (another submit or scale counted its quota meanwhile)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/multidc"
 	"github.com/stormdock/stormdock/placement"
 )
 
@@ -30,6 +31,7 @@ type reconciler struct {
 	m            *Master
 	assign       map[string]assignState
 	lastUnplaced int
+	outputKey    []byte // sender tokens are made with it (see output.go)
 }
 
 func (r *reconciler) loadAssignments(ctx context.Context) error {
@@ -75,6 +77,9 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	start := time.Now()
 	v := r.m.view()
 	if err := r.recordDCs(ctx, v); err != nil {
+		return err
+	}
+	if err := r.ensureOutputKey(ctx, v); err != nil {
 		return err
 	}
 	if err := r.noteCrashLoops(ctx, v); err != nil {
@@ -149,7 +154,7 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 		j, _ := v.record(p.Job)
 		a := want[p.Node]
 		a.Node = p.Node
-		a.Workers = append(a.Workers, workerAssignment(j, p.Key()))
+		a.Workers = append(a.Workers, workerAssignment(j, p.Key(), r.outputKey))
 		want[p.Node] = a
 	}
 	for node, ws := range stopping {
@@ -183,7 +188,7 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 	return want
 }
 
-func workerAssignment(j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAssignment {
+func workerAssignment(j cluster.JobRecord, k cluster.WorkerKey, outputKey []byte) cluster.WorkerAssignment {
 	s := j.Spec
 	wa := cluster.WorkerAssignment{
 		Key:        k,
@@ -202,7 +207,11 @@ func workerAssignment(j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAs
 	if s.Mirrored() {
 		// Link workers send to the job's router, which alone writes to the job's output.
 		wa.Output = routerURL(j)
+		if outputKey != nil {
+			wa.OutputToken = multidc.SenderToken(outputKey, s.Name, j.Submitted)
+		}
 	}
+	wa.System = isRouterJob(s.Name)
 	return wa
 }
 

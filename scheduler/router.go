@@ -30,6 +30,7 @@ func routerRecord(rec cluster.JobRecord, store string, dcs []string) cluster.Job
 	args := multidc.DefaultRouterArgs()
 	args.Store, args.Job, args.Links, args.Sink = store, j.Name, j.Links, j.Output
 	args.Listen = fmt.Sprintf("127.0.0.1:%d", rec.RouterPort)
+	args.TokenHash = rec.OutputTokenHash
 	r := cluster.JobSpec{
 		Name:      j.Name + routerSuffix,
 		Tenant:    j.Tenant,

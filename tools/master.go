@@ -19,8 +19,34 @@ func storeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "store", Usage: "coordination store `URL`: zk://HOST:PORT[,HOST:PORT]/CHROOT, file:///PATH or mem://NAME",
 			EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout: how fast a lost process is noticed", Value: 2 * time.Second},
-		&cli.StringFlag{Name: "store-credentials", Usage: "`USER:PASS` for ZooKeeper digest ACLs", EnvVars: []string{"STORMDOCK_STORE_CREDENTIALS"}},
+		storeCredentialsFlag,
 	}
+}
+
+// storeCredentialsFlag names the file with the store's credentials. The credentials
+// themselves are never a flag: ps shows command lines to every user of the machine. They
+// may come in the environment instead (STORMDOCK_STORE_CREDENTIALS).
+var storeCredentialsFlag = &cli.StringFlag{Name: "store-credentials-file", Usage: "`FILE` holding USER:PASS for ZooKeeper digest ACLs (or USER:PASS in STORMDOCK_STORE_CREDENTIALS)",
+	EnvVars: []string{"STORMDOCK_STORE_CREDENTIALS_FILE"}}
+
+// envStoreCredentials holds the store's credentials themselves, for processes that get them
+// from their environment (a container's).
+const envStoreCredentials = "STORMDOCK_STORE_CREDENTIALS"
+
+// storeCredentials reads the store's credentials from --store-credentials-file or the
+// environment, and refuses a --store URL that carries credentials on the command line.
+func storeCredentials(c *cli.Context) (string, error) {
+	if t, err := coord.ParseURL(c.String("store")); err == nil && t.Credentials != "" && os.Getenv("STORMDOCK_STORE") != c.String("store") {
+		return "", usageErr("--store: credentials in the URL show in ps to every user of this machine: put USER:PASS in a file (mode 0600) and give --store-credentials-file FILE, or set STORMDOCK_STORE_CREDENTIALS")
+	}
+	if f := c.String("store-credentials-file"); f != "" {
+		creds, err := daemon.ReadStoreCredentials(f)
+		if err != nil {
+			return "", usageErr("--store-credentials-file: %v", err)
+		}
+		return creds, nil
+	}
+	return os.Getenv(envStoreCredentials), nil
 }
 
 // openStore opens the store named by the flags, failing within the connect timeout.
@@ -28,7 +54,10 @@ func openStore(c *cli.Context, log *slog.Logger) (coord.Store, error) {
 	if _, err := coord.ParseURL(c.String("store")); err != nil {
 		return nil, usageErr("--store: %v", err)
 	}
-	opts := storeOptions(c)
+	opts, err := storeOptions(c)
+	if err != nil {
+		return nil, err
+	}
 	opts.Logger = log
 	s, err := coord.Open(c.Context, c.String("store"), opts)
 	if err != nil {
@@ -38,8 +67,9 @@ func openStore(c *cli.Context, log *slog.Logger) (coord.Store, error) {
 }
 
 // storeOptions are the store flags' options.
-func storeOptions(c *cli.Context) coord.Options {
-	return coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: c.String("store-credentials")}
+func storeOptions(c *cli.Context) (coord.Options, error) {
+	creds, err := storeCredentials(c)
+	return coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: creds}, err
 }
 
 // Environment that gives a master its certificate and key as PEM text, for a container
@@ -103,9 +133,13 @@ var MasterCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		opts, err := storeOptions(c)
+		if err != nil {
+			return err
+		}
 		m, err := daemon.NewMaster(c.Context, daemon.MasterConfig{
 			Store:        c.String("store"),
-			StoreOptions: storeOptions(c),
+			StoreOptions: opts,
 			Listen:       c.String("api"),
 			Advertise:    c.String("advertise"),
 			TLS:          tlsConf,

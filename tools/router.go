@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/multidc"
 	"github.com/urfave/cli/v2"
 )
@@ -36,7 +37,7 @@ func routerRun(c *cli.Context) error {
 	// The environment gives defaults that flags on the command line override (the flag
 	// package keeps the last value).
 	var env []string
-	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials", "STORMDOCK_STORE_CREDENTIALS"}} {
+	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"}} {
 		if v, ok := os.LookupEnv(fe[1]); ok {
 			env = append(env, "--"+fe[0]+"="+v)
 		}
@@ -59,7 +60,14 @@ func routerRun(c *cli.Context) error {
 		sink.Close()
 		return usageErr("--store: %v", err)
 	}
-	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: a.StoreCredentials, Logger: log})
+	creds := os.Getenv(envStoreCredentials)
+	if a.StoreCredentialsFile != "" {
+		if creds, err = daemon.ReadStoreCredentials(a.StoreCredentialsFile); err != nil {
+			sink.Close()
+			return usageErr("--store-credentials-file: %v", err)
+		}
+	}
+	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: creds, Logger: log})
 	if err != nil {
 		sink.Close()
 		return cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
@@ -72,6 +80,7 @@ func routerRun(c *cli.Context) error {
 		Links:              a.Links,
 		Store:              store,
 		Sink:               sink,
+		TokenHash:          a.TokenHash,
 		Listen:             a.Listen,
 		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		HeartbeatTimeout:   a.HeartbeatTimeout,

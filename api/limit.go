@@ -1,6 +1,8 @@
-package scheduler
+package api
 
 import (
+	"net"
+	"net/http"
 	"sync"
 	"time"
 )
@@ -8,15 +10,16 @@ import (
 // Failed token checks cost each remote address one token of a bucket that refills slowly:
 // a client that keeps presenting wrong tokens is answered 429 without any check (no store
 // read) until its bucket refills, so guessing tokens runs at the refill rate at best, and
-// the log gets at most that many lines from it.
+// the log gets at most that many lines from it. The master's API and the output routers
+// both count failures this way.
 const (
-	authFailBurst  = 10          // failures an address may have at once
-	authFailRefill = time.Second // one more failure allowed per this much time
+	AuthFailBurst  = 10          // failures an address may have at once
+	AuthFailRefill = time.Second // one more failure allowed per this much time
 	authFailHosts  = 10000       // addresses tracked; full buckets are dropped beyond it
 )
 
-// failLimiter counts failed token checks per remote address.
-type failLimiter struct {
+// FailLimiter counts failed token checks per remote address. Safe for concurrent use.
+type FailLimiter struct {
 	burst  float64
 	refill time.Duration
 	now    func() time.Time
@@ -30,19 +33,21 @@ type bucket struct {
 	at     time.Time
 }
 
-func newFailLimiter() *failLimiter {
-	return &failLimiter{burst: authFailBurst, refill: authFailRefill, now: time.Now, buckets: map[string]*bucket{}}
+// NewFailLimiter returns a limiter of AuthFailBurst failures, refilled one per
+// AuthFailRefill.
+func NewFailLimiter() *FailLimiter {
+	return &FailLimiter{burst: AuthFailBurst, refill: AuthFailRefill, now: time.Now, buckets: map[string]*bucket{}}
 }
 
 // level refills b up to now and returns its tokens.
-func (l *failLimiter) level(b *bucket, now time.Time) float64 {
+func (l *FailLimiter) level(b *bucket, now time.Time) float64 {
 	b.tokens = min(l.burst, b.tokens+float64(now.Sub(b.at))/float64(l.refill))
 	b.at = now
 	return b.tokens
 }
 
-// blocked reports whether host has used up its failures, and how long until it has one.
-func (l *failLimiter) blocked(host string) (bool, time.Duration) {
+// Blocked reports whether host has used up its failures, and how long until it has one.
+func (l *FailLimiter) Blocked(host string) (bool, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b, ok := l.buckets[host]
@@ -55,8 +60,8 @@ func (l *failLimiter) blocked(host string) (bool, time.Duration) {
 	return false, 0
 }
 
-// fail counts one failed check of host.
-func (l *failLimiter) fail(host string) {
+// Fail counts one failed check of host.
+func (l *FailLimiter) Fail(host string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
@@ -80,4 +85,14 @@ func (l *failLimiter) fail(host string) {
 	}
 	l.level(b, now)
 	b.tokens = max(b.tokens-1, 0)
+}
+
+// RemoteHost is the address a request came from, without its port: what failed token
+// checks are counted by.
+func RemoteHost(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
