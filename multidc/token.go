@@ -8,6 +8,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -65,6 +66,32 @@ func SenderToken(key []byte, job string, submitted time.Time) string {
 	mac := hmac.New(sha256.New, key)
 	mac.Write([]byte(job + "\n" + submitted.UTC().Format(time.RFC3339Nano)))
 	return "sdo_" + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// JobSenderToken makes the sender token of a job from its record and the output key in the
+// store: what an operator with the store's credentials presents to fail a job's output over.
+func JobSenderToken(ctx context.Context, kv coord.KV, job string) (string, error) {
+	jobKey, err := cluster.JobKey(job)
+	if err != nil {
+		return "", fmt.Errorf("multidc: %w", err)
+	}
+	e, err := kv.Get(ctx, jobKey)
+	if err != nil {
+		return "", fmt.Errorf("multidc: read job %s: %w", job, err)
+	}
+	var rec cluster.JobRecord
+	if err := json.Unmarshal(e.Value, &rec); err != nil {
+		return "", fmt.Errorf("multidc: read job %s: %w", job, err)
+	}
+	k, err := kv.Get(ctx, cluster.OutputKeyKey)
+	if err != nil {
+		return "", fmt.Errorf("multidc: read the output key: %w", err)
+	}
+	key, err := hex.DecodeString(string(k.Value))
+	if err != nil {
+		return "", fmt.Errorf("multidc: the output key at %s is not readable", cluster.OutputKeyKey)
+	}
+	return SenderToken(key, job, rec.Submitted), nil
 }
 
 // ReadTokenFile reads a sender token from the file named by STORMDOCK_OUTPUT_TOKEN_FILE;
