@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/pki"
 )
 
 // StoreCredentialsFile is the name of the file, in a data or state directory, that holds
@@ -36,7 +37,7 @@ func EnsureStoreCredentials(dir string) (path, creds string, err error) {
 	b := make([]byte, 24)
 	_, _ = rand.Read(b)
 	creds = StoreUser + ":" + base64.RawURLEncoding.EncodeToString(b)
-	if err := writeFiles(map[string][]byte{path: []byte(creds + "\n")}, 0o600); err != nil {
+	if err := pki.WriteFiles(map[string][]byte{path: []byte(creds + "\n")}, 0o600); err != nil {
 		return "", "", fmt.Errorf("store credentials: %w", err)
 	}
 	return path, creds, nil
@@ -62,7 +63,7 @@ func WriteStoreCredentials(dir, creds string) (string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", fmt.Errorf("store credentials: %w", err)
 	}
-	if err := writeFiles(map[string][]byte{path: []byte(creds + "\n")}, 0o600); err != nil {
+	if err := pki.WriteFiles(map[string][]byte{path: []byte(creds + "\n")}, 0o600); err != nil {
 		return "", fmt.Errorf("store credentials: %w", err)
 	}
 	return path, nil

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/scheduler"
 )
 
@@ -94,7 +95,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		if m.tokenPath, err = EnsureAdminToken(ctx, m.store, cfg.DataDir); err != nil {
 			return nil, err
 		}
-		if err := writeFiles(map[string][]byte{filepath.Join(cfg.DataDir, api.URLFile): []byte(m.URL() + "\n")}, 0o644); err != nil {
+		if err := pki.WriteFiles(map[string][]byte{filepath.Join(cfg.DataDir, api.URLFile): []byte(m.URL() + "\n")}, 0o644); err != nil {
 			return nil, err
 		}
 	}

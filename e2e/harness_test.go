@@ -75,6 +75,13 @@ func newHarness(t testing.TB, session time.Duration) *harness {
 	h := &harness{t: t, zk: zk, chroot: "/e2e", dir: t.TempDir(), session: session,
 		cgroup:  fmt.Sprintf("/stormdock-e2e-%d", os.Getpid()),
 		masters: map[string]*proc{}, agents: map[string]*proc{}}
+	// Agents run their workers as nobody: let them reach their leases in h.dir, as they
+	// would in /var/lib (files in it stay the owner's).
+	for d := h.dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := coord.Open(ctx, h.storeURL(), coord.Options{SessionTimeout: 4 * time.Second})

@@ -12,6 +12,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/pki"
 )
 
 // Tokens keeps the admin tokens of the clusters this operator created, one file per
@@ -117,14 +118,20 @@ func (t Tokens) Remove(ctx context.Context, kv coord.KV, name string) error {
 	return nil
 }
 
-// RemoveFile deletes the token file and its directory.
+// RemoveFile deletes the token file, the cluster's CA and certificate, and their directory
+// unless the store's credentials are in it: the cluster's data stays in its chroot, which
+// only they open.
 func (t Tokens) RemoveFile(name string) {
 	path, err := t.Path(name)
 	if err != nil {
 		return
 	}
-	os.Remove(path)
-	os.Remove(filepath.Dir(path))
+	dir := filepath.Dir(path)
+	for _, f := range []string{path, filepath.Join(dir, pki.CACertFile), filepath.Join(dir, pki.CAKeyFile),
+		filepath.Join(dir, pki.MasterCertFile), filepath.Join(dir, pki.MasterKeyFile)} {
+		os.Remove(f)
+	}
+	os.Remove(dir) // fails, harmlessly, while the credentials are in it
 }
 
 // Forget removes a destroyed cluster's admin token: its file, and its hash in the cluster's
@@ -133,7 +140,7 @@ func (t Tokens) RemoveFile(name string) {
 func (t Tokens) Forget(ctx context.Context, storeURL, name string, log *slog.Logger) {
 	var kv coord.KV
 	if storeURL != "" {
-		if store, err := OpenStore(ctx, storeURL, log); err == nil {
+		if store, err := t.OpenStore(ctx, name, storeURL, log); err == nil {
 			defer store.Close()
 			kv = store
 		} else {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -184,6 +185,9 @@ func clusterCreate(c *cli.Context) error {
 			path, _ := tokens.Path(cl.Name)
 			fmt.Fprintf(c.App.Writer, "\nready in %s. Use it with:\n  export STORMDOCK_MASTER=%s\n  export STORMDOCK_TOKEN=$(cat %s)\n",
 				time.Since(start).Round(100*time.Millisecond), cl.API, path)
+			if ca := tokens.CAFile(cl.Name); ca != "" {
+				fmt.Fprintf(c.App.Writer, "  export STORMDOCK_CA=%s\n", ca)
+			}
 		}
 		return nil
 	})
@@ -287,7 +291,10 @@ func clusterDestroy(c *cli.Context) error {
 		if err := p.Destroy(ctx, c.Args().First()); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.App.Writer, "cluster %s destroyed; its jobs stay in the store's chroot (zkCli.sh deleteall CHROOT drops them)\n", c.Args().First())
+		tokens := provision.Tokens{Dir: provision.DefaultTokenDir()}
+		dir, _ := tokens.ClusterDir(c.Args().First())
+		fmt.Fprintf(c.App.Writer, "cluster %s destroyed; its jobs stay in the store's chroot, open to the credentials kept in %s "+
+			"(zkCli.sh: addauth digest USER:PASS, then deleteall CHROOT, drops them)\n", c.Args().First(), filepath.Join(dir, provision.StoreCredentialsFile))
 		return nil
 	})
 }

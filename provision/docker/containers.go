@@ -88,16 +88,25 @@ func hostConfig(mem cluster.Bytes, cpu cluster.CPU, tmpfs string) *container.Hos
 	}
 }
 
-func (p *Provider) startMaster(ctx context.Context, spec provision.Spec, port int) (string, error) {
+// Environment that carries secrets into containers: a container's environment is seen by
+// the engine's users (root), its command line by everyone on the machine.
+const (
+	envStoreCredentials = "STORMDOCK_STORE_CREDENTIALS"
+	envTLSCertPEM       = "STORMDOCK_TLS_CERT_PEM"
+	envTLSKeyPEM        = "STORMDOCK_TLS_KEY_PEM"
+)
+
+func (p *Provider) startMaster(ctx context.Context, spec provision.Spec, port int, env []string) (string, error) {
 	labels, err := baseLabels(spec, roleMaster)
 	if err != nil {
 		return "", err
 	}
 	api := "127.0.0.1:" + strconv.Itoa(port)
-	labels[LabelAPI] = "http://" + api
+	labels[LabelAPI] = "https://" + api
 	cfg := &container.Config{
 		Image:  spec.Image,
 		Labels: labels,
+		Env:    env,
 		Cmd: []string{binary, "master", "--store", spec.Store, "--api", api, "--id", spec.Name + "-master",
 			"--data", masterData, "--session-timeout", spec.SessionTimeout.String()},
 	}
@@ -108,7 +117,7 @@ func (p *Provider) startMaster(ctx context.Context, spec provision.Spec, port in
 // its tmpfs state rather than advertised for workers.
 const agentReserve = 8
 
-func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provision.Slot) error {
+func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provision.Slot, env []string) error {
 	labels, err := baseLabels(spec, roleAgent)
 	if err != nil {
 		return err
@@ -125,7 +134,7 @@ func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provis
 		// Agents share the host's network: each gets its own range of worker ports.
 		"--port-base", strconv.Itoa(portBase + s.Index*spec.Slots)}
 	cmd = append(cmd, spec.AgentArgs...)
-	cfg := &container.Config{Image: spec.Image, Labels: labels, Cmd: cmd}
+	cfg := &container.Config{Image: spec.Image, Labels: labels, Cmd: cmd, Env: env}
 	_, err = p.run(ctx, cfg, hostConfig(spec.AgentMemory, spec.AgentCPU, agentState), name)
 	return err
 }

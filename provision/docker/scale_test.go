@@ -42,7 +42,11 @@ func apiClient(t testing.TB, p provision.Tokens, c provision.Cluster) *api.Clien
 	if err != nil || info.Mode().Perm() != 0o600 {
 		t.Errorf("token file %s: %v, mode %v; want 0600", path, err, info.Mode())
 	}
-	cl, err := api.NewClient(c.API, token)
+	opts, err := p.ClientOptions(c.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := api.NewClient(c.API, token, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
