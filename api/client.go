@@ -50,12 +50,17 @@ func NewClient(base, token string, opts ...ClientOption) (*Client, error) {
 	return &Client{base: strings.TrimSuffix(base, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second, Transport: tr}}, nil
 }
 
-// CAPool is the system's trusted CAs plus those in the PEM files given.
+// CloseIdleConnections closes the connections the client keeps open for its next requests.
+func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }
+
+// CAPool is the CAs in the PEM files given, and these alone: a client given a cluster's CA
+// trusts no other for it (and does not pay for reading the system's, some 15 ms a run).
+// Without files it is the system's.
 func CAPool(files ...string) (*x509.CertPool, error) {
-	pool, err := x509.SystemCertPool()
-	if err != nil {
-		pool = x509.NewCertPool()
+	if len(files) == 0 {
+		return x509.SystemCertPool()
 	}
+	pool := x509.NewCertPool()
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {

@@ -84,7 +84,7 @@ func TestMasterTLS(t *testing.T) {
 	}
 }
 
-func startMaster(t *testing.T, cfg MasterConfig) *Master {
+func startMaster(t testing.TB, cfg MasterConfig) *Master {
 	t.Helper()
 	m, err := NewMaster(context.Background(), cfg)
 	if err != nil {

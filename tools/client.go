@@ -25,7 +25,7 @@ func masterFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "master", Usage: "master API `URL` (default: the local cluster's, from its data directory's api.url, or " + DefaultMaster + ")", EnvVars: []string{"STORMDOCK_MASTER"}},
 		&cli.StringFlag{Name: "token", Usage: "API `TOKEN` (default: the local cluster's admin token)", EnvVars: []string{"STORMDOCK_TOKEN"}},
-		&cli.StringFlag{Name: "ca", Usage: "trust the CA certificate in `FILE` for an https:// master (default: the local cluster's ca.crt, when there is one)", EnvVars: []string{"STORMDOCK_CA"}},
+		&cli.StringFlag{Name: "ca", Usage: "trust the CA certificate in `FILE` for an https:// master, instead of the system's (default: the local cluster's ca.crt, when there is one)", EnvVars: []string{"STORMDOCK_CA"}},
 	}
 }
 
@@ -61,15 +61,13 @@ func newClient(c *cli.Context) (*api.Client, error) {
 				ca = p
 			}
 		}
-		var files []string
 		if ca != "" {
-			files = append(files, ca)
+			pool, err := api.CAPool(ca)
+			if err != nil {
+				return nil, usageErr("--ca: %v", err)
+			}
+			opts = append(opts, api.WithRootCAs(pool))
 		}
-		pool, err := api.CAPool(files...)
-		if err != nil {
-			return nil, usageErr("--ca: %v", err)
-		}
-		opts = append(opts, api.WithRootCAs(pool))
 	}
 	cl, err := api.NewClient(master, token, opts...)
 	if err != nil {
