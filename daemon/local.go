@@ -49,6 +49,8 @@ type LocalConfig struct {
 	Heartbeat      time.Duration
 	// Isolation lists the drivers every node offers: process (always) and docker.
 	Isolation []string
+	// RunAs is who every node's process workers run as (nil: this process's user).
+	RunAs *isolation.User
 	// Health is every node's health-check configuration (its cgroup parent is the node's
 	// own); the zero value means healthcheck.DefaultConfig.
 	Health *healthcheck.Config
@@ -226,6 +228,7 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 		Store:                c.cfg.Store,
 		StoreOptions:         coord.Options{SessionTimeout: c.cfg.SessionTimeout, Credentials: c.creds},
 		StoreCredentialsFile: c.credFile,
+		RunAs:                c.cfg.RunAs,
 		StateDir:             filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
 		Drivers: DriverConfig{Isolation: iso, Cgroups: cgroups, Docker: c.docker,
 			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},

@@ -103,3 +103,12 @@ func startMaster(t testing.TB, cfg MasterConfig) *Master {
 	})
 	return m
 }
+
+// TestMasterCutsSlowClients: the master's own server (plain HTTP here) cuts a client that
+// trickles its headers, as api.NewServer says.
+func TestMasterCutsSlowClients(t *testing.T) {
+	t.Parallel()
+	m := startMaster(t, MasterConfig{Store: "mem://" + t.Name(), Listen: "127.0.0.1:0"})
+	took := testenv.SlowHeaders(t, strings.TrimPrefix(m.URL(), "http://"), 100*time.Millisecond, testenv.Timeout(api.ReadHeaderTimeout+10*time.Second))
+	t.Logf("figure: the master cut a client sending one header byte per 100ms after %s", took.Round(time.Millisecond))
+}

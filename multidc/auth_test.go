@@ -177,3 +177,12 @@ func FuzzRouterAPI(f *testing.F) {
 		}
 	})
 }
+
+// TestRouterCutsSlowClients: the router's server cuts a client that trickles its headers.
+func TestRouterCutsSlowClients(t *testing.T) {
+	t.Parallel()
+	_, store := embeddedStore(t)
+	tr := startRouter(t, store, []string{"dc-a", "dc-b"}, nil)
+	took := testenv.SlowHeaders(t, strings.TrimPrefix(tr.URL(), "http://"), 100*time.Millisecond, testenv.Timeout(api.ReadHeaderTimeout+10*time.Second))
+	t.Logf("figure: the router cut a client sending one header byte per 100ms after %s", took.Round(time.Millisecond))
+}

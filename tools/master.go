@@ -2,7 +2,6 @@ package tools
 
 import (
 	"crypto/tls"
-	"fmt"
 	"log/slog"
 	"os"
 	"time"
@@ -47,23 +46,6 @@ func storeCredentials(c *cli.Context) (string, error) {
 		return creds, nil
 	}
 	return os.Getenv(envStoreCredentials), nil
-}
-
-// openStore opens the store named by the flags, failing within the connect timeout.
-func openStore(c *cli.Context, log *slog.Logger) (coord.Store, error) {
-	if _, err := coord.ParseURL(c.String("store")); err != nil {
-		return nil, usageErr("--store: %v", err)
-	}
-	opts, err := storeOptions(c)
-	if err != nil {
-		return nil, err
-	}
-	opts.Logger = log
-	s, err := coord.Open(c.Context, c.String("store"), opts)
-	if err != nil {
-		return nil, cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
-	}
-	return s, nil
 }
 
 // storeOptions are the store flags' options.
