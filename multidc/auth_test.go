@@ -95,6 +95,10 @@ func TestRouterRefusesOtherSenders(t *testing.T) {
 	if code != http.StatusTooManyRequests || !strings.Contains(body, "too many failed token checks") {
 		t.Errorf("after %d failures: %d %s; want 429", api.AuthFailBurst, code, body)
 	}
+	// The job's own workers behind that address are still served.
+	if code, body := post(t, tr.URL()+"/v1/heartbeat?link=dc-a&worker=0&workers=1", ""); code != http.StatusOK {
+		t.Errorf("a worker with the job's token from a limited address: %d %s", code, body)
+	}
 	// Status stays readable without a token: it holds no secret.
 	if resp, err := http.Get(tr.URL() + "/v1/status"); err != nil || resp.StatusCode != http.StatusOK {
 		t.Errorf("status without a token: %v %v", resp, err)

@@ -113,14 +113,10 @@ var errUnauthorized = errors.New("multidc: unauthorized")
 
 // authorized checks a request's bearer token against the router's token hash, counting
 // failures per remote address (see api.FailLimiter).
+//
+// The check is cheap and comes first: workers share addresses (a node's, loopback here), and
+// one that keeps failing must not lock its neighbours out, only itself get 429 and no log line.
 func (r *Router) authorized(w http.ResponseWriter, req *http.Request) bool {
-	host := api.RemoteHost(req)
-	if limited, wait := r.fails.Blocked(host); limited {
-		r.m.authFailures.WithLabelValues("limited").Inc()
-		w.Header().Set("Retry-After", fmt.Sprint(int(wait/time.Second)+1))
-		writeJSON(w, http.StatusTooManyRequests, errorBody{Error: fmt.Sprintf("too many failed token checks from %s: try again in %s", host, wait.Round(100*time.Millisecond))})
-		return false
-	}
 	token, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
 	reason := "missing"
 	if ok && token != "" {
@@ -129,6 +125,13 @@ func (r *Router) authorized(w http.ResponseWriter, req *http.Request) bool {
 			return true
 		}
 		reason = "invalid"
+	}
+	host := api.RemoteHost(req)
+	if limited, wait := r.fails.Blocked(host); limited {
+		r.m.authFailures.WithLabelValues("limited").Inc()
+		w.Header().Set("Retry-After", fmt.Sprint(int(wait/time.Second)+1))
+		writeJSON(w, http.StatusTooManyRequests, errorBody{Error: fmt.Sprintf("too many failed token checks from %s: try again in %s", host, wait.Round(100*time.Millisecond))})
+		return false
 	}
 	r.fails.Fail(host)
 	r.m.authFailures.WithLabelValues(reason).Inc()

@@ -438,6 +438,11 @@ func TestAPIRateLimitsFailedTokens(t *testing.T) {
 	if limited < 5 {
 		t.Fatalf("%d of %d guesses limited; want the ones past the burst of %d", limited, api.AuthFailBurst+5, api.AuthFailBurst)
 	}
+	// A valid token from the same address is still served: one client's guesses do not
+	// lock out the others behind its address.
+	if status, body, _ := f.raw(t, "GET", "/v1/jobs", f.tokens["demo"], nil); status != http.StatusOK {
+		t.Errorf("a valid token from a limited address: %d %s", status, body)
+	}
 	reg := f.tc.regs[f.m]
 	if got := testenv.Metric(t, reg, "stormdock_master_api_auth_failures_total", map[string]string{"reason": "limited"}); got != float64(limited) {
 		t.Errorf("stormdock_master_api_auth_failures_total{reason=limited} = %v, want %d", got, limited)
