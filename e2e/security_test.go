@@ -197,6 +197,22 @@ gracePeriod: 1s
 			t.Errorf("ps -eo args shows the %s (or it is empty: %q)", what, s)
 		}
 	}
+	// Nor in any log: the master's, the agents', the keepers', the workers' (the router's).
+	logs, _ := filepath.Glob(filepath.Join(h.dir, "*.log"))
+	more, _ := filepath.Glob(filepath.Join(h.dir, "agent-*", "keeper.log"))
+	workerLogs, _ := filepath.Glob(filepath.Join(h.dir, "agent-*", "process", "logs", "*.log"))
+	logs = append(append(logs, more...), workerLogs...)
+	if len(more) != 3 || len(workerLogs) == 0 {
+		t.Errorf("found %d keeper logs and %d worker logs", len(more), len(workerLogs))
+	}
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		for what, s := range secrets {
+			if s != "" && strings.Contains(string(b), s) {
+				t.Errorf("%s holds the %s", l, what)
+			}
+		}
+	}
 	// The keepers, which hold the nodes' sessions, got the credentials by file (the router
 	// gets the file's name in its environment).
 	keepers := 0
