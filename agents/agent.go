@@ -100,6 +100,10 @@ type Config struct {
 	LeaseTTL time.Duration
 	// NoLease runs workers without the lease launcher: they then outlive a dead agent.
 	NoLease bool
+	// RunAs, when set, is who process workers run as (with no new privileges); stormdock's
+	// own workers (output routers) run as the agent. The state directory must then be
+	// reachable by that user down to the leases (see prepareStateDir).
+	RunAs *isolation.User
 	// RestartBackoff is the first delay before restarting a crashed worker; it doubles with
 	// every restart within CrashLoopWindow, up to MaxBackoff.
 	RestartBackoff  time.Duration
@@ -280,6 +284,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return fmt.Errorf("agent: state dir: %w", err)
 		}
+	}
+	if err := a.prepareStateDir(); err != nil {
+		return err
 	}
 	unlock, err := lockDir(a.cfg.StateDir)
 	if err != nil {

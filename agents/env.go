@@ -29,6 +29,8 @@ const (
 	EnvAddr = "STORMDOCK_ADDR"
 	// EnvConfig names the worker's live configuration file (cluster.WorkerConfig).
 	EnvConfig = "STORMDOCK_CONFIG"
+	// EnvOutputTokenFile names a link worker's sender token file (multidc.EnvTokenFile).
+	EnvOutputTokenFile = "STORMDOCK_OUTPUT_TOKEN_FILE"
 )
 
 // containerLeaseDir is where a docker worker sees its lease directory (read-only).
@@ -88,6 +90,9 @@ func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int, config string) 
 	env[EnvGeneration] = strconv.FormatInt(wa.Generation, 10)
 	env[EnvAddr] = a.cfg.Node.Addr
 	env[EnvConfig] = config
+	if wa.System && a.cfg.StoreCredentialsFile != "" {
+		env[EnvStoreCredentialsFile] = a.cfg.StoreCredentialsFile
+	}
 	return env
 }
 
@@ -130,10 +135,14 @@ func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port i
 	leaseFile, config := a.leaseFile(id), a.configFile(id)
 	var mounts []isolation.Mount
 	if mode == cluster.IsolationDocker {
-		// The worker's directory holds its lease and its live configuration.
+		// The worker's directory holds its lease, its live configuration and its token.
 		mounts = []isolation.Mount{{Source: filepath.Dir(leaseFile), Target: containerLeaseDir, ReadOnly: true}}
 		leaseFile = filepath.Join(containerLeaseDir, filepath.Base(leaseFile))
 		config = filepath.Join(containerLeaseDir, filepath.Base(config))
+	}
+	env := a.workerEnv(wa, port, config)
+	if wa.OutputToken != "" {
+		env[EnvOutputTokenFile] = a.tokenPath(id, mode)
 	}
 	return isolation.Spec{
 		ID:          id,
@@ -142,7 +151,8 @@ func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port i
 		Worker:      wa.Key.Worker,
 		Node:        a.cfg.Node.ID,
 		Command:     a.command(wa, mode, leaseFile),
-		Env:         a.workerEnv(wa, port, config),
+		Env:         env,
+		User:        a.userOf(wa, mode),
 		Image:       imageRef(wa),
 		MemoryBytes: int64(wa.Resources.Memory),
 		MilliCPU:    int64(wa.Resources.CPU),
@@ -167,7 +177,7 @@ func sameRun(a, b cluster.WorkerAssignment) bool {
 	// so STORMDOCK_WORKERS is the count when the worker started.
 	return a.Key == b.Key && a.Generation == b.Generation && a.Tenant == b.Tenant &&
 		a.Isolation == b.Isolation && a.Image == b.Image && a.Pinned == b.Pinned &&
-		a.Output == b.Output && a.Resources == b.Resources &&
+		a.Output == b.Output && a.OutputToken == b.OutputToken && a.System == b.System && a.Resources == b.Resources &&
 		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env)
 }
 

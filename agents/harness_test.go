@@ -307,7 +307,7 @@ func (h *harness) assign(ws ...cluster.WorkerAssignment) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var session int64
-	if e, err := h.store.Get(ctx, cluster.NodeKey(nodeID)); err == nil {
+	if e, err := h.store.Get(ctx, cluster.NodesKey+"/"+nodeID); err == nil {
 		session = e.Owner
 	}
 	if err := h.writeAssignment(ctx, session); err != nil {
@@ -329,7 +329,7 @@ func (h *harness) writeAssignment(ctx context.Context, session int64) error {
 	if err != nil {
 		return err
 	}
-	_, err = h.store.Put(ctx, cluster.AssignmentKey(nodeID), b, coord.AnyVersion)
+	_, err = h.store.Put(ctx, cluster.AssignmentsKey+"/"+nodeID, b, coord.AnyVersion)
 	return err
 }
 
@@ -337,7 +337,7 @@ func (h *harness) writeAssignment(ctx context.Context, session int64) error {
 func (h *harness) stampLoop() {
 	ctx, cancel := context.WithCancel(context.Background())
 	h.t.Cleanup(cancel)
-	ch, err := h.store.Watch(ctx, cluster.NodeKey(nodeID))
+	ch, err := h.store.Watch(ctx, cluster.NodesKey+"/"+nodeID)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -360,7 +360,7 @@ func (h *harness) record() (rec cluster.NodeRecord, e coord.Entry, ok bool) {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	e, err := h.store.Get(ctx, cluster.NodeKey(nodeID))
+	e, err := h.store.Get(ctx, cluster.NodesKey+"/"+nodeID)
 	if errors.Is(err, coord.ErrNotFound) {
 		return rec, e, false
 	}

@@ -145,6 +145,7 @@ type Keeper struct {
 	store coord.Store
 	log   *slog.Logger
 	addrs []string // the store's servers, for probes (none for an embedded store)
+	key   string   // the node's entry
 
 	notify    chan struct{}
 	retireCh  chan struct{}                // closed by Retire
@@ -162,7 +163,11 @@ func NewKeeper(cfg KeeperConfig, store coord.Store) (*Keeper, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	k := &Keeper{cfg: cfg, store: store, log: cfg.Logger.With("node", cfg.Node, "component", "keeper"),
+	key, err := cluster.NodeKey(cfg.Node)
+	if err != nil {
+		return nil, fmt.Errorf("keeper: %w", err)
+	}
+	k := &Keeper{cfg: cfg, store: store, key: key, log: cfg.Logger.With("node", cfg.Node, "component", "keeper"),
 		notify: make(chan struct{}, 1), retireCh: make(chan struct{})}
 	storeName := ""
 	if t, err := coord.ParseURL(cfg.Store); err == nil {
@@ -216,7 +221,7 @@ func (k *Keeper) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w := &recordWriter{k: k, nw: &nodeWriter{store: k.store, key: cluster.NodeKey(k.cfg.Node), host: k.cfg.Host, log: k.log, version: -1},
+	w := &recordWriter{k: k, nw: &nodeWriter{store: k.store, key: k.key, host: k.cfg.Host, log: k.log, version: -1},
 		wake: make(chan struct{}, 1)}
 	wctx, stopWriter := context.WithCancel(ctx)
 	writerDone := make(chan struct{})
@@ -395,7 +400,7 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 	iv := k.cfg.renewInterval()
 	sent := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, iv)
-	_, err := k.store.Get(pctx, cluster.NodeKey(k.cfg.Node))
+	_, err := k.store.Get(pctx, k.key)
 	cancel()
 	if err == nil || errors.Is(err, coord.ErrNotFound) {
 		*lastOK = sent

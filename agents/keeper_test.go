@@ -72,7 +72,7 @@ func (f *keeperFixture) writeRecord(h cluster.NodeHealth) {
 }
 
 func (f *keeperFixture) entry() (cluster.NodeRecord, coord.Entry, bool) {
-	e, err := f.admin.Get(context.Background(), cluster.NodeKey("n1"))
+	e, err := f.admin.Get(context.Background(), cluster.NodesKey+"/n1")
 	if err != nil {
 		return cluster.NodeRecord{}, e, false
 	}

@@ -64,6 +64,11 @@ func Launch(ctx context.Context, cfg LaunchConfig) (syscall.WaitStatus, error) {
 	}
 
 	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
+	if self, err := os.Executable(); err == nil && cfg.Command[0] == self {
+		// The agent's own binary (a job's `stormdock` command): through /proc/self/exe,
+		// which a worker's user may run even where the binary's directory is out of its reach.
+		cmd.Path = "/proc/self/exe"
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	// A process group of its own, so that a lapsed lease can kill what the worker forked too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

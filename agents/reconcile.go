@@ -181,6 +181,10 @@ func (r *run) start(s *slot) {
 			return
 		}
 	}
+	if _, err := r.a.writeOutputToken(s.id, s.assign, s.mode); err != nil {
+		r.startFailed(s, err)
+		return
+	}
 	s.busy, s.state, s.since = true, cluster.WorkerStarting, time.Now()
 	s.seq++
 	seq, held, ctx := s.seq, s.held, r.ctx

@@ -134,7 +134,11 @@ func (r *run) loop() error {
 		return err
 	}
 
-	assignments, err := r.a.store.Watch(ctx, cluster.AssignmentKey(r.a.cfg.Node.ID))
+	key, err := cluster.AssignmentKey(r.a.cfg.Node.ID)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	assignments, err := r.a.store.Watch(ctx, key)
 	if err != nil {
 		return fmt.Errorf("agent: watch assignment: %w", err)
 	}

@@ -15,9 +15,11 @@ var (
 	ErrForbidden    = errors.New("forbidden")
 	ErrQuota        = errors.New("over quota")
 	ErrNotFound     = errors.New("not found")
-	ErrExists       = errors.New("already exists")
-	ErrTooLarge     = errors.New("request too large")
-	ErrRateLimited  = errors.New("too many requests")
+	// ErrMethodNotAllowed: the path exists, but not with this method.
+	ErrMethodNotAllowed = errors.New("method not allowed")
+	ErrExists           = errors.New("already exists")
+	ErrTooLarge         = errors.New("request too large")
+	ErrRateLimited      = errors.New("too many requests")
 	// ErrBusy: concurrent changes kept conflicting; the same request may succeed later.
 	ErrBusy = errors.New("busy")
 	// ErrUnavailable: the master cannot reach the coordination store.
@@ -40,6 +42,7 @@ var kinds = []kind{
 	{ErrForbidden, "forbidden", http.StatusForbidden, 2},
 	{ErrQuota, "over_quota", http.StatusForbidden, 2},
 	{ErrNotFound, "not_found", http.StatusNotFound, 2},
+	{ErrMethodNotAllowed, "method_not_allowed", http.StatusMethodNotAllowed, 2},
 	{ErrExists, "exists", http.StatusConflict, 2},
 	{ErrTooLarge, "too_large", http.StatusRequestEntityTooLarge, 2},
 	{ErrRateLimited, "rate_limited", http.StatusTooManyRequests, 1},

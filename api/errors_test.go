@@ -54,7 +54,8 @@ func TestErrorWithoutCode(t *testing.T) {
 		{http.StatusRequestEntityTooLarge, ErrTooLarge},
 		{http.StatusForbidden, nil},          // forbidden or over quota: neither is claimed
 		{http.StatusServiceUnavailable, nil}, // busy or store unavailable
-		{http.StatusMethodNotAllowed, nil},
+		{http.StatusMethodNotAllowed, ErrMethodNotAllowed},
+		{http.StatusTeapot, nil},
 	}
 	for _, c := range cases {
 		e := &Error{Status: c.status, Msg: "x"}

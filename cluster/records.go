@@ -1,7 +1,7 @@
 package cluster
 
 import (
-	"path"
+	"fmt"
 	"time"
 )
 
@@ -23,36 +23,57 @@ const (
 	AdminTokenKey = "/master/admin"
 	// MasterDirKey holds the masters' own entries: ElectionKey, MasterKey, the admin token.
 	MasterDirKey = "/master"
+	// OutputKeyKey holds the key that mirrored jobs' sender tokens are made with (see
+	// package multidc); only masters read it.
+	OutputKeyKey = "/master/output-key"
 	// RoutersKey holds one entry per mirrored job, written by its output router (package
 	// multidc): /routers/<job>: RouterRecord, /routers/<job>/election: the routers' election.
 	RoutersKey = "/routers"
 )
 
+// The key builders below are the only way store keys are made from names. Each refuses a
+// name CheckName refuses (wrapping ErrInvalidName), so that a name no entry point checked
+// still cannot reach another record: path.Join("/jobs", "../tenants/demo") is
+// "/tenants/demo".
+
+func nameKey(dir, kind, name string) (string, error) {
+	if err := CheckName(name); err != nil {
+		return "", fmt.Errorf("%s: %w", kind, err)
+	}
+	return dir + "/" + name, nil
+}
+
 // JobKey is the store key of a job's record.
-func JobKey(name string) string { return path.Join(JobsKey, name) }
+func JobKey(name string) (string, error) { return nameKey(JobsKey, "job", name) }
 
 // TenantKey is the store key of a tenant's record.
-func TenantKey(name string) string { return path.Join(TenantsKey, name) }
+func TenantKey(name string) (string, error) { return nameKey(TenantsKey, "tenant", name) }
 
 // NodeKey is the store key of a node's live record.
-func NodeKey(id string) string { return path.Join(NodesKey, id) }
+func NodeKey(id string) (string, error) { return nameKey(NodesKey, "node", id) }
 
 // AssignmentKey is the store key of a node's assignment.
-func AssignmentKey(id string) string { return path.Join(AssignmentsKey, id) }
+func AssignmentKey(id string) (string, error) { return nameKey(AssignmentsKey, "node", id) }
 
 // NodeConfKey is the store key of a node's operator settings.
-func NodeConfKey(id string) string { return path.Join(NodeConfsKey, id) }
+func NodeConfKey(id string) (string, error) { return nameKey(NodeConfsKey, "node", id) }
 
 // DCKey is the store key of a data center's record.
-func DCKey(name string) string { return path.Join(DCsKey, name) }
+func DCKey(name string) (string, error) { return nameKey(DCsKey, "data center", name) }
 
 // RouterKey is the store key of a mirrored job's router record, the parent of its
 // RouterElectionKey: deleting the tree removes both.
-func RouterKey(job string) string { return path.Join(RoutersKey, job) }
+func RouterKey(job string) (string, error) { return nameKey(RoutersKey, "job", job) }
 
 // RouterElectionKey is the prefix of the election that lets one router at a time serve a
 // job, so that two routers never write one sink.
-func RouterElectionKey(job string) string { return path.Join(RoutersKey, job, "election") }
+func RouterElectionKey(job string) (string, error) {
+	k, err := RouterKey(job)
+	if err != nil {
+		return "", err
+	}
+	return k + "/election", nil
+}
 
 // Data-center states.
 const (
@@ -86,9 +107,12 @@ type JobRecord struct {
 	State      string `json:"state"`
 	// Image pins the spec's docker image to a registry digest for one generation (nil for a
 	// job without an image).
-	Image     *ImagePin `json:"image,omitempty"`
-	Submitted time.Time `json:"submitted"`
-	Updated   time.Time `json:"updated"`
+	Image *ImagePin `json:"image,omitempty"`
+	// OutputTokenHash is the hash of the sender token a mirrored job's link workers present
+	// to its router; the token itself is in no record (see package multidc).
+	OutputTokenHash string    `json:"outputTokenHash,omitempty"`
+	Submitted       time.Time `json:"submitted"`
+	Updated         time.Time `json:"updated"`
 }
 
 // TenantRecord is a tenant with the hash of its API token.
@@ -182,6 +206,12 @@ type WorkerAssignment struct {
 	Priority  int               `json:"priority,omitempty"`
 	Grace     Duration          `json:"grace"`
 	Output    string            `json:"output,omitempty"`
+	// OutputToken is the sender token of a mirrored job's link worker: the agent hands it to
+	// the worker in a file only the worker may read.
+	OutputToken string `json:"outputToken,omitempty"`
+	// System marks stormdock's own workers (output routers): they run as the agent's user
+	// and get the store's credentials.
+	System bool `json:"system,omitempty"`
 	// Stop asks the agent to stop the worker with Grace (a job killed with its own grace
 	// period); the master drops the entry once the agent no longer reports the worker.
 	Stop bool `json:"stop,omitempty"`

@@ -1,10 +1,12 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -49,12 +51,36 @@ func (ps *problems) add(path, format string, args ...any) {
 // nameRE is a DNS label: names end up in cgroup paths, container names and store keys.
 var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
-// CheckName reports whether s can name a job, tenant, data center or link.
+// ErrInvalidName is CheckName's error: callers branch on it to answer "bad input".
+var ErrInvalidName = errors.New("invalid name")
+
+// NameRule says what a valid name is, for messages.
+const NameRule = "1-63 lower-case letters, digits or '-', starting and ending with a letter or digit"
+
+// CheckName reports whether s can name a job, tenant, node, data center, rack or link. It
+// is the one name check: every store key and file path built from a name goes through it
+// (see JobKey and the other key builders).
 func CheckName(s string) error {
 	if !nameRE.MatchString(s) {
-		return fmt.Errorf("%q must be 1-63 lower-case letters, digits or '-', starting and ending with a letter or digit", s)
+		return nameError{s}
 	}
 	return nil
+}
+
+// nameError says which name was refused and what a name is; it is ErrInvalidName.
+type nameError struct{ name string }
+
+func (e nameError) Error() string        { return quoteName(e.name) + " must be " + NameRule }
+func (e nameError) Is(target error) bool { return target == ErrInvalidName }
+
+// quoteName quotes a refused name for a one-line message: escaped, and clipped so that a
+// megabyte of junk does not come back in the error.
+func quoteName(s string) string {
+	const maxLen = 64
+	if len(s) > maxLen {
+		return strconv.QuoteToASCII(s[:maxLen]) + "..."
+	}
+	return strconv.QuoteToASCII(s)
 }
 
 // Limits on what one job may ask for.
@@ -217,16 +243,12 @@ func (n *Node) Validate() error {
 }
 
 func (n *Node) validate(ps *problems, prefix string) {
-	if n.ID == "" {
-		ps.add(prefix+"id", "is required")
-	} else if strings.ContainsAny(n.ID, "/ \t\n") {
-		ps.add(prefix+"id", "%q must not contain '/' or spaces", n.ID)
-	}
-	if n.DC == "" {
-		ps.add(prefix+"dc", "is required")
-	}
-	if n.Rack == "" {
-		ps.add(prefix+"rack", "is required")
+	for _, f := range []struct{ name, v string }{{"id", n.ID}, {"dc", n.DC}, {"rack", n.Rack}} {
+		if f.v == "" {
+			ps.add(prefix+f.name, "is required")
+		} else if err := CheckName(f.v); err != nil {
+			ps.add(prefix+f.name, "%v", err)
+		}
 	}
 	if n.Slots < 0 {
 		ps.add(prefix+"slots", "must not be negative")

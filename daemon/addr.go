@@ -34,9 +34,9 @@ func AdvertiseAddr(storeURL string) (string, error) {
 	return "", fmt.Errorf("find the address that reaches the store (give it with --advertise-addr): %w", last)
 }
 
-// advertisedURL is the URL others reach a listener at: its own address, or, when it listens
-// on every interface, the address that reaches the store.
-func advertisedURL(ln net.Listener, storeURL string) (string, error) {
+// advertisedAddr is the address (HOST:PORT) others reach a listener at: its own address, or,
+// when it listens on every interface, the address that reaches the store.
+func advertisedAddr(ln net.Listener, storeURL string) (string, error) {
 	host, port, err := net.SplitHostPort(ln.Addr().String())
 	if err != nil {
 		return "", err
@@ -47,5 +47,5 @@ func advertisedURL(ln net.Listener, storeURL string) (string, error) {
 		}
 	}
 	p, _ := strconv.Atoi(port)
-	return "http://" + net.JoinHostPort(host, strconv.Itoa(p)), nil
+	return net.JoinHostPort(host, strconv.Itoa(p)), nil
 }

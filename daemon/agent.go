@@ -15,10 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/isolation"
 )
 
 // AgentConfig is everything a node agent process is built from.
@@ -27,12 +29,18 @@ type AgentConfig struct {
 	// Store is the coordination store's URL; every agent has a session of its own.
 	Store        string
 	StoreOptions coord.Options
-	StateDir     string
-	Drivers      DriverConfig
-	Heartbeat    time.Duration
-	PortBase     int
-	LeaseTTL     time.Duration
-	NoLease      bool
+	// StoreCredentialsFile holds the store's credentials for the processes the agent
+	// starts (its keeper, output routers). Credentials given another way (StoreOptions, the
+	// URL) are written to StateDir/store.credentials for them.
+	StoreCredentialsFile string
+	StateDir             string
+	Drivers              DriverConfig
+	Heartbeat            time.Duration
+	PortBase             int
+	LeaseTTL             time.Duration
+	NoLease              bool
+	// RunAs is who process workers run as (see agents.Config.RunAs); nil: the agent's user.
+	RunAs *isolation.User
 	// RestartGrace is how long the node's workers outlive the agent's process, held by a
 	// keeper process (see agents.Keeper); 0 keeps the keeper inside the agent.
 	RestartGrace time.Duration
@@ -133,6 +141,21 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 	if a.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	// What the agent's own processes get: the URL without credentials, and the credentials
+	// in a file.
+	plainStore, urlCreds, err := PlainStoreURL(cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	credFile, creds := cfg.StoreCredentialsFile, opts.Credentials
+	if creds == "" {
+		creds = urlCreds
+	}
+	if credFile == "" && creds != "" {
+		if credFile, err = WriteStoreCredentials(cfg.StateDir, creds); err != nil {
+			return nil, err
+		}
+	}
 	var pull agents.Images
 	var mgr *images.Manager
 	if a.drivers.Docker != nil {
@@ -150,20 +173,22 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		ds[i] = agents.Driver{Isolation: a.drivers.Modes[i], Driver: d}
 	}
 	a.agent, err = agents.New(agents.Config{
-		Node:           node,
-		StateDir:       cfg.StateDir,
-		SessionTimeout: opts.SessionTimeout,
-		Heartbeat:      cfg.Heartbeat,
-		PortBase:       cfg.PortBase,
-		LeaseTTL:       cfg.LeaseTTL,
-		NoLease:        cfg.NoLease,
-		StoreURL:       cfg.Store,
-		RestartGrace:   cfg.RestartGrace,
-		StoreSilence:   cfg.StoreSilence,
-		Health:         a.health,
-		Images:         pull,
-		Registerer:     a.registry,
-		Logger:         cfg.Logger,
+		Node:                 node,
+		StateDir:             cfg.StateDir,
+		SessionTimeout:       opts.SessionTimeout,
+		Heartbeat:            cfg.Heartbeat,
+		PortBase:             cfg.PortBase,
+		LeaseTTL:             cfg.LeaseTTL,
+		NoLease:              cfg.NoLease,
+		RunAs:                cfg.RunAs,
+		StoreURL:             plainStore,
+		StoreCredentialsFile: credFile,
+		RestartGrace:         cfg.RestartGrace,
+		StoreSilence:         cfg.StoreSilence,
+		Health:               a.health,
+		Images:               pull,
+		Registerer:           a.registry,
+		Logger:               cfg.Logger,
 	}, a.store, ds...)
 	if err != nil {
 		return nil, err
@@ -216,7 +241,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.metrics != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
-		srv := NewHTTPServer(mux)
+		srv := api.NewServer(mux)
 		served := make(chan struct{})
 		go func() {
 			defer close(served)

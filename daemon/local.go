@@ -38,10 +38,14 @@ type LocalConfig struct {
 	// DataDir holds the store file, the admin token and the agents' state.
 	DataDir string
 	// Store overrides the embedded store persisted under DataDir (a zk:// URL joins a real
-	// ZooKeeper).
+	// ZooKeeper, with digest ACLs: credentials are made in DataDir/store.credentials at the
+	// first start, unless the URL carries some).
 	Store string
 	// API is the master's listen address; port 0 picks a free one.
-	API            string
+	API string
+	// TLS serves the API over TLS with a CA and certificate made in DataDir (ca.crt,
+	// master.crt, master.key) at the first start.
+	TLS            bool
 	SessionTimeout time.Duration
 	Heartbeat      time.Duration
 	// Isolation lists the drivers every node offers: process (always) and docker.
@@ -49,6 +53,8 @@ type LocalConfig struct {
 	// RegistryAuth is Docker's config.json with registry credentials, for the master's
 	// image pinning and the agents' pulls.
 	RegistryAuth string
+	// RunAs is who every node's process workers run as (nil: this process's user).
+	RunAs *isolation.User
 	// Health is every node's health-check configuration (its cgroup parent is the node's
 	// own); the zero value means healthcheck.DefaultConfig.
 	Health *healthcheck.Config
@@ -112,6 +118,8 @@ func (c *LocalConfig) defaults() error {
 // Local is a running local cluster.
 type Local struct {
 	cfg      LocalConfig
+	creds    string // the store's credentials, when it has ACLs
+	credFile string
 	master   *Master
 	store    coord.Store
 	confined bool
@@ -151,11 +159,24 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	}
 	var err error
 	opts := coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger}
+	if t, perr := coord.ParseURL(cfg.Store); perr == nil && t.Scheme == "zk" && t.Credentials == "" {
+		// A ZooKeeper this cluster shares with others: its entries are for it alone.
+		if c.credFile, c.creds, err = EnsureStoreCredentials(cfg.DataDir); err != nil {
+			return fail(err)
+		}
+		opts.Credentials = c.creds
+	}
 	if c.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
 		return fail(fmt.Errorf("open store: %w", err))
 	}
-	c.master, err = NewMaster(ctx, MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local",
-		DataDir: cfg.DataDir, RegistryAuth: cfg.RegistryAuth, Logger: cfg.Logger})
+	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir,
+		RegistryAuth: cfg.RegistryAuth, Logger: cfg.Logger}
+	if cfg.TLS {
+		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {
+			return fail(err)
+		}
+	}
+	c.master, err = NewMaster(ctx, mcfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -209,10 +230,12 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 	health := *c.cfg.Health
 	health.CgroupParent = c.CgroupParent(spec.ID)
 	a, err := NewAgent(ctx, AgentConfig{
-		Node:         spec,
-		Store:        c.cfg.Store,
-		StoreOptions: coord.Options{SessionTimeout: c.cfg.SessionTimeout},
-		StateDir:     filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
+		Node:                 spec,
+		Store:                c.cfg.Store,
+		StoreOptions:         coord.Options{SessionTimeout: c.cfg.SessionTimeout, Credentials: c.creds},
+		StoreCredentialsFile: c.credFile,
+		RunAs:                c.cfg.RunAs,
+		StateDir:             filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
 		Drivers: DriverConfig{Isolation: iso, Cgroups: cgroups, Docker: c.docker,
 			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},
 		Heartbeat:    c.cfg.Heartbeat,
@@ -245,6 +268,14 @@ func (c *Local) API() string { return c.master.URL() }
 
 // TokenPath is the admin token's file ("" when another master made the token).
 func (c *Local) TokenPath() string { return c.master.TokenPath() }
+
+// CAFile is the CA certificate that signs the API's certificate ("" without TLS).
+func (c *Local) CAFile() string {
+	if !c.cfg.TLS {
+		return ""
+	}
+	return filepath.Join(c.cfg.DataDir, CACertFile)
+}
 
 // Registry holds the master's metrics, served at API()/metrics.
 func (c *Local) Registry() *prometheus.Registry { return c.master.Registry() }

@@ -2,20 +2,24 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/scheduler"
 )
 
@@ -29,13 +33,16 @@ type MasterConfig struct {
 	OpenedStore coord.Store
 	// Listen is the API's listen address ("127.0.0.1:7070"; port 0 picks one).
 	Listen string
-	// Advertise is the API's URL as clients on other hosts reach it (http://HOST:PORT),
-	// published in the store; default: the listen address, or, when that is every
-	// interface, the address that reaches the store.
+	// Advertise is the API's address (HOST:PORT) as clients on other hosts reach it, told to
+	// them through the store and written to the data directory's api.url; default: the
+	// listen address, or, when that is every interface, the address that reaches the store.
 	Advertise string
+	// TLS, when set, serves the API over TLS (see EnsureCerts and ServerTLS).
+	TLS *tls.Config
 	// ID names the master in the election (default host@listen address).
 	ID string
-	// DataDir receives admin.token at the cluster's first start.
+	// DataDir receives admin.token at the cluster's first start, and api.url (the URL the
+	// API is served at, which the CLI reads when no --master is given).
 	DataDir string
 	// RouterStore is the store URL the master's output routers open (default: Store when it
 	// is ZooKeeper).
@@ -52,7 +59,6 @@ type MasterConfig struct {
 type Master struct {
 	cfg       MasterConfig
 	ln        net.Listener
-	url       string // advertised
 	store     coord.Store
 	ownStore  bool
 	sched     *scheduler.Master
@@ -76,8 +82,8 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	if m.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen on %s: %w (is another master running? pick --api)", cfg.Listen, err)
 	}
-	if m.url = cfg.Advertise; m.url == "" {
-		if m.url, err = advertisedURL(m.ln, cfg.Store); err != nil {
+	if m.cfg.Advertise == "" {
+		if m.cfg.Advertise, err = advertisedAddr(m.ln, cfg.Store); err != nil {
 			return nil, err
 		}
 	}
@@ -98,13 +104,20 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		if m.tokenPath, err = EnsureAdminToken(ctx, m.store, cfg.DataDir); err != nil {
 			return nil, err
 		}
+		if err := pki.WriteFiles(map[string][]byte{filepath.Join(cfg.DataDir, api.URLFile): []byte(m.URL() + "\n")}, 0o644); err != nil {
+			return nil, err
+		}
 	}
 	m.registry = NewRegistry()
 	routerStore := cfg.RouterStore
 	if routerStore == "" && strings.HasPrefix(cfg.Store, "zk://") {
 		// An embedded store is held by one process: routers then keep no checkpoint
-		// (the scheduler's default) and recover from their sink alone.
-		routerStore = cfg.Store
+		// (the scheduler's default) and recover from their sink alone. Routers get the
+		// store's credentials from their agent, in a file: the URL goes on their command
+		// line.
+		if routerStore, _, err = PlainStoreURL(cfg.Store); err != nil {
+			return nil, err
+		}
 	}
 	res := &images.Resolver{}
 	if cfg.RegistryAuth != "" {
@@ -117,7 +130,10 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	if err != nil {
 		return nil, err
 	}
-	m.srv = NewHTTPServer(m.sched.Handler(m.registry))
+	m.srv = api.NewServer(m.sched.Handler(m.registry))
+	// The server's own complaints (TLS handshakes that fail, connections cut by the
+	// limits) go to the master's log.
+	m.srv.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
 	return m, nil
 }
 
@@ -128,14 +144,13 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// NewHTTPServer is every stormdock HTTP server's shape: bounded header reads, so a client
-// that sends its headers slowly cannot hold a connection.
-func NewHTTPServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+// URL is where the API is served: https:// when it is served over TLS.
+func (m *Master) URL() string {
+	if m.cfg.TLS != nil {
+		return "https://" + m.cfg.Advertise
+	}
+	return "http://" + m.cfg.Advertise
 }
-
-// URL is where the API is served, as other hosts reach it.
-func (m *Master) URL() string { return m.url }
 
 // TokenPath is the admin token's file, or "" when another master (or data directory) made it.
 func (m *Master) TokenPath() string { return m.tokenPath }
@@ -149,7 +164,11 @@ func (m *Master) Scheduler() *scheduler.Master { return m.sched }
 // Run serves the API and runs the scheduler until ctx is done, then shuts the server down.
 func (m *Master) Run(ctx context.Context) error {
 	errc := make(chan error, 1)
-	go func() { errc <- m.srv.Serve(m.ln) }()
+	ln := m.ln
+	if m.cfg.TLS != nil {
+		ln = tls.NewListener(ln, m.cfg.TLS)
+	}
+	go func() { errc <- m.srv.Serve(ln) }()
 	m.cfg.Logger.Info("master API listening", "url", m.URL(), "metrics", m.URL()+"/metrics", "id", m.cfg.ID)
 	runErr := m.sched.Run(ctx)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

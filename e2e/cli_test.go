@@ -81,7 +81,9 @@ func TestCLIAgainstLocalCluster(t *testing.T) {
 	testenv.Cgroups(t)
 	data := t.TempDir()
 	addr := freeAddr(t)
-	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data, "STORMDOCK_MASTER=http://" + addr}}
+	// No --master, no --ca: the CLI finds the local cluster's URL (https) and CA in its data
+	// directory.
+	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data}}
 	up := exec.Command(binary, "up", "--nodes", "6", "--dcs", "dc-a,dc-b,dc-c", "--racks-per-dc", "2", "--slots", "4",
 		"--data", data, "--api", addr, "--session-timeout", "1s", "--log-level", "warn")
 	var upOut bytes.Buffer

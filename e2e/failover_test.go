@@ -119,7 +119,7 @@ func TestClusterLifecycle(t *testing.T) {
 		break
 	}
 	p := h.agents[restarted]
-	old, err := h.store.Get(ctx, cluster.NodeKey(restarted))
+	old, err := h.store.Get(ctx, cluster.NodesKey+"/"+restarted)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestClusterLifecycle(t *testing.T) {
 	})
 	// The node's keeper held its session through the restart: the master never saw the
 	// node go, and the workers stay put through two heartbeats.
-	if e, err := h.store.Get(ctx, cluster.NodeKey(restarted)); err != nil || e.Owner != old.Owner {
+	if e, err := h.store.Get(ctx, cluster.NodesKey+"/"+restarted); err != nil || e.Owner != old.Owner {
 		t.Errorf("node entry of the restarted agent: owner %x -> %x (%v): the node was re-registered", old.Owner, e.Owner, err)
 	}
 	testenv.AssertUntil(t, "the restarted agent's workers kept", 2*500*time.Millisecond, kept)

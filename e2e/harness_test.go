@@ -95,6 +95,13 @@ func (h *harness) init(session time.Duration) {
 	h.chroot, h.dir, h.session = "/e2e", t.TempDir(), session
 	h.cgroup = testCgroup()
 	h.masters, h.agents = map[string]*proc{}, map[string]*proc{}
+	// Agents run their workers as nobody: let them reach their leases in h.dir, as they
+	// would in /var/lib (files in it stay the owner's).
+	for d := h.dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := coord.Open(ctx, h.storeURL(), coord.Options{SessionTimeout: 4 * time.Second})
@@ -363,7 +370,7 @@ func (h *harness) assignmentVersions() map[string]int64 {
 	}
 	out := map[string]int64{}
 	for _, n := range names {
-		e, err := h.store.Get(ctx, cluster.AssignmentKey(n))
+		e, err := h.store.Get(ctx, cluster.AssignmentsKey+"/"+n)
 		if err != nil {
 			h.t.Fatal(err)
 		}
@@ -383,7 +390,7 @@ func (h *harness) nodeRecords() map[string]cluster.NodeRecord {
 		return out
 	}
 	for _, n := range names {
-		e, err := h.store.Get(ctx, cluster.NodeKey(n))
+		e, err := h.store.Get(ctx, cluster.NodesKey+"/"+n)
 		if err != nil {
 			continue
 		}

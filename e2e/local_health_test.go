@@ -59,7 +59,7 @@ func startUp(t *testing.T, nodes int, extra ...string) *localCluster {
 			t.Logf("stormdock up log:\n%s", tail(b, 4000))
 		}
 	})
-	lc := &localCluster{url: "http://" + addr, data: data}
+	lc := &localCluster{url: "https://" + addr, data: data} // up serves TLS
 	testenv.Eventually(t, "admin token written", 30*time.Second, func() bool {
 		_, err := os.Stat(filepath.Join(data, api.AdminTokenFile))
 		return err == nil
@@ -68,7 +68,11 @@ func startUp(t *testing.T, nodes int, extra ...string) *localCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lc.cl, err = api.NewClient(lc.url, strings.TrimSpace(string(tok))); err != nil {
+	pool, err := api.CAPool(filepath.Join(data, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lc.cl, err = api.NewClient(lc.url, strings.TrimSpace(string(tok)), api.WithRootCAs(pool)); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, fmt.Sprintf("%d local nodes", nodes), 30*time.Second, func() bool {

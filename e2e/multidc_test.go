@@ -94,7 +94,10 @@ func TestMirroredJob(t *testing.T) {
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
+	dir := filepath.Join(h.dir, "io") // the link workers, as nobody, read their input here
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	const lines = 3000
 	input := filepath.Join(dir, "input.txt")
 	var text strings.Builder

@@ -57,6 +57,10 @@ type Spec struct {
 	// Mounts are bind mounts into the container (docker driver). The process driver runs on
 	// the host's file system and ignores them.
 	Mounts []Mount
+	// User, when set, is who the process driver runs the worker as, with no new privileges
+	// (setuid programs gain nothing). The docker driver always runs workers as User
+	// 65534:65534 (docker.User) and ignores it.
+	User *User `json:"user,omitempty"`
 
 	MemoryBytes int64 // hard limit, swap included (no swap beyond it)
 	MilliCPU    int64 // 1000 = one core, enforced as a CFS quota
@@ -69,6 +73,21 @@ type Spec struct {
 	LogDir string
 	// LogMaxBytes caps the log; zero means DefaultLogMaxBytes.
 	LogMaxBytes int64
+}
+
+// User is a numeric identity to run a worker as.
+type User struct {
+	UID    uint32   `json:"uid"`
+	GID    uint32   `json:"gid"`
+	Groups []uint32 `json:"groups,omitempty"` // supplementary groups; none when empty
+	Name   string   `json:"name,omitempty"`   // for messages
+}
+
+func (u User) String() string {
+	if u.Name != "" {
+		return fmt.Sprintf("%s (%d:%d)", u.Name, u.UID, u.GID)
+	}
+	return fmt.Sprintf("%d:%d", u.UID, u.GID)
 }
 
 // Mount is a bind mount of a host path into a worker's container.

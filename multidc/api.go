@@ -30,13 +30,16 @@ const retryAfter = 100 * time.Millisecond
 //	GET  /v1/status            Status
 //	POST /v1/failover          ?to=L (optional) [&job=J]
 //	GET  /healthz, /readyz
+//
+// The POST routes need the job's sender token (see Config.TokenHash); without it: 401 and
+// nothing is taken.
 func (r *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/records", r.handleRecords)
-	mux.HandleFunc("POST /{$}", r.handleRecords)
-	mux.HandleFunc("POST /v1/heartbeat", r.handleHeartbeat)
+	mux.HandleFunc("POST /v1/records", r.auth(r.handleRecords))
+	mux.HandleFunc("POST /{$}", r.auth(r.handleRecords))
+	mux.HandleFunc("POST /v1/heartbeat", r.auth(r.handleHeartbeat))
 	mux.HandleFunc("GET /v1/status", r.handleStatus)
-	mux.HandleFunc("POST /v1/failover", r.handleFailover)
+	mux.HandleFunc("POST /v1/failover", r.auth(r.handleFailover))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		r.mu.Lock()
@@ -312,6 +315,8 @@ func writeError(w http.ResponseWriter, err error) {
 		code = http.StatusBadRequest
 	case errors.Is(err, errConflict):
 		code = http.StatusConflict
+	case errors.Is(err, errUnauthorized):
+		code = http.StatusUnauthorized
 	case errors.Is(err, errNotReady):
 		code = http.StatusServiceUnavailable
 		w.Header().Set("Retry-After", "1")

@@ -21,16 +21,19 @@ var ErrRouterArgs = errors.New("router takes no arguments")
 
 // RouterArgs is the command line of `stormdock router`.
 type RouterArgs struct {
-	// Store, SessionTimeout and StoreCredentials are the flags every stormdock process
-	// that opens the store takes (--store, --session-timeout, --store-credentials).
-	Store            string
-	SessionTimeout   time.Duration
-	StoreCredentials string
+	// Store, SessionTimeout and StoreCredentialsFile are the flags every stormdock process
+	// that opens the store takes (--store, --session-timeout, --store-credentials-file).
+	// The credentials themselves never go on the command line.
+	Store                string
+	SessionTimeout       time.Duration
+	StoreCredentialsFile string
 
-	Job    string
-	Links  []string // in order of preference; --links is comma-separated
-	Sink   string   // file:///PATH[?fsync=...] or http(s)://HOST/PATH (OpenSink)
-	Listen string
+	Job   string
+	Links []string // in order of preference; --links is comma-separated
+	// TokenHash is the hash of the job's sender token (Config.TokenHash): not a secret.
+	TokenHash string
+	Sink      string // file:///PATH[?fsync=...] or http(s)://HOST/PATH (OpenSink)
+	Listen    string
 
 	HeartbeatTimeout   time.Duration
 	CloseGrace         time.Duration
@@ -59,8 +62,9 @@ func (a *RouterArgs) flags(links *string) *flag.FlagSet {
 	fs := cmdline.NewFlagSet(RouterCommand)
 	fs.StringVar(&a.Store, "store", d.Store, "coordination store `URL`: zk://HOST:PORT[,HOST:PORT]/CHROOT, file:///PATH or mem://NAME (required; env STORMDOCK_STORE)")
 	fs.DurationVar(&a.SessionTimeout, "session-timeout", d.SessionTimeout, "store session timeout: how fast a lost process is noticed")
-	fs.StringVar(&a.StoreCredentials, "store-credentials", d.StoreCredentials, "`USER:PASS` for ZooKeeper digest ACLs (env STORMDOCK_STORE_CREDENTIALS)")
+	fs.StringVar(&a.StoreCredentialsFile, "store-credentials-file", d.StoreCredentialsFile, "`FILE` holding USER:PASS for ZooKeeper digest ACLs (env STORMDOCK_STORE_CREDENTIALS_FILE, or USER:PASS in STORMDOCK_STORE_CREDENTIALS)")
 	fs.StringVar(&a.Job, "job", d.Job, "the mirrored `JOB` (required)")
+	fs.StringVar(&a.TokenHash, "token-hash", d.TokenHash, "`HEX` SHA-256 of the job's sender token: requests without the token are refused (required)")
 	fs.StringVar(links, "links", strings.Join(d.Links, ","), "the job's `LINKS`, comma-separated, in order of preference (required)")
 	fs.StringVar(&a.Sink, "sink", d.Sink, "output `URL`: file:///PATH[?fsync=checkpoint|always|never] or http(s)://HOST/PATH (required)")
 	fs.StringVar(&a.Listen, "listen", d.Listen, "`ADDR` of the ingest and status API")
@@ -78,6 +82,9 @@ func (a *RouterArgs) flags(links *string) *flag.FlagSet {
 func (a RouterArgs) Args() []string {
 	d := DefaultRouterArgs()
 	args := []string{"--store", a.Store, "--job", a.Job, "--links", strings.Join(a.Links, ","), "--sink", a.Sink, "--listen", a.Listen}
+	if a.TokenHash != d.TokenHash {
+		args = append(args, "--token-hash", a.TokenHash)
+	}
 	dur := func(name string, v, def time.Duration) {
 		if v != def {
 			args = append(args, "--"+name, v.String())
@@ -89,8 +96,8 @@ func (a RouterArgs) Args() []string {
 		}
 	}
 	dur("session-timeout", a.SessionTimeout, d.SessionTimeout)
-	if a.StoreCredentials != d.StoreCredentials {
-		args = append(args, "--store-credentials", a.StoreCredentials)
+	if a.StoreCredentialsFile != d.StoreCredentialsFile {
+		args = append(args, "--store-credentials-file", a.StoreCredentialsFile)
 	}
 	dur("heartbeat-timeout", a.HeartbeatTimeout, d.HeartbeatTimeout)
 	dur("close-grace", a.CloseGrace, d.CloseGrace)

@@ -14,11 +14,11 @@ import (
 // FuzzRouterArgs: what Args writes, Parse reads back exactly. Links are names (the master
 // writes validated ones), so they hold no comma or blank and none is empty.
 func FuzzRouterArgs(f *testing.F) {
-	f.Add("zk://127.0.0.1:2181/stormdock", "", "wordcount", "dc-a,dc-b", "file:///var/out.jsonl", "127.0.0.1:17100",
+	f.Add("zk://127.0.0.1:2181/stormdock", "", "wordcount", "dc-a,dc-b", "file:///var/out.jsonl", "127.0.0.1:17100", "",
 		int64(2*time.Second), int64(600*time.Millisecond), int64(0), int64(100*time.Millisecond), int64(8192), int64(32<<20))
-	f.Add("", "u:p", "-job", "", "", "", int64(0), int64(-1), int64(-1), int64(math.MaxInt64), int64(math.MinInt64), int64(0))
-	f.Add("mem://", "--x", "j", "a", "http://h/p?x=1", "--listen", int64(1), int64(1), int64(1), int64(1), int64(1), int64(1))
-	f.Fuzz(func(t *testing.T, store, creds, job, links, sink, listen string,
+	f.Add("", "/data/store.credentials", "-job", "", "", "", "0f0f", int64(0), int64(-1), int64(-1), int64(math.MaxInt64), int64(math.MinInt64), int64(0))
+	f.Add("mem://", "--x", "j", "a", "http://h/p?x=1", "--listen", "--x", int64(1), int64(1), int64(1), int64(1), int64(1), int64(1))
+	f.Fuzz(func(t *testing.T, store, credsFile, job, links, sink, listen, tokenHash string,
 		session, heartbeat, closeGrace, checkpoint, records, bytes int64) {
 		var ls []string
 		for _, l := range strings.Split(links, ",") {
@@ -26,8 +26,8 @@ func FuzzRouterArgs(f *testing.F) {
 				ls = append(ls, l)
 			}
 		}
-		want := RouterArgs{Store: store, SessionTimeout: time.Duration(session), StoreCredentials: creds,
-			Job: job, Links: ls, Sink: sink, Listen: listen,
+		want := RouterArgs{Store: store, SessionTimeout: time.Duration(session), StoreCredentialsFile: credsFile,
+			Job: job, Links: ls, Sink: sink, Listen: listen, TokenHash: tokenHash,
 			HeartbeatTimeout: time.Duration(heartbeat), CloseGrace: time.Duration(closeGrace),
 			CheckpointInterval: time.Duration(checkpoint), BufferRecords: records, BufferBytes: bytes}
 		var got RouterArgs

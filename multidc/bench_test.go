@@ -30,6 +30,7 @@ func BenchmarkRouterFileSink(b *testing.B) {
 	for _, l := range []string{"dc-a", "dc-b"} {
 		for w := range workers {
 			j := job{s: NewSender(tr.URL(), l, w, workers)}
+			j.s.Token = testToken
 			var body bytes.Buffer
 			k := 0
 			for off := w; off < n; off += workers {

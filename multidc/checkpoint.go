@@ -26,12 +26,16 @@ func ReadRecord(ctx context.Context, kv coord.KV, job string) (rec RouterRecord,
 
 // readRecord also returns the entry's version, -1 when the key does not exist.
 func readRecord(ctx context.Context, kv coord.KV, job string) (RouterRecord, int64, bool, error) {
-	e, err := kv.Get(ctx, cluster.RouterKey(job))
+	key, err := cluster.RouterKey(job)
+	if err != nil {
+		return RouterRecord{}, 0, false, fmt.Errorf("multidc: %w", err)
+	}
+	e, err := kv.Get(ctx, key)
 	if errors.Is(err, coord.ErrNotFound) {
 		return RouterRecord{}, -1, false, nil
 	}
 	if err != nil {
-		return RouterRecord{}, 0, false, fmt.Errorf("multidc: read %s: %w", cluster.RouterKey(job), err)
+		return RouterRecord{}, 0, false, fmt.Errorf("multidc: read %s: %w", key, err)
 	}
 	if len(e.Value) == 0 {
 		// The election made the key as the parent of its entries; no router wrote it yet.
@@ -39,7 +43,7 @@ func readRecord(ctx context.Context, kv coord.KV, job string) (RouterRecord, int
 	}
 	var rec RouterRecord
 	if err := json.Unmarshal(e.Value, &rec); err != nil {
-		return RouterRecord{}, 0, false, fmt.Errorf("multidc: decode %s: %w", cluster.RouterKey(job), err)
+		return RouterRecord{}, 0, false, fmt.Errorf("multidc: decode %s: %w", key, err)
 	}
 	return rec, e.Version, true, nil
 }
@@ -67,7 +71,10 @@ func (c *checkpointer) save(ctx context.Context, rec RouterRecord) error {
 	if err != nil {
 		return fmt.Errorf("multidc: encode router record: %w", err)
 	}
-	key := cluster.RouterKey(c.job)
+	key, err := cluster.RouterKey(c.job)
+	if err != nil {
+		return fmt.Errorf("multidc: %w", err)
+	}
 	if c.version < 0 {
 		if _, err := c.kv.Create(ctx, key, b, coord.Persistent); err != nil {
 			if errors.Is(err, coord.ErrExists) {

@@ -89,6 +89,7 @@ func (w *linkWorker) end() int64 {
 
 func (w *linkWorker) run(ctx context.Context) error {
 	s := NewSender(w.router, w.link, w.worker, w.workers)
+	s.Token = testToken
 	var start int64
 	for {
 		res, err := s.Heartbeat(ctx)
@@ -189,7 +190,7 @@ func routerChild() int {
 	timeout, _ := time.ParseDuration(os.Getenv(envTimeout))
 	every, _ := time.ParseDuration(os.Getenv(envCkptEvery))
 	r, err := New(Config{
-		Job: "wordcount", Links: strings.Split(os.Getenv(envLinks), ","), Store: store, Sink: sink,
+		Job: "wordcount", Links: strings.Split(os.Getenv(envLinks), ","), Store: store, Sink: sink, TokenHash: testTokenHash,
 		Listen: os.Getenv(envListen), HeartbeatTimeout: timeout, CheckpointInterval: every, Logger: log,
 	})
 	if err != nil {

@@ -39,6 +39,8 @@ func (e *APIError) Retryable() bool {
 type Client struct {
 	base string
 	hc   *http.Client
+	// Token is the job's sender token, needed for a failover.
+	Token string
 }
 
 // NewClient returns a client of the router at base (http://HOST:PORT).
@@ -57,7 +59,7 @@ func RouterURL(ctx context.Context, kv coord.KV, job string) (string, error) {
 		return "", err
 	}
 	if !ok || rec.Router == "" {
-		return "", fmt.Errorf("multidc: no router record for job %q at %s: is the job mirrored and its router running?", job, cluster.RouterKey(job))
+		return "", fmt.Errorf("multidc: no router record for job %q at %s/%s: is the job mirrored and its router running?", job, cluster.RoutersKey, job)
 	}
 	return rec.Router, nil
 }
@@ -88,6 +90,9 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("multidc: %w", err)
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -139,6 +144,8 @@ type Sender struct {
 	link            string
 	worker, workers int
 	hc              *http.Client
+	// Token is the job's sender token (ReadTokenFile), sent with every request.
+	Token string
 	// MinBackoff and MaxBackoff bound the wait between retries (defaults 10 ms, 1 s).
 	MinBackoff, MaxBackoff time.Duration
 
@@ -208,6 +215,12 @@ func (s *Sender) next(base string) {
 // starting).
 var errNoRouter = errors.New("multidc: no router known yet")
 
+func (s *Sender) authorize(req *http.Request) {
+	if s.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.Token)
+	}
+}
+
 // answered records which router instance answered, noting a restart.
 func (s *Sender) answered(instance string, next int64) {
 	if instance == "" {
@@ -248,6 +261,7 @@ func (s *Sender) Heartbeat(ctx context.Context) (HeartbeatResult, error) {
 	if err != nil {
 		return HeartbeatResult{}, err
 	}
+	s.authorize(req)
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		s.next(base)
@@ -330,6 +344,7 @@ func (s *Sender) post(ctx context.Context, u string, batch []byte) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/x-ndjson")
+	s.authorize(req)
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		return err

@@ -13,6 +13,8 @@ type metrics struct {
 	failovers  *prometheus.CounterVec
 	latency    prometheus.Histogram
 	sinkErrors prometheus.Counter
+	// authFailures counts refused requests by reason: missing, invalid, limited.
+	authFailures *prometheus.CounterVec
 }
 
 func newMetrics(r *Router, reg prometheus.Registerer) (*metrics, error) {
@@ -28,12 +30,15 @@ func newMetrics(r *Router, reg prometheus.Registerer) (*metrics, error) {
 		sinkErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stormdock_router_sink_errors_total", Help: "Failed sink writes (each is retried).",
 		}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stormdock_router_auth_failures_total", Help: "Requests refused for their sender token: missing, invalid, or limited (too many failures from the address).",
+		}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	reg = prometheus.WrapRegistererWith(prometheus.Labels{"job": r.cfg.Job}, reg)
-	for _, c := range []prometheus.Collector{m.failovers, m.latency, m.sinkErrors, &linkCollector{r: r}} {
+	for _, c := range []prometheus.Collector{m.failovers, m.latency, m.sinkErrors, m.authFailures, &linkCollector{r: r}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("multidc: register metrics: %w", err)
 		}

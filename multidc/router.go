@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -27,6 +28,9 @@ type Config struct {
 	// OpenSink, when Sink is nil, opens the sink once the router leads the job's election:
 	// a standby router must not hold the sink (a file sink is locked by its writer).
 	OpenSink func() (Sink, error)
+	// TokenHash is the hash (api.HashToken) of the job's sender token: records, heartbeats
+	// and failovers without the token are refused (401).
+	TokenHash string
 	// Listen, if set, is the address New listens on and Run serves the API on
 	// ("127.0.0.1:0" picks a port; see URL).
 	Listen string
@@ -77,6 +81,7 @@ type Router struct {
 	failovers    int64
 	lastFailover *Failover
 	conns        map[net.Conn][]beatKey // the workers each open connection carried
+	fails        *api.FailLimiter       // failed token checks, per remote address
 }
 
 type runState int
@@ -105,6 +110,9 @@ func New(cfg Config) (*Router, error) {
 	}
 	if cfg.Store == nil || (cfg.Sink == nil && cfg.OpenSink == nil) {
 		return nil, errors.New("multidc: a router needs a store and a sink")
+	}
+	if len(cfg.TokenHash) != 64 {
+		return nil, errors.New("multidc: a router needs the hash of its job's sender token (--token-hash)")
 	}
 	if cfg.HeartbeatTimeout <= 0 {
 		cfg.HeartbeatTimeout = 600 * time.Millisecond
@@ -142,6 +150,7 @@ func New(cfg Config) (*Router, error) {
 		kick:     make(chan struct{}, 1),
 		live:     newLiveness(cfg.Links, cfg.HeartbeatTimeout, cfg.CloseGrace),
 		conns:    map[net.Conn][]beatKey{},
+		fails:    api.NewFailLimiter(),
 	}
 	m, err := newMetrics(r, cfg.Registerer)
 	if err != nil {
@@ -186,12 +195,9 @@ func (r *Router) Run(ctx context.Context) (err error) {
 	if r.ln != nil {
 		// Serve from the start: until the router leads and has recovered, workers get 503
 		// and retry, instead of connection errors.
-		srv := &http.Server{
-			Handler:           r.Handler(),
-			ReadHeaderTimeout: 10 * time.Second,
-			ConnContext:       func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
-			ConnState:         r.connState,
-		}
+		srv := api.NewServer(r.Handler())
+		srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) }
+		srv.ConnState = r.connState
 		wg.Go(func() {
 			if err := srv.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				cancel(fmt.Errorf("multidc: serve: %w", err))
@@ -206,7 +212,11 @@ func (r *Router) Run(ctx context.Context) (err error) {
 		r.log.Info("router API listening", "url", r.URL())
 	}
 
-	el, err := coord.NewElection(r.cfg.Store, cluster.RouterElectionKey(r.cfg.Job), r.instance)
+	ekey, err := cluster.RouterElectionKey(r.cfg.Job)
+	if err != nil {
+		return fmt.Errorf("multidc: %w", err)
+	}
+	el, err := coord.NewElection(r.cfg.Store, ekey, r.instance)
 	if err != nil {
 		return fmt.Errorf("multidc: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
@@ -108,7 +109,7 @@ func startRouter(t testing.TB, store coord.Store, links []string, mod func(*Conf
 	}
 	ts := &timedSink{Sink: fs}
 	cfg := Config{
-		Job: "wordcount", Links: links, Store: store, Sink: ts, Listen: "127.0.0.1:0",
+		Job: "wordcount", Links: links, Store: store, Sink: ts, Listen: "127.0.0.1:0", TokenHash: testTokenHash,
 		HeartbeatTimeout: 600 * time.Millisecond, Logger: testLogger(t),
 	}
 	if mod != nil {
@@ -154,9 +155,28 @@ func waitReady(t testing.TB, url string) {
 	})
 }
 
+// testToken is the sender token of the tests' routers' job.
+const testToken = "sdo_test-token"
+
+var testTokenHash = api.HashToken(testToken)
+
+// post sends body with the job's sender token.
 func post(t testing.TB, url, body string) (int, string) {
 	t.Helper()
-	resp, err := http.Post(url, "application/x-ndjson", strings.NewReader(body))
+	return postAs(t, url, body, testToken)
+}
+
+func postAs(t testing.TB, url, body, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,6 +270,7 @@ func TestAPIBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cl.Token = testToken
 	var ae *APIError
 	if _, err := cl.Failover(context.Background(), "", "dc-q"); !errors.As(err, &ae) || ae.Code != 400 {
 		t.Errorf("failover to an unknown link: %v", err)
@@ -288,7 +309,7 @@ func TestAPINotReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fs.Close()
-	r, err := New(Config{Job: "wordcount", Links: []string{"dc-a", "dc-b"}, Store: store, Sink: fs})
+	r, err := New(Config{Job: "wordcount", Links: []string{"dc-a", "dc-b"}, Store: store, Sink: fs, TokenHash: testTokenHash})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,6 +325,7 @@ func TestAPINotReady(t *testing.T) {
 		{Job: "j", Links: []string{"dc-a", "dc-a"}, Store: store, Sink: fs},
 		{Job: "j", Store: store, Sink: fs},
 		{Job: "j", Links: []string{"dc-a"}, Sink: fs},
+		{Job: "j", Links: []string{"dc-a"}, Store: store, Sink: fs}, // no token hash
 	} {
 		if _, err := New(bad); err == nil {
 			t.Errorf("New(%+v) succeeded", bad)
@@ -389,6 +411,7 @@ func TestManualFailoverAndStatusInStore(t *testing.T) {
 	epoch := time.Now()
 	startSenders(t, tr.URL(), []string{"dc-a", "dc-b"}, 2, lines, 2000, epoch)
 	cl, _ := NewClient(tr.URL())
+	cl.Token = testToken
 	ctx := context.Background()
 	var first string
 	testenv.Eventually(t, "a link active and delivering", 10*time.Second, func() bool {
@@ -482,7 +505,7 @@ func TestOneRouterPerJob(t *testing.T) {
 	second := startRouter(t, store, []string{"dc-a", "dc-b"}, nil)
 	// The second router stands in the job's router election, behind the first.
 	testenv.Eventually(t, "the second router standing", 10*time.Second, func() bool {
-		names, err := store.Children(context.Background(), cluster.RouterElectionKey("wordcount"))
+		names, err := store.Children(context.Background(), cluster.RoutersKey+"/wordcount"+"/election")
 		return err == nil && len(names) == 2
 	})
 	if _, err := second.Status(); err == nil {
@@ -527,6 +550,7 @@ func TestSenderRewindsOnRouterRestart(t *testing.T) {
 	r1 := startRouter(t, store, []string{"dc-a", "dc-b"}, func(c *Config) { c.Listen = listen })
 	waitReady(t, r1.URL())
 	s := NewSender(r1.URL(), "dc-a", 0, 1)
+	s.Token = testToken
 	ctx := context.Background()
 	var batch strings.Builder
 	for off := range 10 {

@@ -14,7 +14,11 @@ import (
 
 // OpenStore connects to a cluster's store for the provisioner's own reads and writes.
 func OpenStore(ctx context.Context, url string, log *slog.Logger) (coord.Store, error) {
-	s, err := coord.Open(ctx, url, coord.Options{SessionTimeout: 4 * time.Second, ConnectTimeout: 10 * time.Second, Logger: log})
+	return openStore(ctx, url, "", log)
+}
+
+func openStore(ctx context.Context, url, creds string, log *slog.Logger) (coord.Store, error) {
+	s, err := coord.Open(ctx, url, coord.Options{SessionTimeout: 4 * time.Second, ConnectTimeout: 10 * time.Second, Credentials: creds, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("%w: open store %s: %v: check that ZooKeeper runs there", ErrUnavailable, url, err)
 	}
@@ -98,7 +102,11 @@ func Nodes(ctx context.Context, kv coord.KV) (map[string]NodeInfo, error) {
 	}
 	out := make(map[string]NodeInfo, len(ids))
 	for id := range ids {
-		e, err := kv.Get(ctx, cluster.NodeKey(id))
+		key, err := cluster.NodeKey(id)
+		if err != nil {
+			continue // not a node any agent registers
+		}
+		e, err := kv.Get(ctx, key)
 		if errors.Is(err, coord.ErrNotFound) {
 			continue // gone meanwhile
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/pki"
 )
 
 // Tokens keeps the admin tokens of the clusters this operator created, one file per
@@ -36,14 +37,32 @@ func DefaultTokenDir() string {
 	return filepath.Join(base, "clusters")
 }
 
+// ClusterDir is the directory of cluster name's files (its admin token, CA and store
+// credentials). A name CheckName refuses is refused here too, so that no name reaches a
+// path outside Dir.
+func (t Tokens) ClusterDir(name string) (string, error) {
+	if err := CheckName(name); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrBadSpec, err)
+	}
+	return filepath.Join(t.Dir, name), nil
+}
+
 // Path is the token file of cluster name.
-func (t Tokens) Path(name string) string {
-	return filepath.Join(t.Dir, name, api.AdminTokenFile)
+func (t Tokens) Path(name string) (string, error) {
+	dir, err := t.ClusterDir(name)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, api.AdminTokenFile), nil
 }
 
 // Read returns cluster name's admin token.
 func (t Tokens) Read(name string) (string, error) {
-	b, err := os.ReadFile(t.Path(name))
+	path, err := t.Path(name)
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("read admin token of cluster %s: %w (pass --token if another machine created it)", name, err)
 	}
@@ -66,7 +85,10 @@ func (t Tokens) Install(ctx context.Context, kv coord.KV, name string) (token st
 	case !errors.Is(err, coord.ErrNotFound):
 		return "", nil, fmt.Errorf("read admin token from the store: %w", err)
 	}
-	path := t.Path(name)
+	path, err := t.Path(name)
+	if err != nil {
+		return "", nil, err
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", nil, fmt.Errorf("make token directory: %w", err)
 	}
@@ -96,10 +118,20 @@ func (t Tokens) Remove(ctx context.Context, kv coord.KV, name string) error {
 	return nil
 }
 
-// RemoveFile deletes the token file and its directory.
+// RemoveFile deletes the token file, the cluster's CA and certificate, and their directory
+// unless the store's credentials are in it: the cluster's data stays in its chroot, which
+// only they open.
 func (t Tokens) RemoveFile(name string) {
-	os.Remove(t.Path(name))
-	os.Remove(filepath.Dir(t.Path(name)))
+	path, err := t.Path(name)
+	if err != nil {
+		return
+	}
+	dir := filepath.Dir(path)
+	for _, f := range []string{path, filepath.Join(dir, pki.CACertFile), filepath.Join(dir, pki.CAKeyFile),
+		filepath.Join(dir, pki.MasterCertFile), filepath.Join(dir, pki.MasterKeyFile)} {
+		os.Remove(f)
+	}
+	os.Remove(dir) // fails, harmlessly, while the credentials are in it
 }
 
 // Forget removes a destroyed cluster's admin token: its file, and its hash in the cluster's
@@ -108,7 +140,7 @@ func (t Tokens) RemoveFile(name string) {
 func (t Tokens) Forget(ctx context.Context, storeURL, name string, log *slog.Logger) {
 	var kv coord.KV
 	if storeURL != "" {
-		if store, err := OpenStore(ctx, storeURL, log); err == nil {
+		if store, err := t.OpenStore(ctx, name, storeURL, log); err == nil {
 			defer store.Close()
 			kv = store
 		} else {

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,8 +22,11 @@ import (
 // from the store's mirror and writes go to the store, where the leader picks them up.
 // gatherer, when not nil, is served at /metrics.
 func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
-	mux := http.NewServeMux()
-	route := func(pattern string, need role, h http.HandlerFunc) { mux.HandleFunc(pattern, m.guard(need, h)) }
+	mux := &routeMux{ServeMux: http.NewServeMux()}
+	route := func(pattern string, need role, h http.HandlerFunc) {
+		mux.HandleFunc(pattern, m.secure(pattern, need, h))
+		mux.patterns = append(mux.patterns, pattern)
+	}
 	route("GET /v1/health", roleNone, m.getHealth)
 	route("GET /v1/jobs", roleTenant, m.listJobs)
 	route("POST /v1/jobs", roleTenant, m.submitJob)
@@ -43,10 +45,15 @@ func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	if gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		fail(w, api.ErrNotFound, "no such API path %s %s", r.Method, r.URL.Path)
-	})
+	mux.HandleFunc("/", notFound(mux.ServeMux))
 	return mux
+}
+
+// routeMux is the API's mux with the patterns of its routes, so that tests can probe every
+// one of them.
+type routeMux struct {
+	*http.ServeMux
+	patterns []string
 }
 
 func fail(w http.ResponseWriter, sentinel error, format string, args ...any) {
@@ -72,15 +79,13 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	return data, true
 }
 
-// decodeJSON reads a JSON body strictly: unknown fields are refused.
-func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+// decodeJSON reads a JSON body strictly (see decodeStrict); optional bodies may be empty.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any, optional ...bool) bool {
 	data, ok := readBody(w, r)
 	if !ok {
 		return false
 	}
-	dec := json.NewDecoder(strings.NewReader(string(data)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := decodeStrict(data, v, len(optional) > 0 && optional[0]); err != nil {
 		fail(w, api.ErrBadInput, "bad request body: %v", err)
 		return false
 	}
@@ -101,6 +106,7 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrBadInput, "%v", err)
 		return
 	}
+	noteObject(r, "job/"+spec.Name)
 	if err := mayUse(principalOf(r.Context()), spec.Tenant); err != nil {
 		failErr(w, err)
 		return
@@ -135,7 +141,6 @@ func (m *Master) scaleJob(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
-	m.log.Info("job scaled", "job", rec.Spec.Name, "workers", rec.Spec.Workers)
 	reply(w, http.StatusOK, rec)
 }
 
@@ -152,7 +157,6 @@ func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
-	m.log.Info("job killed", "job", rec.Spec.Name, "grace", rec.Spec.Grace())
 	reply(w, http.StatusOK, rec)
 }
 
@@ -360,7 +364,6 @@ func (m *Master) drainNode(drain bool) http.HandlerFunc {
 			failErr(w, err)
 			return
 		}
-		m.log.Info("node drain changed", "node", id, "draining", drain)
 		reply(w, http.StatusOK, map[string]any{"node": id, "draining": drain, "at": time.Now().UTC()})
 	}
 }
@@ -401,11 +404,11 @@ func (m *Master) createTenant(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &t) {
 		return
 	}
+	noteObject(r, "tenant/"+t.Name)
 	if err := CreateTenant(r.Context(), m.store, cluster.TenantRecord{Tenant: t}); err != nil {
 		failErr(w, err)
 		return
 	}
-	m.log.Info("tenant created", "tenant", t.Name)
 	reply(w, http.StatusCreated, t)
 }
 
@@ -415,7 +418,6 @@ func (m *Master) tenantToken(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
-	m.log.Info("tenant token made", "tenant", r.PathValue("name"))
 	reply(w, http.StatusOK, api.TokenReply{Tenant: r.PathValue("name"), Token: token})
 }
 
@@ -445,7 +447,7 @@ func (m *Master) listDCs(w http.ResponseWriter, _ *http.Request) {
 func (m *Master) setDC(state string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req api.DCRequest
-		if r.ContentLength != 0 && !decodeJSON(w, r, &req) {
+		if !decodeJSON(w, r, &req, true) {
 			return
 		}
 		if req.Rebalance && state != cluster.DCActive {
@@ -457,7 +459,6 @@ func (m *Master) setDC(state string) http.HandlerFunc {
 			failErr(w, err)
 			return
 		}
-		m.log.Info("data center state changed", "dc", rec.Name, "state", rec.State, "rebalance", rec.Rebalance)
 		reply(w, http.StatusOK, rec)
 	}
 }

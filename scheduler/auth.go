@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
@@ -35,8 +38,9 @@ const (
 	roleAdmin              // the admin token
 )
 
-// authenticate finds who holds the request's bearer token.
-func (m *Master) authenticate(r *http.Request) (principal, error) {
+// authenticate finds who holds the request's bearer token. With fresh false it looks at the
+// admin token and the tenants' mirror only, not at the tenants in the store.
+func (m *Master) authenticate(r *http.Request, fresh bool) (principal, error) {
 	h := r.Header.Get("Authorization")
 	token, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok || token == "" {
@@ -55,6 +59,9 @@ func (m *Master) authenticate(r *http.Request) (principal, error) {
 			return principal{tenant: name}, nil
 		}
 	}
+	if !fresh {
+		return principal{}, fmt.Errorf("%w: invalid API token", api.ErrUnauthorized)
+	}
 	// The mirror may not have the token yet: one made a moment ago (through another
 	// master, or just now through this one) is in the store.
 	names, err := m.store.Children(r.Context(), cluster.TenantsKey)
@@ -62,7 +69,11 @@ func (m *Master) authenticate(r *http.Request) (principal, error) {
 		return principal{}, fmt.Errorf("%w: read tenants: %v", api.ErrUnavailable, err)
 	}
 	for _, name := range names {
-		if e, err := m.store.Get(r.Context(), cluster.TenantKey(name)); err == nil && match(name, e.Value) {
+		key, err := cluster.TenantKey(name)
+		if err != nil {
+			continue // not a tenant's record
+		}
+		if e, err := m.store.Get(r.Context(), key); err == nil && match(name, e.Value) {
 			return principal{tenant: name}, nil
 		}
 	}
@@ -81,11 +92,32 @@ func (m *Master) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 			fail(w, api.ErrUnavailable, "%s", msg)
 			return
 		}
-		p, err := m.authenticate(r)
+		// An address that used up its failures still gets its valid tokens checked, against
+		// what the master holds (clients behind one address are not locked out by one of
+		// them), but its guesses cost no store reads and no log lines: they get 429.
+		host := api.RemoteHost(r)
+		limited, wait := m.authFails.Blocked(host)
+		p, err := m.authenticate(r, !limited)
+		if limited && err != nil {
+			m.metrics.authFailures.WithLabelValues("limited").Inc()
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
+			fail(w, api.ErrRateLimited, "too many failed token checks from %s: try again in %s", host, wait.Round(100*time.Millisecond))
+			return
+		}
+		if errors.Is(err, api.ErrUnauthorized) {
+			reason := "invalid"
+			if r.Header.Get("Authorization") == "" {
+				reason = "missing"
+			}
+			m.authFails.Fail(host)
+			m.metrics.authFailures.WithLabelValues(reason).Inc()
+			m.log.Warn("API token refused", "remote", r.RemoteAddr, "reason", reason, "method", r.Method, "path", clipPath(r.URL.Path))
+		}
 		if err != nil {
 			failErr(w, err)
 			return
 		}
+		notePrincipal(r, p)
 		if need == roleAdmin && !p.admin {
 			fail(w, api.ErrForbidden, "this needs the admin token; tenant %s's token cannot do it", p.tenant)
 			return
@@ -105,7 +137,11 @@ func mayUse(p principal, tenant string) error {
 // SetTenantToken makes a new token for a tenant, replacing the old one, and returns it.
 func SetTenantToken(ctx context.Context, s coord.KV, name string) (string, error) {
 	var token string
-	_, err := coord.Update(ctx, s, cluster.TenantKey(name), func(cur []byte, exists bool) ([]byte, error) {
+	key, err := keyOf(cluster.TenantKey(name))
+	if err != nil {
+		return "", err
+	}
+	_, err = coord.Update(ctx, s, key, func(cur []byte, exists bool) ([]byte, error) {
 		t, err := decodeTenant(name, cur, exists)
 		if err != nil {
 			return nil, err

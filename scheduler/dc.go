@@ -51,7 +51,11 @@ func (r *reconciler) recordDCs(ctx context.Context, v *view) error {
 		}
 		d := cluster.DCRecord{Name: dc, State: cluster.DCActive, Since: time.Now().UTC()}
 		val, _ := json.Marshal(d)
-		_, err := r.m.store.Create(ctx, cluster.DCKey(dc), val, coord.Persistent)
+		key, err := cluster.DCKey(dc)
+		if err != nil {
+			continue // agents register valid names only; this one is not a data center's
+		}
+		_, err = r.m.store.Create(ctx, key, val, coord.Persistent)
 		r.m.metrics.storeWrites.Inc()
 		if err != nil && !errors.Is(err, coord.ErrExists) {
 			return fmt.Errorf("scheduler: record data center %s: %w", dc, err)
@@ -221,7 +225,11 @@ func (r *reconciler) rebalance(ctx context.Context, v *view, cur []cluster.Place
 
 func putDC(ctx context.Context, s coord.KV, rec cluster.DCRecord) error {
 	val, _ := json.Marshal(rec)
-	if _, err := s.Put(ctx, cluster.DCKey(rec.Name), val, coord.AnyVersion); err != nil {
+	key, err := keyOf(cluster.DCKey(rec.Name))
+	if err != nil {
+		return err
+	}
+	if _, err := s.Put(ctx, key, val, coord.AnyVersion); err != nil {
 		return fmt.Errorf("store data center %s: %w", rec.Name, err)
 	}
 	return nil
@@ -231,7 +239,11 @@ func putDC(ctx context.Context, s coord.KV, rec cluster.DCRecord) error {
 // spread jobs back into it once).
 func SetDCState(ctx context.Context, s coord.KV, dc, state string, rebalance bool) (cluster.DCRecord, error) {
 	var rec cluster.DCRecord
-	_, err := coord.Update(ctx, s, cluster.DCKey(dc), func(cur []byte, exists bool) ([]byte, error) {
+	key, err := keyOf(cluster.DCKey(dc))
+	if err != nil {
+		return rec, err
+	}
+	_, err = coord.Update(ctx, s, key, func(cur []byte, exists bool) ([]byte, error) {
 		if !exists {
 			return nil, fmt.Errorf("%w: no data center %q (see `stormdock dc list`)", api.ErrNotFound, dc)
 		}

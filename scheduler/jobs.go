@@ -30,10 +30,11 @@ func tenantUsage(ctx context.Context, s coord.KV, tenant, except string) (worker
 		return 0, 0, fmt.Errorf("list jobs: %w", err)
 	}
 	for _, name := range names {
-		if name == except {
+		key, kerr := cluster.JobKey(name)
+		if name == except || kerr != nil {
 			continue
 		}
-		e, err := s.Get(ctx, cluster.JobKey(name))
+		e, err := s.Get(ctx, key)
 		if errors.Is(err, coord.ErrNotFound) {
 			continue
 		}
@@ -53,7 +54,11 @@ func tenantUsage(ctx context.Context, s coord.KV, tenant, except string) (worker
 
 // readTenant returns the tenant record and its entry (for its version).
 func readTenant(ctx context.Context, s coord.KV, name string) (cluster.TenantRecord, coord.Entry, error) {
-	e, err := s.Get(ctx, cluster.TenantKey(name))
+	key, err := keyOf(cluster.TenantKey(name))
+	if err != nil {
+		return cluster.TenantRecord{}, coord.Entry{}, err
+	}
+	e, err := s.Get(ctx, key)
 	if err != nil && !errors.Is(err, coord.ErrNotFound) {
 		return cluster.TenantRecord{}, e, fmt.Errorf("read tenant %s: %w", name, err)
 	}
@@ -99,12 +104,20 @@ func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin
 		return cluster.JobRecord{}, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
 	var rec cluster.JobRecord
-	err := coord.Retry(ctx, func() error {
+	jobKey, err := keyOf(cluster.JobKey(spec.Name))
+	if err != nil {
+		return rec, err
+	}
+	tenantKey, err := keyOf(cluster.TenantKey(spec.Tenant))
+	if err != nil {
+		return rec, err
+	}
+	err = coord.Retry(ctx, func() error {
 		t, te, err := readTenant(ctx, s, spec.Tenant)
 		if err != nil {
 			return err
 		}
-		if _, err := s.Get(ctx, cluster.JobKey(spec.Name)); err == nil {
+		if _, err := s.Get(ctx, jobKey); err == nil {
 			return fmt.Errorf("%w: job %q already exists: scale it with `stormdock job scale` or kill it first", api.ErrExists, spec.Name)
 		}
 		usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, "")
@@ -116,12 +129,17 @@ func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin
 		}
 		now := time.Now().UTC()
 		rec = cluster.JobRecord{Spec: *spec, Generation: 1, State: cluster.JobRunning, Image: pin, Submitted: now, Updated: now}
+		if spec.Mirrored() {
+			if rec.OutputTokenHash, err = outputTokenHash(ctx, s, rec); err != nil {
+				return err
+			}
+		}
 		val, _ := json.Marshal(rec)
 		// A conflict on the tenant (another submit or scale counted its quota meanwhile)
 		// makes Retry read everything again.
 		_, err = s.Txn(ctx,
-			coord.PutOp(cluster.TenantKey(spec.Tenant), te.Value, te.Version),
-			coord.CreateOp(cluster.JobKey(spec.Name), val, coord.Persistent))
+			coord.PutOp(tenantKey, te.Value, te.Version),
+			coord.CreateOp(jobKey, val, coord.Persistent))
 		switch {
 		case err == nil:
 			return nil
@@ -138,7 +156,11 @@ func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin
 
 // readJob returns a job's record and entry.
 func readJob(ctx context.Context, s coord.KV, name string) (cluster.JobRecord, coord.Entry, error) {
-	e, err := s.Get(ctx, cluster.JobKey(name))
+	key, err := keyOf(cluster.JobKey(name))
+	if err != nil {
+		return cluster.JobRecord{}, coord.Entry{}, err
+	}
+	e, err := s.Get(ctx, key)
 	if err != nil && !errors.Is(err, coord.ErrNotFound) {
 		return cluster.JobRecord{}, e, fmt.Errorf("read job %s: %w", name, err)
 	}
@@ -194,9 +216,17 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 		rec.Spec = spec
 		rec.Updated = time.Now().UTC()
 		val, _ := json.Marshal(rec)
+		tenantKey, err := keyOf(cluster.TenantKey(spec.Tenant))
+		if err != nil {
+			return err
+		}
+		jobKey, err := keyOf(cluster.JobKey(name))
+		if err != nil {
+			return err
+		}
 		_, err = s.Txn(ctx,
-			coord.PutOp(cluster.TenantKey(spec.Tenant), te.Value, te.Version),
-			coord.PutOp(cluster.JobKey(name), val, je.Version))
+			coord.PutOp(tenantKey, te.Value, te.Version),
+			coord.PutOp(jobKey, val, je.Version))
 		if errors.Is(err, coord.ErrNotFound) {
 			// The job or its tenant went since the read: the next read says which.
 			err = fmt.Errorf("%w: %w", coord.ErrConflict, err)
@@ -219,7 +249,11 @@ func KillJob(ctx context.Context, s coord.KV, name string, grace time.Duration) 
 		return cluster.JobRecord{}, fmt.Errorf("%w: grace must not be negative", api.ErrBadInput)
 	}
 	var rec cluster.JobRecord
-	_, err := coord.Update(ctx, s, cluster.JobKey(name), func(cur []byte, exists bool) ([]byte, error) {
+	key, err := keyOf(cluster.JobKey(name))
+	if err != nil {
+		return rec, err
+	}
+	_, err = coord.Update(ctx, s, key, func(cur []byte, exists bool) ([]byte, error) {
 		var err error
 		if rec, err = decodeJob(name, cur, exists); err != nil {
 			return nil, err
@@ -246,7 +280,11 @@ func CreateTenant(ctx context.Context, s coord.KV, t cluster.TenantRecord) error
 		t.Created = time.Now().UTC()
 	}
 	val, _ := json.Marshal(t)
-	_, err := s.Create(ctx, cluster.TenantKey(t.Name), val, coord.Persistent)
+	key, err := keyOf(cluster.TenantKey(t.Name))
+	if err != nil {
+		return err
+	}
+	_, err = s.Create(ctx, key, val, coord.Persistent)
 	if errors.Is(err, coord.ErrExists) {
 		return fmt.Errorf("%w: tenant %q already exists", api.ErrExists, t.Name)
 	}
@@ -259,7 +297,11 @@ func CreateTenant(ctx context.Context, s coord.KV, t cluster.TenantRecord) error
 // UpdateNodeConf applies change to a node's operator settings with compare-and-set.
 func UpdateNodeConf(ctx context.Context, s coord.KV, id string, change func(*cluster.NodeConf)) error {
 	// A node has no settings until an operator gives some: a missing key is the zero NodeConf.
-	_, err := coord.Update(ctx, s, cluster.NodeConfKey(id), func(cur []byte, exists bool) ([]byte, error) {
+	key, err := keyOf(cluster.NodeConfKey(id))
+	if err != nil {
+		return err
+	}
+	_, err = coord.Update(ctx, s, key, func(cur []byte, exists bool) ([]byte, error) {
 		var c cluster.NodeConf
 		if exists && len(cur) > 0 {
 			if err := json.Unmarshal(cur, &c); err != nil {

@@ -138,7 +138,7 @@ func TestConcurrentNodeConfUpdates(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	e, err := tc.admin.Get(tc.ctx, cluster.NodeConfKey("n1"))
+	e, err := tc.admin.Get(tc.ctx, cluster.NodeConfsKey+"/n1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
@@ -86,6 +87,8 @@ type Master struct {
 	store   coord.Store
 	log     *slog.Logger
 	metrics *metrics
+	// authFails counts failed API token checks per remote address (see guard).
+	authFails *api.FailLimiter
 
 	// The mirrors run for the master's whole life: the API reads them on every master,
 	// and the leader plans from them.
@@ -105,6 +108,7 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	}
 	m := &Master{cfg: cfg, store: store, log: cfg.Logger.With("master", cfg.ID), wake: make(chan struct{}, 1)}
 	m.metrics = newMetrics(cfg.Registry)
+	m.authFails = api.NewFailLimiter()
 	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
 	m.nodes = newMirror(store, cluster.NodesKey, m.poke)
 	m.nodes.relevant = nodeRelevant

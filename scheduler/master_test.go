@@ -101,10 +101,10 @@ func (tc *testCluster) node(n cluster.Node) *coord.Embedded {
 	}
 	rec.Node.Labels["isolation/process"] = "true"
 	val, _ := json.Marshal(rec)
-	if _, err := c.Create(ctx, cluster.NodeKey(n.ID), val, coord.Ephemeral); err != nil {
+	if _, err := c.Create(ctx, cluster.NodesKey+"/"+n.ID, val, coord.Ephemeral); err != nil {
 		tc.t.Fatal(err)
 	}
-	ch, err := c.Watch(ctx, cluster.AssignmentKey(n.ID))
+	ch, err := c.Watch(ctx, cluster.AssignmentsKey+"/"+n.ID)
 	if err != nil {
 		tc.t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func (tc *testCluster) node(n cluster.Node) *coord.Embedded {
 				}
 			}
 			val, _ := json.Marshal(rec)
-			_, _ = c.Put(ctx, cluster.NodeKey(n.ID), val, coord.AnyVersion)
+			_, _ = c.Put(ctx, cluster.NodesKey+"/"+n.ID, val, coord.AnyVersion)
 		}
 	}()
 	return c
@@ -152,7 +152,7 @@ func (tc *testCluster) readAssignments() (map[cluster.WorkerKey]string, error) {
 		tc.t.Fatal(err)
 	}
 	for _, n := range names {
-		e, err := tc.admin.Get(tc.ctx, cluster.AssignmentKey(n))
+		e, err := tc.admin.Get(tc.ctx, cluster.AssignmentsKey+"/"+n)
 		if err != nil {
 			continue
 		}
@@ -271,7 +271,7 @@ func TestMasterFailoverKeepsAssignments(t *testing.T) {
 	before := tc.assignments()
 	versions := map[string]int64{}
 	for _, n := range slices.Collect(maps.Values(before)) {
-		e, _ := tc.admin.Get(tc.ctx, cluster.AssignmentKey(n))
+		e, _ := tc.admin.Get(tc.ctx, cluster.AssignmentsKey+"/"+n)
 		versions[n] = e.Version
 	}
 	if m2.Leader() {
@@ -286,7 +286,7 @@ func TestMasterFailoverKeepsAssignments(t *testing.T) {
 		t.Errorf("assignments changed across failover:\nbefore %v\nafter  %v", before, after)
 	}
 	for n, v := range versions {
-		e, _ := tc.admin.Get(tc.ctx, cluster.AssignmentKey(n))
+		e, _ := tc.admin.Get(tc.ctx, cluster.AssignmentsKey+"/"+n)
 		if e.Version != v {
 			t.Errorf("new leader rewrote the assignment of %s (version %d -> %d)", n, v, e.Version)
 		}
@@ -446,7 +446,7 @@ func TestCrashLoopMovesJobOffNode(t *testing.T) {
 	rec := cluster.NodeRecord{Node: cluster.Node{ID: "bad", DC: "dc", Rack: "r2", Slots: 4, Memory: 4 << 30, CPU: 4000,
 		Labels: map[string]string{"isolation/process": "true"}}, Isolation: []string{"process"}}
 	val, _ := json.Marshal(rec)
-	if _, err := bad.Create(tc.ctx, cluster.NodeKey("bad"), val, coord.Ephemeral); err != nil {
+	if _, err := bad.Create(tc.ctx, cluster.NodesKey+"/bad", val, coord.Ephemeral); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 2 })
@@ -468,14 +468,14 @@ func TestCrashLoopMovesJobOffNode(t *testing.T) {
 	}
 	rec.Workers = []cluster.WorkerStatus{{Key: onBad, State: cluster.WorkerBackoff, Restarts: 9, RecentRestarts: 6, LastExit: "exited with code 1"}}
 	val, _ = json.Marshal(rec)
-	if _, err := bad.Put(tc.ctx, cluster.NodeKey("bad"), val, coord.AnyVersion); err != nil {
+	if _, err := bad.Put(tc.ctx, cluster.NodesKey+"/bad", val, coord.AnyVersion); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "the job moved off node bad", 5*time.Second, func() bool {
 		a := tc.assignments()
 		return len(a) == 2 && a[onBad] == "good"
 	})
-	e, err := tc.admin.Get(tc.ctx, cluster.NodeConfKey("bad"))
+	e, err := tc.admin.Get(tc.ctx, cluster.NodeConfsKey+"/bad")
 	if err != nil || !strings.Contains(string(e.Value), `"avoid":["wc"]`) {
 		t.Fatalf("node bad not noted: %s, %v", e.Value, err)
 	}

@@ -22,6 +22,7 @@ type metrics struct {
 	replacements prometheus.Counter
 	reconcile    prometheus.Histogram
 	storeWrites  prometheus.Counter
+	authFailures *prometheus.CounterVec // by reason: missing, invalid, limited
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -45,9 +46,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Time to plan and write assignments.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_writes_total",
 			Help: "Writes the master made to the coordination store."}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "api_auth_failures_total",
+			Help: "API requests refused for their token: missing, invalid, or limited (too many failures from the address)."}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites)
+		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites, m.authFailures)
 	}
 	return m
 }

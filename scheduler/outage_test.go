@@ -12,7 +12,7 @@ import (
 
 // nodeSession reads the session stamped on a node's assignment.
 func (tc *testCluster) nodeSession(node string) int64 {
-	e, err := tc.admin.Get(tc.ctx, cluster.AssignmentKey(node))
+	e, err := tc.admin.Get(tc.ctx, cluster.AssignmentsKey+"/"+node)
 	if err != nil {
 		return 0
 	}

@@ -85,7 +85,11 @@ func (m *Master) repin(ctx context.Context) {
 			if pin == nil || (pin.Ref == "" && pin.Error == rec.Image.Error) {
 				continue
 			}
-			_, err := coord.Update(ctx, m.store, cluster.JobKey(name), func(cur []byte, exists bool) ([]byte, error) {
+			key, err := cluster.JobKey(name)
+			if err != nil {
+				continue // a name the store holds but no job may have: not ours to touch
+			}
+			_, err = coord.Update(ctx, m.store, key, func(cur []byte, exists bool) ([]byte, error) {
 				var now cluster.JobRecord
 				if !exists || json.Unmarshal(cur, &now) != nil || !unpinned(now) || now.Generation != pin.Generation {
 					return nil, errUnchanged

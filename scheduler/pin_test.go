@@ -133,7 +133,8 @@ func waitPinned(t *testing.T, tc *testCluster, job string, n int, pinned string)
 		}
 		got := 0
 		for _, name := range names {
-			e, err := tc.admin.Get(tc.ctx, cluster.AssignmentKey(name))
+			key, _ := cluster.AssignmentKey(name)
+			e, err := tc.admin.Get(tc.ctx, key)
 			if err != nil {
 				continue
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/multidc"
 	"github.com/stormdock/stormdock/placement"
 )
 
@@ -30,6 +31,7 @@ type reconciler struct {
 	m            *Master
 	assign       map[string]assignState
 	lastUnplaced int
+	outputKey    []byte // sender tokens are made with it (see output.go)
 }
 
 func (r *reconciler) loadAssignments(ctx context.Context) error {
@@ -48,7 +50,11 @@ func (r *reconciler) loadAssignments(ctx context.Context) error {
 
 // reload reads one node's assignment from the store, after a conflict or at the start.
 func (r *reconciler) reload(ctx context.Context, node string) error {
-	e, err := r.m.store.Get(ctx, cluster.AssignmentKey(node))
+	key, err := cluster.AssignmentKey(node)
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	e, err := r.m.store.Get(ctx, key)
 	if errors.Is(err, coord.ErrNotFound) {
 		delete(r.assign, node)
 		return nil
@@ -71,6 +77,9 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	start := time.Now()
 	v := r.m.view()
 	if err := r.recordDCs(ctx, v); err != nil {
+		return err
+	}
+	if err := r.ensureOutputKey(ctx, v); err != nil {
 		return err
 	}
 	if err := r.noteCrashLoops(ctx, v); err != nil {
@@ -145,7 +154,7 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 		j, _ := v.record(p.Job)
 		a := want[p.Node]
 		a.Node = p.Node
-		a.Workers = append(a.Workers, workerAssignment(v, j, p.Key()))
+		a.Workers = append(a.Workers, workerAssignment(v, j, p.Key(), r.outputKey))
 		want[p.Node] = a
 	}
 	for node, ws := range stopping {
@@ -179,7 +188,7 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 	return want
 }
 
-func workerAssignment(v *view, j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAssignment {
+func workerAssignment(v *view, j cluster.JobRecord, k cluster.WorkerKey, outputKey []byte) cluster.WorkerAssignment {
 	s := j.Spec
 	wa := cluster.WorkerAssignment{
 		Key:        k,
@@ -202,7 +211,11 @@ func workerAssignment(v *view, j cluster.JobRecord, k cluster.WorkerKey) cluster
 		// configuration: a router moving restarts no link worker.
 		wa.Output = ""
 		wa.Routers = v.routerURLs(s.Name)
+		if outputKey != nil {
+			wa.OutputToken = multidc.SenderToken(outputKey, s.Name, j.Submitted)
+		}
 	}
+	wa.System = isRouterJob(s.Name)
 	return wa
 }
 
@@ -246,11 +259,11 @@ func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssi
 	})
 	for _, c := range changes {
 		st := r.assign[c.node]
-		key := cluster.AssignmentKey(c.node)
-		var (
-			ver int64
-			err error
-		)
+		key, err := cluster.AssignmentKey(c.node)
+		if err != nil {
+			return 0, fmt.Errorf("scheduler: %w", err)
+		}
+		var ver int64
 		if st.exists {
 			ver, err = r.m.store.Put(ctx, key, c.value, st.version)
 		} else {
@@ -294,13 +307,21 @@ func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
 		if j.rec.State != cluster.JobKilled || left[name] {
 			continue
 		}
+		jobKey, err := cluster.JobKey(name)
+		if err != nil {
+			return fmt.Errorf("scheduler: %w", err)
+		}
 		if j.rec.Spec.Mirrored() {
 			// The router's checkpoint and election go with the job.
-			if err := coord.DeleteTree(ctx, r.m.store, cluster.RouterKey(name)); err != nil && !errors.Is(err, coord.ErrNotFound) {
+			routerKey, err := cluster.RouterKey(name)
+			if err != nil {
+				return fmt.Errorf("scheduler: %w", err)
+			}
+			if err := coord.DeleteTree(ctx, r.m.store, routerKey); err != nil && !errors.Is(err, coord.ErrNotFound) {
 				return fmt.Errorf("scheduler: remove the router record of %s: %w", name, err)
 			}
 		}
-		err := r.m.store.Delete(ctx, cluster.JobKey(name), j.version)
+		err = r.m.store.Delete(ctx, jobKey, j.version)
 		r.m.metrics.storeWrites.Inc()
 		if err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrConflict) {
 			return fmt.Errorf("scheduler: remove killed job %s: %w", name, err)
@@ -318,7 +339,11 @@ func (r *reconciler) forgetLost(ctx context.Context, v *view) error {
 		if _, alive := v.nodes[node]; alive || !st.exists || len(st.a.Workers) > 0 {
 			continue
 		}
-		err := r.m.store.Delete(ctx, cluster.AssignmentKey(node), st.version)
+		key, err := cluster.AssignmentKey(node)
+		if err != nil {
+			return fmt.Errorf("scheduler: %w", err)
+		}
+		err = r.m.store.Delete(ctx, key, st.version)
 		r.m.metrics.storeWrites.Inc()
 		if err != nil && !errors.Is(err, coord.ErrNotFound) {
 			_ = r.reload(ctx, node)

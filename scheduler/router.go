@@ -34,6 +34,7 @@ func routerRecord(rec cluster.JobRecord, store string, nodes int) cluster.JobRec
 	j := rec.Spec
 	args := multidc.DefaultRouterArgs()
 	args.Store, args.Job, args.Links, args.Sink, args.Listen = store, j.Name, j.Links, j.Output, routerListen
+	args.TokenHash = rec.OutputTokenHash
 	r := cluster.JobSpec{
 		Name:      j.Name + routerSuffix,
 		Tenant:    j.Tenant,

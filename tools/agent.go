@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/isolation"
 )
 
 // AgentCommand runs the node agent.
@@ -32,6 +35,7 @@ var AgentCommand = &cli.Command{
 		"which stops it when the agent has not renewed its lease for --lease-ttl (default: the session timeout).",
 	Flags: append([]cli.Flag{
 		&cli.StringFlag{Name: "store", Usage: "coordination store `URL` (zk://host:port/chroot, mem://, file:///path)", EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
+		storeCredentialsFlag,
 		&cli.StringFlag{Name: "node-id", Usage: "node `ID`", Required: true},
 		&cli.StringFlag{Name: "host", Usage: "host name reported for the node (default: the machine's)"},
 		&cli.StringFlag{Name: "advertise-addr", Usage: "`ADDR` other hosts reach this node's workers and services at (routers listen there); default: the address of the interface that reaches the store"},
@@ -49,6 +53,7 @@ var AgentCommand = &cli.Command{
 		&cli.DurationFlag{Name: "restart-grace", Usage: "how long the node's workers keep running while the agent is not (an upgrade, a crash): a keeper process holds the node meanwhile; 0 ties the node to the agent's process", Value: 30 * time.Second},
 		&cli.DurationFlag{Name: "store-silence", Usage: "how long workers keep running while no store server answers at all (a partition of this node, or every store host down); default: the session timeout, so that no worker runs twice for longer"},
 		&cli.BoolFlag{Name: "no-lease", Usage: "run workers without the lease launcher (they then outlive a dead agent)"},
+		&cli.StringFlag{Name: "run-as", Usage: "`USER` (name or UID:GID) process workers run as, with no new privileges (default: nobody when the agent runs as root; root keeps them root)"},
 		&cli.StringFlag{Name: "state-dir", Usage: "agent and driver state `DIR`", Value: "/var/lib/stormdock/agent"},
 		&cli.StringFlag{Name: "docker-host", Usage: "docker engine for --isolation docker (default: DOCKER_HOST or the local socket)"},
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) docker workers' images are pulled with"},
@@ -99,6 +104,17 @@ func runAgent(c *cli.Context) error {
 		return cli.Exit("stormdock agent: --store: "+err.Error(), 2)
 	}
 
+	creds, err := storeCredentials(c)
+	if err != nil {
+		return err
+	}
+	runAs, err := runAsUser(c.String("run-as"))
+	if err != nil {
+		return cli.Exit("stormdock agent: --run-as: "+err.Error(), 2)
+	}
+	if runAs == nil && os.Geteuid() == 0 {
+		log.Warn("process workers run as root (--run-as root)")
+	}
 	hcfg, err := healthcheck.ConfigFromCLI(c)
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
@@ -127,16 +143,18 @@ func runAgent(c *cli.Context) error {
 		metrics = ""
 	}
 	a, err := daemon.NewAgent(c.Context, daemon.AgentConfig{
-		Node:         node,
-		Store:        c.String("store"),
-		StoreOptions: coord.Options{SessionTimeout: c.Duration("session-timeout")},
-		StateDir:     stateDir,
+		Node:                 node,
+		Store:                c.String("store"),
+		StoreOptions:         coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: creds},
+		StoreCredentialsFile: c.String("store-credentials-file"),
+		StateDir:             stateDir,
 		Drivers: daemon.DriverConfig{Isolation: modes, Cgroups: c.String("cgroups"), CgroupParent: hcfg.CgroupParent,
 			DockerHost: c.String("docker-host")},
 		Heartbeat:    c.Duration("heartbeat"),
 		PortBase:     c.Int("port-base"),
 		LeaseTTL:     c.Duration("lease-ttl"),
 		NoLease:      c.Bool("no-lease"),
+		RunAs:        runAs,
 		RestartGrace: c.Duration("restart-grace"),
 		StoreSilence: c.Duration("store-silence"),
 		Health:       hcfg,
@@ -198,6 +216,41 @@ func agentNode(c *cli.Context) (cluster.Node, error) {
 		}
 	}
 	return n, nil
+}
+
+// runAsUser resolves --run-as: a user name or UID:GID; empty means nobody when the agent is
+// root. It returns nil when workers run as the agent's own user.
+func runAsUser(name string) (*isolation.User, error) {
+	if name == "" {
+		if os.Geteuid() != 0 {
+			return nil, nil
+		}
+		name = "nobody"
+	}
+	u := isolation.User{Name: name}
+	if uid, gid, ok := strings.Cut(name, ":"); ok {
+		un, err1 := strconv.ParseUint(uid, 10, 32)
+		gn, err2 := strconv.ParseUint(gid, 10, 32)
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("%q is not UID:GID", name)
+		}
+		u.UID, u.GID, u.Name = uint32(un), uint32(gn), ""
+	} else {
+		pu, err := user.Lookup(name)
+		if err != nil {
+			return nil, fmt.Errorf("%v (give a user of this machine, or UID:GID)", err)
+		}
+		un, _ := strconv.ParseUint(pu.Uid, 10, 32)
+		gn, _ := strconv.ParseUint(pu.Gid, 10, 32)
+		u.UID, u.GID = uint32(un), uint32(gn)
+	}
+	if int(u.UID) == os.Geteuid() {
+		return nil, nil // already that user
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("only an agent running as root can run workers as %s", u)
+	}
+	return &u, nil
 }
 
 func isolationModes(vals []string) ([]string, error) {

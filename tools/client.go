@@ -13,6 +13,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/daemon"
 )
 
 // DefaultMaster is where a local cluster serves its API.
@@ -21,8 +23,9 @@ const DefaultMaster = "http://127.0.0.1:7070"
 // masterFlags are the flags of every command that talks to a master.
 func masterFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "master", Usage: "master API `URL`", EnvVars: []string{"STORMDOCK_MASTER"}, Value: DefaultMaster},
+		&cli.StringFlag{Name: "master", Usage: "master API `URL` (default: the local cluster's, from its data directory's api.url, or " + DefaultMaster + ")", EnvVars: []string{"STORMDOCK_MASTER"}},
 		&cli.StringFlag{Name: "token", Usage: "API `TOKEN` (default: the local cluster's admin token)", EnvVars: []string{"STORMDOCK_TOKEN"}},
+		&cli.StringFlag{Name: "ca", Usage: "trust the CA certificate in `FILE` for an https:// master, instead of the system's (default: the local cluster's ca.crt, when there is one)", EnvVars: []string{"STORMDOCK_CA"}},
 	}
 }
 
@@ -46,11 +49,46 @@ func newClient(c *cli.Context) (*api.Client, error) {
 			c.App.Metadata[tokenSourceKey] = path
 		}
 	}
-	cl, err := api.NewClient(c.String("master"), token)
+	master := c.String("master")
+	if master == "" {
+		master = localMaster()
+	}
+	var opts []api.ClientOption
+	if strings.HasPrefix(master, "https://") {
+		ca := c.String("ca")
+		if ca == "" {
+			if p := filepath.Join(defaultDataDir(), daemon.CACertFile); fileExists(p) {
+				ca = p
+			}
+		}
+		if ca != "" {
+			pool, err := api.CAPool(ca)
+			if err != nil {
+				return nil, usageErr("--ca: %v", err)
+			}
+			opts = append(opts, api.WithRootCAs(pool))
+		}
+	}
+	cl, err := api.NewClient(master, token, opts...)
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
 	return cl, nil
+}
+
+// localMaster is the URL the local cluster's master wrote to its data directory, or
+// DefaultMaster.
+func localMaster() string {
+	b, err := os.ReadFile(filepath.Join(defaultDataDir(), api.URLFile))
+	if u := strings.TrimSpace(string(b)); err == nil && u != "" {
+		return u
+	}
+	return DefaultMaster
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // localAdminToken finds the admin token a local cluster wrote, so that the CLI works
@@ -89,6 +127,19 @@ func apiErr(c *cli.Context, err error) error {
 func wantArgs(c *cli.Context, n int, names string) error {
 	if c.NArg() != n {
 		return usageErr("%s takes %s (flags may go before or after it); got %d argument(s)", c.Command.FullName(), names, c.NArg())
+	}
+	return nil
+}
+
+// wantName checks that the command got exactly one positional argument and that it is a
+// valid name (cluster.CheckName): a name that is not valid is refused here, before any
+// request is made.
+func wantName(c *cli.Context, names string) error {
+	if err := wantArgs(c, 1, names); err != nil {
+		return err
+	}
+	if err := cluster.CheckName(c.Args().First()); err != nil {
+		return usageErr("%s: %v", names, err)
 	}
 	return nil
 }

@@ -154,8 +154,19 @@ func provisionErr(c *cli.Context, err error) error {
 	return cli.Exit(msg, 1)
 }
 
-func clusterCreate(c *cli.Context) error {
+// wantClusterName checks that the command got one argument, a valid cluster name.
+func wantClusterName(c *cli.Context) error {
 	if err := wantArgs(c, 1, "a cluster NAME"); err != nil {
+		return err
+	}
+	if err := provision.CheckName(c.Args().First()); err != nil {
+		return usageErr("%v", err)
+	}
+	return nil
+}
+
+func clusterCreate(c *cli.Context) error {
+	if err := wantClusterName(c); err != nil {
 		return err
 	}
 	spec, err := specFromFlags(c)
@@ -173,8 +184,12 @@ func clusterCreate(c *cli.Context) error {
 		}
 		if c.String("output") != "json" {
 			tokens := provision.Tokens{Dir: provision.DefaultTokenDir()}
+			path, _ := tokens.Path(cl.Name)
 			fmt.Fprintf(c.App.Writer, "\nready in %s. Use it with:\n  export STORMDOCK_MASTER=%s\n  export STORMDOCK_TOKEN=$(cat %s)\n",
-				time.Since(start).Round(100*time.Millisecond), cl.API, tokens.Path(cl.Name))
+				time.Since(start).Round(100*time.Millisecond), cl.API, path)
+			if ca := tokens.CAFile(cl.Name); ca != "" {
+				fmt.Fprintf(c.App.Writer, "  export STORMDOCK_CA=%s\n", ca)
+			}
 		}
 		return nil
 	})
@@ -224,7 +239,7 @@ func specFromFlags(c *cli.Context) (provision.Spec, error) {
 }
 
 func clusterScale(c *cli.Context) error {
-	if err := wantArgs(c, 1, "a cluster NAME"); err != nil {
+	if err := wantClusterName(c); err != nil {
 		return err
 	}
 	if c.Int("agents") < 0 {
@@ -247,7 +262,7 @@ func clusterScale(c *cli.Context) error {
 }
 
 func clusterStatus(c *cli.Context) error {
-	if err := wantArgs(c, 1, "a cluster NAME"); err != nil {
+	if err := wantClusterName(c); err != nil {
 		return err
 	}
 	return withProvider(c, func(ctx context.Context, p provision.Provider) error {
@@ -281,14 +296,17 @@ func clusterList(c *cli.Context) error {
 }
 
 func clusterDestroy(c *cli.Context) error {
-	if err := wantArgs(c, 1, "a cluster NAME"); err != nil {
+	if err := wantClusterName(c); err != nil {
 		return err
 	}
 	return withProvider(c, func(ctx context.Context, p provision.Provider) error {
 		if err := p.Destroy(ctx, c.Args().First()); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.App.Writer, "cluster %s destroyed; its jobs stay in the store's chroot (zkCli.sh deleteall CHROOT drops them)\n", c.Args().First())
+		tokens := provision.Tokens{Dir: provision.DefaultTokenDir()}
+		dir, _ := tokens.ClusterDir(c.Args().First())
+		fmt.Fprintf(c.App.Writer, "cluster %s destroyed; its jobs stay in the store's chroot, open to the credentials kept in %s "+
+			"(zkCli.sh: addauth digest USER:PASS, then deleteall CHROOT, drops them)\n", c.Args().First(), filepath.Join(dir, provision.StoreCredentialsFile))
 		return nil
 	})
 }

@@ -56,7 +56,7 @@ func dcList(c *cli.Context) error {
 }
 
 func dcFail(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the data center DC"); err != nil {
+	if err := wantName(c, "the data center DC"); err != nil {
 		return err
 	}
 	cl, err := newClient(c)
@@ -71,7 +71,7 @@ func dcFail(c *cli.Context) error {
 }
 
 func dcRestore(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the data center DC"); err != nil {
+	if err := wantName(c, "the data center DC"); err != nil {
 		return err
 	}
 	cl, err := newClient(c)

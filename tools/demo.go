@@ -29,6 +29,7 @@ var DemoCommand = &cli.Command{
 		&cli.IntFlag{Name: "slots", Usage: "worker slots per node", Value: 4},
 		&cli.DurationFlag{Name: "timeout", Usage: "give up on any step after this long", Value: time.Minute},
 		&cli.BoolFlag{Name: "verbose", Usage: "show the cluster's logs"},
+		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS", Value: true},
 	},
 	Action: runDemo,
 }
@@ -60,13 +61,21 @@ func runDemo(c *cli.Context) error {
 	ctx := c.Context
 	start := time.Now()
 	lc, err := daemon.StartLocal(ctx, daemon.LocalConfig{Nodes: c.Int("nodes"), DCs: []string{"dc-a", "dc-b", "dc-c"}, RacksPerDC: 2, Slots: c.Int("slots"),
-		DataDir: data, API: "127.0.0.1:0", SessionTimeout: 2 * time.Second, Heartbeat: 250 * time.Millisecond, Logger: log})
+		DataDir: data, API: "127.0.0.1:0", SessionTimeout: 2 * time.Second, Heartbeat: 250 * time.Millisecond, Logger: log, TLS: c.Bool("tls")})
 	if err != nil {
 		return cli.Exit("stormdock demo: "+err.Error(), 1)
 	}
 	defer lc.Close(context.Background())
 	tok, _ := os.ReadFile(lc.TokenPath())
-	cl, err := api.NewClient(lc.API(), strings.TrimSpace(string(tok)))
+	var opts []api.ClientOption
+	if ca := lc.CAFile(); ca != "" {
+		pool, err := api.CAPool(ca)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, api.WithRootCAs(pool))
+	}
+	cl, err := api.NewClient(lc.API(), strings.TrimSpace(string(tok)), opts...)
 	if err != nil {
 		return err
 	}

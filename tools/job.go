@@ -92,7 +92,7 @@ func jobSubmit(c *cli.Context) error {
 }
 
 func jobScale(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the job NAME"); err != nil {
+	if err := wantName(c, "the job NAME"); err != nil {
 		return err
 	}
 	cl, err := newClient(c)
@@ -111,7 +111,7 @@ func jobScale(c *cli.Context) error {
 }
 
 func jobKill(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the job NAME"); err != nil {
+	if err := wantName(c, "the job NAME"); err != nil {
 		return err
 	}
 	cl, err := newClient(c)
@@ -258,7 +258,7 @@ func jobList(c *cli.Context) error {
 }
 
 func jobStatus(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the job NAME"); err != nil {
+	if err := wantName(c, "the job NAME"); err != nil {
 		return err
 	}
 	cl, err := newClient(c)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
@@ -39,8 +41,28 @@ var LinkCommand = &cli.Command{
 func linkFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "router", Usage: "the job's router `URL` (http://HOST:PORT)", EnvVars: []string{"STORMDOCK_ROUTER"}},
-		&cli.StringFlag{Name: "store", Usage: "coordination store `URL`, to find the router (or its last status) by job", EnvVars: []string{"STORMDOCK_STORE"}},
+		&cli.StringFlag{Name: "store", Usage: "coordination store `URL`, to find the router (or its last status) by job, and for a failover the job's sender token", EnvVars: []string{"STORMDOCK_STORE"}},
+		storeCredentialsFlag,
+		&cli.StringFlag{Name: "token-file", Usage: "`FILE` with the job's sender token, for a failover through --router alone"},
 	}
+}
+
+// linkStore opens --store for the link commands.
+func linkStore(c *cli.Context) (coord.Store, error) {
+	if _, err := coord.ParseURL(c.String("store")); err != nil {
+		return nil, usageErr("--store: %v", err)
+	}
+	creds, err := storeCredentials(c)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
+	defer cancel()
+	s, err := coord.Open(ctx, c.String("store"), coord.Options{Credentials: creds, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
+	}
+	return s, nil
 }
 
 // routerOf returns the router URL of job from --router, or from its record in --store; rec
@@ -52,14 +74,11 @@ func routerOf(c *cli.Context, job string) (url string, rec *multidc.RouterRecord
 	if c.String("store") == "" {
 		return "", nil, usageErr("give the job's router with --router URL or the store with --store URL")
 	}
-	if _, err := coord.ParseURL(c.String("store")); err != nil {
-		return "", nil, usageErr("--store: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
 	defer cancel()
-	s, err := coord.Open(ctx, c.String("store"), coord.Options{Logger: slog.New(slog.DiscardHandler)})
+	s, err := linkStore(c)
 	if err != nil {
-		return "", nil, cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
+		return "", nil, err
 	}
 	defer s.Close()
 	r, ok, err := multidc.ReadRecord(ctx, s, job)
@@ -67,7 +86,7 @@ func routerOf(c *cli.Context, job string) (url string, rec *multidc.RouterRecord
 		return "", nil, cli.Exit("stormdock: "+err.Error(), 1)
 	}
 	if !ok {
-		return "", nil, cli.Exit(fmt.Sprintf("stormdock: no router record for job %q in the store (%s): is it mirrored, is its router running?", job, cluster.RouterKey(job)), 2)
+		return "", nil, cli.Exit(fmt.Sprintf("stormdock: no router record for job %q in the store (%s/%s): is it mirrored, is its router running?", job, cluster.RoutersKey, job), 2)
 	}
 	return r.Router, &r, nil
 }
@@ -81,7 +100,7 @@ func routerErr(err error) error {
 }
 
 func linkStatus(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the JOB"); err != nil {
+	if err := wantName(c, "the JOB"); err != nil {
 		return err
 	}
 	job := c.Args().First()
@@ -148,10 +167,15 @@ func orDash(s string) string {
 }
 
 func linkFailover(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the JOB"); err != nil {
+	if err := wantName(c, "the JOB"); err != nil {
 		return err
 	}
 	job := c.Args().First()
+	if to := c.String("to"); to != "" {
+		if err := cluster.CheckName(to); err != nil {
+			return usageErr("--to: link: %v", err)
+		}
+	}
 	url, _, err := routerOf(c, job)
 	if err != nil {
 		return err
@@ -159,6 +183,26 @@ func linkFailover(c *cli.Context) error {
 	cl, err := multidc.NewClient(url)
 	if err != nil {
 		return usageErr("%v", err)
+	}
+	// A failover changes the job's output: the router asks for the job's sender token.
+	switch {
+	case c.String("token-file") != "":
+		b, err := os.ReadFile(c.String("token-file"))
+		if err != nil {
+			return usageErr("--token-file: %v", err)
+		}
+		cl.Token = strings.TrimSpace(string(b))
+	case c.String("store") != "":
+		s, err := linkStore(c)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		if cl.Token, err = multidc.JobSenderToken(c.Context, s, job); err != nil {
+			return cli.Exit("stormdock: "+err.Error(), 1)
+		}
+	default:
+		return usageErr("a failover needs the job's sender token: give --store (with its credentials) or --token-file")
 	}
 	st, err := cl.Failover(c.Context, job, c.String("to"))
 	if err != nil {

@@ -1,8 +1,9 @@
 package tools
 
 import (
-	"fmt"
+	"crypto/tls"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -18,27 +19,76 @@ func storeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "store", Usage: "coordination store `URL`: zk://HOST:PORT[,HOST:PORT]/CHROOT, file:///PATH or mem://NAME",
 			EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout: how fast a lost process is noticed", Value: 2 * time.Second},
-		&cli.StringFlag{Name: "store-credentials", Usage: "`USER:PASS` for ZooKeeper digest ACLs", EnvVars: []string{"STORMDOCK_STORE_CREDENTIALS"}},
+		storeCredentialsFlag,
 	}
 }
 
-// openStore opens the store named by the flags, failing within the connect timeout.
-func openStore(c *cli.Context, log *slog.Logger) (coord.Store, error) {
-	if _, err := coord.ParseURL(c.String("store")); err != nil {
-		return nil, usageErr("--store: %v", err)
+// storeCredentialsFlag names the file with the store's credentials. The credentials
+// themselves are never a flag: ps shows command lines to every user of the machine. They
+// may come in the environment instead (STORMDOCK_STORE_CREDENTIALS).
+var storeCredentialsFlag = &cli.StringFlag{Name: "store-credentials-file", Usage: "`FILE` holding USER:PASS for ZooKeeper digest ACLs (or USER:PASS in STORMDOCK_STORE_CREDENTIALS)",
+	EnvVars: []string{"STORMDOCK_STORE_CREDENTIALS_FILE"}}
+
+// envStoreCredentials holds the store's credentials themselves, for processes that get them
+// from their environment (a container's).
+const envStoreCredentials = "STORMDOCK_STORE_CREDENTIALS"
+
+// storeCredentials reads the store's credentials from --store-credentials-file or the
+// environment, and refuses a --store URL that carries credentials on the command line.
+func storeCredentials(c *cli.Context) (string, error) {
+	if t, err := coord.ParseURL(c.String("store")); err == nil && t.Credentials != "" && os.Getenv("STORMDOCK_STORE") != c.String("store") {
+		return "", usageErr("--store: credentials in the URL show in ps to every user of this machine: put USER:PASS in a file (mode 0600) and give --store-credentials-file FILE, or set STORMDOCK_STORE_CREDENTIALS")
 	}
-	opts := storeOptions(c)
-	opts.Logger = log
-	s, err := coord.Open(c.Context, c.String("store"), opts)
-	if err != nil {
-		return nil, cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
+	if f := c.String("store-credentials-file"); f != "" {
+		creds, err := daemon.ReadStoreCredentials(f)
+		if err != nil {
+			return "", usageErr("--store-credentials-file: %v", err)
+		}
+		return creds, nil
 	}
-	return s, nil
+	return os.Getenv(envStoreCredentials), nil
 }
 
 // storeOptions are the store flags' options.
-func storeOptions(c *cli.Context) coord.Options {
-	return coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: c.String("store-credentials")}
+func storeOptions(c *cli.Context) (coord.Options, error) {
+	creds, err := storeCredentials(c)
+	return coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: creds}, err
+}
+
+// Environment that gives a master its certificate and key as PEM text, for a container
+// whose file system holds no files of its own (see provision/docker).
+const (
+	envTLSCertPEM = "STORMDOCK_TLS_CERT_PEM"
+	envTLSKeyPEM  = "STORMDOCK_TLS_KEY_PEM"
+)
+
+// masterTLS is the master's TLS configuration from its flags: nil without TLS.
+func masterTLS(c *cli.Context) (*tls.Config, error) {
+	cert, key := c.String("tls-cert"), c.String("tls-key")
+	certPEM, keyPEM := os.Getenv(envTLSCertPEM), os.Getenv(envTLSKeyPEM)
+	switch {
+	case (cert == "") != (key == ""):
+		return nil, usageErr("--tls-cert and --tls-key go together")
+	case cert != "":
+		conf, err := daemon.ServerTLS(cert, key)
+		if err != nil {
+			return nil, usageErr("--tls-cert, --tls-key: %v", err)
+		}
+		return conf, nil
+	case certPEM != "" && keyPEM != "":
+		conf, err := daemon.ServerTLSPEM([]byte(certPEM), []byte(keyPEM))
+		if err != nil {
+			return nil, usageErr("%s, %s: %v", envTLSCertPEM, envTLSKeyPEM, err)
+		}
+		return conf, nil
+	case c.Bool("tls"):
+		conf, err := daemon.MasterTLS(c.String("data"), c.String("api"), c.String("advertise-api"))
+		if err != nil {
+			return nil, cli.Exit("stormdock master: "+err.Error(), 1)
+		}
+		return conf, nil
+	}
+	return nil, nil
 }
 
 // MasterCommand runs a master.
@@ -47,11 +97,13 @@ var MasterCommand = &cli.Command{
 	Usage: "run a master: leader election, placement, failure handling and the HTTP API",
 	Flags: append(storeFlags(),
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` the HTTP API and /metrics listen on", Value: "127.0.0.1:7070"},
-		&cli.StringFlag{Name: "advertise-api", Usage: "`URL` clients on other hosts reach the API at, published in the store (default: from --api; when that is every interface, the address that reaches the store)"},
+		&cli.StringFlag{Name: "advertise-api", Aliases: []string{"advertise"}, Usage: "`ADDR` (HOST:PORT) clients on other hosts reach the API at, published in the store; the TLS certificate covers it (default: --api; when that is every interface, the address that reaches the store)"},
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
-		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600)", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
+		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600), api.url and, with --tls, ca.crt, ca.key, master.crt and master.key", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 		&cli.DurationFlag{Name: "reregister-grace", Usage: "after this master starts leading or its store comes back, how long nodes missing from the store are waited for before their workers move", Value: scheduler.DefaultReregisterGrace},
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin docker jobs' image tags to digests with"},
+		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS: a CA and a server certificate are made in --data at the first start"},
+		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
 	),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
@@ -61,11 +113,20 @@ var MasterCommand = &cli.Command{
 			return usageErr("--store: %v", err)
 		}
 		log := slog.Default()
+		tlsConf, err := masterTLS(c)
+		if err != nil {
+			return err
+		}
+		opts, err := storeOptions(c)
+		if err != nil {
+			return err
+		}
 		m, err := daemon.NewMaster(c.Context, daemon.MasterConfig{
 			Store:           c.String("store"),
-			StoreOptions:    storeOptions(c),
+			StoreOptions:    opts,
 			Listen:          c.String("api"),
 			Advertise:       c.String("advertise-api"),
+			TLS:             tlsConf,
 			ID:              c.String("id"),
 			DataDir:         c.String("data"),
 			ReregisterGrace: c.Duration("reregister-grace"),

@@ -61,7 +61,7 @@ func nodeList(c *cli.Context) error {
 
 func nodeDrain(drain bool) cli.ActionFunc {
 	return func(c *cli.Context) error {
-		if err := wantArgs(c, 1, "the node ID"); err != nil {
+		if err := wantName(c, "the node ID"); err != nil {
 			return err
 		}
 		cl, err := newClient(c)

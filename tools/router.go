@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/multidc"
 	"github.com/urfave/cli/v2"
 )
@@ -36,7 +37,7 @@ func routerRun(c *cli.Context) error {
 	// The environment gives defaults that flags on the command line override (the flag
 	// package keeps the last value).
 	var env []string
-	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials", "STORMDOCK_STORE_CREDENTIALS"}} {
+	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"}} {
 		if v, ok := os.LookupEnv(fe[1]); ok {
 			env = append(env, "--"+fe[0]+"="+v)
 		}
@@ -58,7 +59,14 @@ func routerRun(c *cli.Context) error {
 	if _, err := coord.ParseURL(a.Store); err != nil {
 		return usageErr("--store: %v", err)
 	}
-	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: a.StoreCredentials, Logger: log})
+	creds := os.Getenv(envStoreCredentials)
+	if a.StoreCredentialsFile != "" {
+		var err error
+		if creds, err = daemon.ReadStoreCredentials(a.StoreCredentialsFile); err != nil {
+			return usageErr("--store-credentials-file: %v", err)
+		}
+	}
+	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: creds, Logger: log})
 	if err != nil {
 		return cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
 	}
@@ -75,6 +83,7 @@ func routerRun(c *cli.Context) error {
 		// The master writes $STORMDOCK_ADDR:$STORMDOCK_PORT: the node's advertised address
 		// and the port its agent gave the router.
 		Listen:             os.ExpandEnv(a.Listen),
+		TokenHash:          a.TokenHash,
 		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		HeartbeatTimeout:   a.HeartbeatTimeout,
 		CloseGrace:         a.CloseGrace,

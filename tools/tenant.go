@@ -39,7 +39,7 @@ var TenantCommand = &cli.Command{
 }
 
 func tenantCreate(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the tenant NAME"); err != nil {
+	if err := wantName(c, "the tenant NAME"); err != nil {
 		return err
 	}
 	t := cluster.Tenant{Name: c.Args().First(), MaxWorkers: c.Int("max-workers")}
@@ -92,7 +92,7 @@ func tenantList(c *cli.Context) error {
 }
 
 func tenantToken(c *cli.Context) error {
-	if err := wantArgs(c, 1, "the tenant NAME"); err != nil {
+	if err := wantName(c, "the tenant NAME"); err != nil {
 		return err
 	}
 	cl, err := newClient(c)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/healthcheck"
+	"github.com/stormdock/stormdock/isolation"
 )
 
 // UpCommand runs a local cluster in the foreground.
@@ -28,6 +29,8 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` of the master's API and /metrics", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT)"},
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for pinning and pulling docker workers' images"},
+		&cli.StringFlag{Name: "run-as", Usage: "`USER` (name or UID:GID) process workers run as, with no new privileges; --data must then be reachable by that user (default: as you)"},
+		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS (a CA and certificate are made in --data at the first start; the CLI trusts them by itself)", Value: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
 	}, healthcheck.LocalFlags()...),
@@ -64,10 +67,16 @@ func runUp(c *cli.Context) error {
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	var runAs *isolation.User
+	if name := c.String("run-as"); name != "" {
+		if runAs, err = runAsUser(name); err != nil {
+			return usageErr("--run-as: %v", err)
+		}
+	}
 	lc, err := daemon.StartLocal(c.Context, daemon.LocalConfig{
 		Nodes: c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
 		DataDir: c.String("data"), Store: c.String("store"), API: c.String("api"),
-		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log,
+		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log, TLS: c.Bool("tls"), RunAs: runAs,
 		RegistryAuth: c.String("registry-auth"),
 	})
 	if err != nil {
@@ -79,6 +88,9 @@ func runUp(c *cli.Context) error {
 	fmt.Fprintf(w, "  metrics   %s/metrics\n", lc.API())
 	if lc.TokenPath() != "" {
 		fmt.Fprintf(w, "  admin token %s (the CLI finds it by itself)\n", lc.TokenPath())
+	}
+	if ca := lc.CAFile(); ca != "" {
+		fmt.Fprintf(w, "  CA        %s (the CLI trusts it by itself; elsewhere: --ca or STORMDOCK_CA)\n", ca)
 	}
 	if !lc.Confined() {
 		fmt.Fprintln(w, "  warning: not root, workers run without cgroup limits")

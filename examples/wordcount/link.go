@@ -24,6 +24,7 @@ const heartbeatEvery = 200 * time.Millisecond
 // at the router's first undelivered offset, and a rewind when the router restarted.
 func runLink(ctx context.Context, cfg Config) error {
 	s := multidc.NewSender(cfg.OutputURL, cfg.Link, cfg.Worker, cfg.Workers)
+	s.Token = cfg.OutputToken
 	hctx, stop := context.WithCancel(ctx)
 	defer stop()
 	if cfg.ConfigFile != "" {

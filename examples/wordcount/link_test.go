@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/examples/wordcount"
 	"github.com/stormdock/stormdock/internal/testenv"
@@ -40,8 +41,9 @@ func TestLinksThroughRouter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	const token = "sdo_wc"
 	r, err := multidc.New(multidc.Config{Job: "wc", Links: []string{"dc-a", "dc-b"}, Store: store, Sink: sink,
-		Listen: "127.0.0.1:0", Logger: quiet})
+		Listen: "127.0.0.1:0", Logger: quiet, TokenHash: api.HashToken(token)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +67,7 @@ func TestLinksThroughRouter(t *testing.T) {
 		for w := range 2 {
 			wctx, stop := context.WithCancel(ctx)
 			links[link] = append(links[link], stop)
-			cfg := wordcount.Config{Input: input, OutputURL: r.URL(), Link: link, Job: "wc", Worker: w, Workers: 2, Rate: 1000, Logger: quiet}
+			cfg := wordcount.Config{Input: input, OutputURL: r.URL(), OutputToken: token, Link: link, Job: "wc", Worker: w, Workers: 2, Rate: 1000, Logger: quiet}
 			go func() { done <- wordcount.Run(wctx, cfg) }()
 		}
 	}

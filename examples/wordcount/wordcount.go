@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/stormdock/stormdock/multidc"
 )
 
 //go:embed sample.txt
@@ -47,7 +49,10 @@ type Config struct {
 	// ConfigFile is the worker's live configuration (STORMDOCK_CONFIG): a link worker
 	// follows its job's routers there as they move.
 	ConfigFile string
-	Stdout     io.Writer
+	// OutputToken is the job's sender token, which the router asks of every request
+	// (from the file STORMDOCK_OUTPUT_TOKEN_FILE names).
+	OutputToken string
+	Stdout      io.Writer
 	// Rate caps the records emitted per second; 0 means unpaced.
 	Rate float64
 	// Worker and Workers say which lines are this worker's: offset % Workers == Worker.
@@ -83,6 +88,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		cfg.OutputURL = v
 	}
 	cfg.ConfigFile = getenv("STORMDOCK_CONFIG")
+	if path := getenv(multidc.EnvTokenFile); path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return cfg, fmt.Errorf("%s: %w", multidc.EnvTokenFile, err)
+		}
+		cfg.OutputToken = strings.TrimSpace(string(b))
+	}
 	return cfg, nil
 }
 

@@ -67,6 +67,10 @@ func build(pkg string, flags []string) (string, error) {
 		if builds.dir, err = os.MkdirTemp("", "stormdock-testbin-"); err != nil {
 			return "", fmt.Errorf("testenv: %w", err)
 		}
+		// Workers run as nobody: built programs are everyone's to run, as installed ones are.
+		if err := os.Chmod(builds.dir, 0o755); err != nil {
+			return "", fmt.Errorf("testenv: %w", err)
+		}
 	}
 	dir := filepath.Join(builds.dir, strconv.Itoa(len(builds.done)))
 	if err := os.Mkdir(dir, 0o755); err != nil {

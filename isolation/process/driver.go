@@ -266,7 +266,7 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 		dir = "/"
 	}
 	cmd, err = launch(launchOpts{
-		path: prog, argv: spec.Command, env: env, dir: dir, out: out,
+		path: prog, argv: spec.Command, env: env, dir: dir, out: out, user: spec.User,
 		place: func(pid int) error {
 			if err := sl.add(pid); err != nil {
 				return fmt.Errorf("move pid %d into cgroup %s: %w", pid, cg, err)

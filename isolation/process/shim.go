@@ -7,8 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/stormdock/stormdock/isolation"
 )
 
 // The shim closes the gap between fork and cgroup placement. Go cannot stop a child between
@@ -21,9 +24,12 @@ import (
 //
 // Any binary that imports this package can act as the shim; init below does it before main.
 const (
-	shimEnv   = "_STORMDOCK_ISOLATION_SHIM"
-	shimMagic = "exec-after-placement-v1"
-	shimArg0  = "stormdock-shim"
+	shimEnv = "_STORMDOCK_ISOLATION_SHIM"
+	// shimUserEnv carries "uid:gid[:group,...]" when the worker runs as another user: the
+	// shim drops to it once placed, just before the program runs (see dropTo).
+	shimUserEnv = "_STORMDOCK_ISOLATION_USER"
+	shimMagic   = "exec-after-placement-v1"
+	shimArg0    = "stormdock-shim"
 
 	// fds of the two pipes in the shim (os/exec maps ExtraFiles from 3 up).
 	shimGoFD     = 3
@@ -57,7 +63,17 @@ func runShim() {
 		fmt.Fprintf(status, "shim: no program given")
 		os.Exit(exitShimExec)
 	}
-	if sameExecutable(os.Args[1]) {
+	// Whether the program is this binary is decided before the drop: as the worker's user
+	// the agent's own directory may be out of reach.
+	self := sameExecutable(os.Args[1])
+	if u := os.Getenv(shimUserEnv); u != "" {
+		os.Unsetenv(shimUserEnv)
+		if err := dropTo(u); err != nil {
+			fmt.Fprintf(status, "run as %s: %v", u, err)
+			os.Exit(exitShimExec)
+		}
+	}
+	if self {
 		// The program is this very binary (the agent's lease launcher): run it in place
 		// rather than start a second Go runtime, which costs tens of milliseconds of cpu per
 		// worker. Closing the status pipe tells the driver the program runs, as the
@@ -68,7 +84,9 @@ func runShim() {
 		os.Args = os.Args[2:]
 		return
 	}
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, shimEnv+"=") })
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, shimEnv+"=") || strings.HasPrefix(kv, shimUserEnv+"=")
+	})
 	err := syscall.Exec(os.Args[1], os.Args[2:], env)
 	fmt.Fprintf(status, "exec %s: %v", os.Args[1], err)
 	os.Exit(exitShimExec)
@@ -90,7 +108,8 @@ type launchOpts struct {
 	argv []string // argv, argv[0] included
 	env  []string
 	dir  string
-	out  *os.File // stdout and stderr
+	out  *os.File        // stdout and stderr
+	user *isolation.User // who the program runs as; nil: the driver's user
 	// place moves the started shim into its cgroup; the program runs only if it succeeds.
 	place func(pid int) error
 }
@@ -110,10 +129,21 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 		goW.Close()
 		return nil, fmt.Errorf("shim pipe: %w", err)
 	}
+	env := append(slices.Clip(o.env), shimEnv+"="+shimMagic)
+	if u := o.user; u != nil {
+		spec := fmt.Sprintf("%d:%d:", u.UID, u.GID)
+		for i, g := range u.Groups {
+			if i > 0 {
+				spec += ","
+			}
+			spec += strconv.FormatUint(uint64(g), 10)
+		}
+		env = append(env, shimUserEnv+"="+spec)
+	}
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       append([]string{shimArg0, o.path}, o.argv...),
-		Env:        append(slices.Clip(o.env), shimEnv+"="+shimMagic),
+		Env:        env,
 		Dir:        o.dir,
 		Stdout:     o.out,
 		Stderr:     o.out,

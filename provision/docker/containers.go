@@ -92,16 +92,25 @@ func hostConfig(mem cluster.Bytes, cpu cluster.CPU, tmpfs string) *container.Hos
 	}
 }
 
-func (p *Provider) startMaster(ctx context.Context, spec provision.Spec, port int) (string, error) {
+// Environment that carries secrets into containers: a container's environment is seen by
+// the engine's users (root), its command line by everyone on the machine.
+const (
+	envStoreCredentials = "STORMDOCK_STORE_CREDENTIALS"
+	envTLSCertPEM       = "STORMDOCK_TLS_CERT_PEM"
+	envTLSKeyPEM        = "STORMDOCK_TLS_KEY_PEM"
+)
+
+func (p *Provider) startMaster(ctx context.Context, spec provision.Spec, port int, env []string) (string, error) {
 	labels, err := baseLabels(spec, roleMaster)
 	if err != nil {
 		return "", err
 	}
 	api := "127.0.0.1:" + strconv.Itoa(port)
-	labels[LabelAPI] = "http://" + api
+	labels[LabelAPI] = "https://" + api
 	cfg := &container.Config{
 		Image:  spec.Image,
 		Labels: labels,
+		Env:    env,
 		Cmd: []string{binary, "master", "--store", spec.Store, "--api", api, "--id", spec.Name + "-master",
 			"--data", masterData, "--session-timeout", spec.SessionTimeout.String()},
 	}
@@ -117,7 +126,7 @@ func (p *Provider) startMaster(ctx context.Context, spec provision.Spec, port in
 // its tmpfs state rather than advertised for workers.
 const agentReserve = 8
 
-func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provision.Slot) error {
+func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provision.Slot, env []string) error {
 	labels, err := baseLabels(spec, roleAgent)
 	if err != nil {
 		return err
@@ -134,7 +143,7 @@ func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provis
 		// Agents share the host's network: each gets its own range of worker ports.
 		"--port-base", strconv.Itoa(portBase + s.Index*spec.Slots)}
 	hc := hostConfig(spec.AgentMemory, spec.AgentCPU, agentState)
-	cfg := &container.Config{Image: spec.Image, Labels: labels}
+	cfg := &container.Config{Image: spec.Image, Labels: labels, Env: env}
 	if spec.RegistryAuth != "" {
 		hc.Mounts = append(hc.Mounts, authMount(spec.RegistryAuth))
 		cmd = append(cmd, "--registry-auth", registryAuthPath)

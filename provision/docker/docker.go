@@ -140,7 +140,18 @@ func (p *Provider) Create(ctx context.Context, spec provision.Spec) (_ provision
 		}
 		return provision.Cluster{}, fmt.Errorf("inspect image %s: %w", spec.Image, err)
 	}
-	store, err := provision.OpenStore(ctx, spec.Store, p.log)
+	// ZooKeeper ACLs and TLS, with no setup: the credentials and the CA are made now (or
+	// found, when the cluster is created again over its old state) in the cluster's
+	// directory beside the admin token.
+	creds, err := p.cfg.Tokens.StoreCredentials(spec.Name, true)
+	if err != nil {
+		return provision.Cluster{}, err
+	}
+	certPEM, keyPEM, err := p.cfg.Tokens.MasterTLS(spec.Name)
+	if err != nil {
+		return provision.Cluster{}, err
+	}
+	store, err := p.cfg.Tokens.OpenStore(ctx, spec.Name, spec.Store, p.log)
 	if err != nil {
 		return provision.Cluster{}, err
 	}
@@ -173,8 +184,9 @@ func (p *Provider) Create(ctx context.Context, spec provision.Spec) (_ provision
 	if err != nil {
 		return provision.Cluster{}, err
 	}
-	apiURL := "http://127.0.0.1:" + strconv.Itoa(port)
-	if _, err := p.startMaster(ctx, spec, port); err != nil {
+	apiURL := "https://127.0.0.1:" + strconv.Itoa(port)
+	masterEnv := []string{envStoreCredentials + "=" + creds, envTLSCertPEM + "=" + string(certPEM), envTLSKeyPEM + "=" + string(keyPEM)}
+	if _, err := p.startMaster(ctx, spec, port, masterEnv); err != nil {
 		return provision.Cluster{}, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
@@ -186,7 +198,7 @@ func (p *Provider) Create(ctx context.Context, spec provision.Spec) (_ provision
 	for i := range slots {
 		slots[i] = spec.SlotAt(i)
 	}
-	if err := p.startAgents(ctx, spec, slots); err != nil {
+	if err := p.startAgents(ctx, spec, slots, []string{envStoreCredentials + "=" + creds}); err != nil {
 		return provision.Cluster{}, err
 	}
 	if err := p.waitAgents(wctx, store, spec.Name, slots); err != nil {
@@ -239,7 +251,11 @@ func (p *Provider) scaleOut(ctx context.Context, spec provision.Spec, cur []cont
 			slots = append(slots, spec.SlotAt(i))
 		}
 	}
-	store, err := provision.OpenStore(ctx, spec.Store, p.log)
+	creds, err := p.cfg.Tokens.StoreCredentials(spec.Name, false)
+	if err != nil {
+		return err
+	}
+	store, err := p.cfg.Tokens.OpenStore(ctx, spec.Name, spec.Store, p.log)
 	if err != nil {
 		return err
 	}
@@ -253,7 +269,11 @@ func (p *Provider) scaleOut(ctx context.Context, spec provision.Spec, cur []cont
 			}
 		}
 	}()
-	if err := p.startAgents(ctx, spec, slots); err != nil {
+	var env []string
+	if creds != "" {
+		env = []string{envStoreCredentials + "=" + creds}
+	}
+	if err := p.startAgents(ctx, spec, slots, env); err != nil {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
@@ -301,7 +321,11 @@ func (p *Provider) client(name, apiURL string) (*api.Client, error) {
 			return nil, err
 		}
 	}
-	return api.NewClient(apiURL, token)
+	opts, err := p.cfg.Tokens.ClientOptions(name)
+	if err != nil {
+		return nil, err
+	}
+	return api.NewClient(apiURL, token, opts...)
 }
 
 // Status implements provision.Provider.
@@ -321,7 +345,7 @@ func (p *Provider) Status(ctx context.Context, name string) (provision.Cluster, 
 	spec.Agents = len(ags)
 	c := provision.Cluster{Name: name, Provider: Name, API: apiURL, Store: spec.Store, Image: spec.Image, Spec: spec}
 	var reg map[string]bool
-	if store, err := provision.OpenStore(ctx, spec.Store, p.log); err != nil {
+	if store, err := p.cfg.Tokens.OpenStore(ctx, name, spec.Store, p.log); err != nil {
 		c.Warnings = append(c.Warnings, err.Error())
 	} else {
 		reg, err = provision.Registered(ctx, store)
@@ -472,7 +496,7 @@ func (p *Provider) remove(ctx context.Context, id string, grace time.Duration) e
 }
 
 // startAgents creates and starts the agents of slots, a few at a time.
-func (p *Provider) startAgents(ctx context.Context, spec provision.Spec, slots []provision.Slot) error {
+func (p *Provider) startAgents(ctx context.Context, spec provision.Spec, slots []provision.Slot, env []string) error {
 	sem := make(chan struct{}, 4)
 	errs := make([]error, len(slots))
 	var wg sync.WaitGroup
@@ -482,7 +506,7 @@ func (p *Provider) startAgents(ctx context.Context, spec provision.Spec, slots [
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			errs[i] = p.startAgent(ctx, spec, s)
+			errs[i] = p.startAgent(ctx, spec, s, env)
 		}()
 	}
 	wg.Wait()
@@ -491,7 +515,11 @@ func (p *Provider) startAgents(ctx context.Context, spec provision.Spec, slots [
 
 // waitMaster waits until the master at apiURL answers and leads.
 func (p *Provider) waitMaster(ctx context.Context, name, apiURL string) error {
-	api, err := api.NewClient(apiURL, "")
+	opts, err := p.cfg.Tokens.ClientOptions(name)
+	if err != nil {
+		return err
+	}
+	api, err := api.NewClient(apiURL, "", opts...)
 	if err != nil {
 		return err
 	}

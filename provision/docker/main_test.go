@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 
+	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation/docker"
@@ -119,12 +121,15 @@ func newProvider(t testing.TB, agents int) (*pdocker.Provider, provision.Spec, *
 		if t.Failed() {
 			logContainers(t, dc, name)
 		}
+		tokens := provision.Tokens{Dir: p.TokenDir()}
+		creds, _ := tokens.StoreCredentials(name, false)
 		_ = p.Destroy(ctx, name)
 		ctrs, _ := dc.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", pdocker.LabelCluster+"="+name))})
 		for _, c := range ctrs {
 			_ = dc.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 		}
-		if s, err := provision.OpenStore(ctx, "zk://"+zk, nil); err == nil {
+		// The cluster's znodes open to its credentials alone.
+		if s, err := coord.Open(ctx, "zk://"+zk, coord.Options{Credentials: creds, Logger: slog.New(slog.DiscardHandler)}); err == nil {
 			_ = deleteTree(ctx, s, "/stormdock-test-"+name)
 			s.Close()
 		}

@@ -34,11 +34,19 @@ func apiClient(t testing.TB, p provision.Tokens, c provision.Cluster) *api.Clien
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := os.Stat(p.Path(c.Name))
-	if err != nil || info.Mode().Perm() != 0o600 {
-		t.Errorf("token file %s: %v, mode %v; want 0600", p.Path(c.Name), err, info.Mode())
+	path, err := p.Path(c.Name)
+	if err != nil {
+		t.Fatal(err)
 	}
-	cl, err := api.NewClient(c.API, token)
+	info, err := os.Stat(path)
+	if err != nil || info.Mode().Perm() != 0o600 {
+		t.Errorf("token file %s: %v, mode %v; want 0600", path, err, info.Mode())
+	}
+	opts, err := p.ClientOptions(c.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := api.NewClient(c.API, token, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +197,7 @@ func TestScale(t *testing.T) {
 	if left := leftovers(t, dc, spec.Name); len(left) > 0 {
 		t.Errorf("destroy left %v", left)
 	}
-	if _, err := os.Stat(tokens.Path(spec.Name)); !errors.Is(err, os.ErrNotExist) {
+	if path, _ := tokens.Path(spec.Name); !errors.Is(statErr(path), os.ErrNotExist) {
 		t.Errorf("token file after destroy: %v", err)
 	}
 }
@@ -219,7 +227,7 @@ func TestCreateFailsCleanly(t *testing.T) {
 			t.Errorf("left %v", left)
 		}
 		tokens := provision.Tokens{Dir: p.TokenDir()}
-		if _, err := os.Stat(tokens.Path(spec.Name)); !errors.Is(err, os.ErrNotExist) {
+		if path, _ := tokens.Path(spec.Name); !errors.Is(statErr(path), os.ErrNotExist) {
 			t.Errorf("token file after a failed create: %v", err)
 		}
 		// The store's admin token went too: the same cluster can be created again.
@@ -247,3 +255,8 @@ func TestCreateFailsCleanly(t *testing.T) {
 }
 
 var _ = pdocker.Name
+
+func statErr(path string) error {
+	_, err := os.Stat(path)
+	return err
+}

@@ -322,7 +322,7 @@ func (f *fakeCluster) join(id, dc, rack string) {
 	b, _ := json.Marshal(rec)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := s.Create(ctx, cluster.NodeKey(id), b, coord.Ephemeral); err != nil {
+	if _, err := s.Create(ctx, cluster.NodesKey+"/"+id, b, coord.Ephemeral); err != nil {
 		f.t.Errorf("fake agent %s: %v", id, err)
 	}
 	f.mu.Lock()

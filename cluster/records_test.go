@@ -1,0 +1,50 @@
+package cluster
+
+import (
+	"errors"
+	"path"
+	"strings"
+	"testing"
+)
+
+// TestKeyBuildersRefuseEscapes: a name that would leave its directory (or that is not a name
+// at all) never becomes a key.
+func TestKeyBuildersRefuseEscapes(t *testing.T) {
+	builders := map[string]func(string) (string, error){
+		"job": JobKey, "tenant": TenantKey, "node": NodeKey, "assignment": AssignmentKey,
+		"nodeconf": NodeConfKey, "dc": DCKey, "router": RouterKey, "election": RouterElectionKey,
+	}
+	bad := []string{"", ".", "..", "../tenants/demo", "..%2Ftenants", "a/b", "A", "a_b", "-a", "a-",
+		"a.router", " a", "a\n", "a\x00", "é", strings.Repeat("a", 64), "%2e%2e"}
+	for what, build := range builders {
+		for _, name := range bad {
+			if k, err := build(name); !errors.Is(err, ErrInvalidName) {
+				t.Errorf("%s key of %q = %q, %v; want ErrInvalidName", what, name, k, err)
+			}
+		}
+		for _, name := range []string{"a", "wordcount", "dc-a", "n1", strings.Repeat("a", 63)} {
+			if _, err := build(name); err != nil {
+				t.Errorf("%s key of %q: %v", what, name, err)
+			}
+		}
+	}
+}
+
+// FuzzJobKey: whatever the name, a key that is made is a direct child of /jobs and clean.
+func FuzzJobKey(f *testing.F) {
+	for _, s := range []string{"wordcount", "..", "../tenants/demo", "a/b", "%2e%2e%2f", "a\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		k, err := JobKey(name)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidName) || strings.ContainsAny(err.Error(), "\n\x00") {
+				t.Fatalf("JobKey(%q): %v", name, err)
+			}
+			return
+		}
+		if path.Clean(k) != k || path.Dir(k) != JobsKey || path.Base(k) != name {
+			t.Fatalf("JobKey(%q) = %q escapes %s", name, k, JobsKey)
+		}
+	})
+}
