@@ -110,7 +110,8 @@ func TestCLIAgainstLocalCluster(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(otherData, api.AdminTokenFile), []byte(api.NewToken()+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stranger := &cli{t: t, env: []string{"STORMDOCK_DATA=" + otherData, "STORMDOCK_MASTER=http://" + addr}}
+	stranger := &cli{t: t, env: []string{"STORMDOCK_DATA=" + otherData, "STORMDOCK_MASTER=https://" + addr,
+		"STORMDOCK_CA=" + filepath.Join(data, "ca.crt")}}
 	stranger.refused("read from "+filepath.Join(otherData, api.AdminTokenFile), "job", "list")
 	// job status shows each worker's pid.
 	dir := t.TempDir()

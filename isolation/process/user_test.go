@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -95,9 +96,23 @@ func TestRunAsUserRefusedExec(t *testing.T) {
 	d := newDriver(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	spec := harness().Spec(t, "user-refused", "unused") // hog, in a directory only root may enter
+	// A copy of hog in a directory only root may enter.
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(hog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	private := filepath.Join(dir, "hog")
+	if err := os.WriteFile(private, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := harness().Spec(t, "user-refused", "unused")
+	spec.Command[0] = private
 	spec.User = &isolation.User{UID: 65534, GID: 65534}
-	_, err := d.Start(ctx, spec)
+	_, err = d.Start(ctx, spec)
 	if err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("start of a program out of the user's reach: %v", err)
 	}
