@@ -23,7 +23,8 @@ type LaunchConfig struct {
 	TTL time.Duration
 	// Grace is how long the worker has to exit after SIGTERM before it is killed.
 	Grace time.Duration
-	// Check is how often the lease is looked at. Default TTL/4, at least 50ms.
+	// Check is how often the lease is looked at. Default TTL/10, between 20ms and 100ms: it
+	// bounds how long a worker outlives its lease, the overlap with its replacement.
 	Check   time.Duration
 	Command []string
 	// Stderr receives the launcher's own messages. Default os.Stderr.
@@ -48,7 +49,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (syscall.WaitStatus, error) {
 		return 0, errors.New("launch: need a lease file, a ttl and a command")
 	}
 	if cfg.Check <= 0 {
-		cfg.Check = max(cfg.TTL/4, 50*time.Millisecond)
+		cfg.Check = min(max(cfg.TTL/10, 20*time.Millisecond), 100*time.Millisecond)
 	}
 	if cfg.Stderr == nil {
 		cfg.Stderr = os.Stderr

@@ -50,6 +50,13 @@ func (a *Agent) writeConfig(id string, wa cluster.WorkerAssignment) error {
 
 func (a *Agent) nodeLease() string { return filepath.Join(a.leasesDir(), nodeLeaseName) }
 
+// leaseValid reports whether the node lease, which every worker's is a link of, lets a
+// worker run now, with a margin for a launcher's check interval.
+func (a *Agent) leaseValid(now time.Time) bool {
+	fi, err := os.Stat(a.nodeLease())
+	return err == nil && now.Before(fi.ModTime().Add(a.cfg.LeaseTTL*3/4))
+}
+
 func (a *Agent) aliveFile() string { return filepath.Join(a.cfg.StateDir, agentAliveFile) }
 
 // linkLease makes a worker's lease a hard link of the node lease.

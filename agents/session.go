@@ -25,10 +25,16 @@ type gate struct {
 
 func (r *run) gate() gate {
 	st := r.keeper.Status()
-	return gate{
-		current: st.Session != 0 && r.assignSession == st.Session,
-		canRun:  st.canRun() || (r.a.cfg.NoLease && st.Session != 0),
+	g := gate{current: st.Session != 0 && r.assignSession == st.Session}
+	if r.a.cfg.NoLease {
+		g.canRun = st.Session != 0
+		return g
 	}
+	// The keeper's word is not enough: after a pause of the node (its keeper stopped too)
+	// its status still says live, with the session it had. The lease itself says whether a
+	// worker started now may run.
+	g.canRun = st.canRun() && r.a.leaseValid(time.Now())
+	return g
 }
 
 // onSession logs the agent's own store session: it holds nothing the node's liveness depends
