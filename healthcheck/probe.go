@@ -41,6 +41,11 @@ type Sample struct {
 	// used to throttle: it says that tasks are stalling, not how much room is left.
 	PSI    PSI
 	HasPSI bool
+	// CgroupPSI is the parent cgroup's own memory.pressure (cgroup v2 only: HasCgroupPSI):
+	// stalls of the workers alone, reclaim at their limits included, which the node's
+	// figure dilutes among everything else the machine runs.
+	CgroupPSI    PSI
+	HasCgroupPSI bool
 	Load   LoadAvg
 }
 
@@ -75,9 +80,10 @@ type Prober struct {
 	// hierarchical_memory_limit, v2 does not.
 	ancestorMax []string
 
-	mu    sync.Mutex
-	buf   []byte
-	noPSI bool
+	mu          sync.Mutex
+	buf         []byte
+	noPSI       bool
+	noCgroupPSI bool
 }
 
 // NewProber checks that the node files are readable and returns a prober.
@@ -174,6 +180,15 @@ func (p *Prober) Probe() (Sample, error) {
 			}
 			s.Cgroup = cg
 			s.CgroupUsed = cg.UsedFraction()
+			if p.files.pressure != "" && !p.noCgroupPSI {
+				// Kernels without PSI have no file, and psi=0 makes reads fail: stop asking
+				// then. A file gone with its cgroup comes back with it.
+				if data, err := p.read(p.files.pressure); err != nil {
+					p.noCgroupPSI = !errors.Is(err, fs.ErrNotExist) || p.noPSI
+				} else if s.CgroupPSI, err = ParsePSI(data); err == nil {
+					s.HasCgroupPSI = true
+				}
+			}
 			if s.CgroupUsed > s.Used {
 				s.Used, s.Source = s.CgroupUsed, SourceCgroup
 			}
