@@ -46,7 +46,7 @@ type Sample struct {
 	// figure dilutes among everything else the machine runs.
 	CgroupPSI    PSI
 	HasCgroupPSI bool
-	Load   LoadAvg
+	Load         LoadAvg
 }
 
 // ProbeOptions say where the files are. Zero values are the real machine's.
