@@ -29,6 +29,7 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT)"},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
+		&cli.StringFlag{Name: "cgroup-parent", Usage: "cgroup `PATH` below which each node's workers go (PATH/NODE; default /stormdock-local/<name of --data>); a memory limit on it bounds the whole cluster, and in a subtree delegated to you workers run in cgroups without root"},
 	}, healthcheck.LocalFlags()...),
 	Action: runUp,
 }
@@ -67,6 +68,7 @@ func runUp(c *cli.Context) error {
 		Nodes: c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
 		DataDir: c.String("data"), Store: c.String("store"), API: c.String("api"),
 		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log,
+		CgroupParent: c.String("cgroup-parent"),
 	})
 	if err != nil {
 		return cli.Exit("stormdock up: "+err.Error(), 1)
