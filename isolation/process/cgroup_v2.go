@@ -197,11 +197,16 @@ func (s *v2slot) add(pid int) error {
 	return err
 }
 
+// gone reports an error that means the cgroup was removed: its directory is gone (ENOENT),
+// or it went while one of its files was open (ENODEV). A finishing worker's reaper removes
+// the cgroup while Stop may still be reading it.
+func gone(err error) bool { return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENODEV) }
+
 func (s *v2slot) procs() ([]int, error) {
 	ps, err := s.m.Procs(true)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
+		if gone(err) {
+			return nil, nil // removed: nothing can run in it any more
 		}
 		return nil, err
 	}
@@ -213,10 +218,22 @@ func (s *v2slot) procs() ([]int, error) {
 }
 
 func (s *v2slot) killAll(ctx context.Context) error {
-	// cgroup.kill (kernel 5.14+) kills the whole tree atomically; the library falls back to
-	// freeze, kill, thaw on older kernels.
-	if err := s.m.Kill(); err != nil {
-		return err
+	// cgroup.kill (kernel 5.14+) kills the whole tree at once, forks racing it included.
+	err := os.WriteFile(s.file("cgroup.kill"), []byte("1"), 0)
+	switch {
+	case err == nil:
+	case errors.Is(err, syscall.ENODEV):
+		return nil // removed meanwhile: nothing left to kill
+	case errors.Is(err, fs.ErrNotExist):
+		if _, serr := os.Stat(filepath.Join(s.h.root, s.name)); errors.Is(serr, fs.ErrNotExist) {
+			return nil
+		}
+		// An older kernel: the library freezes, kills and thaws.
+		if err := s.m.Kill(); err != nil && !gone(err) {
+			return fmt.Errorf("kill cgroup %s: %w", s.name, err)
+		}
+	default:
+		return fmt.Errorf("kill cgroup %s: %w", s.name, err)
 	}
 	return waitEmpty(ctx, s)
 }
