@@ -24,6 +24,7 @@ const (
 
 // Sample is one probe of the node.
 type Sample struct {
+	// At is when the probe had read everything.
 	At time.Time
 	// Node is /proc/meminfo; NodeUsed its used fraction.
 	Node     NodeMemory
@@ -139,7 +140,7 @@ func (p *Prober) Parent() string { return p.parent }
 func (p *Prober) Probe() (Sample, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := Sample{At: p.now(), Source: SourceNode}
+	s := Sample{Source: SourceNode}
 	data, err := p.read(p.meminfo)
 	if err != nil {
 		return Sample{}, fmt.Errorf("probe: %w", err)
@@ -194,6 +195,10 @@ func (p *Prober) Probe() (Sample, error) {
 			}
 		}
 	}
+	// Stamped once the files are read: the figures are as of no earlier than this, so a
+	// hold measured from the first sample below a mark is never short, however long a
+	// stalled probe took.
+	s.At = p.now()
 	return s, nil
 }
 
