@@ -92,9 +92,10 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
 	a = &Agent{cfg: cfg, registry: NewRegistry()}
+	built := a // a failing return sets the named result to nil before this runs
 	defer func() {
 		if err != nil {
-			a.Close()
+			built.Close()
 		}
 	}()
 	dcfg := cfg.Drivers

@@ -85,9 +85,10 @@ func NewDrivers(ctx context.Context, cfg DriverConfig) (d *Drivers, err error) {
 		return nil, errors.New("give at least one isolation: process, docker")
 	}
 	d = &Drivers{}
+	built := d // a failing return sets the named result to nil before this runs
 	defer func() {
 		if err != nil {
-			d.Close()
+			built.Close()
 		}
 	}()
 	for _, mode := range cfg.Isolation {

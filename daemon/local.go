@@ -58,7 +58,12 @@ type LocalConfig struct {
 	// Health is every node's health-check configuration (its cgroup parent is the node's
 	// own); the zero value means healthcheck.DefaultConfig.
 	Health *healthcheck.Config
-	Logger *slog.Logger
+	// CgroupParent is the cgroup below which each node's workers go, one cgroup per node
+	// (CgroupParent/NODE); default /stormdock-local/<DataDir's name>. The cluster removes
+	// only what it made: a given parent (say, a subtree delegated to an unprivileged user,
+	// whose workers then run in cgroups too) stays.
+	CgroupParent string
+	Logger       *slog.Logger
 }
 
 func (c *LocalConfig) defaults() error {
@@ -111,6 +116,9 @@ func (c *LocalConfig) defaults() error {
 	if c.Health == nil {
 		d := healthcheck.DefaultConfig()
 		c.Health = &d
+	}
+	if c.CgroupParent != "" {
+		c.CgroupParent = path.Clean("/" + c.CgroupParent)
 	}
 	return c.Health.Validate()
 }
@@ -183,11 +191,14 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		if err := c.master.Run(rctx); err != nil {
+		// Cancelled, by Close or a failed start, it only stopped.
+		if err := c.master.Run(rctx); err != nil && rctx.Err() == nil {
 			cfg.Logger.Error("master stopped", "err", err)
 		}
 	}()
-	c.confined = os.Geteuid() == 0
+	// An unprivileged user's cluster is confined only in a cgroup parent it was given (one
+	// delegated to it): anywhere else it could not create cgroups.
+	c.confined = os.Geteuid() == 0 || cfg.CgroupParent != ""
 	if !c.confined {
 		cfg.Logger.Warn("not root: workers run as plain processes, without cgroup limits")
 	}
@@ -212,6 +223,9 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 // CgroupParent is where a node's worker cgroups go; one per data directory so that two
 // local clusters do not adopt each other's workers.
 func (c *Local) CgroupParent(id string) string {
+	if c.cfg.CgroupParent != "" {
+		return path.Join(c.cfg.CgroupParent, id)
+	}
 	return "/stormdock-local/" + strings.ReplaceAll(filepath.Base(c.cfg.DataDir), ".", "_") + "/" + id
 }
 
@@ -386,6 +400,9 @@ func (c *Local) Close(ctx context.Context) error {
 // removeCgroupDirs removes the cluster's own cgroup directories above the nodes' parents
 // (the drivers remove those), in every mounted hierarchy, once they are empty.
 func (c *Local) removeCgroupDirs() {
+	if c.cfg.CgroupParent != "" {
+		return // not ours
+	}
 	dir := path.Dir(c.CgroupParent("x"))
 	for _, d := range []string{dir, path.Dir(dir)} {
 		mounts, _ := filepath.Glob("/sys/fs/cgroup/*")

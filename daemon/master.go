@@ -74,9 +74,10 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		cfg.Logger = slog.Default()
 	}
 	m = &Master{cfg: cfg}
+	built := m // a failing return sets the named result to nil before this runs
 	defer func() {
 		if err != nil {
-			m.Close()
+			built.Close()
 		}
 	}()
 	if m.ln, err = net.Listen("tcp", cfg.Listen); err != nil {

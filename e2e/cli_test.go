@@ -228,7 +228,7 @@ func TestDemo(t *testing.T) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
 	}
-	if m, _ := filepath.Glob("/sys/fs/cgroup/memory/stormdock-local/stormdock-demo-*"); len(m) > 0 {
+	if m, _ := filepath.Glob(memoryDir("/stormdock-local/stormdock-demo-*")); len(m) > 0 {
 		t.Errorf("demo left cgroups behind: %v", m)
 	}
 }

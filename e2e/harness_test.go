@@ -286,8 +286,8 @@ func tail(b []byte, n int) string {
 	return string(b)
 }
 
-// killCgroupTree kills every process under a cgroup v1 parent and removes the cgroups,
-// whatever state the test left them in.
+// killCgroupTree kills every process under a cgroup parent and removes the cgroups, in every
+// v1 hierarchy or the v2 one, whatever state the test left them in.
 func killCgroupTree(parent string) {
 	mounts, _ := filepath.Glob("/sys/fs/cgroup/*")
 	for _, m := range append(mounts, "/sys/fs/cgroup") {

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,18 +28,6 @@ func nodeView(ctx context.Context, cl *api.Client, id string) (api.NodeView, boo
 	return api.NodeView{}, false
 }
 
-func readCgroupInt(t *testing.T, file string) int64 {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
 // TestMemoryPressure is issue 7's real-pressure run: an agent whose workers' cgroup parent
 // has a 256 MiB limit, and a worker that allocates in steps. Slots are withheld in the
 // master's view as memory crosses the high mark, the worker is evicted (and placed on
@@ -52,15 +38,9 @@ func TestMemoryPressure(t *testing.T) {
 	cl := h.client(h.startMaster("m1"))
 	ctx := context.Background()
 	const limit = 256 << 20
-	mem := filepath.Join("/sys/fs/cgroup/memory", h.cgroup, "p1")
-	if err := os.MkdirAll(mem, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
-		if err := os.WriteFile(filepath.Join(mem, f), []byte(fmt.Sprint(limit)), 0o644); err != nil {
-			t.Fatalf("limit the node's cgroup parent: %v", err)
-		}
-	}
+	// p1's --cgroup-parent, made beforehand with the limit: v1 or v2, as the host has it.
+	mem := h.cgroup + "/p1"
+	limitMemory(t, mem, limit)
 	const hold = 2 * time.Second
 	h.startAgent("p1", "dc-a", "r1", 4, "--mem-high", "0.5", "--mem-low", "0.3", "--mem-critical", "0.8",
 		"--throttle-hold", hold.String(), "--health-interval", "100ms")
@@ -74,32 +54,7 @@ func TestMemoryPressure(t *testing.T) {
 	}
 
 	// Watch the parent's memory closely, and the master's view of p1.
-	var crossed, below atomic.Int64 // unix nanos: usage first above high; last went below low
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			b, err := os.ReadFile(filepath.Join(mem, "memory.usage_in_bytes"))
-			if err != nil {
-				continue
-			}
-			u, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-			now := time.Now().UnixNano()
-			if u > limit/2 && crossed.Load() == 0 {
-				crossed.Store(now)
-			}
-			if u > limit*3/10 {
-				below.Store(0)
-			} else if crossed.Load() != 0 && below.Load() == 0 {
-				below.Store(now)
-			}
-		}
-	}()
+	watch := watchMemory(t, mem, limit/2, limit*3/10)
 	var withheldAt time.Time
 	testenv.Eventually(t, "slots withheld in the master's view", 30*time.Second, func() bool {
 		n, _ := nodeView(ctx, cl, "p1")
@@ -109,10 +64,7 @@ func TestMemoryPressure(t *testing.T) {
 		}
 		return false
 	})
-	if crossed.Load() == 0 {
-		t.Fatal("slots withheld before memory crossed the high mark")
-	}
-	lag := withheldAt.Sub(time.Unix(0, crossed.Load()))
+	lag := watch.since(t, withheldAt, "slots withheld")
 	t.Logf("figure: memory crossed the high mark -> slots withheld in the master's view: %s", lag.Round(time.Millisecond))
 
 	// A second node to take the evicted worker.
@@ -121,15 +73,11 @@ func TestMemoryPressure(t *testing.T) {
 		st, err := cl.Job(ctx, "hog")
 		return err == nil && len(st.Workers) == 1 && st.Workers[0].Node == "p2" && st.Workers[0].State == cluster.WorkerRunning
 	})
-	oom, err := os.ReadFile(filepath.Join(mem, "memory.oom_control"))
-	if err != nil {
-		t.Fatal(err)
+	if k := oomKills(t, mem); k != 0 {
+		t.Errorf("the kernel OOM-killed %d processes in the node's cgroup", k)
 	}
-	if !strings.Contains(string(oom), "oom_kill 0") {
-		t.Errorf("the kernel OOM-killed in the node's cgroup:\n%s", oom)
-	}
-	if fails := readCgroupInt(t, filepath.Join(mem, "memory.failcnt")); fails != 0 {
-		t.Logf("memory.failcnt %d (allocations reclaimed at the limit, no kill)", fails)
+	if hits := limitHits(t, mem); hits != 0 {
+		t.Logf("memory limit hit %d times (allocations reclaimed at the limit, no kill)", hits)
 	}
 
 	// Memory is freed: slots come back, but only after the hold time.
@@ -142,10 +90,10 @@ func TestMemoryPressure(t *testing.T) {
 		}
 		return false
 	})
-	if below.Load() == 0 {
+	if watch.below.Load() == 0 {
 		t.Fatal("slots restored but memory never went below the low mark")
 	}
-	if held := restoredAt.Sub(time.Unix(0, below.Load())); held < hold-200*time.Millisecond {
+	if held := restoredAt.Sub(time.Unix(0, watch.below.Load())); held < hold-200*time.Millisecond {
 		t.Errorf("slots restored %s after memory went below the low mark; the hold is %s", held, hold)
 	} else {
 		t.Logf("figure: memory below the low mark -> slots restored: %s (hold %s)", held.Round(time.Millisecond), hold)

@@ -143,10 +143,10 @@ func ParseMemoryStat(data []byte, mode Mode) (MemoryStat, error) {
 	return s, nil
 }
 
-// cgroupFiles are the three files that describe one memory cgroup, as absolute paths
-// computed once rather than joined on every probe.
+// cgroupFiles are the files that describe one memory cgroup, as absolute paths computed
+// once rather than joined on every probe. pressure is v2's memory.pressure ("" on v1).
 type cgroupFiles struct {
-	dir, limit, usage, stat string
+	dir, limit, usage, stat, pressure string
 }
 
 func newCgroupFiles(root string, mode Mode, cgroup string) cgroupFiles {
@@ -158,7 +158,8 @@ func newCgroupFiles(root string, mode Mode, cgroup string) cgroupFiles {
 	case ModeV2:
 		dir := filepath.Join(root, filepath.Clean("/"+cgroup))
 		return cgroupFiles{dir: dir, limit: filepath.Join(dir, "memory.max"),
-			usage: filepath.Join(dir, "memory.current"), stat: filepath.Join(dir, "memory.stat")}
+			usage: filepath.Join(dir, "memory.current"), stat: filepath.Join(dir, "memory.stat"),
+			pressure: filepath.Join(dir, "memory.pressure")}
 	}
 	return cgroupFiles{}
 }

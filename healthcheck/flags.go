@@ -99,7 +99,7 @@ func Flags() []cli.Flag {
 		&cli.DurationFlag{Name: "throttle-hold", Category: cat, Value: d.ThrottleHold,
 			Usage: "how long memory must stay below --mem-low before withheld slots come back"},
 		&cli.StringFlag{Name: "cgroup-parent", Category: cat, Value: d.CgroupParent,
-			Usage: "cgroup `PATH` holding the workers' cgroups; a memory limit on it counts as the node's memory"},
+			Usage: "cgroup `PATH` holding the workers' cgroups; a memory limit on it counts as the node's memory; inside a cgroup delegated to the agent's user (systemd Delegate=yes) no root is needed"},
 		&cli.DurationFlag{Name: "evict-cooldown", Category: cat, Value: d.EvictCooldown,
 			Usage: "wait after each eviction before probing memory again"},
 		&cli.Float64Flag{Name: "health-warn-withhold", Category: cat, Value: d.WarnWithhold,

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -88,7 +90,7 @@ func TestRealPressure(t *testing.T) {
 	loBig.set(t, 40)
 	crossed := time.Now()
 	s := next(t, m, "throttled", func(s NodeState) bool { return s.Health == cluster.HealthThrottled })
-	t.Logf("high mark crossed -> state change observed: %v (probe interval %v)", time.Since(crossed), cfg.HealthInterval)
+	t.Logf("figure: high mark crossed -> state change observed: %v (probe interval %v)", time.Since(crossed), cfg.HealthInterval)
 	if s.Withheld < 1 || s.Withheld > 2 {
 		t.Errorf("just over the high mark: withheld %d, want 1 (2 with runtime overhead)", s.Withheld)
 	}
@@ -137,9 +139,11 @@ func TestRealPressure(t *testing.T) {
 	})
 	t.Logf("eviction at %v; no release while at %.1f%%", evictedAt.Format(time.StampMilli), 100*m.LastSample().Used)
 
-	// Free 40 MiB: 50 MiB is 20%, below the low mark. Release only after the hold.
-	loSmall.set(t, 0)
+	// Free 40 MiB: 50 MiB is 20%, below the low mark. Release only after the hold. The time
+	// is taken before the command: usage goes below the mark while the worker frees, before
+	// it answers (tens of milliseconds under emulation), and the hold counts from there.
 	below := time.Now()
+	loSmall.set(t, 0)
 	s = next(t, m, "released", func(s NodeState) bool { return s.Health == cluster.HealthHealthy })
 	held := time.Since(below)
 	t.Logf("below low -> released after %v (hold %v)", held, cfg.ThrottleHold)
@@ -202,11 +206,64 @@ func TestRealCrossingLatency(t *testing.T) {
 	for _, l := range lat {
 		sum += l
 	}
-	t.Logf("high mark crossed -> throttled state published, interval %v, %d runs: min %v median %v mean %v max %v",
+	t.Logf("figure: high mark crossed -> throttled state published, interval %v, %d runs: min %v median %v mean %v max %v",
 		cfg.HealthInterval, len(lat), lat[0], lat[len(lat)/2], sum/time.Duration(len(lat)), lat[len(lat)-1])
 	// The goal is the interval plus 250ms; the bound has room for a loaded machine, which
 	// can hold up the monitor's goroutine, and catches a monitor that misses probes.
 	if worst := lat[len(lat)-1]; worst > cfg.HealthInterval+testenv.Timeout(time.Second) {
 		t.Errorf("worst latency %v, want under interval %v + 1s (the goal: + 250ms)", worst, cfg.HealthInterval)
 	}
+}
+
+// TestRealCgroupPressure holds a real parent cgroup's workers over its memory.high (cgroup
+// v2), where the kernel reclaims and then throttles every allocation: the parent's own
+// memory.pressure records the stall, and the monitor reports it. v1 has no per-cgroup
+// pressure, and the probe says so rather than report zero.
+func TestRealCgroupPressure(t *testing.T) {
+	cg := newTestCgroup(t, 256<<20)
+	w := startWorker(t, cg, "w", 0, 0)
+	reg := prometheus.NewRegistry()
+	cfg := DefaultConfig()
+	cfg.CgroupParent = cg.rel
+	cfg.HealthInterval = 50 * time.Millisecond
+	m, err := NewMonitor(cfg, Options{Slots: 4, Registerer: reg, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startMonitor(t, m)
+	w.set(t, 40)
+	waitSample(t, m, "with the parent's usage", func(s Sample) bool { return s.CgroupPresent && s.Cgroup.Usage >= 40<<20 })
+	if cg.mode == ModeV1 {
+		if s := m.LastSample(); s.HasCgroupPSI {
+			t.Fatalf("cgroup v1 has no per-cgroup pressure, yet the sample has %+v", s.CgroupPSI)
+		}
+		return
+	}
+	before := m.LastSample()
+	if !before.HasCgroupPSI {
+		t.Fatalf("no memory.pressure read from the v2 parent: %+v", before)
+	}
+	// memory.high just under what the worker will hold: 2 MiB over it, each allocation
+	// returns to user space through reclaim and a penalty sleep, both counted as stall.
+	high := before.Cgroup.Usage + 1<<20
+	writeFile(t, cg.dir(cg.rel)+"/memory.high", strconv.FormatUint(high, 10))
+	t.Cleanup(func() { _ = os.WriteFile(cg.dir(cg.rel)+"/memory.high", []byte("max"), 0) })
+	begin := time.Now()
+	w.set(t, 42)
+	took := time.Since(begin)
+	var after Sample
+	waitSample(t, m, "the stall counted", func(s Sample) bool {
+		after = s
+		return s.CgroupPSI.SomeTotal > before.CgroupPSI.SomeTotal
+	})
+	stall := time.Duration(after.CgroupPSI.SomeTotal-before.CgroupPSI.SomeTotal) * time.Microsecond
+	t.Logf("figure: 2 MiB over memory.high took %v to allocate; the parent's memory.pressure counted %v of stall", took.Round(time.Millisecond), stall.Round(time.Millisecond))
+	if stall < 10*time.Millisecond {
+		t.Errorf("parent's stall %v for an allocation throttled for %v", stall, took)
+	}
+	// The 10 s average follows within a few of the kernel's 2 s updates, and so does the gauge.
+	testenv.EventuallyWith(t, "the pressure gauge above zero", 10*time.Second, func() (bool, string) {
+		g := testenv.Metric(t, reg, "stormdock_agent_cgroup_memory_pressure_some_avg10_ratio", nil)
+		return g > 0, fmt.Sprintf("gauge %v, sample %+v", g, m.LastSample().CgroupPSI)
+	})
 }

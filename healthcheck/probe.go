@@ -24,6 +24,7 @@ const (
 
 // Sample is one probe of the node.
 type Sample struct {
+	// At is when the probe had read everything.
 	At time.Time
 	// Node is /proc/meminfo; NodeUsed its used fraction.
 	Node     NodeMemory
@@ -41,7 +42,12 @@ type Sample struct {
 	// used to throttle: it says that tasks are stalling, not how much room is left.
 	PSI    PSI
 	HasPSI bool
-	Load   LoadAvg
+	// CgroupPSI is the parent cgroup's own memory.pressure (cgroup v2 only: HasCgroupPSI):
+	// stalls of the workers alone, reclaim at their limits included, which the node's
+	// figure dilutes among everything else the machine runs.
+	CgroupPSI    PSI
+	HasCgroupPSI bool
+	Load         LoadAvg
 }
 
 // ProbeOptions say where the files are. Zero values are the real machine's.
@@ -75,9 +81,10 @@ type Prober struct {
 	// hierarchical_memory_limit, v2 does not.
 	ancestorMax []string
 
-	mu    sync.Mutex
-	buf   []byte
-	noPSI bool
+	mu          sync.Mutex
+	buf         []byte
+	noPSI       bool
+	noCgroupPSI bool
 }
 
 // NewProber checks that the node files are readable and returns a prober.
@@ -133,7 +140,7 @@ func (p *Prober) Parent() string { return p.parent }
 func (p *Prober) Probe() (Sample, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := Sample{At: p.now(), Source: SourceNode}
+	s := Sample{Source: SourceNode}
 	data, err := p.read(p.meminfo)
 	if err != nil {
 		return Sample{}, fmt.Errorf("probe: %w", err)
@@ -174,11 +181,24 @@ func (p *Prober) Probe() (Sample, error) {
 			}
 			s.Cgroup = cg
 			s.CgroupUsed = cg.UsedFraction()
+			if p.files.pressure != "" && !p.noCgroupPSI {
+				// Kernels without PSI have no file, and psi=0 makes reads fail: stop asking
+				// then. A file gone with its cgroup comes back with it.
+				if data, err := p.read(p.files.pressure); err != nil {
+					p.noCgroupPSI = !errors.Is(err, fs.ErrNotExist) || p.noPSI
+				} else if s.CgroupPSI, err = ParsePSI(data); err == nil {
+					s.HasCgroupPSI = true
+				}
+			}
 			if s.CgroupUsed > s.Used {
 				s.Used, s.Source = s.CgroupUsed, SourceCgroup
 			}
 		}
 	}
+	// Stamped once the files are read: the figures are as of no earlier than this, so a
+	// hold measured from the first sample below a mark is never short, however long a
+	// stalled probe took.
+	s.At = p.now()
 	return s, nil
 }
 

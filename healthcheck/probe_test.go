@@ -76,6 +76,11 @@ func TestProbeFixtures(t *testing.T) {
 			if !s.HasPSI || !near(s.PSI.SomeAvg10, 37.52) || s.Load.Load1 != 3.21 {
 				t.Errorf("psi/load: %+v %+v", s.PSI, s.Load)
 			}
+			// The parent's own pressure: v2's memory.pressure, where the fixture has one.
+			wantPSI := tc.name == "v2"
+			if s.HasCgroupPSI != wantPSI || wantPSI && (!near(s.CgroupPSI.SomeAvg10, 12.5) || s.CgroupPSI.FullTotal != 2950000) {
+				t.Errorf("cgroup psi: %v %+v, want present=%v", s.HasCgroupPSI, s.CgroupPSI, wantPSI)
+			}
 		})
 	}
 }

@@ -33,6 +33,7 @@ var UpCommand = &cli.Command{
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS (a CA and certificate are made in --data at the first start; the CLI trusts them by itself)", Value: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
+		&cli.StringFlag{Name: "cgroup-parent", Usage: "cgroup `PATH` below which each node's workers go (PATH/NODE; default /stormdock-local/<name of --data>); a memory limit on it bounds the whole cluster, and in a subtree delegated to you workers run in cgroups without root"},
 	}, healthcheck.LocalFlags()...),
 	Action: runUp,
 }
@@ -78,6 +79,7 @@ func runUp(c *cli.Context) error {
 		DataDir: c.String("data"), Store: c.String("store"), API: c.String("api"),
 		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log, TLS: c.Bool("tls"), RunAs: runAs,
 		RegistryAuth: c.String("registry-auth"),
+		CgroupParent: c.String("cgroup-parent"),
 	})
 	if err != nil {
 		return cli.Exit("stormdock up: "+err.Error(), 1)

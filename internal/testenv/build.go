@@ -41,6 +41,11 @@ func BuildBinary(t testing.TB, pkg string, flags ...string) string {
 }
 
 // Build is BuildBinary for TestMain, which has no testing.TB: it returns the build's error.
+//
+// Where no Go toolchain runs (the cgroup v2 virtual machine of scripts/vmtest), the binaries
+// are built beforehand and PrebuiltEnv names the directory that holds them, each at its
+// package path: DIR/cmd/stormdock for "./cmd/stormdock". Build then returns that path and
+// never runs go.
 func Build(pkg string, flags ...string) (string, error) {
 	key := strings.Join(append([]string{pkg}, flags...), "\x00")
 	builds.mu.Lock()
@@ -48,12 +53,35 @@ func Build(pkg string, flags ...string) (string, error) {
 	if b, ok := builds.done[key]; ok {
 		return b.path, b.err
 	}
-	p, err := build(pkg, flags)
+	var p string
+	var err error
+	if dir := os.Getenv(PrebuiltEnv); dir != "" {
+		p, err = prebuilt(dir, pkg, flags)
+	} else {
+		p, err = build(pkg, flags)
+	}
 	if builds.done == nil {
 		builds.done = map[string]built{}
 	}
 	builds.done[key] = built{p, err}
 	return p, err
+}
+
+// PrebuiltEnv names the directory of binaries built beforehand (see Build).
+const PrebuiltEnv = "STORMDOCK_TEST_BINARIES"
+
+// prebuilt finds pkg's binary under dir. Only plain builds can be prebuilt: flags would
+// make a different binary.
+func prebuilt(dir, pkg string, flags []string) (string, error) {
+	rel := path.Clean(strings.TrimPrefix(pkg, "./"))
+	if len(flags) > 0 {
+		return "", fmt.Errorf("testenv: %s=%s: %s is wanted with build flags %q, which a prebuilt binary cannot have", PrebuiltEnv, dir, pkg, flags)
+	}
+	p := filepath.Join(dir, filepath.FromSlash(rel))
+	if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("testenv: %s=%s holds no executable %s: build it there (CGO_ENABLED=0 go build -o %s %s)", PrebuiltEnv, dir, rel, p, pkg)
+	}
+	return p, nil
 }
 
 // build runs go build for pkg into a directory of its own under builds.dir; the caller holds
@@ -106,7 +134,8 @@ var moduleRoot = sync.OnceValues(func() (string, error) {
 	}
 })
 
-// RemoveBuilds removes every binary this process built. TestMain calls it after m.Run.
+// RemoveBuilds removes every binary this process built (never prebuilt ones). TestMain calls
+// it after m.Run.
 func RemoveBuilds() {
 	builds.mu.Lock()
 	defer builds.mu.Unlock()

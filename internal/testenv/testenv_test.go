@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -153,5 +154,41 @@ func TestBuildBinary(t *testing.T) {
 	RemoveBuilds()
 	if _, err := os.Stat(p); !os.IsNotExist(err) {
 		t.Errorf("%s left after RemoveBuilds: %v", p, err)
+	}
+}
+
+// With PrebuiltEnv set, Build finds binaries by package path and never runs go (the v2
+// virtual machine has no toolchain); a missing one is an error that says how to make it.
+func TestBuildPrebuilt(t *testing.T) {
+	RemoveBuilds()
+	t.Cleanup(RemoveBuilds)
+	dir := t.TempDir()
+	t.Setenv(PrebuiltEnv, dir)
+	want := filepath.Join(dir, "internal", "testenv", "testdata", "hello")
+	if err := os.MkdirAll(filepath.Dir(want), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(want, []byte("#!/bin/sh\necho prebuilt\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := BuildBinary(t, "./internal/testenv/testdata/hello"); got != want {
+		t.Errorf("prebuilt path %s, want %s", got, want)
+	}
+	for _, tc := range []struct {
+		pkg   string
+		flags []string
+		msg   string
+	}{
+		{"./internal/testenv/testdata/nope", nil, "go build -o " + filepath.Join(dir, "internal/testenv/testdata/nope")},
+		{"./internal/testenv/testdata/hello", []string{"-race"}, "build flags"},
+	} {
+		_, err := Build(tc.pkg, tc.flags...)
+		if err == nil || !strings.Contains(err.Error(), tc.msg) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("Build(%s, %q) = %v, want one line saying %q", tc.pkg, tc.flags, err, tc.msg)
+		}
+	}
+	RemoveBuilds()
+	if _, err := os.Stat(want); err != nil {
+		t.Errorf("RemoveBuilds removed a prebuilt binary: %v", err)
 	}
 }

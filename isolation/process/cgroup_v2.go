@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup2"
@@ -16,8 +20,7 @@ import (
 
 // v2 is the unified hierarchy mounted at root.
 //
-// This machine's CI runs cgroup v1 only; the v2 code follows the kernel's cgroup-v2
-// interface and the library's manager but is not exercised by the tests here.
+// It runs on this project's CI in the cgroup v2 virtual machine of scripts/vmtest.
 type v2 struct {
 	root string
 }
@@ -26,9 +29,97 @@ func newV2(root string) *v2 { return &v2{root: root} }
 
 func (h *v2) version() int { return 2 }
 
+// v2Controllers are what a worker's cgroup limits with; its parent must enable them for
+// its children (cgroup.subtree_control), and so must every cgroup above, up to the root.
+var v2Controllers = []string{"cpu", "memory", "pids"}
+
+// ensure creates parent and enables the controllers from the root down to it, writing only
+// where they are not enabled yet. On a systemd host the levels above a delegated subtree
+// (Delegate=yes) already enable them and belong to root: an agent given a cgroup parent
+// inside its subtree reads them and writes nothing outside it, as systemd asks of delegates.
+// (The library's NewManager writes cgroup.subtree_control at every level, the root's too.)
 func (h *v2) ensure(parent string) error {
-	_, err := cgroup2.NewManager(h.root, parent, &cgroup2.Resources{})
-	return err
+	dir := h.root
+	if err := h.enable(dir); err != nil {
+		return err
+	}
+	for _, part := range strings.Split(strings.Trim(path.Clean("/"+parent), "/"), "/") {
+		if part == "" {
+			continue
+		}
+		dir = filepath.Join(dir, part)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return h.denied(dir, err)
+		}
+		if err := h.enable(dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rel is dir as a cgroup path, as the flags and errors name cgroups.
+func (h *v2) rel(dir string) string {
+	r, err := filepath.Rel(h.root, dir)
+	if err != nil || r == "." {
+		return "/"
+	}
+	return "/" + r
+}
+
+// denied explains a refused mkdir below dir's parent.
+func (h *v2) denied(dir string, err error) error {
+	if errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) {
+		return fmt.Errorf("%w: cannot create cgroup %s (%v): run the agent as root, or set the cgroup parent to a cgroup delegated to uid %d (systemd: Delegate=yes on the agent's unit, the cgroup parent inside the unit's cgroup)",
+			isolation.ErrUnavailable, h.rel(dir), err, os.Geteuid())
+	}
+	return fmt.Errorf("create cgroup %s: %w", h.rel(dir), err)
+}
+
+// enable makes dir give the worker controllers to its children.
+func (h *v2) enable(dir string) error {
+	have, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", h.rel(dir), err)
+	}
+	var missing []string
+	for _, c := range v2Controllers {
+		if !slices.Contains(strings.Fields(string(have)), c) {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	avail, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", h.rel(dir), err)
+	}
+	for _, c := range missing {
+		if !slices.Contains(strings.Fields(string(avail)), c) {
+			above := h.rel(filepath.Dir(dir))
+			return fmt.Errorf("%w: the %s controller is not available in cgroup %s (its cgroup.controllers: %q): enable it in the cgroup above as root (echo +%s > %s), or with systemd delegate it (Delegate=yes)",
+				isolation.ErrUnavailable, c, h.rel(dir), strings.TrimSpace(string(avail)), c, filepath.Join(h.root, above, "cgroup.subtree_control"))
+		}
+	}
+	req := "+" + strings.Join(missing, " +")
+	err = os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte(req), 0)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.EBUSY):
+		// The "no internal processes" rule: only the root may hold processes and enable
+		// controllers for children at once.
+		procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		return fmt.Errorf("%w: cgroup %s holds processes (pids %s) and cgroup v2 lets a cgroup enable controllers for its children only while it holds none: run the agent in a leaf cgroup of its own (systemd: DelegateSubgroup=agent; else mkdir %s and echo the agent's pid > %s) and set the cgroup parent below %s but outside that leaf, e.g. %s",
+			isolation.ErrUnavailable, h.rel(dir), strings.Join(strings.Fields(string(procs)), ","),
+			filepath.Join(dir, "agent"), filepath.Join(dir, "agent", "cgroup.procs"), h.rel(dir), path.Join(h.rel(dir), "workers"))
+	case errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS):
+		return fmt.Errorf("%w: cannot enable %s for the children of cgroup %s (%v): enable it there as root (echo %q > %s), or set the cgroup parent to a cgroup delegated to uid %d (systemd: Delegate=yes)",
+			isolation.ErrUnavailable, strings.Join(missing, " and "), h.rel(dir), err, req, filepath.Join(dir, "cgroup.subtree_control"), os.Geteuid())
+	default:
+		return fmt.Errorf("enable %s for the children of cgroup %s: %w", req, h.rel(dir), err)
+	}
 }
 
 func (h *v2) removeParent(parent string) error {
@@ -40,6 +131,20 @@ func (h *v2) removeParent(parent string) error {
 }
 
 func (h *v2) create(name string, l limits) (slot, error) {
+	// Cheap when the parent is ready (a few small reads), and it makes the parent again if
+	// it went (RemoveParent, an operator).
+	if err := h.ensure(path.Dir(name)); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(h.root, name)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, h.denied(dir, err)
+	}
+	m, err := cgroup2.Load(name, cgroup2.WithMountpoint(h.root))
+	if err != nil {
+		_ = os.Remove(dir)
+		return nil, err
+	}
 	mem, quota, period, pids := l.memory, l.cpuQuota(), uint64(cpuPeriod.Microseconds()), l.pids
 	// cpu.weight from the v1 shares, with the conversion runc and systemd use.
 	weight := 1 + ((sharesFor(l.milliCPU)-2)*9999)/262142
@@ -48,9 +153,9 @@ func (h *v2) create(name string, l limits) (slot, error) {
 		CPU:    &cgroup2.CPU{Max: cgroup2.NewCPUMax(&quota, &period), Weight: &weight},
 		Pids:   &cgroup2.Pids{Max: pids},
 	}
-	m, err := cgroup2.NewManager(h.root, name, res)
-	if err != nil {
-		return nil, err
+	if err := m.Update(res); err != nil {
+		_ = m.Delete()
+		return nil, fmt.Errorf("set limits of cgroup %s: %w", name, err)
 	}
 	// memory.swap.max is separate from memory.max on v2: zero means no swap. It is absent
 	// when swap accounting is off, and then there is no swap to forbid.
@@ -81,13 +186,27 @@ type v2slot struct {
 
 func (s *v2slot) file(f string) string { return filepath.Join(s.h.root, s.name, f) }
 
-func (s *v2slot) add(pid int) error { return s.m.AddProc(uint64(pid)) }
+func (s *v2slot) add(pid int) error {
+	err := s.m.AddProc(uint64(pid))
+	if errors.Is(err, fs.ErrPermission) {
+		// Writing cgroup.procs needs write access to the common ancestor of the source and
+		// destination cgroups too: an agent outside its delegated subtree cannot move in.
+		return fmt.Errorf("%w: %v: cgroup v2 lets uid %d move a process only within a subtree it may write, so the agent itself must run inside the cgroup delegated to it (systemd: Delegate=yes, DelegateSubgroup=agent)",
+			isolation.ErrUnavailable, err, os.Geteuid())
+	}
+	return err
+}
+
+// gone reports an error that means the cgroup was removed: its directory is gone (ENOENT),
+// or it went while one of its files was open (ENODEV). A finishing worker's reaper removes
+// the cgroup while Stop may still be reading it.
+func gone(err error) bool { return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENODEV) }
 
 func (s *v2slot) procs() ([]int, error) {
 	ps, err := s.m.Procs(true)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
+		if gone(err) {
+			return nil, nil // removed: nothing can run in it any more
 		}
 		return nil, err
 	}
@@ -99,10 +218,22 @@ func (s *v2slot) procs() ([]int, error) {
 }
 
 func (s *v2slot) killAll(ctx context.Context) error {
-	// cgroup.kill (kernel 5.14+) kills the whole tree atomically; the library falls back to
-	// freeze, kill, thaw on older kernels.
-	if err := s.m.Kill(); err != nil {
-		return err
+	// cgroup.kill (kernel 5.14+) kills the whole tree at once, forks racing it included.
+	err := os.WriteFile(s.file("cgroup.kill"), []byte("1"), 0)
+	switch {
+	case err == nil:
+	case errors.Is(err, syscall.ENODEV):
+		return nil // removed meanwhile: nothing left to kill
+	case errors.Is(err, fs.ErrNotExist):
+		if _, serr := os.Stat(filepath.Join(s.h.root, s.name)); errors.Is(serr, fs.ErrNotExist) {
+			return nil
+		}
+		// An older kernel: the library freezes, kills and thaws.
+		if err := s.m.Kill(); err != nil && !gone(err) {
+			return fmt.Errorf("kill cgroup %s: %w", s.name, err)
+		}
+	default:
+		return fmt.Errorf("kill cgroup %s: %w", s.name, err)
 	}
 	return waitEmpty(ctx, s)
 }
@@ -112,17 +243,22 @@ func (s *v2slot) oomKills() (uint64, error) {
 	return readKey(s.file("memory.events"), "oom_kill")
 }
 
+// usage reads the three files it needs rather than the library's Stat, which reads every
+// controller's files (io.stat, hugetlb, rdma and more): agents sample every worker often.
 func (s *v2slot) usage() (isolation.Usage, error) {
-	m, err := s.m.Stat()
-	if err != nil {
-		return isolation.Usage{}, err
-	}
 	u := isolation.Usage{At: time.Now()}
-	if mem := m.GetMemory(); mem != nil && mem.GetUsage() > mem.GetInactiveFile() {
-		u.MemoryBytes = mem.GetUsage() - mem.GetInactiveFile()
+	used, err := readInt(s.file("memory.current"))
+	if err != nil {
+		return u, err
 	}
-	if cpu := m.GetCPU(); cpu != nil {
-		u.CPU = time.Duration(cpu.GetUsageUsec()) * time.Microsecond
+	// Page cache the kernel drops first is not the worker's working set (docker stats).
+	if inactive, err := readKey(s.file("memory.stat"), "inactive_file"); err == nil && used > int64(inactive) {
+		u.MemoryBytes = uint64(used) - inactive
+	} else if err != nil && used > 0 {
+		u.MemoryBytes = uint64(used)
+	}
+	if usec, err := readKey(s.file("cpu.stat"), "usage_usec"); err == nil {
+		u.CPU = time.Duration(usec) * time.Microsecond
 	}
 	return u, nil
 }

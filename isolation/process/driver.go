@@ -143,6 +143,9 @@ func (d *Driver) CgroupPath(id string) string { return path.Join(d.cfg.CgroupPar
 
 // cgroupError turns a failure to create a cgroup into an error that says what to do.
 func cgroupError(name string, err error) error {
+	if errors.Is(err, isolation.ErrUnavailable) {
+		return err // says what to do already
+	}
 	if errors.Is(err, fs.ErrPermission) || errors.Is(err, unix.EROFS) {
 		return fmt.Errorf("%w: cannot create cgroup %s (%v): run the agent as root, or set the cgroup parent to a cgroup delegated to uid %d",
 			isolation.ErrUnavailable, name, err, os.Geteuid())

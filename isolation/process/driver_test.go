@@ -30,10 +30,19 @@ var (
 const helperEnv = "STORMDOCK_PROCESS_TEST_HELPER"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) == "new-driver" {
+	switch os.Getenv(helperEnv) {
+	case "new-driver":
 		// Run as an unprivileged user by TestNotRoot.
 		_, err := process.New(process.Config{CgroupParent: parent + "-nobody", StateDir: os.Getenv("STATE_DIR")})
 		fmt.Print(err)
+		os.Exit(0)
+	case "delegated":
+		runDelegated()
+		os.Exit(0)
+	case "cgroup":
+		// Run in place by the shim in TestPlacedBeforeExec: the first thing it does.
+		b, _ := os.ReadFile("/proc/self/cgroup")
+		os.Stdout.Write(b)
 		os.Exit(0)
 	}
 	var err error
@@ -208,36 +217,53 @@ func stopOnCleanup(t *testing.T, d *process.Driver, id string) {
 }
 
 // The program runs inside its cgroup from its first instruction: cat reports its own cgroup
-// before doing anything else.
+// before doing anything else. So does a program that is the driver's own binary (the agent's
+// lease launcher), which the shim runs in place instead of exec'ing it.
 func TestPlacedBeforeExec(t *testing.T) {
 	d := newDriver(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	spec := harness().Spec(t, "placed", "unused")
-	spec.Command = []string{"cat", "/proc/self/cgroup"}
-	w, err := d.Start(ctx, spec)
+	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopOnCleanup(t, d, spec.ID)
-	ex, err := d.Wait(ctx, spec.ID)
-	if err != nil || !ex.Success() {
-		t.Fatalf("wait: %v, %v", ex, err)
-	}
-	out, err := os.ReadFile(w.LogPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := d.CgroupPath(spec.ID)
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if strings.Contains(line, ":memory:") || strings.Contains(line, ":pids:") || strings.HasPrefix(line, "0::") && d.CgroupVersion() == 2 {
-			if !strings.HasSuffix(line, want) {
-				t.Fatalf("first thing the program saw: %q, want cgroup %s", line, want)
+	for _, tc := range []struct {
+		name string
+		cmd  []string
+		env  map[string]string
+	}{
+		{"exec", []string{"cat", "/proc/self/cgroup"}, nil},
+		{"in place", []string{self}, map[string]string{helperEnv: "cgroup"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			spec := harness().Spec(t, "placed-"+strings.ReplaceAll(tc.name, " ", "-"), "unused")
+			spec.Command, spec.Env = tc.cmd, tc.env
+			w, err := d.Start(ctx, spec)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-	}
-	if !strings.Contains(string(out), want) {
-		t.Fatalf("program output %q does not name cgroup %s", out, want)
+			stopOnCleanup(t, d, spec.ID)
+			ex, err := d.Wait(ctx, spec.ID)
+			if err != nil || !ex.Success() {
+				out, _ := os.ReadFile(w.LogPath)
+				t.Fatalf("wait: %v, %v\n%s", ex, err, out)
+			}
+			out, err := os.ReadFile(w.LogPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := d.CgroupPath(spec.ID)
+			for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				if strings.Contains(line, ":memory:") || strings.Contains(line, ":pids:") || strings.HasPrefix(line, "0::") && d.CgroupVersion() == 2 {
+					if !strings.HasSuffix(line, want) {
+						t.Fatalf("first thing the program saw: %q, want cgroup %s", line, want)
+					}
+				}
+			}
+			if !strings.Contains(string(out), want) {
+				t.Fatalf("program output %q does not name cgroup %s", out, want)
+			}
+		})
 	}
 }
 
@@ -421,4 +447,26 @@ func BenchmarkStartStop(b *testing.B) {
 
 func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// BenchmarkUsage is one read of a running worker's usage, which agents take of every worker
+// often: go test -run '^$' -bench Usage ./isolation/process/
+func BenchmarkUsage(b *testing.B) {
+	testenv.Cgroups(b)
+	d, err := process.New(process.Config{CgroupParent: parent, StateDir: b.TempDir(), Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	spec := isolation.Spec{ID: "bench-usage", Command: []string{hog, "sleep"}, MemoryBytes: 64 * isolation.MiB, MilliCPU: 500, LogDir: b.TempDir()}
+	if _, err := d.Start(ctx, spec); err != nil {
+		b.Fatal(err)
+	}
+	defer d.Stop(ctx, spec.ID, 0)
+	for b.Loop() {
+		if _, err := d.Usage(ctx, spec.ID); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
