@@ -43,7 +43,10 @@ type AgentConfig struct {
 	ProtectOOM bool
 	// Metrics is where /metrics is served ("" serves none).
 	Metrics string
-	Logger  *slog.Logger
+	// Self is the stormdock binary that runs the workers' lease launcher and the jobs'
+	// `stormdock ...` commands; default this process's own (a test process gives a built one).
+	Self   string
+	Logger *slog.Logger
 }
 
 // Agent is a built node agent: drivers, health monitor, store session and metrics.
@@ -128,6 +131,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		RestartGrace:   cfg.RestartGrace,
 		StoreSilence:   cfg.StoreSilence,
 		Health:         a.health,
+		Self:           cfg.Self,
 		Registerer:     a.registry,
 		Logger:         cfg.Logger,
 	}, a.store, ds...)

@@ -48,6 +48,8 @@ type LocalConfig struct {
 	// Health is every node's health-check configuration (its cgroup parent is the node's
 	// own); the zero value means healthcheck.DefaultConfig.
 	Health *healthcheck.Config
+	// Self is the stormdock binary every node runs workers with (AgentConfig.Self).
+	Self   string
 	Logger *slog.Logger
 }
 
@@ -213,6 +215,7 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 		Heartbeat: c.cfg.Heartbeat,
 		PortBase:  portBase,
 		Health:    health,
+		Self:      c.cfg.Self,
 		Logger:    c.cfg.Logger,
 	})
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/console"
 	"github.com/stormdock/stormdock/placement"
 )
 
@@ -40,6 +41,11 @@ func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	route("GET /v1/tenants", roleTenant, m.listTenants)
 	route("POST /v1/tenants", roleAdmin, m.createTenant)
 	route("POST /v1/tenants/{name}/token", roleAdmin, m.tenantToken)
+	route("GET /v1/watch", roleTenant, newWatchHub(m).serve)
+	route("GET /v1/jobs/{name}/links", roleTenant, m.getLinks)
+	route("POST /v1/jobs/{name}/failover", roleTenant, m.failover)
+	mux.Handle("GET "+console.Prefix, console.Handler())
+	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	if gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	}
