@@ -90,6 +90,11 @@ export function colour(job) {
   return `hsl(${hue} 62% 48%)`;
 }
 
+// plural writes a count with its noun: plural(1, 'worker') is '1 worker'.
+export function plural(n, noun) {
+  return `${n} ${noun}${n === 1 ? '' : 's'}`;
+}
+
 // badge is a small label; kind is ok, warn, bad or info.
 export function badge(text, kind, title) {
   return h('span', { class: 'badge' + (kind ? ' ' + kind : ''), title }, text);

@@ -1,7 +1,7 @@
 // The cluster map: data centers, their racks, each rack's nodes, each node's slots as cells
 // coloured by the job holding them. A delta redraws only the nodes it names.
 
-import { h, fill, bytes, colour, jobOf, fmtBytes, badge } from './dom.js';
+import { h, fill, bytes, colour, jobOf, fmtBytes, badge, plural } from './dom.js';
 
 // COMPACT is the node count above which the map drops node names and shrinks cells.
 const COMPACT = 60;
@@ -119,12 +119,12 @@ export class ClusterMap {
     d.el.classList.toggle('lost', state === 'lost');
     const parts = [h('h3', null, dc), badge(state, state === 'active' ? 'ok' : 'bad')];
     if (rec) {
-      parts.push(h('span', { class: 'muted' }, `${rec.nodes} nodes · ${rec.workers} workers · ${rec.slotsFree} of ${rec.slots} slots free`));
+      parts.push(h('span', { class: 'muted' }, `${plural(rec.nodes, 'node')} · ${plural(rec.workers, 'worker')} · ${rec.slotsFree} of ${plural(rec.slots, 'slot')} free`));
       const f = rec.ifFailed;
       if (f) {
         parts.push(f.fits
-          ? badge(`if it failed: the others take its ${f.moving} workers`, 'ok', 'planned by the placement engine')
-          : badge(`if it failed: ${f.waiting} workers would wait` + (f.preempted ? `, ${f.preempted} preempted` : ''), 'warn', 'planned by the placement engine'));
+          ? badge(`if it failed: the others take its ${plural(f.moving, 'worker')}`, 'ok', 'planned by the placement engine')
+          : badge(`if it failed: ${plural(f.waiting, 'worker')} would wait` + (f.preempted ? `, ${f.preempted} preempted` : ''), 'warn', 'planned by the placement engine'));
       }
     }
     fill(d.head, parts);
@@ -195,7 +195,7 @@ export class ClusterMap {
       memEl.append(u, r);
     }
     const label = `node ${n.id}, ${n.state === 'lost' ? 'lost' : n.health}${n.draining ? ', draining' : ''}: ` +
-      `${cells.length} workers, ${free} free, ${withheld} withheld of ${n.slots} slots`;
+      `${plural(cells.length, 'worker')}, ${free} free, ${withheld} withheld of ${plural(n.slots, 'slot')}`;
     const el = h('div', {
       class: cls.join(' '), role: 'gridcell', tabindex: '-1', 'aria-label': label,
       dataset: { id: n.id, place: n.dc + '/' + n.rack, workers: cells.length, withheld, free },

@@ -2,7 +2,7 @@
 // Each takes the console's state S and the actions it may offer (act); actions the viewer
 // may not take are not offered (and the API refuses them anyway).
 
-import { h, fill, table, badge, healthBadge, bytes, fmtBytes, ago, dur, bar, colour, jobOf } from './dom.js';
+import { h, fill, table, badge, healthBadge, bytes, fmtBytes, ago, dur, bar, colour, jobOf, plural } from './dom.js';
 
 function jobLink(name) {
   return h('a', { href: '#/job/' + encodeURIComponent(name) }, name);
@@ -184,10 +184,10 @@ function ifFailed(d) {
   const f = d.ifFailed;
   if (!f) return h('span', { class: 'muted' }, d.state === 'active' ? '-' : 'its workers have moved or wait');
   const main = f.fits
-    ? badge(`the others take all ${f.moving} workers`, 'ok')
-    : badge(`${f.waiting} workers would wait` + (f.preempted ? `, ${f.preempted} preempted elsewhere` : ''), 'warn');
+    ? badge(`the others take all ${plural(f.moving, 'worker')}`, 'ok')
+    : badge(`${plural(f.waiting, 'worker')} would wait` + (f.preempted ? `, ${f.preempted} preempted elsewhere` : ''), 'warn');
   const jobs = (f.jobs || []).map((j) => h('li', null, jobLink(j.job), j.waiting ? ` ${j.waiting} waiting` : '', j.preempted ? ` ${j.preempted} preempted` : ''));
-  return [main, f.linksStopping ? h('div', { class: 'muted' }, `${f.linksStopping} workers of mirrored links stop (their other links carry the output)`) : null,
+  return [main, f.linksStopping ? h('div', { class: 'muted' }, `${plural(f.linksStopping, 'worker')} of mirrored links stop (their other links carry the output)`) : null,
     jobs.length ? h('ul', { class: 'reasons' }, jobs) : null];
 }
 
