@@ -20,9 +20,9 @@ import (
 	"github.com/stormdock/stormdock/placement"
 )
 
-// Handler returns the master's HTTP API. Every master serves it, leader or not: reads come
-// from the store's mirror and writes go to the store, where the leader picks them up.
-// gatherer, when not nil, is served at /metrics.
+// Handler returns the master's HTTP API and the web console (at /ui/, package console).
+// Every master serves them, leader or not: reads come from the store's mirror and writes go
+// to the store, where the leader picks them up. gatherer, when not nil, is served at /metrics.
 func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	route := func(pattern string, need role, h http.HandlerFunc) { mux.HandleFunc(pattern, m.guard(need, h)) }

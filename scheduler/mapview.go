@@ -2,8 +2,10 @@ package scheduler
 
 import (
 	"encoding/json"
+	"hash/fnv"
 	"maps"
 	"slices"
+	"sync"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
@@ -36,11 +38,11 @@ func (m *Master) stamp() stamp {
 // mapBase is everything every viewer's map of one moment is made from.
 type mapBase struct {
 	stamp   stamp
+	impacts int // the generation of the data-center checks it holds
 	v       *view
-	nodes   []mapNode // sorted by id, lost nodes included
+	nodes   []*mapNode // sorted by id, lost nodes included; unchanged nodes keep their pointer
 	jobs    []api.MapJob
 	dcs     []api.MapDC
-	impacts map[string]*dcImpact // by data center, for every viewer
 	tenants []api.TenantView
 }
 
@@ -50,33 +52,174 @@ type mapNode struct {
 	tenants []string
 }
 
-// buildBase reads the mirrors once. It is the expensive step: it decodes every record,
-// explains unplaced workers and plans each data center's failure.
-func (m *Master) buildBase(st stamp) *mapBase {
-	v := m.view()
-	assigns := map[string]cluster.NodeAssignment{}
-	for node, e := range m.assigns.snapshot() {
-		var a cluster.NodeAssignment
-		if json.Unmarshal(e.Value, &a) == nil {
-			assigns[node] = a
+// mapCache keeps what the last map was made from, so that the next one decodes and draws
+// only what changed: node records change with every memory reading, and decoding a
+// thousand of them is most of the cost of a map made from scratch.
+type mapCache struct {
+	nodes   map[string]*cachedNode
+	assigns map[string]*cachedAssign
+	drawn   map[string]*drawnNode
+	impacts impactsCache
+}
+
+// impactsCache holds the data-center checks. Planning every data center's failure takes a
+// few plans, so a cache that has mu plans them in the background, and a map goes out at
+// once with the checks of the previous plan; without mu (tests) it plans in place.
+type impactsCache struct {
+	mu      *sync.Mutex // guards the cache; held by build's caller
+	key     impactKey
+	v       map[string]*dcImpact
+	done    bool // v is of key
+	running bool
+	gen     int // grows with every new v
+}
+
+type cachedNode struct {
+	rev, owner int64
+	rec        cluster.NodeRecord
+	// plan digests what placement reads of the node: its spec, health and evicted
+	// workers; memory readings do not change it.
+	plan uint64
+}
+
+type cachedAssign struct {
+	rev int64
+	a   cluster.NodeAssignment
+}
+
+// drawnNode is a node of the map with what it was drawn from.
+type drawnNode struct {
+	from drawKey
+	n    *mapNode
+}
+
+// drawKey is everything a node's entry depends on: its record, its assignment, whether it
+// drains, and the job records (tenants and memory requests).
+type drawKey struct {
+	nodeRev, owner, assignRev int64
+	draining                  bool
+	jobs                      [3]int64
+}
+
+// impactKey is everything the data-center checks depend on.
+type impactKey struct {
+	jobs, confs, assigns, dcs [3]int64
+	nodes                     int
+	plans                     uint64
+}
+
+func newMapCache() *mapCache {
+	return &mapCache{nodes: map[string]*cachedNode{}, assigns: map[string]*cachedAssign{}, drawn: map[string]*drawnNode{}}
+}
+
+func planDigest(rec cluster.NodeRecord) uint64 {
+	var evicted []cluster.WorkerKey
+	for _, w := range rec.Workers {
+		if w.State == cluster.WorkerEvicted {
+			evicted = append(evicted, w.Key)
 		}
 	}
-	assigned := map[cluster.WorkerKey]string{}
-	for node, a := range assigns {
-		for _, w := range a.Workers {
+	b, _ := json.Marshal(struct {
+		Node    cluster.Node
+		Health  cluster.NodeHealth
+		Evicted []cluster.WorkerKey
+	}{rec.Node, rec.Health, evicted})
+	h := fnv.New64a()
+	_, _ = h.Write(b)
+	return h.Sum64()
+}
+
+// build makes the map of the mirrors as they are (stamped st), reusing what did not change.
+func (c *mapCache) build(m *Master, st stamp) *mapBase {
+	nodeEntries, assignEntries := m.nodes.snapshot(), m.assigns.snapshot()
+	for id, e := range nodeEntries {
+		if cn, ok := c.nodes[id]; ok && cn.rev == e.ModRev && cn.owner == e.Owner {
+			continue
+		}
+		var rec cluster.NodeRecord
+		if json.Unmarshal(e.Value, &rec) != nil || rec.Node.ID != id {
+			delete(c.nodes, id) // the leader logs unreadable records
+			continue
+		}
+		c.nodes[id] = &cachedNode{rev: e.ModRev, owner: e.Owner, rec: rec, plan: planDigest(rec)}
+	}
+	for id := range c.nodes {
+		if _, ok := nodeEntries[id]; !ok {
+			delete(c.nodes, id)
+		}
+	}
+	for id, e := range assignEntries {
+		if ca, ok := c.assigns[id]; ok && ca.rev == e.ModRev {
+			continue
+		}
+		var a cluster.NodeAssignment
+		if len(e.Value) > 0 && json.Unmarshal(e.Value, &a) != nil {
+			delete(c.assigns, id)
+			continue
+		}
+		c.assigns[id] = &cachedAssign{rev: e.ModRev, a: a}
+	}
+	for id := range c.assigns {
+		if _, ok := assignEntries[id]; !ok {
+			delete(c.assigns, id)
+		}
+	}
+	v := decodeView(m.log, m.jobs.snapshot(), nil, m.confs.snapshot(), m.dcs.snapshot())
+	workers := 0
+	for _, cn := range c.nodes {
+		workers += len(cn.rec.Workers)
+	}
+	v.nodes, v.sessions = make(map[string]cluster.NodeRecord, len(c.nodes)), make(map[string]int64, len(c.nodes))
+	v.statuses, v.copies = make(map[cluster.WorkerKey]nodeWorker, workers), make([]nodeWorker, 0, workers)
+	for id, cn := range c.nodes {
+		v.addNode(id, cn.owner, cn.rec)
+	}
+	v.addRouters(m.cfg.RouterStore)
+	assigns := make(map[string]cluster.NodeAssignment, len(c.assigns))
+	assigned := make(map[cluster.WorkerKey]string, workers)
+	for node, ca := range c.assigns {
+		assigns[node] = ca.a
+		for _, w := range ca.a.Workers {
 			if !w.Stop {
 				assigned[w.Key] = node
 			}
 		}
 	}
-	unplaced := m.unplaced(v, assigned)
 	b := &mapBase{stamp: st, v: v}
-	b.nodes = mapNodes(v, assigns)
-	b.jobs = mapJobs(v, assigned, unplaced)
-	b.impacts = m.dcImpacts(v, assigns)
-	b.dcs = mapDCs(v, assigned, b.impacts)
+	b.nodes = c.drawNodes(v, st)
+	b.jobs = mapJobs(v, assigned, m.unplaced(v, assigned))
+	b.dcs = mapDCs(v, assigned, c.dcImpacts(m, v, assigns, st))
+	b.impacts = c.impacts.gen
 	b.tenants = mapTenants(v, m.tenants.snapshot())
 	return b
+}
+
+// dcImpacts returns the data-center checks, planned again only when their input changed.
+func (c *mapCache) dcImpacts(m *Master, v *view, assigns map[string]cluster.NodeAssignment, st stamp) map[string]*dcImpact {
+	key := impactKey{jobs: st[0], confs: st[2], assigns: st[3], dcs: st[5], nodes: len(c.nodes)}
+	for _, cn := range c.nodes {
+		key.plans += cn.plan
+	}
+	ic := &c.impacts
+	if ic.done && ic.key == key || ic.running {
+		return ic.v
+	}
+	if ic.mu == nil {
+		ic.v, ic.key, ic.done = m.dcImpacts(v, assigns), key, true
+		ic.gen++
+		return ic.v
+	}
+	// The view and assignments of a build are not changed after it: the plans may read
+	// them while the next build makes its own.
+	ic.running = true
+	go func() {
+		res := m.dcImpacts(v, assigns)
+		ic.mu.Lock()
+		defer ic.mu.Unlock()
+		ic.v, ic.key, ic.done, ic.running = res, key, true, false
+		ic.gen++
+	}()
+	return ic.v
 }
 
 func tenantOf(v *view, job string) string {
@@ -86,82 +229,95 @@ func tenantOf(v *view, job string) string {
 	return ""
 }
 
-// mapNodes draws every live node, and every node that is gone while the plan still holds
-// workers there, with its workers as cells.
-func mapNodes(v *view, assigns map[string]cluster.NodeAssignment) []mapNode {
-	copies := map[string]map[cluster.WorkerKey]cluster.WorkerStatus{}
-	for _, c := range v.copies {
-		if copies[c.node] == nil {
-			copies[c.node] = map[cluster.WorkerKey]cluster.WorkerStatus{}
-		}
-		copies[c.node][c.status.Key] = c.status
-	}
+// drawNodes draws every live node, and every node that is gone while the plan still holds
+// workers there, with its workers as cells; a node whose inputs did not change keeps its
+// entry.
+func (c *mapCache) drawNodes(v *view, st stamp) []*mapNode {
 	ids := slices.Collect(maps.Keys(v.nodes))
-	for id, a := range assigns {
-		if _, live := v.nodes[id]; !live && slices.ContainsFunc(a.Workers, func(w cluster.WorkerAssignment) bool { return !w.Stop }) {
+	for id, ca := range c.assigns {
+		if _, live := v.nodes[id]; !live && slices.ContainsFunc(ca.a.Workers, func(w cluster.WorkerAssignment) bool { return !w.Stop }) {
 			ids = append(ids, id)
 		}
 	}
 	slices.Sort(ids)
-	out := make([]mapNode, 0, len(ids))
+	out := make([]*mapNode, 0, len(ids))
+	drawn := make(map[string]*drawnNode, len(ids))
 	for _, id := range ids {
-		var n mapNode
-		var keys []cluster.WorkerKey
-		for _, w := range assigns[id].Workers {
-			if !w.Stop {
-				keys = append(keys, w.Key)
-			}
+		key := drawKey{nodeRev: -1, assignRev: -1, draining: v.confs[id].Draining, jobs: st[0]}
+		if cn, ok := c.nodes[id]; ok {
+			key.nodeRev, key.owner = cn.rev, cn.owner
 		}
-		slices.SortFunc(keys, cluster.WorkerKey.Compare)
-		rec, live := v.nodes[id]
-		if !live {
-			a := assigns[id]
-			n.MapNode = api.MapNode{ID: id, DC: a.DC, Rack: a.Rack, State: api.NodeLost, Slots: len(keys), Health: api.NodeLost}
-			for _, k := range keys {
-				n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.NodeLost})
-				n.tenants = append(n.tenants, tenantOf(v, k.Job))
-			}
-			out = append(out, n)
-			continue
+		var a cluster.NodeAssignment
+		if ca, ok := c.assigns[id]; ok {
+			key.assignRev, a = ca.rev, ca.a
 		}
-		nd := rec.Node
-		health := rec.Health.State
-		if health == "" {
-			health = cluster.HealthHealthy
+		d, ok := c.drawn[id]
+		if !ok || d.from != key {
+			d = &drawnNode{from: key, n: drawNode(v, id, a)}
 		}
-		n.MapNode = api.MapNode{ID: id, DC: nd.DC, Rack: nd.Rack, State: api.NodeUp, Slots: nd.Slots, Throttled: rec.Health.Throttled,
-			Health: health, Reason: rec.Health.Reason, Draining: v.confs[id].Draining, Memory: nd.Memory, CPU: nd.CPU,
-			Labels: nd.Labels, Isolation: rec.Isolation, Cells: []api.Cell{}}
-		here := copies[id]
-		mine := make(map[cluster.WorkerKey]bool, len(keys))
+		drawn[id] = d
+		out = append(out, d.n)
+	}
+	c.drawn = drawn
+	return out
+}
+
+// drawNode draws one node from its record (none for a lost node) and its assignment.
+func drawNode(v *view, id string, a cluster.NodeAssignment) *mapNode {
+	var keys []cluster.WorkerKey
+	for _, w := range a.Workers {
+		if !w.Stop {
+			keys = append(keys, w.Key)
+		}
+	}
+	slices.SortFunc(keys, cluster.WorkerKey.Compare)
+	n := &mapNode{}
+	rec, live := v.nodes[id]
+	if !live {
+		n.MapNode = api.MapNode{ID: id, DC: a.DC, Rack: a.Rack, State: api.NodeLost, Slots: len(keys), Health: api.NodeLost, Cells: []api.Cell{}}
 		for _, k := range keys {
-			mine[k] = true
-			state := api.WorkerPending
-			if s, ok := here[k]; ok {
-				state = s.State
-			}
-			if j, ok := v.record(k.Job); ok {
-				n.MemoryRequested += j.Spec.Resources.Memory
-			}
-			n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: state})
+			n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.NodeLost})
 			n.tenants = append(n.tenants, tenantOf(v, k.Job))
 		}
-		stopping := slices.Collect(maps.Keys(here))
-		slices.SortFunc(stopping, cluster.WorkerKey.Compare)
-		for _, k := range stopping {
-			if !mine[k] {
-				n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.CellStopping})
-				n.tenants = append(n.tenants, tenantOf(v, k.Job))
-			}
-		}
-		var used cluster.Bytes
-		for _, w := range rec.Workers {
-			used += w.Memory
-		}
-		n.MemoryUsed = roundTo(used, nd.Memory/100)
-		out = append(out, n)
+		return n
 	}
-	return out
+	nd := rec.Node
+	health := rec.Health.State
+	if health == "" {
+		health = cluster.HealthHealthy
+	}
+	n.MapNode = api.MapNode{ID: id, DC: nd.DC, Rack: nd.Rack, State: api.NodeUp, Slots: nd.Slots, Throttled: rec.Health.Throttled,
+		Health: health, Reason: rec.Health.Reason, Draining: v.confs[id].Draining, Memory: nd.Memory, CPU: nd.CPU,
+		Labels: nd.Labels, Isolation: rec.Isolation, Cells: []api.Cell{}}
+	here := make(map[cluster.WorkerKey]cluster.WorkerStatus, len(rec.Workers))
+	var used cluster.Bytes
+	for _, w := range rec.Workers {
+		here[w.Key] = w
+		used += w.Memory
+	}
+	mine := make(map[cluster.WorkerKey]bool, len(keys))
+	for _, k := range keys {
+		mine[k] = true
+		state := api.WorkerPending
+		if s, ok := here[k]; ok {
+			state = s.State
+		}
+		if j, ok := v.record(k.Job); ok {
+			n.MemoryRequested += j.Spec.Resources.Memory
+		}
+		n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: state})
+		n.tenants = append(n.tenants, tenantOf(v, k.Job))
+	}
+	stopping := slices.Collect(maps.Keys(here))
+	slices.SortFunc(stopping, cluster.WorkerKey.Compare)
+	for _, k := range stopping {
+		if !mine[k] {
+			n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.CellStopping})
+			n.tenants = append(n.tenants, tenantOf(v, k.Job))
+		}
+	}
+	n.MemoryUsed = roundTo(used, nd.Memory/100)
+	return n
 }
 
 func roundTo(b, unit cluster.Bytes) cluster.Bytes {
@@ -174,7 +330,7 @@ func roundTo(b, unit cluster.Bytes) cluster.Bytes {
 // mapJobs lists every job with its summary and why its unplaced workers wait.
 func mapJobs(v *view, assigned, unplaced map[cluster.WorkerKey]string) []api.MapJob {
 	// summarize scans every reported copy; group them by job once.
-	byJob := map[string][]nodeWorker{}
+	byJob := make(map[string][]nodeWorker, len(v.jobs)+len(v.routers))
 	for _, c := range v.copies {
 		byJob[c.status.Key.Job] = append(byJob[c.status.Key.Job], c)
 	}
@@ -269,26 +425,28 @@ func mapTenants(v *view, entries map[string]coord.Entry) []api.TenantView {
 	return out
 }
 
-// scoped returns the base as p may see it: a tenant sees its own jobs and tenant, and
-// the map with other tenants' workers as anonymous cells.
-func (b *mapBase) scoped(p principal) (nodes []api.MapNode, jobs []api.MapJob, dcs []api.MapDC, tenants []api.TenantView) {
+// scopeNode is a node as p may see it: a tenant sees other tenants' workers as
+// anonymous cells.
+func scopeNode(n *mapNode, p principal) api.MapNode {
 	if p.admin {
-		nodes = make([]api.MapNode, len(b.nodes))
-		for i, n := range b.nodes {
-			nodes[i] = n.MapNode
-		}
-		return nodes, b.jobs, b.dcs, b.tenants
+		return n.MapNode
 	}
-	nodes = make([]api.MapNode, len(b.nodes))
-	for i, n := range b.nodes {
-		nodes[i] = n.MapNode
-		nodes[i].Cells = make([]api.Cell, len(n.Cells))
-		for c, cell := range n.Cells {
-			if n.tenants[c] != p.tenant {
-				cell = api.Cell{State: cell.State}
-			}
-			nodes[i].Cells[c] = cell
+	out := n.MapNode
+	out.Cells = make([]api.Cell, len(n.Cells))
+	for i, c := range n.Cells {
+		if n.tenants[i] != p.tenant {
+			c = api.Cell{State: c.State}
 		}
+		out.Cells[i] = c
+	}
+	return out
+}
+
+// scoped returns the lists of the base that p may see: a tenant sees its own jobs and
+// tenant, and only its own jobs among those a data center's failure would hurt.
+func (b *mapBase) scoped(p principal) (jobs []api.MapJob, dcs []api.MapDC, tenants []api.TenantView) {
+	if p.admin {
+		return b.jobs, b.dcs, b.tenants
 	}
 	for _, j := range b.jobs {
 		if j.Tenant == p.tenant {
@@ -314,5 +472,5 @@ func (b *mapBase) scoped(p principal) (nodes []api.MapNode, jobs []api.MapJob, d
 			tenants = append(tenants, t)
 		}
 	}
-	return nodes, jobs, dcs, tenants
+	return jobs, dcs, tenants
 }

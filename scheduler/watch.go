@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -31,7 +32,7 @@ const (
 	watchWriteTimeout = 10 * time.Second
 	// watchBuildShare bounds the share of one core that building maps may take: after a
 	// build of d, the next waits at least watchBuildShare*d (and api.WatchInterval).
-	watchBuildShare = 10
+	watchBuildShare = 5
 )
 
 // watchReauth is how often a stream checks that its token is still valid: a tenant whose
@@ -44,10 +45,12 @@ type watchHub struct {
 	metrics watchMetrics
 
 	mu     sync.Mutex
+	cache  *mapCache
 	base   *mapBase
 	built  time.Time
 	took   time.Duration
-	states map[principal]*mapState
+	states map[principal]*mapState // of base, by viewer
+	prev   map[principal]*mapState // each viewer's last, whose node entries are reused
 
 	shutdown sync.Map // *http.Server -> chan struct{}, closed when it shuts down
 }
@@ -56,6 +59,9 @@ type watchHub struct {
 type mapState struct {
 	viewer   api.Viewer
 	sections [len(sectionNames)]section
+	// drawn is the node entry each encoded node was made from: an entry that did not
+	// change between two bases is not encoded again.
+	drawn map[string]*mapNode
 }
 
 type section struct {
@@ -68,7 +74,10 @@ type section struct {
 var sectionNames = [...][2]string{{"dcs", "goneDcs"}, {"nodes", "goneNodes"}, {"jobs", "goneJobs"}, {"tenants", "goneTenants"}}
 
 func newWatchHub(m *Master) *watchHub {
-	return &watchHub{m: m, metrics: newWatchMetrics(m.cfg.Registry), states: map[principal]*mapState{}}
+	h := &watchHub{m: m, metrics: newWatchMetrics(m.cfg.Registry), cache: newMapCache(),
+		states: map[principal]*mapState{}, prev: map[principal]*mapState{}}
+	h.cache.impacts.mu = &h.mu
+	return h
 }
 
 // state returns the current map for p, building it when the mirrors changed and the last
@@ -77,10 +86,11 @@ func (h *watchHub) state(p principal) *mapState {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.base == nil || time.Since(h.built) >= max(api.WatchInterval, watchBuildShare*h.took) {
-		if st := h.m.stamp(); h.base == nil || st != h.base.stamp {
+		if st := h.m.stamp(); h.base == nil || st != h.base.stamp || h.cache.impacts.gen != h.base.impacts {
 			start := time.Now()
-			h.base = h.m.buildBase(st)
+			h.base = h.cache.build(h.m, st)
 			h.built, h.took = time.Now(), time.Since(start)
+			maps.Copy(h.prev, h.states)
 			h.states = map[principal]*mapState{}
 			h.metrics.build.Observe(h.took.Seconds())
 		}
@@ -88,16 +98,30 @@ func (h *watchHub) state(p principal) *mapState {
 	if s, ok := h.states[p]; ok {
 		return s
 	}
-	s := encodeState(h.base, p)
+	s := encodeState(h.base, p, h.prev[p])
 	h.states[p] = s
 	return s
 }
 
-func encodeState(b *mapBase, p principal) *mapState {
-	nodes, jobs, dcs, tenants := b.scoped(p)
-	s := &mapState{viewer: api.Viewer{Admin: p.admin, Tenant: p.tenant}}
+// encodeState encodes the base for p, reusing the encoding of every node entry that is
+// the same as in prev.
+func encodeState(b *mapBase, p principal, prev *mapState) *mapState {
+	jobs, dcs, tenants := b.scoped(p)
+	s := &mapState{viewer: api.Viewer{Admin: p.admin, Tenant: p.tenant}, drawn: make(map[string]*mapNode, len(b.nodes))}
 	s.sections[0] = encodeSection(dcs, func(d api.MapDC) string { return d.Name })
-	s.sections[1] = encodeSection(nodes, func(n api.MapNode) string { return n.ID })
+	nodes := section{keys: make([]string, 0, len(b.nodes)), enc: make(map[string][]byte, len(b.nodes))}
+	for _, n := range b.nodes {
+		var enc []byte
+		if prev != nil && prev.drawn[n.ID] == n {
+			enc = prev.sections[1].enc[n.ID]
+		} else if enc, _ = json.Marshal(scopeNode(n, p)); enc == nil {
+			continue
+		}
+		nodes.keys = append(nodes.keys, n.ID)
+		nodes.enc[n.ID] = enc
+		s.drawn[n.ID] = n
+	}
+	s.sections[1] = nodes // b.nodes is sorted
 	s.sections[2] = encodeSection(jobs, func(j api.MapJob) string { return j.Name })
 	s.sections[3] = encodeSection(tenants, func(t api.TenantView) string { return t.Name })
 	return s

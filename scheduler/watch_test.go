@@ -20,6 +20,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/placement/placementtest"
 )
 
 // watcher follows a watch stream in the background and keeps the latest map.
@@ -410,7 +411,7 @@ func TestDCImpact(t *testing.T) {
 	impact := func() map[string]api.DCFailover {
 		tc.reconciled(m)
 		out := map[string]api.DCFailover{}
-		for _, d := range m.buildBase(m.stamp()).dcs {
+		for _, d := range newMapCache().build(m, m.stamp()).dcs {
 			if d.IfFailed != nil {
 				out[d.Name] = *d.IfFailed
 			}
@@ -488,4 +489,72 @@ func (c *countingReader) count() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n
+}
+
+// BenchmarkWatchMap builds the console's map of 1,000 stand-in nodes and 10,000 workers of
+// 100 jobs (the base once per change, then one viewer's encoding).
+func BenchmarkWatchMap(b *testing.B) {
+	cfg := placementtest.Config{DCs: 4, RacksPerDC: 5, NodesPerRack: 50, Slots: 16, Memory: 64 << 30, CPU: 32000,
+		Jobs: 100, Workers: 10000, Spread: []string{cluster.DomainDC, cluster.DomainRack}, Seed: 1}
+	tc := newTestCluster(b)
+	m, _, _ := tc.master("m1")
+	for _, n := range cfg.Nodes() {
+		tc.node(n)
+	}
+	tenants := map[string]bool{}
+	for _, spec := range cfg.JobSpecs() {
+		if !tenants[spec.Tenant] {
+			tenants[spec.Tenant] = true
+			if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := SubmitJob(tc.ctx, tc.admin, &spec); err != nil {
+			b.Fatal(err)
+		}
+	}
+	testenv.Eventually(b, "10,000 workers reported", time.Minute, func() bool { return len(m.view().statuses) == cfg.Workers })
+	b.Run("base-from-scratch", func(b *testing.B) {
+		for b.Loop() {
+			newMapCache().build(m, m.stamp())
+		}
+	})
+	// A change on one node: the cache decodes and draws that node alone.
+	c := newMapCache()
+	c.build(m, m.stamp())
+	node := cfg.Nodes()[0].ID
+	e, err := tc.admin.Get(tc.ctx, cluster.NodeKey(node))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("base-one-node-changed", func(b *testing.B) {
+		for b.Loop() {
+			c.nodes[node].rev-- // as if its record changed
+			c.build(m, m.stamp())
+		}
+	})
+	_ = e
+	base := c.build(m, m.stamp())
+	b.Run("encode-admin", func(b *testing.B) {
+		for b.Loop() {
+			encodeState(base, principal{admin: true}, nil)
+		}
+	})
+	b.Run("encode-tenant", func(b *testing.B) {
+		for b.Loop() {
+			encodeState(base, principal{tenant: "team-1"}, nil)
+		}
+	})
+	prev := encodeState(base, principal{admin: true}, nil)
+	b.Run("encode-admin-one-node-changed", func(b *testing.B) {
+		for b.Loop() {
+			delete(prev.drawn, node)
+			encodeState(base, principal{admin: true}, prev)
+		}
+	})
+	b.Run("stamp", func(b *testing.B) {
+		for b.Loop() {
+			m.stamp()
+		}
+	})
 }

@@ -83,7 +83,7 @@ function draw() {
   } else if (v === 'job') {
     jobChanged(ch);
   } else if (v === 'nodes' && (ch.full || ch.nodes.size)) {
-    views.nodes($('nodes-table'), S, nodeFilter, actions);
+    views.nodes($('nodes-table'), S, nodeFilter, actions, ch.full ? null : ch.nodes);
   } else if (v === 'dcs' && (ch.full || ch.dcs.size)) {
     views.dcs($('dcs-table'), S, actions);
   } else if (v === 'tenants' && (ch.full || ch.tenants.size)) {
@@ -441,6 +441,12 @@ function init() {
     }
   });
   window.addEventListener('hashchange', go);
+  // A page kept in the back/forward cache holds no stream; it starts a new one when shown.
+  window.addEventListener('pagehide', () => { if (stopWatch) stopWatch(); stopWatch = null; });
+  window.addEventListener('pageshow', (e) => {
+    const t = sessionStorage.getItem(TOKEN_KEY);
+    if (e.persisted && t) start(t, false);
+  });
   go();
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) start(token, false); else showLogin('');

@@ -139,31 +139,54 @@ function linksSection(S, j, links, act) {
   return out;
 }
 
-// nodes is the node table, filtered by a text.
-export function nodes(el, S, filter, act) {
+// nodes is the node table, filtered by a text. Given the ids that changed (changed), it
+// redraws only their rows when the table holds the same nodes as before.
+export function nodes(el, S, filter, act, changed) {
   const f = filter.trim().toLowerCase();
   const list = [...S.nodes.values()].filter((n) => !f || [n.id, n.dc, n.rack, n.health, n.reason || '', ...Object.entries(n.labels || {}).map(([k, v]) => k + '=' + v)]
     .some((x) => x.toLowerCase().includes(f))).sort((a, b) => a.id.localeCompare(b.id));
-  const rows = list.map((n) => {
-    const used = n.cells.length;
-    const withheld = Math.min(n.throttled || 0, Math.max(n.slots - used, 0));
-    const free = n.draining || n.state === 'lost' ? 0 : Math.max(n.slots - used - (n.throttled || 0), 0);
-    const labels = Object.entries(n.labels || {}).filter(([k]) => !k.startsWith('isolation/')).map(([k, v]) => k + '=' + v).join(', ');
-    return {
-      attrs: { dataset: { node: n.id } },
-      cells: [
-        h('a', { href: '#/map', onclick: (e) => { e.preventDefault(); act.showNode(n.id); } }, n.id), n.dc, n.rack, String(n.slots), String(used), String(free), String(withheld),
-        `${fmtBytes(bytes(n.memoryUsed))} / ${fmtBytes(bytes(n.memory))}`,
-        h('td', null, n.state === 'lost' ? healthBadge('lost') : healthBadge(n.health), n.draining ? [' ', badge('draining', 'warn')] : null, n.reason ? h('div', { class: 'muted' }, n.reason) : null),
-        labels, (n.isolation || []).join(', '),
-        h('td', null, act.admin && n.state !== 'lost' ? (n.draining
-          ? h('button', { type: 'button', class: 'quiet', onclick: () => act.drain(n, false) }, 'Undrain…')
-          : h('button', { type: 'button', class: 'quiet', onclick: () => act.drain(n, true) }, 'Drain…')) : null),
-      ],
-    };
-  });
-  fill(el, table(['Node', 'DC', 'Rack', '#Slots', '#Used', '#Free', '#Withheld', '#Memory used / total', 'Health', 'Labels', 'Isolation', act.admin ? 'Actions' : ''], rows,
-    `${list.length} of ${S.nodes.size} nodes`));
+  const ids = list.map((n) => n.id).join('\n');
+  const rows = el._rows;
+  if (changed && rows && el._ids === ids && el._admin === act.admin) {
+    for (const id of changed) {
+      const n = S.nodes.get(id);
+      const old = rows.get(id);
+      if (!n || !old) continue;
+      const tr = nodeRow(n, act);
+      old.replaceWith(tr);
+      rows.set(id, tr);
+    }
+    return;
+  }
+  const headers = ['Node', 'DC', 'Rack', '#Slots', '#Used', '#Free', '#Withheld', '#Memory used / total', 'Health', 'Labels', 'Isolation', act.admin ? 'Actions' : ''];
+  const t = table(headers, [], `${list.length} of ${S.nodes.size} nodes`);
+  const body = t.querySelector('tbody');
+  el._rows = new Map();
+  for (const n of list) {
+    const tr = nodeRow(n, act);
+    el._rows.set(n.id, tr);
+    body.append(tr);
+  }
+  el._ids = ids;
+  el._admin = act.admin;
+  fill(el, t);
+}
+
+function nodeRow(n, act) {
+  const used = n.cells.length;
+  const withheld = Math.min(n.throttled || 0, Math.max(n.slots - used, 0));
+  const free = n.draining || n.state === 'lost' ? 0 : Math.max(n.slots - used - (n.throttled || 0), 0);
+  const labels = Object.entries(n.labels || {}).filter(([k]) => !k.startsWith('isolation/')).map(([k, v]) => k + '=' + v).join(', ');
+  const num = (v) => h('td', { class: 'num' }, String(v));
+  return h('tr', { dataset: { node: n.id } },
+    h('td', null, h('a', { href: '#/map', onclick: (e) => { e.preventDefault(); act.showNode(n.id); } }, n.id)), h('td', null, n.dc), h('td', null, n.rack),
+    num(n.slots), num(used), num(free), num(withheld),
+    h('td', { class: 'num' }, `${fmtBytes(bytes(n.memoryUsed))} / ${fmtBytes(bytes(n.memory))}`),
+    h('td', null, n.state === 'lost' ? healthBadge('lost') : healthBadge(n.health), n.draining ? [' ', badge('draining', 'warn')] : null, n.reason ? h('div', { class: 'muted' }, n.reason) : null),
+    h('td', null, labels), h('td', null, (n.isolation || []).join(', ')),
+    h('td', null, act.admin && n.state !== 'lost' ? (n.draining
+      ? h('button', { type: 'button', class: 'quiet', onclick: () => act.drain(n, false) }, 'Undrain…')
+      : h('button', { type: 'button', class: 'quiet', onclick: () => act.drain(n, true) }, 'Drain…')) : null));
 }
 
 // dcs is the data-center table with the placement engine's failover check.
