@@ -42,7 +42,9 @@ type fixture struct {
 	token  string
 	mu     sync.Mutex
 	nodes  map[string]*cluster.NodeRecord
-	ctx    context.Context
+	// assigned is when a stand-in last received an assignment.
+	assigned time.Time
+	ctx      context.Context
 }
 
 func newFixture(b testing.TB, cfg placementtest.Config) *fixture {
@@ -139,6 +141,9 @@ func (f *fixture) node(ctx context.Context, n cluster.Node, wg *sync.WaitGroup) 
 			if ev.Exists {
 				_ = json.Unmarshal(ev.Entry.Value, &a)
 			}
+			f.mu.Lock()
+			f.assigned = time.Now()
+			f.mu.Unlock()
 			f.update(n.ID, func(r *cluster.NodeRecord) {
 				r.Workers = r.Workers[:0]
 				for _, w := range a.Workers {
@@ -302,7 +307,7 @@ func consoleFigures(b *testing.B, br *browser, f *fixture, total int) {
 	f.mu.Unlock()
 	slices.Sort(nodes)
 	var lat []float64
-	var before struct{ Events, Bytes float64 }
+	var before struct{ Events, Bytes, LastApplyMs float64 }
 	p.eval(`window.stormdockStats`, &before)
 	sent, events := f.metric("stormdock_master_watch_sent_bytes_total"), f.metric("stormdock_master_watch_events_total")
 	const build = "stormdock_master_watch_build_duration_seconds"
@@ -319,7 +324,7 @@ func consoleFigures(b *testing.B, br *browser, f *fixture, total int) {
 		p.waitFor(fmt.Sprintf(`document.querySelector('#map .node[data-id=%q]')?.dataset.withheld === '%d'`, id, withheld))
 		lat = append(lat, float64(time.Since(start).Microseconds())/1000)
 	}
-	var after struct{ Events, Bytes float64 }
+	var after struct{ Events, Bytes, LastApplyMs float64 }
 	p.eval(`window.stormdockStats`, &after)
 	wire := f.metric("stormdock_master_watch_sent_bytes_total") - sent
 	n := f.metric("stormdock_master_watch_events_total") - events
@@ -334,6 +339,69 @@ func consoleFigures(b *testing.B, br *browser, f *fixture, total int) {
 	b.ReportMetric(lat[len(lat)/2], "ms-change-median")
 	b.ReportMetric(wire/max(n, 1), "B/update-wire")
 
+	// Churn: every node rewrites its record once a second with new memory readings (an
+	// agent writes at most once per heartbeat), a tenth of a node's memory up and down, so
+	// that every write changes the map. Meanwhile: the master's build time, the stream's
+	// bytes, and the time for a health change to show.
+	churnCtx, stopChurn := context.WithCancel(context.Background())
+	churnDone := make(chan struct{})
+	go func() {
+		defer close(churnDone)
+		tick := time.NewTicker(time.Second / time.Duration(len(nodes)))
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-churnCtx.Done():
+				return
+			case <-tick.C:
+			}
+			id := nodes[i%len(nodes)]
+			up := (i/len(nodes))%2 == 0
+			f.update(id, func(r *cluster.NodeRecord) {
+				for k := range r.Workers {
+					if up {
+						r.Workers[k].Memory += r.Node.Memory / 10 / cluster.Bytes(max(len(r.Workers), 1))
+					} else {
+						r.Workers[k].Memory -= r.Node.Memory / 10 / cluster.Bytes(max(len(r.Workers), 1))
+					}
+				}
+			})
+		}
+	}()
+	time.Sleep(2 * time.Second) // let the churn reach every node once
+	const churnFor = 10 * time.Second
+	buildSum, builds = f.metric(build), f.metric(build+"_count")
+	sent, events = f.metric("stormdock_master_watch_sent_bytes_total"), f.metric("stormdock_master_watch_events_total")
+	p.eval(`window.stormdockStats`, &before)
+	churnStart := time.Now()
+	lat = lat[:0]
+	for i := 0; time.Since(churnStart) < churnFor; i++ {
+		id := nodes[(i*37+11)%len(nodes)]
+		withheld := 4 + i%3
+		start := time.Now()
+		f.update(id, func(r *cluster.NodeRecord) {
+			r.Health = cluster.NodeHealth{State: cluster.HealthThrottled, Reason: "memory (churn)", Throttled: withheld}
+		})
+		p.waitFor(fmt.Sprintf(`document.querySelector('#map .node[data-id=%q]')?.dataset.withheld === '%d'`, id, withheld))
+		lat = append(lat, float64(time.Since(start).Microseconds())/1000)
+		time.Sleep(200 * time.Millisecond)
+	}
+	elapsed := time.Since(churnStart)
+	stopChurn()
+	<-churnDone
+	p.eval(`window.stormdockStats`, &after)
+	nb = f.metric(build+"_count") - builds
+	took := f.metric(build) - buildSum
+	wire = f.metric("stormdock_master_watch_sent_bytes_total") - sent
+	n = f.metric("stormdock_master_watch_events_total") - events
+	slices.Sort(lat)
+	b.Logf("figure: churn, every node's record rewritten once a second (1,000 writes/s), for %v: the master built the map %.0f times, %.1f ms a build, %.0f%% of a core; the stream sent %.0f events, %.0f kB/s on the wire (%.0f kB/s of JSON); the page's last draw took %.1f ms",
+		elapsed.Round(time.Second), nb, 1000*took/max(nb, 1), 100*took/elapsed.Seconds(), n, wire/1000/elapsed.Seconds(), (after.Bytes-before.Bytes)/1000/elapsed.Seconds(), after.LastApplyMs)
+	b.Logf("figure: during the churn a node's health change showed after: median %.0f ms, p90 %.0f ms, max %.0f ms (%d changes)",
+		lat[len(lat)/2], lat[len(lat)*9/10], lat[len(lat)-1], len(lat))
+
+	time.Sleep(3 * time.Second) // the churn spent the build budget: let it refill
+
 	// A scale-out through the API: the leader places the new workers and the map shows
 	// their cells.
 	jobs, err := f.cl.Jobs(context.Background())
@@ -341,13 +409,20 @@ func consoleFigures(b *testing.B, br *browser, f *fixture, total int) {
 		b.Fatal(err)
 	}
 	j := jobs[0]
+	buildSum, builds = f.metric(build), f.metric(build+"_count")
 	start := time.Now()
 	if _, err := f.cl.ScaleJob(context.Background(), j.Name, j.Workers+10); err != nil {
 		b.Fatal(err)
 	}
 	p.waitFor(fmt.Sprintf(`document.querySelectorAll('#map .cell[data-j=%q]').length === %d`, j.Name, j.Workers+10))
-	b.Logf("figure: scale-out of %s from %d to %d workers through the API, new cells on the map after %v (placement and assignment by the leader included)",
-		j.Name, j.Workers, j.Workers+10, time.Since(start).Round(time.Millisecond))
+	shown := time.Now()
+	f.mu.Lock()
+	assigned := f.assigned
+	f.mu.Unlock()
+	nb = f.metric(build+"_count") - builds
+	b.Logf("figure: during the scale-out the master built the map %.0f times, %.1f ms a build on average", nb, 1000*(f.metric(build)-buildSum)/max(nb, 1))
+	b.Logf("figure: scale-out of %s from %d to %d workers through the API, new cells on the map after %v: the leader's assignments reached the nodes after %v, the map showed them %v later",
+		j.Name, j.Workers, j.Workers+10, shown.Sub(start).Round(time.Millisecond), assigned.Sub(start).Round(time.Millisecond), shown.Sub(assigned).Round(time.Millisecond))
 }
 
 // waitFor waits until a JavaScript condition holds, checking on every change of the page.

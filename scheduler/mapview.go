@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"encoding/json"
+	"fmt"
 	"hash/fnv"
 	"maps"
 	"slices"
@@ -94,11 +95,27 @@ type drawnNode struct {
 }
 
 // drawKey is everything a node's entry depends on: its record, its assignment, whether it
-// drains, and the job records (tenants and memory requests).
+// drains, and what it reads of the job records (their tenants and memory requests: scaling
+// a job does not draw every node again).
 type drawKey struct {
 	nodeRev, owner, assignRev int64
 	draining                  bool
-	jobs                      [3]int64
+	jobs                      uint64
+}
+
+// jobsDigest digests what drawing a node reads of the jobs: each one's tenant and memory.
+func jobsDigest(v *view) uint64 {
+	h := fnv.New64a()
+	names := slices.Collect(maps.Keys(v.jobs))
+	for name := range v.routers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		rec, _ := v.record(name)
+		fmt.Fprintf(h, "%s\x00%s\x00%d\x00", name, rec.Spec.Tenant, rec.Spec.Resources.Memory)
+	}
+	return h.Sum64()
 }
 
 // impactKey is everything the data-center checks depend on.
@@ -186,7 +203,7 @@ func (c *mapCache) build(m *Master, st stamp) *mapBase {
 		}
 	}
 	b := &mapBase{stamp: st, v: v}
-	b.nodes = c.drawNodes(v, st)
+	b.nodes = c.drawNodes(v)
 	b.jobs = mapJobs(v, assigned, m.unplaced(v, assigned))
 	b.dcs = mapDCs(v, assigned, c.dcImpacts(m, v, assigns, st))
 	b.impacts = c.impacts.gen
@@ -232,7 +249,8 @@ func tenantOf(v *view, job string) string {
 // drawNodes draws every live node, and every node that is gone while the plan still holds
 // workers there, with its workers as cells; a node whose inputs did not change keeps its
 // entry.
-func (c *mapCache) drawNodes(v *view, st stamp) []*mapNode {
+func (c *mapCache) drawNodes(v *view) []*mapNode {
+	jobs := jobsDigest(v)
 	ids := slices.Collect(maps.Keys(v.nodes))
 	for id, ca := range c.assigns {
 		if _, live := v.nodes[id]; !live && slices.ContainsFunc(ca.a.Workers, func(w cluster.WorkerAssignment) bool { return !w.Stop }) {
@@ -243,7 +261,7 @@ func (c *mapCache) drawNodes(v *view, st stamp) []*mapNode {
 	out := make([]*mapNode, 0, len(ids))
 	drawn := make(map[string]*drawnNode, len(ids))
 	for _, id := range ids {
-		key := drawKey{nodeRev: -1, assignRev: -1, draining: v.confs[id].Draining, jobs: st[0]}
+		key := drawKey{nodeRev: -1, assignRev: -1, draining: v.confs[id].Draining, jobs: jobs}
 		if cn, ok := c.nodes[id]; ok {
 			key.nodeRev, key.owner = cn.rev, cn.owner
 		}

@@ -30,9 +30,11 @@ const (
 	watchPing = 15 * time.Second
 	// watchWriteTimeout drops a stream whose reader stopped reading.
 	watchWriteTimeout = 10 * time.Second
-	// watchBuildShare bounds the share of one core that building maps may take: after a
-	// build of d, the next waits at least watchBuildShare*d (and api.WatchInterval).
+	// Building maps may take a fifth of a core on average (watchBuildShare), in bursts of
+	// up to watchBuildBurst: a change after a quiet spell is built at once, and a cluster
+	// whose records change all the time is drawn as often as the budget allows.
 	watchBuildShare = 5
+	watchBuildBurst = 500 * time.Millisecond
 )
 
 // watchReauth is how often a stream checks that its token is still valid: a tenant whose
@@ -44,13 +46,14 @@ type watchHub struct {
 	m       *Master
 	metrics watchMetrics
 
-	mu     sync.Mutex
-	cache  *mapCache
-	base   *mapBase
-	built  time.Time
-	took   time.Duration
-	states map[principal]*mapState // of base, by viewer
-	prev   map[principal]*mapState // each viewer's last, whose node entries are reused
+	mu    sync.Mutex
+	cache *mapCache
+	base  *mapBase
+	// budget is the build time left to spend, as of budgetAt (see watchBuildShare).
+	budget   time.Duration
+	budgetAt time.Time
+	states   map[principal]*mapState // of base, by viewer
+	prev     map[principal]*mapState // each viewer's last, whose node entries are reused
 
 	shutdown sync.Map // *http.Server -> chan struct{}, closed when it shuts down
 }
@@ -80,19 +83,22 @@ func newWatchHub(m *Master) *watchHub {
 	return h
 }
 
-// state returns the current map for p, building it when the mirrors changed and the last
-// build is far enough behind.
+// state returns the current map for p, building it when the mirrors changed and the build
+// budget allows.
 func (h *watchHub) state(p principal) *mapState {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.base == nil || time.Since(h.built) >= max(api.WatchInterval, watchBuildShare*h.took) {
+	now := time.Now()
+	h.budget = min(h.budget+now.Sub(h.budgetAt)/watchBuildShare, watchBuildBurst)
+	h.budgetAt = now
+	if h.base == nil || h.budget > 0 {
 		if st := h.m.stamp(); h.base == nil || st != h.base.stamp || h.cache.impacts.gen != h.base.impacts {
-			start := time.Now()
 			h.base = h.cache.build(h.m, st)
-			h.built, h.took = time.Now(), time.Since(start)
+			took := time.Since(now)
+			h.budget -= took
 			maps.Copy(h.prev, h.states)
 			h.states = map[principal]*mapState{}
-			h.metrics.build.Observe(h.took.Seconds())
+			h.metrics.build.Observe(took.Seconds())
 		}
 	}
 	if s, ok := h.states[p]; ok {
