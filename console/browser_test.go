@@ -76,7 +76,8 @@ func inputFile(t *testing.T) string {
 // scales the job from its page and sees the new cells, drains a node and sees its cells
 // move, reads and fails over a mirrored job's links; a tenant sees neither the other
 // tenants' jobs nor admin actions; a wrong token is refused; a standby master serves the
-// same console. The screenshots of the README come from here.
+// same console; the admin fails and restores a data center and kills a job. The
+// screenshots of the README come from here.
 func TestConsole(t *testing.T) {
 	b := newBrowser(t)
 	lc := startLocal(t, daemon.LocalConfig{Nodes: 12})
@@ -279,6 +280,32 @@ func TestConsole(t *testing.T) {
 		p.until("the node undrained, on both masters' consoles", 20*time.Second,
 			fmt.Sprintf(`!document.querySelector('#map .node[data-id=%q]').classList.contains('draining')`, node), "")
 	}
+
+	t.Log("the admin fails a data center and restores it")
+	admin.open("#/dcs")
+	admin.clickText(`#dcs-table tr[data-dc="dc-c"]`, "Fail…")
+	admin.confirm(nil)
+	admin.open("#/map")
+	admin.until("dc-c failed, wordcount's workers moved out of it", 60*time.Second,
+		`document.querySelector('#map .dc[data-dc="dc-c"]').classList.contains('failed') &&
+		 document.querySelectorAll('#map .dc[data-dc="dc-c"] .cell[data-j="wordcount"]').length === 0 &&
+		 document.querySelectorAll('#map .cell.s-running[data-j="wordcount"]').length === 6`,
+		`document.querySelector('#map .dc[data-dc="dc-c"]').textContent`)
+	admin.open("#/dcs")
+	admin.clickText(`#dcs-table tr[data-dc="dc-c"]`, "Restore…")
+	admin.confirm(nil)
+	admin.until("dc-c active again", 20*time.Second, `/active/.test(document.querySelector('#dcs-table tr[data-dc="dc-c"]').textContent)`, "")
+	if dcs, err := lc.cl.DCs(ctx); err != nil || !slices.ContainsFunc(dcs, func(d api.DCView) bool { return d.Name == "dc-c" && d.State == cluster.DCActive }) {
+		t.Errorf("after the console's restore the API says %+v, %v", dcs, err)
+	}
+
+	t.Log("the admin kills a job")
+	admin.open("#/jobs")
+	admin.clickText(`#jobs-table tr[data-job="clicks"]`, "Kill…")
+	admin.confirm(map[string]string{"grace": "1s"})
+	admin.open("#/map")
+	admin.until("the killed job gone from the map and the legend", 60*time.Second,
+		`!document.querySelector('#legend button[data-job="clicks"]') && !document.querySelector('#map .cell[data-j="clicks"]')`, "")
 }
 
 // workerNodes lists the nodes of a job's workers, sorted, as the API says.
