@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -344,6 +345,17 @@ func deltaPass(t *testing.T, tc *testCluster, url, token string, admin *api.Clie
 	if err := json.Unmarshal(snap, &m); err != nil {
 		t.Fatal(err)
 	}
+	// The standby's mirrors may be a moment behind the store: follow the stream until its
+	// map holds every worker running.
+	for total(cells(m, "wc"))+total(cells(m, "clicks")) < 6 {
+		ev, data, _ := next()
+		var d api.ClusterDelta
+		if ev != api.EventDelta || json.Unmarshal(data, &d) != nil {
+			t.Fatalf("event %s: %s", ev, data)
+		}
+		m.Apply(d)
+		snapWire = wire.count()
+	}
 	// Drain a node with workers.
 	node := ""
 	for _, n := range m.Nodes {
@@ -407,14 +419,23 @@ func TestDCImpact(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 6 })
+	// impact waits until the leader's mirrors hold every assigned worker (they follow the
+	// store by watches), then checks each data center's failure.
 	impact := func() map[string]api.DCFailover {
 		tc.reconciled(m)
+		want := len(tc.assignments())
 		out := map[string]api.DCFailover{}
-		for _, d := range newMapCache().build(m, m.stamp()).dcs {
-			if d.IfFailed != nil {
-				out[d.Name] = *d.IfFailed
+		testenv.EventuallyWith(t, "the leader's mirrors up to date", 5*time.Second, func() (bool, string) {
+			clear(out)
+			n := 0
+			for _, d := range newMapCache().build(m, m.stamp()).dcs {
+				n += d.Workers
+				if d.IfFailed != nil {
+					out[d.Name] = *d.IfFailed
+				}
 			}
-		}
+			return n == want, fmt.Sprintf("%d of %d workers", n, want)
+		})
 		return out
 	}
 	inDC := func(dc string) int {
