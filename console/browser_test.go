@@ -123,6 +123,11 @@ func TestConsole(t *testing.T) {
 	if want := workerNodes(t, lc, "wordcount"); !slices.Equal(onMap, want) {
 		t.Errorf("highlighted cells on nodes %v; the API places wordcount on %v", onMap, want)
 	}
+	// A click on a worker highlights its job.
+	admin.eval(`document.querySelector('#map .cell[data-j="clicks"]').click(), true`, nil)
+	admin.until("clicks's 3 workers highlighted", 10*time.Second,
+		`document.querySelectorAll('#map .cell.hl').length === 3 && document.querySelectorAll('#map .cell.hl[data-j="clicks"]').length === 3`,
+		`document.querySelectorAll('#map .cell.hl').length`)
 
 	t.Log("the admin scales the job from its page and sees new cells on the map")
 	admin.open("#/job/wordcount")

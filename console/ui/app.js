@@ -409,7 +409,7 @@ function start(token, fromForm) {
 }
 
 function init() {
-  map = new ClusterMap($('map'), S, openNode);
+  map = new ClusterMap($('map'), S, openNode, (job) => highlight(job));
   $('login-form').addEventListener('submit', (e) => {
     e.preventDefault();
     const t = $('token').value.trim();

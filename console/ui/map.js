@@ -7,12 +7,13 @@ import { h, fill, bytes, colour, jobOf, fmtBytes, badge, plural } from './dom.js
 const COMPACT = 60;
 
 export class ClusterMap {
-  // root is the map's element; onNode(id) opens a node; state is the console's state
-  // (dcs, nodes, jobs maps).
-  constructor(root, state, onNode) {
+  // root is the map's element; onNode(id) opens a node, onJob(job) highlights a job (a
+  // click on one of its cells); state is the console's state (dcs, nodes, jobs maps).
+  constructor(root, state, onNode, onJob) {
     this.root = root;
     this.S = state;
     this.onNode = onNode;
+    this.onJob = onJob;
     this.dcEls = new Map(); // dc -> {el, head, racks: Map(rack -> {el, nodes})}
     this.nodeEls = new Map(); // id -> element
     this.highlight = ''; // job whose workers stand out
@@ -20,6 +21,8 @@ export class ClusterMap {
     this.selected = '';
     root.addEventListener('keydown', (e) => this.key(e));
     root.addEventListener('click', (e) => {
+      const c = e.target.closest('.cell[data-j]');
+      if (c) this.onJob(c.dataset.j);
       const n = e.target.closest('.node');
       if (n) this.open(n);
     });
