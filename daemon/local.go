@@ -63,7 +63,9 @@ type LocalConfig struct {
 	// only what it made: a given parent (say, a subtree delegated to an unprivileged user,
 	// whose workers then run in cgroups too) stays.
 	CgroupParent string
-	Logger       *slog.Logger
+	// Self is the stormdock binary every node runs workers with (AgentConfig.Self).
+	Self   string
+	Logger *slog.Logger
 }
 
 func (c *LocalConfig) defaults() error {
@@ -256,6 +258,7 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 		PortBase:     portBase,
 		Health:       health,
 		RegistryAuth: c.cfg.RegistryAuth,
+		Self:         c.cfg.Self,
 		Logger:       c.cfg.Logger,
 	})
 	if err != nil {

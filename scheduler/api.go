@@ -15,12 +15,13 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/console"
 	"github.com/stormdock/stormdock/placement"
 )
 
-// Handler returns the master's HTTP API. Every master serves it, leader or not: reads come
-// from the store's mirror and writes go to the store, where the leader picks them up.
-// gatherer, when not nil, is served at /metrics.
+// Handler returns the master's HTTP API and the web console (at /ui/, package console).
+// Every master serves them, leader or not: reads come from the store's mirror and writes go
+// to the store, where the leader picks them up. gatherer, when not nil, is served at /metrics.
 func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	mux := &routeMux{ServeMux: http.NewServeMux()}
 	route := func(pattern string, need role, h http.HandlerFunc) {
@@ -42,6 +43,11 @@ func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	route("GET /v1/tenants", roleTenant, m.listTenants)
 	route("POST /v1/tenants", roleAdmin, m.createTenant)
 	route("POST /v1/tenants/{name}/token", roleAdmin, m.tenantToken)
+	route("GET /v1/watch", roleTenant, newWatchHub(m).serve)
+	route("GET /v1/jobs/{name}/links", roleTenant, m.getLinks)
+	route("POST /v1/jobs/{name}/failover", roleTenant, m.failover)
+	mux.Handle("GET "+console.Prefix, console.Handler())
+	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	if gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	}
