@@ -391,16 +391,7 @@ func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			continue
 		}
-		tv := api.TenantView{Tenant: t.Tenant}
-		for _, j := range v.jobs {
-			if j.rec.Spec.Tenant == name {
-				n := j.rec.Spec.TotalWorkers()
-				tv.Jobs++
-				tv.UsedWorkers += n
-				tv.UsedMemory += cluster.Bytes(n) * j.rec.Spec.Resources.Memory
-			}
-		}
-		out = append(out, tv)
+		out = append(out, v.tenantView(t.Tenant))
 	}
 	reply(w, http.StatusOK, out)
 }

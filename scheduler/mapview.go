@@ -187,16 +187,7 @@ func mapTenants(v *view, entries map[string]coord.Entry) []api.TenantView {
 		if json.Unmarshal(entries[name].Value, &t) != nil || t.Name != name {
 			continue
 		}
-		tv := api.TenantView{Tenant: t.Tenant}
-		for _, j := range v.jobs {
-			if j.rec.Spec.Tenant == name {
-				n := j.rec.Spec.TotalWorkers()
-				tv.Jobs++
-				tv.UsedWorkers += n
-				tv.UsedMemory += cluster.Bytes(n) * j.rec.Spec.Resources.Memory
-			}
-		}
-		out = append(out, tv)
+		out = append(out, v.tenantView(t.Tenant))
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -196,4 +197,18 @@ func nodeRelevant(old, new []byte) bool {
 		seen[k]--
 	}
 	return false
+}
+
+// tenantView is a tenant with what its jobs ask for.
+func (v *view) tenantView(t cluster.Tenant) api.TenantView {
+	tv := api.TenantView{Tenant: t}
+	for _, j := range v.jobs {
+		if j.rec.Spec.Tenant == t.Name {
+			n := j.rec.Spec.TotalWorkers()
+			tv.Jobs++
+			tv.UsedWorkers += n
+			tv.UsedMemory += cluster.Bytes(n) * j.rec.Spec.Resources.Memory
+		}
+	}
+	return tv
 }
