@@ -202,16 +202,19 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 
 func workerAssignment(v *view, j cluster.JobRecord, k cluster.WorkerKey, outputKey []byte) cluster.WorkerAssignment {
 	s := j.Spec
+	env, live := s.SplitEnv()
 	wa := cluster.WorkerAssignment{
 		Key:        k,
 		Generation: j.Generation,
 		Tenant:     s.Tenant,
 		Workers:    s.Workers,
+		Epoch:      j.Epoch,
+		LiveEnv:    live,
 		Isolation:  s.IsolationMode(),
 		Command:    s.Command,
 		Image:      s.Image,
 		Pinned:     j.Image.PinnedFor(j.Generation),
-		Env:        s.Env,
+		Env:        env,
 		Resources:  s.Resources,
 		Priority:   s.Priority,
 		Grace:      cluster.Duration(s.Grace()),
