@@ -136,7 +136,7 @@ func (w *rolloutWatch) rackOrder(t testing.TB, rackOf func(node string) string) 
 
 // rolloutCluster starts masters m1 (leading) and m2, and agents on nodes named dc-rack-n, and
 // returns the admin client of m1 and m2.
-func rolloutCluster(t *testing.T, dcs, racks, perRack, slots int) (*harness, *api.Client, *api.Client, func(string) string) {
+func rolloutCluster(t testing.TB, dcs, racks, perRack, slots int) (*harness, *api.Client, *api.Client, func(string) string) {
 	h := newHarness(t, 2*time.Second)
 	cl := h.client(h.startMaster("m1"))
 	ctx := context.Background()
@@ -171,7 +171,7 @@ gracePeriod: 2s
 %s`, name, n, rate, extra))
 }
 
-func submitRunning(t *testing.T, cl *api.Client, spec []byte, name string, n int) {
+func submitRunning(t testing.TB, cl *api.Client, spec []byte, name string, n int) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := cl.SubmitJob(ctx, spec); err != nil {
