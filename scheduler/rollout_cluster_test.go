@@ -29,6 +29,11 @@ type sim struct {
 	twice    []string
 	stops    map[string]map[cluster.WorkerKey]int // job -> workers stopped (replacements and removals), how often
 	replaced []replacement
+	// pull is how long a pre-pull takes; early lists workers stopped for an image their node
+	// had not reported ready.
+	pull  time.Duration
+	ready map[string]map[string]bool // node -> images ready
+	early []string
 }
 
 type replacement struct {
@@ -38,7 +43,8 @@ type replacement struct {
 }
 
 func newSim() *sim {
-	return &sim{running: map[cluster.WorkerKey]map[string]bool{}, jobs: map[string]int{}, maxDown: map[string]int{}, stops: map[string]map[cluster.WorkerKey]int{}}
+	return &sim{running: map[cluster.WorkerKey]map[string]bool{}, jobs: map[string]int{}, maxDown: map[string]int{}, stops: map[string]map[cluster.WorkerKey]int{},
+		ready: map[string]map[string]bool{}}
 }
 
 // set records that node runs (or stopped running) k, and checks the invariants.
@@ -69,6 +75,19 @@ func (s *sim) set(k cluster.WorkerKey, node string, on bool) {
 		}
 		s.maxDown[job] = max(s.maxDown[job], down)
 	}
+}
+
+// runningOf counts the workers of job running somewhere.
+func (s *sim) runningOf(job string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k, nodes := range s.running {
+		if k.Job == job && len(nodes) > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // watchJob starts counting a job's down workers (once it runs whole).
@@ -104,13 +123,44 @@ func (tc *testCluster) simNode(n cluster.Node, s *sim, stop, start time.Duration
 		st cluster.WorkerStatus
 	}
 	runs := map[cluster.WorkerKey]*worker{}
+	var pubMu sync.Mutex // the pre-pulls publish from their own goroutines
 	publish := func() {
+		pubMu.Lock()
+		defer pubMu.Unlock()
 		rec.Workers = rec.Workers[:0]
 		for _, k := range slices.SortedFunc(maps.Keys(runs), cluster.WorkerKey.Compare) {
 			rec.Workers = append(rec.Workers, runs[k].st)
 		}
 		val, _ := json.Marshal(rec)
 		_, _ = c.Put(ctx, cluster.NodesKey+"/"+n.ID, val, coord.AnyVersion)
+	}
+	pulling := map[string]bool{}
+	prepull := func(refs []string) {
+		for _, ref := range refs {
+			if pulling[ref] {
+				continue
+			}
+			pulling[ref] = true
+			tc.wg.Add(1)
+			go func() {
+				defer tc.wg.Done()
+				select {
+				case <-time.After(s.pull):
+				case <-ctx.Done():
+					return
+				}
+				s.mu.Lock()
+				if s.ready[n.ID] == nil {
+					s.ready[n.ID] = map[string]bool{}
+				}
+				s.ready[n.ID][ref] = true
+				s.mu.Unlock()
+				pubMu.Lock()
+				rec.Images = append(rec.Images, cluster.ImageStatus{Ref: ref, State: cluster.ImageReady, Since: time.Now()})
+				pubMu.Unlock()
+				publish()
+			}()
+		}
 	}
 	sleep := func(d time.Duration) bool {
 		select {
@@ -128,6 +178,7 @@ func (tc *testCluster) simNode(n cluster.Node, s *sim, stop, start time.Duration
 			if ev.Exists {
 				_ = json.Unmarshal(ev.Entry.Value, &a)
 			}
+			prepull(a.Prepull)
 			want := map[cluster.WorkerKey]cluster.WorkerAssignment{}
 			for _, w := range a.Workers {
 				if !w.Stop {
@@ -141,6 +192,13 @@ func (tc *testCluster) simNode(n cluster.Node, s *sim, stop, start time.Duration
 				if ok && nw.SameRun(w.wa) {
 					w.wa, w.st.Generation, w.st.Restart = nw, nw.Generation, nw.Restart // live
 					continue
+				}
+				if ok && nw.Pinned != "" && nw.Pinned != w.wa.Pinned {
+					s.mu.Lock()
+					if !s.ready[n.ID][nw.Pinned] {
+						s.early = append(s.early, fmt.Sprintf("%s on %s stopped before %s was pulled there", k, n.ID, nw.Pinned))
+					}
+					s.mu.Unlock()
 				}
 				w.st.State = cluster.WorkerStopping
 				publish()
@@ -491,4 +549,114 @@ func newTestServer(t *testing.T, h http.Handler) string {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// A rollout to a new image has it pulled ahead on every node of the workers it replaces,
+// and stops no worker before its node reports the image ready.
+func TestRolloutPrepullsBeforeStop(t *testing.T) {
+	tc := newTestCluster(t)
+	m, _, _ := tc.master("m1")
+	testenv.Eventually(t, "m1 leads", 5*time.Second, m.Leader)
+	s := newSim()
+	s.pull = 300 * time.Millisecond
+	nodes := testNodes(1, 2, 2)
+	for i := range nodes {
+		nodes[i].Labels = map[string]string{"isolation/docker": "true"}
+		tc.simNode(nodes[i], s, 20*time.Millisecond, 10*time.Millisecond)
+	}
+	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
+	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+		t.Fatal(err)
+	}
+	spec := testSpec("wc", 6)
+	spec.Isolation, spec.Command, spec.Image = cluster.IsolationDocker, nil, "127.0.0.1:5000/w:1"
+	spec.Update = cluster.UpdatePolicy{MaxParallel: 2, MinHealthy: cluster.Duration(50 * time.Millisecond)}
+	pin := &cluster.ImagePin{Generation: 1, Image: spec.Image, Ref: "127.0.0.1:5000/w@sha256:1", Digest: "sha256:1"}
+	if _, err := SubmitJobPinned(tc.ctx, tc.admin, spec, pin); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "6 workers running", 5*time.Second, func() bool { return s.runningOf("wc") == 6 })
+	s.watchJob("wc", 6)
+	next := *spec
+	next.Image = "127.0.0.1:5000/w:2"
+	pin2 := &cluster.ImagePin{Image: next.Image, Ref: "127.0.0.1:5000/w@sha256:2", Digest: "sha256:2"}
+	rec, changed, err := UpdateJob(tc.ctx, tc.admin, "wc", Change{Spec: &next, Pin: pin2, Who: "test"})
+	if err != nil || !changed || rec.Image.Generation != 2 {
+		t.Fatalf("update: %+v, %v, %v", rec.Image, changed, err)
+	}
+	testenv.Eventually(t, "the rollout done", 15*time.Second, func() bool {
+		j, ok := m.view().jobs["wc"]
+		return ok && j.rec.Rollout != nil && j.rec.Rollout.State == cluster.RolloutDone
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.early {
+		t.Error(e)
+	}
+	pulled := 0
+	for _, imgs := range s.ready {
+		if imgs[pin2.Ref] {
+			pulled++
+		}
+	}
+	if pulled == 0 || s.maxDown["wc"] > 2 {
+		t.Errorf("image pulled on %d nodes, at most %d workers down", pulled, s.maxDown["wc"])
+	}
+	// Done: nothing is pulled ahead any more.
+	testenv.Eventually(t, "the pre-pull lists emptied", 5*time.Second, func() bool {
+		names, _ := tc.admin.Children(tc.ctx, cluster.AssignmentsKey)
+		for _, n := range names {
+			e, err := tc.admin.Get(tc.ctx, cluster.AssignmentsKey+"/"+n)
+			var a cluster.NodeAssignment
+			if err != nil || json.Unmarshal(e.Value, &a) != nil || len(a.Prepull) > 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A change of a key listed in liveEnv, and a scale, reach the workers live: no worker is
+// stopped, and their assignments carry the new value and the worker count's epoch.
+func TestLiveEnvAndScaleAreLive(t *testing.T) {
+	tc, s, _, _, cl := rolloutCluster(t, 1)
+	spec := rolloutSpec("wc", 12, "sleep 1000", "{maxParallel: 4, minHealthy: 50ms}") + "env: {LEVEL: info, MODE: a}\nliveEnv: [LEVEL]\n"
+	if _, err := cl.UpdateJob(tc.ctx, "wc", []byte(spec), api.PolicyOverrides{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRollout(t, cl, "wc", cluster.RolloutDone) // env MODE is new: every worker replaced
+	s.watchJob("wc", 12)
+	if _, err := cl.UpdateJob(tc.ctx, "wc", []byte(strings.Replace(spec, "LEVEL: info", "LEVEL: debug", 1)), api.PolicyOverrides{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRollout(t, cl, "wc", cluster.RolloutDone)
+	if _, err := cl.ScaleJob(tc.ctx, "wc", 10); err != nil {
+		t.Fatal(err)
+	}
+	testenv.EventuallyWith(t, "assignments with LEVEL=debug and epoch 2", 5*time.Second, func() (bool, string) {
+		names, _ := tc.admin.Children(tc.ctx, cluster.AssignmentsKey)
+		n := 0
+		for _, node := range names {
+			e, _ := tc.admin.Get(tc.ctx, cluster.AssignmentsKey+"/"+node)
+			var a cluster.NodeAssignment
+			_ = json.Unmarshal(e.Value, &a)
+			for _, w := range a.Workers {
+				if w.Key.Job != "wc" {
+					continue
+				}
+				if w.LiveEnv["LEVEL"] != "debug" || w.Env["MODE"] != "a" || w.Env["LEVEL"] != "" || w.Epoch != 2 || w.Workers != 10 || w.Generation != 3 {
+					return false, fmt.Sprintf("%s: %+v", w.Key, w)
+				}
+				n++
+			}
+		}
+		return n == 10, fmt.Sprintf("%d workers", n)
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.stops["wc"] {
+		if k.Worker < 10 {
+			t.Errorf("worker %s stopped by a live change", k)
+		}
+	}
 }

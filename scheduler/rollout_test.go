@@ -72,15 +72,6 @@ func (f *stepFixture) replace(down bool) {
 	}
 }
 
-func (f *stepFixture) upAll() {
-	for i := range f.workers {
-		w := &f.workers[i]
-		if !w.needs && (w.status == nil || w.status.Generation != f.ro.To) {
-			w.status = &cluster.WorkerStatus{State: cluster.WorkerRunning, Generation: f.ro.To, Since: f.now}
-		}
-	}
-}
-
 func inFlightKeys(ro cluster.Rollout) []int {
 	var out []int
 	for _, f := range ro.InFlight {
