@@ -457,7 +457,20 @@ func stepRollout(ro cluster.Rollout, in rolloutIn, now time.Time) rolloutStep {
 	for i := range in.workers {
 		byKey[in.workers[i].key] = &in.workers[i]
 	}
+	// down counts, conservatively, every worker not reported running (one reported starting
+	// may run already); stopped is only one known to have no process (crashed and waiting,
+	// failed to start, evicted, waiting for its image), which a replacement cannot take down.
 	down := func(w *rolloutWorker) bool { return w.status == nil || w.status.State != cluster.WorkerRunning }
+	stopped := func(w *rolloutWorker) bool {
+		if w.status == nil {
+			return false
+		}
+		switch w.status.State {
+		case cluster.WorkerBackoff, cluster.WorkerFailed, cluster.WorkerEvicted, cluster.WorkerPulling:
+			return true
+		}
+		return false
+	}
 	// judging: failures count (a paused rollout or one awaiting promotion judges nothing
 	// new; a failed one waits for an operator).
 	judging := next.State == cluster.RolloutRunning || next.State == cluster.RolloutReverting
@@ -540,8 +553,8 @@ func stepRollout(ro cluster.Rollout, in rolloutIn, now time.Time) rolloutStep {
 		return finish(next, out)
 	}
 
-	// admit lets w be replaced if the rollout's limits allow; a worker that is down already
-	// costs nothing more. It reports false when the limits are reached.
+	// admit lets w be replaced if the rollout's limits allow; a worker known to have no
+	// process costs nothing more. It reports full when the limits are reached.
 	admit := func(w *rolloutWorker) (admitted, full bool) {
 		if ok, why := in.ready(target(w)); !ok {
 			if why != "" && out.fail == "" {
@@ -549,13 +562,13 @@ func stepRollout(ro cluster.Rollout, in rolloutIn, now time.Time) rolloutStep {
 			}
 			return false, false
 		}
-		isDown := down(w)
-		if !isDown && (len(next.InFlight) >= pol.MaxParallel || downNow >= pol.MaxParallel) {
+		free := stopped(w)
+		if !free && (len(next.InFlight) >= pol.MaxParallel || downNow >= pol.MaxParallel) {
 			return false, true
 		}
 		next.InFlight = append(next.InFlight, cluster.RolloutWorker{Key: w.key, Since: now.UTC()})
 		inFlight[w.key] = true
-		if !isDown {
+		if !down(w) {
 			downNow++
 		}
 		out.notes = append(out.notes, fmt.Sprintf("replacing worker %s on node %s", w.key, target(w)))

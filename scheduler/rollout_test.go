@@ -137,6 +137,28 @@ func TestStepDownWorkersCount(t *testing.T) {
 	}
 }
 
+// A worker whose agent has not reported it running yet may be running (reports lag): it
+// counts as down for the limit, and is not replaced as if it were down (found end to end: an
+// update right after a submit took four workers down with maxParallel 2).
+func TestStepUnreportedWorkersAreNotFree(t *testing.T) {
+	f := newStepFixture(6, 1, cluster.UpdatePolicy{MaxParallel: 2})
+	for i := range 4 {
+		f.workers[i].status = &cluster.WorkerStatus{State: cluster.WorkerStarting, Generation: 1}
+	}
+	f.workers[4].status = nil
+	f.step()
+	if got := inFlightKeys(f.ro); len(got) != 0 {
+		t.Fatalf("in flight %v while 5 workers are not reported running, maxParallel 2", got)
+	}
+	for i := range 5 {
+		f.workers[i].status = &cluster.WorkerStatus{State: cluster.WorkerRunning, Generation: 1, Since: f.now}
+	}
+	f.step()
+	if got := inFlightKeys(f.ro); !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("in flight %v, want [0 1]", got)
+	}
+}
+
 // Canaries go first and are held until promoted.
 func TestStepCanary(t *testing.T) {
 	f := newStepFixture(6, 1, cluster.UpdatePolicy{Canary: 2, MaxParallel: 3, MinHealthy: cluster.Duration(time.Second)})
