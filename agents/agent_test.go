@@ -2,8 +2,12 @@ package agents_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,8 +116,11 @@ func TestAssignmentChangeTouchesOnlyTheDifference(t *testing.T) {
 		h.waitReports(key, 1) // the helpers are up and handle SIGTERM
 	}
 
-	// wc/0 stays, wc/1 gets a new generation, wc/2 goes, wc/3 comes.
-	h.assign(h.wa("wc", 0, 1, "run"), h.wa("wc", 1, 2, "run"), h.wa("wc", 3, 1, "run"))
+	// wc/0 stays, wc/1 gets a new generation that changes what it runs, wc/2 goes, wc/3
+	// comes.
+	changed1 := h.wa("wc", 1, 2, "run")
+	changed1.Env["VERSION"] = "2"
+	h.assign(h.wa("wc", 0, 1, "run"), changed1, h.wa("wc", 3, 1, "run"))
 	after := states(h.waitRecord("new set", 10*time.Second, func(rec cluster.NodeRecord) bool {
 		st := states(rec)
 		return allRunning("wc/0", "wc/1", "wc/3")(rec) && st["wc/1"].Generation == 2
@@ -141,13 +148,64 @@ func TestAssignmentChangeTouchesOnlyTheDifference(t *testing.T) {
 	// A change of the run spec alone (same generation) replaces the worker too.
 	changed := h.wa("wc", 0, 1, "run")
 	changed.Env["EXTRA"] = "1"
-	h.assign(changed, h.wa("wc", 1, 2, "run"), h.wa("wc", 3, 1, "run"))
+	h.assign(changed, changed1, h.wa("wc", 3, 1, "run"))
 	h.waitRecord("wc/0 replaced", 10*time.Second, func(rec cluster.NodeRecord) bool {
 		st := states(rec)
 		return allRunning("wc/0", "wc/1", "wc/3")(rec) && st["wc/0"].PID != after["wc/0"].PID
 	})
 	if st := states(h.waitRecord("others kept", time.Second, allRunning("wc/0", "wc/1", "wc/3"))); st["wc/1"].PID != after["wc/1"].PID || st["wc/3"].PID != after["wc/3"].PID {
 		t.Errorf("workers whose assignment did not change were restarted")
+	}
+}
+
+// A change of what a worker can re-read (generation, worker count and epoch, live env)
+// rewrites its live configuration and sends it SIGHUP; it is not restarted.
+func TestLiveChangeReachesRunningWorker(t *testing.T) {
+	h := newHarness(t, "mem")
+	h.start(h.cfg, h.agentStore())
+	w := h.wa("wc", 0, 1, "run")
+	w.Epoch, w.LiveEnv = 1, map[string]string{"LEVEL": "info"}
+	h.assign(w)
+	before := states(h.waitRecord("wc/0 running", 10*time.Second, allRunning("wc/0")))["wc/0"]
+	rep := h.waitReports("wc.0", 1)[0]
+	var first cluster.WorkerConfig
+	if b, err := os.ReadFile(rep.Env["STORMDOCK_CONFIG"]); err != nil || json.Unmarshal(b, &first) != nil || first.Env["LEVEL"] != "info" || first.Epoch != 1 {
+		t.Errorf("live configuration at start: %+v (%v), want epoch 1 and LEVEL=info", first, err)
+	}
+
+	w.Generation, w.Workers, w.Epoch, w.LiveEnv = 2, 5, 2, map[string]string{"LEVEL": "debug"}
+	w.Grace = cluster.Duration(3 * time.Second) // the agent's own: recorded, not signalled
+	h.assign(w)
+	var cfg cluster.WorkerConfig
+	testenv.EventuallyWith(t, "a SIGHUP with the new configuration", 10*time.Second, func() (bool, string) {
+		b, err := os.ReadFile(filepath.Join(h.helperDir, fmt.Sprintf("wc.0.%d.hup.1", rep.PID)))
+		if err != nil {
+			return false, err.Error()
+		}
+		return json.Unmarshal(b, &cfg) == nil, string(b)
+	})
+	want := cluster.WorkerConfig{Job: "wc", Worker: 0, Workers: 5, Epoch: 2, Generation: 2,
+		Env: map[string]string{"HELPER_DIR": h.helperDir, "HELPER_MODE": "run", "HELPER_CRASH_AFTER": "100ms", "LEVEL": "debug"}}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("live configuration at SIGHUP = %+v, want %+v", cfg, want)
+	}
+	after := states(h.waitRecord("generation 2 reported", 10*time.Second, func(rec cluster.NodeRecord) bool {
+		return allRunning("wc/0")(rec) && states(rec)["wc/0"].Generation == 2
+	}))["wc/0"]
+	if after.PID != before.PID || len(h.reports("wc.0")) != 1 {
+		t.Errorf("wc/0 restarted by a live change: pid %d -> %d, %d starts", before.PID, after.PID, len(h.reports("wc.0")))
+	}
+	// A grace change alone is not the worker's business: no second signal.
+	w.Grace = cluster.Duration(4 * time.Second)
+	h.assign(w)
+	w.LiveEnv = map[string]string{"LEVEL": "warn"}
+	h.assign(w)
+	testenv.Eventually(t, "the second SIGHUP", 10*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(h.helperDir, fmt.Sprintf("wc.0.%d.hup.2", rep.PID)))
+		return err == nil
+	})
+	if _, err := os.Stat(filepath.Join(h.helperDir, fmt.Sprintf("wc.0.%d.hup.3", rep.PID))); err == nil {
+		t.Errorf("a third SIGHUP: the grace change was signalled")
 	}
 }
 

@@ -3,7 +3,6 @@ package agents
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -72,10 +71,7 @@ func sanitize(s string) string {
 // workerEnv is the worker contract's environment beyond what isolation.Spec derives: the
 // assignment's own variables first, the contract's on top.
 func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int, config string) map[string]string {
-	env := maps.Clone(wa.Env)
-	if env == nil {
-		env = map[string]string{}
-	}
+	env := wa.RunEnv()
 	env[EnvWorkers] = strconv.Itoa(wa.Workers)
 	env[EnvDC] = a.cfg.Node.DC
 	env[EnvRack] = a.cfg.Node.Rack
@@ -167,24 +163,6 @@ func grace(wa cluster.WorkerAssignment) time.Duration {
 		return cluster.DefaultGracePeriod
 	}
 	return wa.Grace.Std()
-}
-
-// sameRun reports whether two assignments of one worker run the same thing, so a running
-// worker can stay: generation, command, image (and its pinned digest), environment,
-// resources and output.
-func sameRun(a, b cluster.WorkerAssignment) bool {
-	// The worker count is left out: scaling a job must not restart the workers that stay,
-	// so STORMDOCK_WORKERS is the count when the worker started.
-	return a.Key == b.Key && a.Generation == b.Generation && a.Tenant == b.Tenant &&
-		a.Isolation == b.Isolation && a.Image == b.Image && a.Pinned == b.Pinned &&
-		a.Output == b.Output && a.OutputToken == b.OutputToken && a.System == b.System && a.Resources == b.Resources &&
-		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env)
-}
-
-// sameLive reports whether two assignments of one worker give it the same live
-// configuration (WorkerConfig).
-func sameLive(a, b cluster.WorkerAssignment) bool {
-	return a.Workers == b.Workers && slices.Equal(a.Routers, b.Routers)
 }
 
 // isolationOf is the assignment's isolation mode, process when it names none.

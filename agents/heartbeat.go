@@ -81,6 +81,7 @@ func (r *run) record() cluster.NodeRecord {
 		ws = append(ws, cluster.WorkerStatus{
 			Key:            s.assign.Key,
 			Generation:     s.assign.Generation,
+			Restart:        s.assign.Restart,
 			State:          state,
 			PID:            s.pid,
 			Port:           s.port,

@@ -37,8 +37,12 @@ func (a *Agent) writeConfig(id string, wa cluster.WorkerAssignment) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("config of %s: %w", id, err)
 	}
+	var env map[string]string
+	if len(wa.Env)+len(wa.LiveEnv) > 0 {
+		env = wa.RunEnv()
+	}
 	b, err := json.Marshal(cluster.WorkerConfig{Job: wa.Key.Job, Link: wa.Key.Link, Worker: wa.Key.Worker,
-		Workers: wa.Workers, Generation: wa.Generation, Routers: wa.Routers})
+		Workers: wa.Workers, Epoch: wa.Epoch, Generation: wa.Generation, Routers: wa.Routers, Env: env})
 	if err != nil {
 		return err
 	}

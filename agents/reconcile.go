@@ -69,25 +69,19 @@ func (r *run) reconcile() {
 			r.stop(s, true)
 			continue
 		}
-		if !s.known || s.mode != isolationOf(want) || !sameRun(s.assign, want) {
+		if !s.known || s.mode != isolationOf(want) || !s.assign.SameRun(want) {
 			if s.state == cluster.WorkerRunning {
 				r.log.Info("assignment changed, replacing worker", "worker", id,
 					"generation", s.assign.Generation, "new_generation", want.Generation)
 				r.stop(s, false)
 				continue
 			}
-			// Not running: the next start takes the new assignment, without delay.
+			// Not running: the next start takes the new assignment, without delay. Its
+			// crash-loop record starts afresh: the master judges a replacement by its own.
 			s.assign, s.known, s.mode = want, true, isolationOf(want)
-			s.failures, s.retryAt, s.state = 0, time.Time{}, ""
-		} else if !sameLive(s.assign, want) {
-			// Only what a running worker re-reads changed: no restart.
-			s.assign = want
-			if err := r.a.writeConfig(id, want); err != nil {
-				r.log.Warn("write live configuration", "worker", id, "err", err)
-			}
-			if err := r.a.writeRecord(id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
-				r.log.Warn("write worker record", "worker", id, "err", err)
-			}
+			s.failures, s.retryAt, s.state, s.recent = 0, time.Time{}, "", nil
+		} else if !equalAssignment(s.assign, want) {
+			r.liveChange(s, want)
 		}
 	}
 	if g.canRun {

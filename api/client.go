@@ -182,6 +182,42 @@ func (c *Client) KillJob(ctx context.Context, name string, grace time.Duration) 
 	return rec, err
 }
 
+// UpdateJob sends a changed spec (as written) for a running job.
+func (c *Client) UpdateJob(ctx context.Context, name string, spec []byte, policy PolicyOverrides) (UpdateReply, error) {
+	var out UpdateReply
+	err := c.doJSON(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(name)+"/update", UpdateRequest{Spec: string(spec), Policy: policy}, &out)
+	return out, err
+}
+
+// RollbackJob rolls a job back to generation to (0: the one before the current).
+func (c *Client) RollbackJob(ctx context.Context, name string, to int64, policy PolicyOverrides) (UpdateReply, error) {
+	var out UpdateReply
+	err := c.doJSON(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(name)+"/rollback", RollbackRequest{To: to, Policy: policy}, &out)
+	return out, err
+}
+
+// RestartJob restarts a job's workers in place, rolling.
+func (c *Client) RestartJob(ctx context.Context, name string, req RestartRequest) (cluster.JobRecord, error) {
+	var rec cluster.JobRecord
+	err := c.doJSON(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(name)+"/restart", req, &rec)
+	return rec, err
+}
+
+// RolloutAction pauses, resumes or promotes a job's rollout (action: pause, resume,
+// promote).
+func (c *Client) RolloutAction(ctx context.Context, name, action string) (cluster.JobRecord, error) {
+	var rec cluster.JobRecord
+	err := c.doJSON(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(name)+"/"+url.PathEscape(action), struct{}{}, &rec)
+	return rec, err
+}
+
+// JobHistory lists a job's generations.
+func (c *Client) JobHistory(ctx context.Context, name string) (JobHistory, error) {
+	var out JobHistory
+	err := c.doJSON(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(name)+"/history", nil, &out)
+	return out, err
+}
+
 // Nodes lists the live nodes.
 func (c *Client) Nodes(ctx context.Context) ([]NodeView, error) {
 	var out []NodeView

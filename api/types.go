@@ -23,6 +23,9 @@ type JobSummary struct {
 	Stopping   int   `json:"stopping"`
 	Priority   int   `json:"priority"`
 	Generation int64 `json:"generation"`
+	// Rollout is the state of a rollout in progress ("running", "paused",
+	// "awaiting-promotion", "failed", "reverting"), empty when none is.
+	Rollout string `json:"rollout,omitempty"`
 }
 
 // WorkerView is one worker of a job: where the plan put it and what its agent says.
@@ -39,6 +42,9 @@ type WorkerView struct {
 	LastExit string        `json:"lastExit,omitempty"`
 	Memory   cluster.Bytes `json:"memory,omitempty"`
 	Reason   string        `json:"reason,omitempty"` // why it is unplaced
+	// Generation is the generation of the job's spec the worker runs, as its agent reports
+	// (0 before it does).
+	Generation int64 `json:"generation,omitempty"`
 }
 
 // Worker states the API adds to the agents' own.
@@ -135,4 +141,94 @@ type DCView struct {
 // DCRequest is the body of a data-center restore.
 type DCRequest struct {
 	Rebalance bool `json:"rebalance,omitempty"`
+}
+
+// UpdateRequest changes a running job's spec: a new generation, rolled out by the spec's
+// `update:` block with Policy's fields on top.
+type UpdateRequest struct {
+	// Spec is the job spec as written (YAML or JSON), validated with field and line.
+	Spec   string          `json:"spec"`
+	Policy PolicyOverrides `json:"policy,omitzero"`
+}
+
+// PolicyOverrides are the CLI's flags over a spec's `update:` block; nil keeps the spec's.
+type PolicyOverrides struct {
+	MaxParallel *int              `json:"maxParallel,omitempty"`
+	Canary      *int              `json:"canary,omitempty"`
+	By          *string           `json:"by,omitempty"`
+	MinHealthy  *cluster.Duration `json:"minHealthy,omitempty"`
+	Deadline    *cluster.Duration `json:"deadline,omitempty"`
+	AutoRevert  *bool             `json:"autoRevert,omitempty"`
+}
+
+// Apply returns p with the overrides set.
+func (o PolicyOverrides) Apply(p cluster.UpdatePolicy) cluster.UpdatePolicy {
+	if o.MaxParallel != nil {
+		p.MaxParallel = *o.MaxParallel
+	}
+	if o.Canary != nil {
+		p.Canary = *o.Canary
+	}
+	if o.By != nil {
+		p.By = *o.By
+	}
+	if o.MinHealthy != nil {
+		p.MinHealthy = *o.MinHealthy
+	}
+	if o.Deadline != nil {
+		p.Deadline = *o.Deadline
+	}
+	if o.AutoRevert != nil {
+		p.AutoRevert = *o.AutoRevert
+	}
+	return p
+}
+
+// UpdateReply is the answer of an update or rollback: the job as stored, and whether the
+// spec changed at all (an unchanged spec makes no generation and no rollout).
+type UpdateReply struct {
+	Job     cluster.JobRecord `json:"job"`
+	Changed bool              `json:"changed"`
+}
+
+// RollbackRequest rolls a job back to an earlier generation's spec (To; 0: the one before
+// the current), as a new generation.
+type RollbackRequest struct {
+	To     int64           `json:"to,omitempty"`
+	Policy PolicyOverrides `json:"policy,omitzero"`
+}
+
+// RestartRequest restarts a job's workers in place, as a rollout with the job's rules:
+// Workers limits it to these indexes (empty: all); By and MaxParallel override the spec's.
+type RestartRequest struct {
+	Workers     []int  `json:"workers,omitempty"`
+	By          string `json:"by,omitempty"`
+	MaxParallel int    `json:"maxParallel,omitempty"`
+}
+
+// JobHistory is every generation of a job the master keeps, oldest first.
+type JobHistory struct {
+	Job string `json:"job"`
+	// Current is the generation the job's spec is now.
+	Current     int64            `json:"current"`
+	Generations []GenerationView `json:"generations"`
+}
+
+// GenerationView is one generation: when, who, and how its spec differs from the one
+// before it.
+type GenerationView struct {
+	Generation int64        `json:"generation"`
+	At         time.Time    `json:"at"`
+	Who        string       `json:"who,omitempty"`
+	Kind       string       `json:"kind"` // submit, update, rollback
+	Image      string       `json:"image,omitempty"`
+	Changes    []SpecChange `json:"changes,omitempty"`
+}
+
+// SpecChange is one field that differs between two generations' specs: Field is its path
+// (env.LEVEL, command[2], update.maxParallel), From and To its values ("" when absent).
+type SpecChange struct {
+	Field string `json:"field"`
+	From  string `json:"from,omitempty"`
+	To    string `json:"to,omitempty"`
 }

@@ -3,6 +3,8 @@ package cluster
 import (
 	"cmp"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 )
 
@@ -61,4 +63,30 @@ func (a Assignment) Check() error {
 		seen[p.Key()] = true
 	}
 	return nil
+}
+
+// SameRun reports whether two assignments of one worker run the same thing, so that a
+// running worker can stay: command, image (and its pinned digest), environment but its live
+// keys, resources, isolation, output and the restart rollout. The generation is left out:
+// a new generation that changes none of these reaches a worker live.
+func (a WorkerAssignment) SameRun(b WorkerAssignment) bool {
+	return a.Key == b.Key && a.Tenant == b.Tenant && a.Restart == b.Restart &&
+		a.Isolation == b.Isolation && a.Image == b.Image && a.Pinned == b.Pinned &&
+		a.Output == b.Output && a.OutputToken == b.OutputToken && a.System == b.System && a.Resources == b.Resources &&
+		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env)
+}
+
+// SameLive reports whether two assignments of one worker give it the same live
+// configuration (WorkerConfig).
+func (a WorkerAssignment) SameLive(b WorkerAssignment) bool {
+	return a.Workers == b.Workers && a.Epoch == b.Epoch && a.Generation == b.Generation &&
+		slices.Equal(a.Routers, b.Routers) && maps.Equal(a.LiveEnv, b.LiveEnv)
+}
+
+// RunEnv is the environment the worker starts with: Env with LiveEnv's values on top.
+func (a WorkerAssignment) RunEnv() map[string]string {
+	env := make(map[string]string, len(a.Env)+len(a.LiveEnv))
+	maps.Copy(env, a.Env)
+	maps.Copy(env, a.LiveEnv)
+	return env
 }

@@ -1,6 +1,9 @@
 package cluster
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Isolation modes a job's workers run under.
 const (
@@ -62,6 +65,27 @@ type JobSpec struct {
 	// Priority orders jobs when capacity is short: larger is more important.
 	Priority    int      `json:"priority,omitempty" yaml:"priority,omitempty"`
 	GracePeriod Duration `json:"gracePeriod,omitempty" yaml:"gracePeriod,omitempty"`
+	// LiveEnv lists keys of Env whose changes reach running workers through their live
+	// configuration (STORMDOCK_CONFIG and SIGHUP) instead of replacing them.
+	LiveEnv []string `json:"liveEnv,omitempty" yaml:"liveEnv,omitempty"`
+	// Update says how `job update` replaces the workers whose run spec changed.
+	Update UpdatePolicy `json:"update,omitzero" yaml:"update,omitempty"`
+}
+
+// SplitEnv splits the spec's environment into what a worker runs with (a change replaces
+// it) and the keys listed in LiveEnv (a change reaches it live). Both are nil when empty.
+func (j *JobSpec) SplitEnv() (run, live map[string]string) {
+	for k, v := range j.Env {
+		m := &run
+		if slices.Contains(j.LiveEnv, k) {
+			m = &live
+		}
+		if *m == nil {
+			*m = map[string]string{}
+		}
+		(*m)[k] = v
+	}
+	return run, live
 }
 
 // Grace returns the job's grace period, or the default when it sets none.

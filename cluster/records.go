@@ -101,13 +101,19 @@ const (
 // JobRecord is a submitted job as the store keeps it.
 type JobRecord struct {
 	Spec JobSpec `json:"spec"`
-	// Generation grows with every change of the spec, so agents can tell a worker started
-	// from an older spec.
+	// Generation is the generation of Spec: a new one is made by every update of the spec
+	// (its history is under HistoryKey). During a rollout workers run older generations
+	// until they are replaced; a reverted update sets it back to the one before.
 	Generation int64  `json:"generation"`
 	State      string `json:"state"`
 	// Image pins the spec's docker image to a registry digest for one generation (nil for a
 	// job without an image).
 	Image *ImagePin `json:"image,omitempty"`
+	// Epoch counts the changes of the worker count (1 at submit): workers that partition a
+	// stream by index tell one partitioning from the next by it (WorkerConfig.Epoch).
+	Epoch int64 `json:"epoch,omitempty"`
+	// Rollout is the job's current or last rollout (job update, rollback, restart).
+	Rollout *Rollout `json:"rollout,omitempty"`
 	// OutputTokenHash is the hash of the sender token a mirrored job's link workers present
 	// to its router; the token itself is in no record (see package multidc).
 	OutputTokenHash string    `json:"outputTokenHash,omitempty"`
@@ -155,8 +161,10 @@ func WorkerStates() []string {
 type WorkerStatus struct {
 	Key        WorkerKey `json:"key"`
 	Generation int64     `json:"generation"`
-	State      string    `json:"state"`
-	PID        int       `json:"pid,omitempty"`
+	// Restart is the assignment's restart rollout (WorkerAssignment.Restart).
+	Restart int64  `json:"restart,omitempty"`
+	State   string `json:"state"`
+	PID     int    `json:"pid,omitempty"`
 	// Port is the worker's STORMDOCK_PORT on its node's address.
 	Port        int    `json:"port,omitempty"`
 	ContainerID string `json:"containerId,omitempty"`
@@ -189,19 +197,33 @@ type NodeRecord struct {
 	Started time.Time     `json:"started"`
 }
 
-// WorkerAssignment is everything an agent needs to run one worker.
+// WorkerAssignment is everything an agent needs to run one worker. A change of what it runs
+// (SameRun) replaces the worker: stop with grace, then start. A change of the live fields
+// (SameLive: the worker count and its epoch, the generation, live env, routers) rewrites
+// its live configuration and sends it SIGHUP instead.
 type WorkerAssignment struct {
-	Key        WorkerKey `json:"key"`
-	Generation int64     `json:"generation"`
-	Tenant     string    `json:"tenant"`
-	Workers    int       `json:"workers"` // workers in the job (per link)
-	Isolation  string    `json:"isolation"`
-	Command    []string  `json:"command,omitempty"`
-	Image      string    `json:"image,omitempty"`
+	Key WorkerKey `json:"key"`
+	// Generation is the generation of the job's spec the worker runs: during a rollout
+	// workers not replaced yet keep an older one. Live: a new generation that changes
+	// nothing the worker runs reaches it without a restart.
+	Generation int64  `json:"generation"`
+	Tenant     string `json:"tenant"`
+	Workers    int    `json:"workers"` // workers in the job (per link)
+	// Epoch counts the changes of the worker count (JobRecord.Epoch).
+	Epoch int64 `json:"epoch,omitempty"`
+	// Restart is the restart rollout that last replaced the worker in place (job restart):
+	// a new value replaces it though nothing else changed.
+	Restart   int64    `json:"restart,omitempty"`
+	Isolation string   `json:"isolation"`
+	Command   []string `json:"command,omitempty"`
+	Image     string   `json:"image,omitempty"`
 	// Pinned is Image by digest (NAME@sha256:...), as the master resolved it for Generation:
 	// what the agent pulls and runs. Empty when the image is not pinned.
-	Pinned    string            `json:"pinned,omitempty"`
+	Pinned string `json:"pinned,omitempty"`
+	// Env is the environment the worker runs with; LiveEnv holds the keys the spec lists in
+	// liveEnv, whose changes reach the worker live.
 	Env       map[string]string `json:"env,omitempty"`
+	LiveEnv   map[string]string `json:"liveEnv,omitempty"`
 	Resources Resources         `json:"resources"`
 	Priority  int               `json:"priority,omitempty"`
 	Grace     Duration          `json:"grace"`
@@ -224,12 +246,16 @@ type WorkerAssignment struct {
 // WorkerConfig is a worker's live configuration: the file named by STORMDOCK_CONFIG, which
 // its agent rewrites when any of it changes, without restarting the worker.
 type WorkerConfig struct {
-	Job        string   `json:"job"`
-	Link       string   `json:"link,omitempty"`
-	Worker     int      `json:"worker"`
-	Workers    int      `json:"workers"`
-	Generation int64    `json:"generation"`
-	Routers    []string `json:"routers,omitempty"`
+	Job     string `json:"job"`
+	Link    string `json:"link,omitempty"`
+	Worker  int    `json:"worker"`
+	Workers int    `json:"workers"`
+	// Epoch grows with every change of Workers: a worker that partitions its input by
+	// index re-partitions when it changes (see examples/wordcount).
+	Epoch      int64             `json:"epoch"`
+	Generation int64             `json:"generation"`
+	Routers    []string          `json:"routers,omitempty"`
+	Env        map[string]string `json:"env,omitempty"` // the spec's env, live keys as they are now
 }
 
 // NodeAssignment is the set of workers the master wants on one node.

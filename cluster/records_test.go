@@ -12,7 +12,7 @@ import (
 func TestKeyBuildersRefuseEscapes(t *testing.T) {
 	builders := map[string]func(string) (string, error){
 		"job": JobKey, "tenant": TenantKey, "node": NodeKey, "assignment": AssignmentKey,
-		"nodeconf": NodeConfKey, "dc": DCKey, "router": RouterKey, "election": RouterElectionKey,
+		"nodeconf": NodeConfKey, "dc": DCKey, "router": RouterKey, "election": RouterElectionKey, "history": JobHistoryKey,
 	}
 	bad := []string{"", ".", "..", "../tenants/demo", "..%2Ftenants", "a/b", "A", "a_b", "-a", "a-",
 		"a.router", " a", "a\n", "a\x00", "é", strings.Repeat("a", 64), "%2e%2e"}

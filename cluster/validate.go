@@ -133,6 +133,18 @@ func (j *JobSpec) Validate() error {
 			ps.add("env."+k, "STORMDOCK_ variables are set by stormdock itself")
 		}
 	}
+	for i, k := range j.LiveEnv {
+		path := fmt.Sprintf("liveEnv[%d]", i)
+		switch {
+		case k == "" || strings.ContainsAny(k, "=\x00"):
+			ps.add(path, "variable name %q is not valid", k)
+		case strings.HasPrefix(k, "STORMDOCK_"):
+			ps.add(path, "STORMDOCK_ variables are set by stormdock itself")
+		case slices.Index(j.LiveEnv, k) != i:
+			ps.add(path, "%q is listed twice", k)
+		}
+	}
+	j.Update.validate(&ps, "update.", j.Workers)
 	j.Placement.validate(&ps)
 	j.validateLinks(&ps)
 	if j.Priority < 0 || j.Priority > MaxPriority {

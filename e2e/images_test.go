@@ -54,7 +54,7 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	rmi(t, firstID)
 
 	up := exec.Command(binary, "up", "--nodes", "2", "--dcs", "dc-a", "--racks-per-dc", "2", "--slots", "4",
-		"--isolation", "docker", "--data", data, "--api", addr, "--session-timeout", "1s", "--log-level", "warn")
+		"--isolation", "docker", "--data", data, "--api", addr, "--tls=false", "--session-timeout", "1s", "--log-level", "warn")
 	var upOut bytes.Buffer
 	up.Stdout, up.Stderr = &upOut, &upOut
 	if err := up.Start(); err != nil {
@@ -120,6 +120,21 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	})
 	if ids := jobImages(t, "wcimg"); len(ids) != 2 || ids[0] != firstID || ids[1] != firstID {
 		t.Fatalf("after the tag moved to %s and a restart, wcimg runs %v; want the pinned %s on both", moved, ids, firstID)
+	}
+
+	// A rollout to a new image: pinned for generation 2, pulled ahead on the nodes of the
+	// workers it replaces, then every worker replaced onto it, one at a time.
+	tag2 := strings.TrimSuffix(tag, ":1") + ":2"
+	out2 := c.ok("image", "build", "--tag", tag2, "--push", "--job", allocBinary)
+	secondID, pinned2 := builtID(out2), lastLine(out2)
+	t.Cleanup(func() { _ = exec.Command("docker", "rmi", "--force", secondID).Run() })
+	rmi(t, secondID) // so the agents have to pull it
+	out = c.ok("job", "update", spec("wcimg", tag2), "--min-healthy", "1s", "--wait")
+	if !strings.Contains(out, "pinned for generation 2: "+pinned2) || !strings.Contains(out, "every worker on generation 2") {
+		t.Fatalf("update to %s: %s; want it pinned for generation 2 and rolled out", tag2, out)
+	}
+	if ids := jobImages(t, "wcimg"); len(ids) != 2 || ids[0] != secondID || ids[1] != secondID {
+		t.Fatalf("after the update wcimg runs %v; want %s on both", ids, secondID)
 	}
 
 	// A tag that does not exist: accepted, not pinned, 'image pull failed' with the

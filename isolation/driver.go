@@ -130,6 +130,14 @@ type Waiter interface {
 	Wait(ctx context.Context, id string) (Exit, error)
 }
 
+// Signaler delivers signals to running workers.
+type Signaler interface {
+	// Signal sends sig to the worker's main process: the lease launcher, which passes it
+	// on, or the worker's own program. The agent sends SIGHUP after rewriting a worker's
+	// live configuration. A worker that has ended is not signalled (no error).
+	Signal(ctx context.Context, id string, sig syscall.Signal) error
+}
+
 // Lister lists and adopts workers.
 type Lister interface {
 	// Adopt takes over the workers an earlier driver instance on this node left behind,
@@ -150,6 +158,7 @@ type Driver interface {
 	Starter
 	Stopper
 	Waiter
+	Signaler
 	Lister
 	Meter
 	// Close stops watching workers and releases the driver's resources. Workers keep

@@ -34,6 +34,13 @@ func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	route("GET /v1/jobs/{name}", roleTenant, m.getJob)
 	route("POST /v1/jobs/{name}/scale", roleTenant, m.scaleJob)
 	route("POST /v1/jobs/{name}/kill", roleTenant, m.killJob)
+	route("POST /v1/jobs/{name}/update", roleTenant, m.updateJob)
+	route("POST /v1/jobs/{name}/rollback", roleTenant, m.rollbackJob)
+	route("POST /v1/jobs/{name}/restart", roleTenant, m.restartJob)
+	route("POST /v1/jobs/{name}/pause", roleTenant, m.rolloutAction(ActionPause))
+	route("POST /v1/jobs/{name}/resume", roleTenant, m.rolloutAction(ActionResume))
+	route("POST /v1/jobs/{name}/promote", roleTenant, m.rolloutAction(ActionPromote))
+	route("GET /v1/jobs/{name}/history", roleTenant, m.jobHistory)
 	route("GET /v1/nodes", roleTenant, m.listNodes)
 	route("POST /v1/nodes/{id}/drain", roleAdmin, m.drainNode(true))
 	route("POST /v1/nodes/{id}/undrain", roleAdmin, m.drainNode(false))
@@ -120,7 +127,7 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 	// The registry is asked before the store, outside its retries: a slow registry delays
 	// this submit only.
 	pin := pinImage(r.Context(), m.cfg.Resolver, spec, 1)
-	rec, err := SubmitJobPinned(r.Context(), m.store, spec, pin)
+	rec, err := SubmitJobAs(r.Context(), m.store, spec, pin, principalOf(r.Context()).String())
 	if err != nil {
 		failErr(w, err)
 		return
@@ -218,6 +225,7 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 		}
 		if s, ok := v.statuses[k]; ok && (wv.Node == "" || s.node == wv.Node) {
 			wv.State, wv.PID, wv.Restarts, wv.LastExit, wv.Memory = s.status.State, s.status.PID, s.status.Restarts, s.status.LastExit, s.status.Memory
+			wv.Generation = s.status.Generation
 			if wv.Node == "" {
 				wv.Node = s.node
 			}
@@ -298,6 +306,9 @@ func (m *Master) unplaced(v *view, assigned map[cluster.WorkerKey]string) map[cl
 func summarize(v *view, rec cluster.JobRecord, assigned map[cluster.WorkerKey]string, unplaced map[cluster.WorkerKey]string) api.JobSummary {
 	s := api.JobSummary{Name: rec.Spec.Name, Tenant: rec.Spec.Tenant, State: rec.State, Workers: rec.Spec.TotalWorkers(),
 		Priority: rec.Spec.Priority, Generation: rec.Generation}
+	if rec.Rollout.Active() {
+		s.Rollout = rec.Rollout.State
+	}
 	for _, k := range rec.Spec.Keys() {
 		if st, ok := v.statuses[k]; ok && st.status.State == cluster.WorkerRunning && st.node == assigned[k] {
 			s.Running++

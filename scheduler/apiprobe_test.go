@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -271,6 +272,22 @@ func TestAPIBadInputChangesNothing(t *testing.T) {
 		{"POST", "/v1/jobs/demo-job/kill", `{"grace": "soon"}`, 400, "bad request body"},
 		{"POST", "/v1/jobs/demo-job/kill", `{"grace": "1s", "grace": "0s"}`, 400, "given twice"},
 		{"POST", "/v1/dcs/dc-a/fail", `{"rebalance": true}`, 400, "goes with restore only"},
+		// Rollouts.
+		{"POST", "/v1/jobs/demo-job/update", `{"spec": ""}`, 400, "the document is empty"},
+		{"POST", "/v1/jobs/demo-job/update", `{"spec": "name: demo-job\nworkers: 0\n"}`, 400, "workers: must be at least 1 (line 2)"},
+		{"POST", "/v1/jobs/demo-job/update", `{"spec": ` + strconv.Quote(spec("other-name", "demo")) + `}`, 400, `the spec is of job "other-name"`},
+		{"POST", "/v1/jobs/demo-job/update", `{"spec": ` + strconv.Quote(spec("demo-job", "other")) + `}`, 400, "cannot move to another tenant"},
+		{"POST", "/v1/jobs/demo-job/update", `{"spec": ` + strconv.Quote(spec("demo-job", "demo")) + `, "policy": {"by": "zone"}}`, 400, "must be worker, node, rack or dc"},
+		{"POST", "/v1/jobs/demo-job/update", `{"spec": ` + strconv.Quote(spec("demo-job", "demo")) + `, "policy": {"maxParallel": -2}}`, 400, "must not be negative"},
+		{"POST", "/v1/jobs/demo-job/update", `{"spec": "x", "spec": "y"}`, 400, "given twice"},
+		{"POST", "/v1/jobs/demo-job/rollback", `{"to": -1}`, 400, "must be a generation"},
+		{"POST", "/v1/jobs/demo-job/rollback", `{"to": 7}`, 404, "no generation 7"},
+		{"POST", "/v1/jobs/demo-job/rollback", `{}`, 400, "no generation before 1"},
+		{"POST", "/v1/jobs/demo-job/restart", `{"workers": [5]}`, 400, "has workers 0 to"},
+		{"POST", "/v1/jobs/demo-job/restart", `{"maxParallel": -1}`, 400, "must not be negative"},
+		{"POST", "/v1/jobs/demo-job/promote", `{}`, 400, "no rollout in progress"},
+		{"POST", "/v1/jobs/demo-job/pause", `{"now": true}`, 400, "unknown field"},
+		{"GET", "/v1/jobs/demo-job/pause", ``, 405, "takes POST"},
 		{"POST", "/v1/dcs/dc-a/restore", `{"rebalance": "yes"}`, 400, "bad request body"},
 		{"POST", "/v1/tenants", `{"name": "t1", "maxWorkers": -5}`, 400, "must not be negative"},
 		{"POST", "/v1/tenants", `{"name": "t1", "maxWorkers": 1.5}`, 400, "bad request body"},

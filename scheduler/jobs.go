@@ -100,6 +100,11 @@ func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.
 
 // SubmitJobPinned is SubmitJob with the image pin of its first generation (see pinImage).
 func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cluster.ImagePin) (cluster.JobRecord, error) {
+	return SubmitJobAs(ctx, s, spec, pin, "")
+}
+
+// SubmitJobAs is SubmitJobPinned recording who submitted in the job's history.
+func SubmitJobAs(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cluster.ImagePin, who string) (cluster.JobRecord, error) {
 	if err := spec.Validate(); err != nil {
 		return cluster.JobRecord{}, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
@@ -109,6 +114,10 @@ func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin
 		return rec, err
 	}
 	tenantKey, err := keyOf(cluster.TenantKey(spec.Tenant))
+	if err != nil {
+		return rec, err
+	}
+	historyKey, err := keyOf(cluster.JobHistoryKey(spec.Name))
 	if err != nil {
 		return rec, err
 	}
@@ -128,18 +137,26 @@ func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin
 			return err
 		}
 		now := time.Now().UTC()
-		rec = cluster.JobRecord{Spec: *spec, Generation: 1, State: cluster.JobRunning, Image: pin, Submitted: now, Updated: now}
+		rec = cluster.JobRecord{Spec: *spec, Generation: 1, Epoch: 1, State: cluster.JobRunning, Image: pin, Submitted: now, Updated: now}
 		if spec.Mirrored() {
 			if rec.OutputTokenHash, err = outputTokenHash(ctx, s, rec); err != nil {
 				return err
 			}
 		}
 		val, _ := json.Marshal(rec)
+		hist, _ := json.Marshal(cluster.JobHistory{Job: spec.Name, Generations: []cluster.GenerationRecord{
+			{Generation: 1, Spec: *spec, Image: pin, At: now, Who: who, Kind: "submit"}}})
+		ops := []coord.Op{coord.PutOp(tenantKey, te.Value, te.Version), coord.CreateOp(jobKey, val, coord.Persistent)}
+		// A history left by an earlier job of this name (its record removed by hand) is
+		// replaced: the new job's starts afresh.
+		if he, err := s.Get(ctx, historyKey); err == nil {
+			ops = append(ops, coord.PutOp(historyKey, hist, he.Version))
+		} else {
+			ops = append(ops, coord.CreateOp(historyKey, hist, coord.Persistent))
+		}
 		// A conflict on the tenant (another submit or scale counted its quota meanwhile)
 		// makes Retry read everything again.
-		_, err = s.Txn(ctx,
-			coord.PutOp(tenantKey, te.Value, te.Version),
-			coord.CreateOp(jobKey, val, coord.Persistent))
+		_, err = s.Txn(ctx, ops...)
 		switch {
 		case err == nil:
 			return nil
@@ -212,6 +229,9 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 			if err := checkQuota(t, usedW+rec.Spec.TotalWorkers(), usedM+cluster.Bytes(rec.Spec.TotalWorkers())*spec.Resources.Memory, &grow); err != nil {
 				return err
 			}
+		}
+		if rec.Spec.Workers != spec.Workers {
+			rec.Epoch = max(rec.Epoch, 1) + 1
 		}
 		rec.Spec = spec
 		rec.Updated = time.Now().UTC()

@@ -228,7 +228,7 @@ func (m *Master) Run(ctx context.Context) error {
 
 // ensureDirs creates the store's top-level directories so watches have something to watch.
 func ensureDirs(ctx context.Context, s coord.KV) error {
-	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, cluster.DCsKey, cluster.MasterDirKey} {
+	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, cluster.DCsKey, cluster.MasterDirKey, cluster.HistoryKey} {
 		if _, err := s.Create(ctx, k, nil, coord.Persistent); err != nil && !errors.Is(err, coord.ErrExists) {
 			return fmt.Errorf("scheduler: create %s: %w", k, err)
 		}
@@ -252,6 +252,7 @@ func (m *Master) lead(ctx context.Context) error {
 	}
 	m.startGrace("started leading")
 	r := &reconciler{m: m}
+	defer r.stopWake()
 	if err := r.loadAssignments(ctx); err != nil {
 		return err
 	}

@@ -471,6 +471,20 @@ func TestCrashLoopMovesJobOffNode(t *testing.T) {
 	if _, err := bad.Put(tc.ctx, cluster.NodesKey+"/bad", val, coord.AnyVersion); err != nil {
 		t.Fatal(err)
 	}
+	// The move waits for the old copy: bad's assignment loses the worker first, and only
+	// once bad no longer reports it (its agent stopped it) does good get it.
+	testenv.Eventually(t, "the worker taken off node bad", 5*time.Second, func() bool {
+		a := tc.assignments()
+		return len(a) == 1 && a[onBad] == ""
+	})
+	if a := tc.assignments(); a[onBad] != "" {
+		t.Fatalf("worker %s assigned to %s while node bad still reports it", onBad, a[onBad])
+	}
+	rec.Workers = nil
+	val, _ = json.Marshal(rec)
+	if _, err := bad.Put(tc.ctx, cluster.NodesKey+"/bad", val, coord.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
 	testenv.Eventually(t, "the job moved off node bad", 5*time.Second, func() bool {
 		a := tc.assignments()
 		return len(a) == 2 && a[onBad] == "good"

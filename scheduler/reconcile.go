@@ -32,6 +32,10 @@ type reconciler struct {
 	assign       map[string]assignState
 	lastUnplaced int
 	outputKey    []byte // sender tokens are made with it (see output.go)
+	// ro is this reconcile's rollout decisions (rollout.go); wake reconciles again when
+	// a rollout waits for time to pass.
+	ro   *rolloutPlan
+	wake *time.Timer
 }
 
 func (r *reconciler) loadAssignments(ctx context.Context) error {
@@ -102,6 +106,11 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 			placements = append(placements, p) // stays on its lost node until it can move whole
 		}
 	}
+	// Rollouts decide which workers take their job's new generation now; moves wait for
+	// the old copy to stop.
+	if placements, err = r.rollouts(ctx, v, placements); err != nil {
+		return err
+	}
 	want := r.desired(v, placements, stopping)
 	writes, err := r.write(ctx, want)
 	if err != nil {
@@ -154,7 +163,7 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 		j, _ := v.record(p.Job)
 		a := want[p.Node]
 		a.Node = p.Node
-		a.Workers = append(a.Workers, workerAssignment(v, j, p.Key(), r.outputKey))
+		a.Workers = append(a.Workers, r.assignmentOf(v, j, p.Key()))
 		want[p.Node] = a
 	}
 	for node, ws := range stopping {
@@ -173,6 +182,9 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 	for node, a := range want {
 		if rec, ok := v.nodes[node]; ok {
 			a.DC, a.Rack, a.Session = rec.Node.DC, rec.Node.Rack, v.sessions[node]
+			if r.ro != nil {
+				a.Prepull = r.ro.prepull[node]
+			}
 		} else {
 			old := r.assign[node].a
 			a.DC, a.Rack, a.Session = old.DC, old.Rack, old.Session
@@ -190,16 +202,19 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 
 func workerAssignment(v *view, j cluster.JobRecord, k cluster.WorkerKey, outputKey []byte) cluster.WorkerAssignment {
 	s := j.Spec
+	env, live := s.SplitEnv()
 	wa := cluster.WorkerAssignment{
 		Key:        k,
 		Generation: j.Generation,
 		Tenant:     s.Tenant,
 		Workers:    s.Workers,
+		Epoch:      j.Epoch,
+		LiveEnv:    live,
 		Isolation:  s.IsolationMode(),
 		Command:    s.Command,
 		Image:      s.Image,
 		Pinned:     j.Image.PinnedFor(j.Generation),
-		Env:        s.Env,
+		Env:        env,
 		Resources:  s.Resources,
 		Priority:   s.Priority,
 		Grace:      cluster.Duration(s.Grace()),
@@ -321,6 +336,11 @@ func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
 				return fmt.Errorf("scheduler: remove the router record of %s: %w", name, err)
 			}
 		}
+		if historyKey, err := cluster.JobHistoryKey(name); err == nil {
+			if err := r.m.store.Delete(ctx, historyKey, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
+				return fmt.Errorf("scheduler: remove the history of %s: %w", name, err)
+			}
+		}
 		err = r.m.store.Delete(ctx, jobKey, j.version)
 		r.m.metrics.storeWrites.Inc()
 		if err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrConflict) {
@@ -363,7 +383,7 @@ func (r *reconciler) noteCrashLoops(ctx context.Context, v *view) error {
 			if w.RecentRestarts < r.m.cfg.CrashLoopRestarts || slices.Contains(v.confs[node].Avoid, w.Key.Job) {
 				continue
 			}
-			if _, ok := v.jobs[w.Key.Job]; !ok {
+			if j, ok := v.jobs[w.Key.Job]; !ok || judgedByRollout(j.rec, w) {
 				continue
 			}
 			job := w.Key.Job

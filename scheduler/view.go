@@ -177,20 +177,23 @@ func nodeRelevant(old, new []byte) bool {
 	if json.Unmarshal(old, &a) != nil || json.Unmarshal(new, &b) != nil {
 		return true
 	}
-	if a.Health != b.Health || a.Agent != b.Agent || !reflect.DeepEqual(a.Node, b.Node) || len(a.Workers) != len(b.Workers) {
+	if a.Health != b.Health || a.Agent != b.Agent || !reflect.DeepEqual(a.Node, b.Node) || len(a.Workers) != len(b.Workers) ||
+		!slices.EqualFunc(a.Images, b.Images, func(x, y cluster.ImageStatus) bool { return x.Ref == y.Ref && x.State == y.State }) {
 		return true
 	}
 	type key struct {
 		k       cluster.WorkerKey
 		state   string
 		crashes int
+		gen     int64
+		restart int64
 	}
 	seen := make(map[key]int, len(a.Workers))
 	for _, w := range a.Workers {
-		seen[key{w.Key, w.State, w.RecentRestarts}]++
+		seen[key{w.Key, w.State, w.RecentRestarts, w.Generation, w.Restart}]++
 	}
 	for _, w := range b.Workers {
-		k := key{w.Key, w.State, w.RecentRestarts}
+		k := key{w.Key, w.State, w.RecentRestarts, w.Generation, w.Restart}
 		if seen[k] == 0 {
 			return true
 		}

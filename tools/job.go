@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,6 +52,64 @@ var JobCommand = &cli.Command{
 				&cli.BoolFlag{Name: "wait", Usage: "show progress until the job has settled"},
 				&cli.DurationFlag{Name: "timeout", Usage: "with --wait: give up after this long", Value: 2 * time.Minute}),
 			Action: jobScale,
+		},
+		{
+			Name:      "update",
+			Usage:     "change a running job's spec: a new generation, rolled out to the workers whose run changes",
+			ArgsUsage: "FILE",
+			Description: "The spec's update: block says how (maxParallel, canary, by, minHealthy, deadline, autoRevert);\n" +
+				"the flags override it. Workers whose command, image, env (but liveEnv keys), resources or node\n" +
+				"change are replaced, stop then start, maxParallel at a time; the others take the new generation live.",
+			Flags:  append(append(masterFlags(), policyFlags()...), waitFlags()...),
+			Action: jobUpdate,
+		},
+		{
+			Name:      "history",
+			Usage:     "list a job's generations: when, who, and how each spec differs from the one before",
+			ArgsUsage: "NAME",
+			Flags:     append(masterFlags(), outputFlag),
+			Action:    jobHistory,
+		},
+		{
+			Name:      "rollback",
+			Usage:     "roll a job back to an earlier generation's spec (as a new generation)",
+			ArgsUsage: "NAME",
+			Flags: append(append(append(masterFlags(),
+				&cli.Int64Flag{Name: "to", Usage: "the generation `GEN` to go back to (default: the one before the current)"}),
+				policyFlags()...), waitFlags()...),
+			Action: jobRollback,
+		},
+		{
+			Name:      "promote",
+			Usage:     "accept a rollout's canaries: the rest of the workers follow",
+			ArgsUsage: "NAME",
+			Flags:     append(masterFlags(), waitFlags()...),
+			Action:    rolloutAction("promote"),
+		},
+		{
+			Name:      "pause",
+			Usage:     "stop a rollout after the replacements under way",
+			ArgsUsage: "NAME",
+			Flags:     masterFlags(),
+			Action:    rolloutAction("pause"),
+		},
+		{
+			Name:      "resume",
+			Usage:     "continue a paused (or failed) rollout",
+			ArgsUsage: "NAME",
+			Flags:     append(masterFlags(), waitFlags()...),
+			Action:    rolloutAction("resume"),
+		},
+		{
+			Name:      "restart",
+			Usage:     "restart a job's workers in place, rolling, with the job's update rules",
+			ArgsUsage: "NAME",
+			Flags: append(append(masterFlags(),
+				&cli.IntSliceFlag{Name: "worker", Usage: "restart only worker `N` (repeat for more)"},
+				&cli.StringFlag{Name: "by", Usage: "replace one failure domain at a time: `BY` is worker, node, rack or dc (default: the spec's update.by)"},
+				&cli.IntFlag{Name: "max-parallel", Usage: "`N` workers restarted at once (default: the spec's update.maxParallel, else 1)"}),
+				waitFlags()...),
+			Action: jobRestart,
 		},
 		{
 			Name:      "kill",
@@ -250,9 +309,13 @@ func jobList(c *cli.Context) error {
 		return apiErr(c, err)
 	}
 	return printOut(c, jobs, func(w io.Writer) {
-		fmt.Fprintln(w, "NAME\tTENANT\tSTATE\tRUNNING\tWORKERS\tUNPLACED\tPRIORITY")
+		fmt.Fprintln(w, "NAME\tTENANT\tSTATE\tRUNNING\tWORKERS\tUNPLACED\tPRIORITY\tGEN\tROLLOUT")
 		for _, j := range jobs {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%d\n", clip(j.Name, 24), clip(j.Tenant, 16), j.State, j.Running, j.Workers, j.Unplaced, j.Priority)
+			ro := j.Rollout
+			if ro == "" {
+				ro = "-"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", clip(j.Name, 24), clip(j.Tenant, 16), j.State, j.Running, j.Workers, j.Unplaced, j.Priority, j.Generation, ro)
 		}
 	})
 }
@@ -282,7 +345,11 @@ func jobStatus(c *cli.Context) error {
 		if line := imageLine(st.Job); line != "" {
 			fmt.Fprintln(w, line)
 		}
-		fmt.Fprintln(w, "WORKER\tNODE\tDC\tRACK\tSTATE\tPID\tRESTARTS\tLAST EXIT")
+		fmt.Fprintf(w, "generation %d\n", st.Job.Generation)
+		if ro := st.Job.Rollout; ro != nil {
+			fmt.Fprintln(w, rolloutLine(st.Job))
+		}
+		fmt.Fprintln(w, "WORKER\tNODE\tDC\tRACK\tSTATE\tGEN\tPID\tRESTARTS\tLAST EXIT")
 		for _, wv := range st.Workers {
 			id := fmt.Sprint(wv.Worker)
 			if wv.Link != "" {
@@ -296,7 +363,11 @@ func jobStatus(c *cli.Context) error {
 			if wv.PID != 0 {
 				pid = fmt.Sprint(wv.PID)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", id, clip(wv.Node, 16), clip(wv.DC, 8), clip(wv.Rack, 8), wv.State, pid, wv.Restarts, clip(last, 72))
+			gen := "-"
+			if wv.Generation != 0 {
+				gen = fmt.Sprint(wv.Generation)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", id, clip(wv.Node, 16), clip(wv.DC, 8), clip(wv.Rack, 8), wv.State, gen, pid, wv.Restarts, clip(last, 72))
 		}
 	})
 }
@@ -312,4 +383,298 @@ func imageLine(rec cluster.JobRecord) string {
 		return fmt.Sprintf("image %s pinned for generation %d: %s", p.Image, p.Generation, p.Ref)
 	}
 	return fmt.Sprintf("image %s not pinned yet (workers pull the tag; the master tries again): %s", p.Image, p.Error)
+}
+
+// policyFlags override a spec's update: block.
+func policyFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "max-parallel", Usage: "`N` workers replaced at once (update.maxParallel)"},
+		&cli.IntFlag{Name: "canary", Usage: "`N` workers replaced first and held until job promote (update.canary)"},
+		&cli.StringFlag{Name: "by", Usage: "replace one failure domain at a time: `BY` is worker, node, rack or dc (update.by)"},
+		&cli.DurationFlag{Name: "min-healthy", Usage: "a replaced worker must run `D` without a restart to be healthy (update.minHealthy)"},
+		&cli.DurationFlag{Name: "deadline", Usage: "a replacement not healthy within `D` fails the update (update.deadline)"},
+		&cli.BoolFlag{Name: "auto-revert", Usage: "a failed update puts the replaced workers back on the previous generation (update.autoRevert)"},
+	}
+}
+
+// waitFlags follow a rollout.
+func waitFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.BoolFlag{Name: "wait", Usage: "show the rollout's progress until it is done, fails or waits for an operator"},
+		&cli.DurationFlag{Name: "timeout", Usage: "with --wait: give up after this long", Value: 30 * time.Minute},
+	}
+}
+
+// overrides reads the policy flags that were given.
+func overrides(c *cli.Context) (api.PolicyOverrides, error) {
+	var o api.PolicyOverrides
+	if c.IsSet("max-parallel") {
+		v := c.Int("max-parallel")
+		if v < 1 {
+			return o, usageErr("--max-parallel must be at least 1")
+		}
+		o.MaxParallel = &v
+	}
+	if c.IsSet("canary") {
+		v := c.Int("canary")
+		if v < 0 {
+			return o, usageErr("--canary must not be negative")
+		}
+		o.Canary = &v
+	}
+	if c.IsSet("by") {
+		v := c.String("by")
+		if !slices.Contains([]string{cluster.RolloutByWorker, cluster.RolloutByNode, cluster.RolloutByRack, cluster.RolloutByDC}, v) {
+			return o, usageErr("--by must be worker, node, rack or dc, not %q", v)
+		}
+		o.By = &v
+	}
+	for _, f := range []struct {
+		name string
+		dst  **cluster.Duration
+	}{{"min-healthy", &o.MinHealthy}, {"deadline", &o.Deadline}} {
+		if c.IsSet(f.name) {
+			d := c.Duration(f.name)
+			if d <= 0 {
+				return o, usageErr("--%s must be more than 0", f.name)
+			}
+			v := cluster.Duration(d)
+			*f.dst = &v
+		}
+	}
+	if c.IsSet("auto-revert") {
+		v := c.Bool("auto-revert")
+		o.AutoRevert = &v
+	}
+	return o, nil
+}
+
+func jobUpdate(c *cli.Context) error {
+	if err := wantArgs(c, 1, "one job spec FILE"); err != nil {
+		return err
+	}
+	data, err := os.ReadFile(c.Args().First())
+	if err != nil {
+		return usageErr("read job spec: %v", err)
+	}
+	// Read here for the job's name (and to refuse a bad spec before any request); the master
+	// checks it again.
+	spec, err := cluster.ParseJobSpec(data)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	o, err := overrides(c)
+	if err != nil {
+		return err
+	}
+	cl, err := newClient(c)
+	if err != nil {
+		return err
+	}
+	up, err := cl.UpdateJob(c.Context, spec.Name, data, o)
+	if err != nil {
+		return apiErr(c, err)
+	}
+	return rolloutStarted(c, cl, up)
+}
+
+func jobRollback(c *cli.Context) error {
+	if err := wantName(c, "the job NAME"); err != nil {
+		return err
+	}
+	if c.Int64("to") < 0 {
+		return usageErr("--to must be a generation (1 or more)")
+	}
+	o, err := overrides(c)
+	if err != nil {
+		return err
+	}
+	cl, err := newClient(c)
+	if err != nil {
+		return err
+	}
+	up, err := cl.RollbackJob(c.Context, c.Args().First(), c.Int64("to"), o)
+	if err != nil {
+		return apiErr(c, err)
+	}
+	return rolloutStarted(c, cl, up)
+}
+
+// rolloutStarted reports an update's or rollback's outcome and, with --wait, follows it.
+func rolloutStarted(c *cli.Context, cl *api.Client, up api.UpdateReply) error {
+	rec := up.Job
+	if !up.Changed {
+		fmt.Fprintf(c.App.Writer, "job %s: spec unchanged, still generation %d\n", rec.Spec.Name, rec.Generation)
+		return nil
+	}
+	ro := rec.Rollout
+	p := ro.Policy
+	fmt.Fprintf(c.App.Writer, "job %s: generation %d (from %d), rollout %d: by %s, %d at a time", rec.Spec.Name, rec.Generation, ro.From, ro.ID, p.By, p.MaxParallel)
+	if p.Canary > 0 {
+		fmt.Fprintf(c.App.Writer, ", %d canaries first", p.Canary)
+	}
+	fmt.Fprintf(c.App.Writer, ", healthy after %s, deadline %s", p.MinHealthy, p.Deadline)
+	if p.AutoRevert {
+		fmt.Fprint(c.App.Writer, ", auto-revert")
+	}
+	fmt.Fprintln(c.App.Writer)
+	if line := imageLine(rec); line != "" {
+		fmt.Fprintln(c.App.Writer, line)
+	}
+	if c.Bool("wait") {
+		return waitRollout(c, cl, rec.Spec.Name, ro.ID)
+	}
+	return nil
+}
+
+func jobRestart(c *cli.Context) error {
+	if err := wantName(c, "the job NAME"); err != nil {
+		return err
+	}
+	req := api.RestartRequest{Workers: c.IntSlice("worker"), By: c.String("by"), MaxParallel: c.Int("max-parallel")}
+	for _, w := range req.Workers {
+		if w < 0 {
+			return usageErr("--worker must be a worker index (0 or more), not %d", w)
+		}
+	}
+	if c.IsSet("max-parallel") && req.MaxParallel < 1 {
+		return usageErr("--max-parallel must be at least 1")
+	}
+	if req.By != "" && !slices.Contains([]string{cluster.RolloutByWorker, cluster.RolloutByNode, cluster.RolloutByRack, cluster.RolloutByDC}, req.By) {
+		return usageErr("--by must be worker, node, rack or dc, not %q", req.By)
+	}
+	cl, err := newClient(c)
+	if err != nil {
+		return err
+	}
+	rec, err := cl.RestartJob(c.Context, c.Args().First(), req)
+	if err != nil {
+		return apiErr(c, err)
+	}
+	ro := rec.Rollout
+	fmt.Fprintf(c.App.Writer, "job %s: rolling restart (rollout %d) of %d workers, by %s, %d at a time\n", rec.Spec.Name, ro.ID, ro.Total, ro.Policy.By, ro.Policy.MaxParallel)
+	if c.Bool("wait") {
+		return waitRollout(c, cl, rec.Spec.Name, ro.ID)
+	}
+	return nil
+}
+
+// rolloutAction is `job pause`, `job resume` and `job promote`.
+func rolloutAction(action string) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if err := wantName(c, "the job NAME"); err != nil {
+			return err
+		}
+		cl, err := newClient(c)
+		if err != nil {
+			return err
+		}
+		rec, err := cl.RolloutAction(c.Context, c.Args().First(), action)
+		if err != nil {
+			return apiErr(c, err)
+		}
+		fmt.Fprintln(c.App.Writer, rolloutLine(rec))
+		if action != "pause" && c.Bool("wait") {
+			return waitRollout(c, cl, rec.Spec.Name, rec.Rollout.ID)
+		}
+		return nil
+	}
+}
+
+// rolloutLine is a job's rollout in one line.
+func rolloutLine(rec cluster.JobRecord) string {
+	ro := rec.Rollout
+	line := ro.Summary()
+	switch ro.State {
+	case cluster.RolloutCanary:
+		line += fmt.Sprintf("; promote with `stormdock job promote %s` or roll back with `stormdock job rollback %s`", rec.Spec.Name, rec.Spec.Name)
+	case cluster.RolloutPaused, cluster.RolloutFailed:
+		line += fmt.Sprintf("; continue with `stormdock job resume %s`", rec.Spec.Name)
+	}
+	return line
+}
+
+// waitRollout follows rollout id of a job until it is done (exit 0), fails or is reverted
+// (exit 1), or waits for an operator (paused, awaiting promotion: exit 0).
+func waitRollout(c *cli.Context, cl *api.Client, name string, id int64) error {
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	start := time.Now()
+	last := ""
+	for {
+		st, err := cl.Job(ctx, name)
+		if err == nil && st.Job.Rollout != nil && st.Job.Rollout.ID >= id {
+			ro := st.Job.Rollout
+			if line := ro.Summary(); line != last {
+				fmt.Fprintf(c.App.Writer, "%s %s\n", time.Since(start).Round(100*time.Millisecond), line)
+				last = line
+			}
+			switch ro.State {
+			case cluster.RolloutDone:
+				fmt.Fprintf(c.App.Writer, "job %s: every worker on generation %d after %s\n", name, ro.To, time.Since(start).Round(time.Millisecond))
+				return nil
+			case cluster.RolloutReverted:
+				return cli.Exit(fmt.Sprintf("stormdock: job %s: update failed and reverted to generation %d: %s", name, ro.To, ro.Reason), 1)
+			case cluster.RolloutFailed:
+				return cli.Exit(fmt.Sprintf("stormdock: job %s: rollout failed: %s (workers replaced so far stay; `stormdock job resume %s` tries again, `stormdock job rollback %s` goes back)", name, ro.Reason, name, name), 1)
+			case cluster.RolloutCanary, cluster.RolloutPaused:
+				fmt.Fprintln(c.App.Writer, rolloutLine(st.Job))
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return cli.Exit(fmt.Sprintf("stormdock: job %s: rollout not done after %s: %s", name, c.Duration("timeout"), last), 1)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func jobHistory(c *cli.Context) error {
+	if err := wantName(c, "the job NAME"); err != nil {
+		return err
+	}
+	cl, err := newClient(c)
+	if err != nil {
+		return err
+	}
+	h, err := cl.JobHistory(c.Context, c.Args().First())
+	if err != nil {
+		return apiErr(c, err)
+	}
+	return printOut(c, h, func(w io.Writer) {
+		fmt.Fprintln(w, "GEN\tWHEN\tWHO\tKIND\tCHANGES")
+		for _, g := range h.Generations {
+			gen := fmt.Sprint(g.Generation)
+			if g.Generation == h.Current {
+				gen += "*"
+			}
+			who := g.Who
+			if who == "" {
+				who = "-"
+			}
+			first := "-"
+			if g.Kind == "submit" {
+				first = "submitted"
+			}
+			changes := make([]string, 0, len(g.Changes))
+			for _, ch := range g.Changes {
+				changes = append(changes, fmt.Sprintf("%s: %s -> %s", ch.Field, orNone(ch.From), orNone(ch.To)))
+			}
+			if len(changes) > 0 {
+				first = changes[0]
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", gen, g.At.Local().Format("2006-01-02 15:04:05"), clip(who, 20), g.Kind, clip(first, 80))
+			for _, ch := range changes[min(1, len(changes)):] {
+				fmt.Fprintf(w, "\t\t\t\t%s\n", clip(ch, 80))
+			}
+		}
+	})
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return fmt.Sprintf("%q", s)
 }

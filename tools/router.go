@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -34,6 +36,9 @@ var RouterCommand = &cli.Command{
 }
 
 func routerRun(c *cli.Context) error {
+	// A router is one of its job's workers: its agent sends SIGHUP when its live
+	// configuration changes, which tells a router nothing (it finds its peers in the store).
+	signal.Ignore(syscall.SIGHUP)
 	// The environment gives defaults that flags on the command line override (the flag
 	// package keeps the last value).
 	var env []string

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
 
@@ -25,6 +27,7 @@ var wordcountCommand = &cli.Command{
 	Usage:     "count the words of this worker's share of a line source, one JSON record per line",
 	UsageText: "stormdock worker wordcount [--input FILE] [--rate N] [--output FILE]",
 	Description: "Takes the lines whose 0-based offset % STORMDOCK_WORKERS == STORMDOCK_WORKER, and writes\n" +
+		"(with --output under stormdock: re-partitions exactly once when the worker count changes, through FILE.ledger)\n" +
 		"{\"offset\":N,\"worker\":i,\"link\":...,\"counts\":{...}} per line to --output, to STORMDOCK_OUTPUT when it\n" +
 		"is an http:// URL (POSTed JSON lines), else to stdout. It follows --input for appended lines\n" +
 		"until SIGTERM, then flushes and exits 0. Without --input it reads an embedded sample text.",
@@ -47,6 +50,23 @@ var wordcountCommand = &cli.Command{
 		cfg.Input, cfg.Output, cfg.Rate = c.String("input"), c.String("output"), c.Float64("rate")
 		cfg.Stdout = c.App.Writer
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("job", cfg.Job, "worker", cfg.Worker)
+		// SIGHUP: the agent rewrote the live configuration (STORMDOCK_CONFIG).
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer func() {
+			signal.Stop(hup)
+			close(hup) // ends the forwarder
+		}()
+		reload := make(chan struct{}, 1)
+		go func() {
+			for range hup {
+				select {
+				case reload <- struct{}{}:
+				default:
+				}
+			}
+		}()
+		cfg.Reload = reload
 		// The CLI cancels c.Context on SIGTERM: Run then drains and returns nil (exit 0).
 		return wordcount.Run(c.Context, cfg)
 	},

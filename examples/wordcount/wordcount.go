@@ -30,7 +30,10 @@ func Sample() []byte { return bytes.Clone(sample) }
 // number in the source: a replayed source yields the same offsets, which lets a consumer
 // (the output router of a mirrored job) de-duplicate.
 type Record struct {
-	Offset  int64          `json:"offset"`
+	Offset int64 `json:"offset"`
+	// Epoch is the partitioning the record was emitted under (the live configuration's),
+	// when the worker follows one.
+	Epoch   int64          `json:"epoch,omitempty"`
 	Worker  int            `json:"worker"`
 	Workers int            `json:"workers"`
 	Job     string         `json:"job,omitempty"`
@@ -47,8 +50,13 @@ type Config struct {
 	Output    string
 	OutputURL string
 	// ConfigFile is the worker's live configuration (STORMDOCK_CONFIG): a link worker
-	// follows its job's routers there as they move.
+	// follows its job's routers there as they move; a worker writing to an output file
+	// re-partitions when the worker count changes (ledger.go), others take the new count at
+	// the offset they are at.
 	ConfigFile string
+	// Reload signals that ConfigFile changed (the agent sends SIGHUP); the file is also
+	// looked at twice a second.
+	Reload <-chan struct{}
 	// OutputToken is the job's sender token, which the router asks of every request
 	// (from the file STORMDOCK_OUTPUT_TOKEN_FILE names).
 	OutputToken string
@@ -140,6 +148,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Link != "" && (cfg.OutputURL != "" || cfg.ConfigFile != "") && cfg.Output == "" {
 		return runLink(ctx, cfg)
 	}
+	if cfg.ConfigFile != "" && cfg.Output != "" {
+		return runLedger(ctx, cfg)
+	}
 	var src io.Reader
 	follow := false
 	if cfg.Input == "" {
@@ -157,6 +168,14 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	w := &worker{cfg: cfg, out: out, follow: follow}
+	if cfg.ConfigFile != "" {
+		// Without a shared output file there is nothing to agree through: a new worker count
+		// applies from the offset this worker is at, so offsets near the change may be
+		// counted twice or not at all (use an output file for exactly once).
+		if w.live, err = newFollower(cfg.ConfigFile, cfg.Reload); err != nil {
+			return err
+		}
+	}
 	runErr := w.run(ctx, bufio.NewReader(src))
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Drain)
 	defer cancel()
@@ -170,6 +189,7 @@ type worker struct {
 	cfg     Config
 	out     sink
 	follow  bool
+	live    *follower
 	emitted int64
 	begin   time.Time
 }
@@ -224,6 +244,11 @@ func (w *worker) run(ctx context.Context, r *bufio.Reader) error {
 
 // line handles the line at offset: if it is this worker's, count it and emit its record.
 func (w *worker) line(ctx context.Context, offset int64, line []byte) error {
+	if w.live != nil {
+		if c, ok := w.live.changed(); ok {
+			w.cfg.Workers = c.Workers
+		}
+	}
 	if !Mine(offset, w.cfg.Worker, w.cfg.Workers) {
 		return nil
 	}

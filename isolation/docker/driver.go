@@ -40,6 +40,7 @@ type API interface {
 	ContainerCreate(ctx context.Context, config *container.Config, hostConfig *container.HostConfig, networkingConfig *network.NetworkingConfig, platform *ocispec.Platform, containerName string) (container.CreateResponse, error)
 	ContainerStart(ctx context.Context, containerID string, options container.StartOptions) error
 	ContainerStop(ctx context.Context, containerID string, options container.StopOptions) error
+	ContainerKill(ctx context.Context, containerID, signal string) error
 	ContainerRemove(ctx context.Context, containerID string, options container.RemoveOptions) error
 	ContainerInspect(ctx context.Context, containerID string) (container.InspectResponse, error)
 	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
@@ -371,6 +372,30 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) (isol
 	delete(d.workers, id)
 	d.mu.Unlock()
 	return ex, nil
+}
+
+// Signal implements isolation.Signaler through ContainerKill, which delivers sig to the
+// container's init (the lease launcher, or the image's entrypoint).
+func (d *Driver) Signal(ctx context.Context, id string, sig syscall.Signal) error {
+	w, err := d.get(id)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-w.done:
+		return nil
+	default:
+	}
+	d.mu.Lock()
+	cid := w.v.ContainerID
+	d.mu.Unlock()
+	if err := d.api.ContainerKill(ctx, cid, strconv.Itoa(int(sig))); err != nil {
+		if errdefs.IsNotFound(err) || errdefs.IsConflict(err) {
+			return nil // gone, or not running any more: nothing to signal
+		}
+		return fmt.Errorf("signal container of %s: %w", id, err)
+	}
+	return nil
 }
 
 // Wait implements isolation.Waiter.

@@ -48,6 +48,7 @@ func RunSuite(t *testing.T, h Harness) {
 		{"GraceThenExit", testGraceExit},
 		{"GraceThenKill", testGraceKill},
 		{"ExitCode", testExitCode},
+		{"Signal", testSignal},
 		{"Adopt", testAdopt},
 		{"BadInput", testBadInput},
 		{"Usage", testUsage},
@@ -321,6 +322,31 @@ func testGraceKill(t *testing.T, h Harness) {
 		t.Fatalf("exit = %s, want killed by SIGKILL", ex)
 	}
 	assertGone(t, h, w, nil)
+}
+
+// testSignal: a signal reaches the worker's program (through whatever runs it), and
+// signalling an unknown or ended worker is harmless.
+func testSignal(t *testing.T, h Harness) {
+	d := newDriver(t, h)
+	spec := h.Spec(t, uniqueID(t), "hup")
+	w := start(t, d, spec)
+	waitReady(t, w.PID)
+	if err := d.Signal(ctxFor(t, 10*time.Second), spec.ID, syscall.SIGHUP); err != nil {
+		t.Fatalf("signal: %v", err)
+	}
+	ex, err := d.Wait(ctxFor(t, 30*time.Second), spec.ID)
+	if err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	if ex.Code != 42 || ex.Signal != 0 {
+		t.Fatalf("exit = %s, want code 42 (the program's answer to SIGHUP)", ex)
+	}
+	if err := d.Signal(ctxFor(t, 10*time.Second), spec.ID, syscall.SIGHUP); err != nil {
+		t.Fatalf("signal of an ended worker: %v, want nil", err)
+	}
+	if err := d.Signal(ctxFor(t, 10*time.Second), "no-such-worker", syscall.SIGHUP); !errors.Is(err, isolation.ErrNotFound) {
+		t.Fatalf("signal of an unknown worker: %v, want ErrNotFound", err)
+	}
 }
 
 func testExitCode(t *testing.T, h Harness) {

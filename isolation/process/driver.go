@@ -502,6 +502,24 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) (isol
 	return ex, nil
 }
 
+// Signal implements isolation.Signaler: sig goes to the worker's main process (for an
+// adopted worker, checked against its start time so that a reused pid is never signalled).
+func (d *Driver) Signal(ctx context.Context, id string, sig syscall.Signal) error {
+	w, err := d.get(id)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-w.done:
+		return nil
+	default:
+	}
+	if err := d.signal(w, sig); err != nil {
+		return fmt.Errorf("signal %s: %w", id, err)
+	}
+	return nil
+}
+
 // Wait implements isolation.Waiter.
 func (d *Driver) Wait(ctx context.Context, id string) (isolation.Exit, error) {
 	w, err := d.get(id)

@@ -5,7 +5,8 @@
 // The helper writes one report per start into HELPER_DIR (<key>.<pid>.json, key being
 // job[.link].worker) and a <key>.<pid>.term file when it drains on SIGTERM. HELPER_MODE: "run"
 // (default) waits for SIGTERM and exits 0; "crash" exits 3 after HELPER_CRASH_AFTER;
-// "ignore-term" ignores SIGTERM.
+// "ignore-term" ignores SIGTERM. On SIGHUP it copies its live configuration (STORMDOCK_CONFIG)
+// to <key>.<pid>.hup.<n>, n counting the signals from 1.
 package main
 
 import (
@@ -93,6 +94,18 @@ func helper() {
 	if err := os.WriteFile(base+".json.tmp", b, 0o644); err == nil {
 		_ = os.Rename(base+".json.tmp", base+".json")
 	}
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	go func() {
+		for n := 1; ; n++ {
+			<-hups
+			b, _ := os.ReadFile(os.Getenv("STORMDOCK_CONFIG"))
+			p := fmt.Sprintf("%s.hup.%d", base, n)
+			if err := os.WriteFile(p+".tmp", b, 0o644); err == nil {
+				_ = os.Rename(p+".tmp", p)
+			}
+		}
+	}()
 	if mode == "crash" {
 		d, _ := time.ParseDuration(os.Getenv("HELPER_CRASH_AFTER"))
 		time.Sleep(d)

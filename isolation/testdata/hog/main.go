@@ -5,6 +5,7 @@
 //	hog forkbomb              start copies of itself as fast as it can, forever
 //	hog tree N M              start N children that each start M grandchildren, then sleep
 //	hog term                  exit 0 on SIGTERM
+//	hog hup                   exit 42 on SIGHUP
 //	hog ignore-term           ignore SIGTERM
 //	hog exit N                exit with status N
 //	hog spew N                write N KiB of output, then sleep
@@ -99,6 +100,13 @@ func main() {
 		<-c
 		fmt.Println("got SIGTERM, draining")
 		os.Exit(0)
+	case "hup":
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, syscall.SIGHUP)
+		ready()
+		<-c
+		fmt.Println("got SIGHUP")
+		os.Exit(42)
 	case "ignore-term":
 		signal.Ignore(syscall.SIGTERM)
 		ready()
