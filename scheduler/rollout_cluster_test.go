@@ -545,7 +545,7 @@ func TestRolloutContinuesOnNewLeader(t *testing.T) {
 	}
 }
 
-func newTestServer(t *testing.T, h http.Handler) string {
+func newTestServer(t testing.TB, h http.Handler) string {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv.URL
