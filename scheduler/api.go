@@ -33,6 +33,8 @@ func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	route("GET /v1/jobs/{name}", roleTenant, m.getJob)
 	route("POST /v1/jobs/{name}/scale", roleTenant, m.scaleJob)
 	route("POST /v1/jobs/{name}/kill", roleTenant, m.killJob)
+	route("GET /v1/jobs/{name}/logs", roleTenant, m.jobLogs)
+	route("GET /v1/events", roleTenant, m.listEvents)
 	route("GET /v1/nodes", roleTenant, m.listNodes)
 	route("POST /v1/nodes/{id}/drain", roleAdmin, m.drainNode(true))
 	route("POST /v1/nodes/{id}/undrain", roleAdmin, m.drainNode(false))
@@ -107,6 +109,7 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	noteObject(r, "job/"+spec.Name)
+	noteTenant(r, spec.Tenant)
 	if err := mayUse(principalOf(r.Context()), spec.Tenant); err != nil {
 		failErr(w, err)
 		return
@@ -164,6 +167,7 @@ func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
 func (m *Master) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
 	rec, _, err := readJob(r.Context(), m.store, r.PathValue("name"))
 	if err == nil {
+		noteTenant(r, rec.Spec.Tenant)
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
 	}
 	if err != nil {

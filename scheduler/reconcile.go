@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/multidc"
@@ -32,6 +33,7 @@ type reconciler struct {
 	assign       map[string]assignState
 	lastUnplaced int
 	outputKey    []byte // sender tokens are made with it (see output.go)
+	seen         *seen  // what the previous reconcile saw, for events (events.go)
 }
 
 func (r *reconciler) loadAssignments(ctx context.Context) error {
@@ -76,6 +78,7 @@ func (r *reconciler) reload(ctx context.Context, node string) error {
 func (r *reconciler) reconcile(ctx context.Context) error {
 	start := time.Now()
 	v := r.m.view()
+	r.observeEvents(v)
 	if err := r.recordDCs(ctx, v); err != nil {
 		return err
 	}
@@ -103,10 +106,19 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 		}
 	}
 	want := r.desired(v, placements, stopping)
+	before := map[cluster.WorkerKey]string{}
+	for node, st := range r.assign {
+		for _, w := range st.a.Workers {
+			if !w.Stop {
+				before[w.Key] = node
+			}
+		}
+	}
 	writes, err := r.write(ctx, want)
 	if err != nil {
 		return err
 	}
+	r.planEvents(v, before, placements, res)
 	if err := r.forgetLost(ctx, v); err != nil {
 		return err
 	}
@@ -378,6 +390,8 @@ func (r *reconciler) noteCrashLoops(ctx context.Context, v *view) error {
 			}
 			r.m.log.Warn("worker crash-looping; moving the job's workers off the node", "node", node, "worker", w.Key.String(),
 				"restarts", w.RecentRestarts, "lastExit", w.LastExit)
+			r.m.events.emit(workerEvent(v, api.EventWorkerCrashLoop, w.Key, node, fmt.Sprintf(
+				"%d restarts within the crash-loop window, last: %s; job %s's workers move off node %s", w.RecentRestarts, w.LastExit, job, node)))
 			c := v.confs[node]
 			c.Avoid = append(c.Avoid, job)
 			v.confs[node] = c
