@@ -15,9 +15,9 @@ type metrics struct {
 	slots       *prometheus.GaugeVec // kind: total, used, free, throttled
 	workers     *prometheus.GaugeVec // state: cluster.WorkerStates, as the master's
 	starts      prometheus.Counter
-	restarts    prometheus.Counter
-	oomKills    prometheus.Counter
-	evictions   prometheus.Counter
+	restarts    *prometheus.CounterVec // by job
+	oomKills    *prometheus.CounterVec // by job
+	evictions   *prometheus.CounterVec // by job
 	storeWrites prometheus.Counter
 }
 
@@ -35,18 +35,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "stormdock", Subsystem: "agent", Name: "worker_starts_total",
 			Help: "Workers started, restarts included.",
 		}),
-		restarts: prometheus.NewCounter(prometheus.CounterOpts{
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "stormdock", Subsystem: "agent", Name: "worker_restarts_total",
-			Help: "Workers that ended unasked and were scheduled for a restart.",
-		}),
-		oomKills: prometheus.NewCounter(prometheus.CounterOpts{
+			Help: "Workers that ended unasked and were scheduled for a restart, by job.",
+		}, []string{"job"}),
+		oomKills: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "stormdock", Subsystem: "agent", Name: "worker_oom_kills_total",
-			Help: "Workers killed at their memory limit.",
-		}),
-		evictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Help: "Workers killed at their memory limit, by job.",
+		}, []string{"job"}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "stormdock", Subsystem: "agent", Name: "worker_evictions_total",
-			Help: "Workers stopped by the health checks under memory pressure.",
-		}),
+			Help: "Workers stopped by the health checks under memory pressure, by job.",
+		}, []string{"job"}),
 		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "stormdock", Subsystem: "agent", Name: "store_writes_total",
 			Help: "Writes of the node record to the coordination store.",

@@ -24,6 +24,7 @@ import (
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/docker"
+	"github.com/stormdock/stormdock/scheduler"
 )
 
 // LocalConfig shapes a local cluster.
@@ -63,7 +64,9 @@ type LocalConfig struct {
 	// only what it made: a given parent (say, a subtree delegated to an unprivileged user,
 	// whose workers then run in cgroups too) stays.
 	CgroupParent string
-	Logger       *slog.Logger
+	// Events bounds the cluster's events (scheduler.EventsConfig).
+	Events scheduler.EventsConfig
+	Logger *slog.Logger
 }
 
 func (c *LocalConfig) defaults() error {
@@ -178,7 +181,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 		return fail(fmt.Errorf("open store: %w", err))
 	}
 	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir,
-		RegistryAuth: cfg.RegistryAuth, Logger: cfg.Logger}
+		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, Logger: cfg.Logger}
 	if cfg.TLS {
 		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {
 			return fail(err)
@@ -254,6 +257,7 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},
 		Heartbeat:    c.cfg.Heartbeat,
 		PortBase:     portBase,
+		LogsTLS:      c.cfg.TLS,
 		Health:       health,
 		RegistryAuth: c.cfg.RegistryAuth,
 		Logger:       c.cfg.Logger,

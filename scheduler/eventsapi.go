@@ -96,9 +96,9 @@ func (m *Master) listEvents(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-cache")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	sw := newStreamWriter(w)
-	defer sw.stop()
-	if sw.write([]byte(": stormdock events\n\n")) != nil {
+	sw := api.NewStreamWriter(w)
+	defer sw.Stop()
+	if sw.Write([]byte(": stormdock events\n\n")) != nil {
 		return
 	}
 	keep := time.NewTicker(eventKeepalive)
@@ -106,7 +106,7 @@ func (m *Master) listEvents(w http.ResponseWriter, r *http.Request) {
 	for {
 		for _, e := range evs {
 			b, _ := json.Marshal(e)
-			if sw.write(fmt.Appendf(nil, "id: %d\ndata: %s\n\n", e.ID, b)) != nil {
+			if sw.Write(fmt.Appendf(nil, "id: %d\ndata: %s\n\n", e.ID, b)) != nil {
 				return
 			}
 			f.After = e.ID
@@ -117,14 +117,13 @@ func (m *Master) listEvents(w http.ResponseWriter, r *http.Request) {
 		case <-m.quit:
 			return
 		case <-keep.C:
-			if sw.write([]byte(": keepalive\n\n")) != nil {
+			if sw.Write([]byte(": keepalive\n\n")) != nil {
 				return
 			}
 			evs = nil
 			continue
 		case <-wait:
 		}
-		f.Since = time.Time{} // the bound applies to the kept events only; After does the rest
 		evs, wait = m.events.query(f, 0)
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/stormdock/stormdock/api"
@@ -213,13 +212,13 @@ func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
 
 // relay copies a stream to w as it comes, flushing every piece.
 func relay(w http.ResponseWriter, body io.Reader) {
-	sw := newStreamWriter(w)
-	defer sw.stop()
+	sw := api.NewStreamWriter(w)
+	defer sw.Stop()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
-			if sw.write(buf[:n]) != nil {
+			if sw.Write(buf[:n]) != nil {
 				return
 			}
 		}
@@ -227,52 +226,4 @@ func relay(w http.ResponseWriter, body io.Reader) {
 			return
 		}
 	}
-}
-
-// streamWriter writes a long answer (a log followed, events followed) and flushes every
-// write. The server's write timeout (api.NewServer) would cut a quiet stream: the deadline
-// is pushed forward, by api.WriteTimeout, every third of it, except while one write has been
-// blocked for longer than that, so that a client that stops reading is still cut off.
-type streamWriter struct {
-	w    http.ResponseWriter
-	rc   *http.ResponseController
-	busy atomic.Int64 // unix nanoseconds since a write is in progress; 0: none
-	done chan struct{}
-	wg   sync.WaitGroup
-}
-
-func newStreamWriter(w http.ResponseWriter) *streamWriter {
-	sw := &streamWriter{w: w, rc: http.NewResponseController(w), done: make(chan struct{})}
-	_ = sw.rc.SetWriteDeadline(time.Now().Add(api.WriteTimeout))
-	sw.wg.Add(1)
-	go func() {
-		defer sw.wg.Done()
-		t := time.NewTicker(api.WriteTimeout / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-sw.done:
-				return
-			case now := <-t.C:
-				if b := sw.busy.Load(); b == 0 || now.Sub(time.Unix(0, b)) < api.WriteTimeout {
-					_ = sw.rc.SetWriteDeadline(now.Add(api.WriteTimeout))
-				}
-			}
-		}
-	}()
-	return sw
-}
-
-func (sw *streamWriter) write(b []byte) error {
-	sw.busy.Store(time.Now().UnixNano())
-	defer sw.busy.Store(0)
-	if _, err := sw.w.Write(b); err != nil {
-		return err
-	}
-	return sw.rc.Flush()
-}
-
-func (sw *streamWriter) stop() {
-	close(sw.done)
-	sw.wg.Wait()
 }

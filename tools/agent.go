@@ -62,6 +62,8 @@ var AgentCommand = &cli.Command{
 		&cli.DurationFlag{Name: "image-gc-unused", Usage: "an image is removed only after no container used it for this long", Value: images.DefaultGCUnused},
 		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers", Value: agents.DefaultPortBase},
 		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics (\"off\" to disable)", Value: "127.0.0.1:0"},
+		&cli.StringFlag{Name: "logs-listen", Usage: "`ADDR` (HOST:PORT) where the masters read this node's workers' logs (default: --advertise-addr, any free port, published in the node record; \"off\" serves none)"},
+		&cli.BoolFlag{Name: "tls", Usage: "serve the workers' logs over TLS, with a certificate made in --state-dir that the masters trust by its hash (use it when the masters serve TLS)"},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
 	}, healthcheck.Flags()...),
 	Action: runAgent,
@@ -142,6 +144,12 @@ func runAgent(c *cli.Context) error {
 	if metrics == "off" {
 		metrics = ""
 	}
+	logsListen := c.String("logs-listen")
+	if logsListen != "" && logsListen != "off" {
+		if _, _, err := net.SplitHostPort(logsListen); err != nil {
+			return cli.Exit(fmt.Sprintf("stormdock agent: --logs-listen %q: want HOST:PORT (PORT 0 picks one), or off", logsListen), 2)
+		}
+	}
 	a, err := daemon.NewAgent(c.Context, daemon.AgentConfig{
 		Node:                 node,
 		Store:                c.String("store"),
@@ -160,6 +168,9 @@ func runAgent(c *cli.Context) error {
 		Health:       hcfg,
 		ProtectOOM:   true,
 		Metrics:      metrics,
+		LogsListen:   strings.TrimPrefix(logsListen, "off"),
+		LogsOff:      logsListen == "off",
+		LogsTLS:      c.Bool("tls"),
 		RegistryAuth: c.String("registry-auth"),
 		ImageGC:      gc,
 		Logger:       log,
