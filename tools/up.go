@@ -80,7 +80,7 @@ func runUp(c *cli.Context) error {
 	}
 	lc, err := daemon.StartLocal(c.Context, daemon.LocalConfig{
 		Events: events,
-		Nodes: c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
+		Nodes:  c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
 		DataDir: c.String("data"), Store: c.String("store"), API: c.String("api"),
 		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log, TLS: c.Bool("tls"), RunAs: runAs,
 		RegistryAuth: c.String("registry-auth"),
