@@ -19,6 +19,9 @@ type metrics struct {
 	oomKills    *prometheus.CounterVec // by job
 	evictions   *prometheus.CounterVec // by job
 	storeWrites prometheus.Counter
+	// sessionsLost counts store sessions that ended: the agent's own, and the node's (its
+	// keeper's), by whose.
+	sessionsLost *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -51,6 +54,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "stormdock", Subsystem: "agent", Name: "store_writes_total",
 			Help: "Writes of the node record to the coordination store.",
 		}),
+		sessionsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "stormdock", Subsystem: "agent", Name: "store_sessions_lost_total",
+			Help: "Store sessions that ended: the agent's own, or the node's (its keeper's, which makes the node lost).",
+		}, []string{"session"}),
+	}
+	for _, s := range []string{"agent", "keeper"} {
+		m.sessionsLost.WithLabelValues(s)
 	}
 	for _, s := range cluster.WorkerStates() {
 		m.workers.WithLabelValues(s)
@@ -58,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.slots, m.workers, m.starts, m.restarts, m.oomKills, m.evictions, m.storeWrites} {
+	for _, c := range []prometheus.Collector{m.slots, m.workers, m.starts, m.restarts, m.oomKills, m.evictions, m.storeWrites, m.sessionsLost} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("agent: register metrics: %w", err)
 		}

@@ -80,6 +80,7 @@ type Router struct {
 	checkpoint   int64
 	failovers    int64
 	lastFailover *Failover
+	switched     bool // a failover not yet saved in the record: save it at the next tick
 	conns        map[net.Conn][]beatKey // the workers each open connection carried
 	fails        *api.FailLimiter       // failed token checks, per remote address
 }
@@ -452,6 +453,7 @@ func (r *Router) switchLocked(to, reason string, now time.Time) {
 	r.failovers++
 	r.m.failovers.WithLabelValues(reason).Inc()
 	r.lastFailover = &Failover{From: from, To: to, Reason: reason, At: now.UTC(), NextOffset: r.ord.next}
+	r.switched = true // the masters' events learn of it from the record
 	r.log.Warn("failover", "from", from, "to", to, "reason", reason, "nextOffset", r.ord.next,
 		"run", r.ord.run(r.ord.active))
 }
@@ -506,7 +508,8 @@ func (r *Router) checkpointLoop(ctx context.Context) error {
 			return nil
 		case now := <-t.C:
 			r.mu.Lock()
-			moved := r.ord.next-1 != r.checkpoint
+			moved := r.ord.next-1 != r.checkpoint || r.switched
+			r.switched = false
 			r.mu.Unlock()
 			if !moved && now.Sub(last) < r.cfg.StatusInterval {
 				continue

@@ -146,6 +146,12 @@ func (m *Master) setLeader(v bool) {
 		m.metrics.leader.Set(1)
 	} else {
 		m.metrics.leader.Set(0)
+		// The leader alone sets the per-job gauges: a master that stops leading drops its
+		// (soon stale) ones, so that max() over the masters is the leader's.
+		m.metrics.jobDesired.Reset()
+		m.metrics.jobRunning.Reset()
+		m.metrics.jobUnplaced.Reset()
+		m.metrics.unplaced.Set(0)
 	}
 }
 

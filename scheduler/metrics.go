@@ -82,6 +82,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Worker logs this master is relaying from agents now."}),
 	}
 	m.storeConnected.Set(1)
+	for _, r := range []string{"missing", "invalid", "limited"} {
+		m.authFailures.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites, m.authFailures,
 			m.jobDesired, m.jobRunning, m.jobUnplaced, m.events, m.eventsDropped, m.eventsKept, m.eventBatches,
