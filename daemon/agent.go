@@ -38,9 +38,12 @@ type AgentConfig struct {
 	StateDir             string
 	Drivers              DriverConfig
 	Heartbeat            time.Duration
-	PortBase             int
-	LeaseTTL             time.Duration
-	NoLease              bool
+	// RestartBackoff is the first delay before a crashed worker is restarted (it doubles
+	// with every restart within the crash-loop window); 0 means agents.DefaultRestartBackoff.
+	RestartBackoff time.Duration
+	PortBase       int
+	LeaseTTL       time.Duration
+	NoLease        bool
 	// RunAs is who process workers run as (see agents.Config.RunAs); nil: the agent's user.
 	RunAs *isolation.User
 	// RestartGrace is how long the node's workers outlive the agent's process, held by a
@@ -196,6 +199,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		StateDir:             cfg.StateDir,
 		SessionTimeout:       opts.SessionTimeout,
 		Heartbeat:            cfg.Heartbeat,
+		RestartBackoff:       cfg.RestartBackoff,
 		PortBase:             cfg.PortBase,
 		LeaseTTL:             cfg.LeaseTTL,
 		NoLease:              cfg.NoLease,

@@ -49,6 +49,7 @@ var AgentCommand = &cli.Command{
 		&cli.StringSliceFlag{Name: "isolation", Usage: "isolation drivers to offer: process, docker (repeatable or comma list)", Value: cli.NewStringSlice(cluster.IsolationProcess)},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.DurationFlag{Name: "heartbeat", Usage: "node record interval", Value: agents.DefaultHeartbeat},
+		&cli.DurationFlag{Name: "restart-backoff", Usage: "first delay before a crashed worker is restarted; it doubles with every restart within the crash-loop window, up to a minute", Value: agents.DefaultRestartBackoff},
 		&cli.DurationFlag{Name: "lease-ttl", Usage: "how long workers outlive their keeper's last lease renewal (default: the session timeout)"},
 		&cli.DurationFlag{Name: "restart-grace", Usage: "how long the node's workers keep running while the agent is not (an upgrade, a crash): a keeper process holds the node meanwhile; 0 ties the node to the agent's process", Value: 30 * time.Second},
 		&cli.DurationFlag{Name: "store-silence", Usage: "how long workers keep running while no store server answers at all (a partition of this node, or every store host down); default: the session timeout, so that no worker runs twice for longer"},
@@ -92,8 +93,8 @@ func runAgent(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
 	}
-	if c.Duration("session-timeout") <= 0 || c.Duration("heartbeat") <= 0 {
-		return cli.Exit("stormdock agent: --session-timeout and --heartbeat must be positive", 2)
+	if c.Duration("session-timeout") <= 0 || c.Duration("heartbeat") <= 0 || c.Duration("restart-backoff") <= 0 {
+		return cli.Exit("stormdock agent: --session-timeout, --heartbeat and --restart-backoff must be positive", 2)
 	}
 	if c.Duration("restart-grace") < 0 || c.Duration("store-silence") < 0 {
 		return cli.Exit("stormdock agent: --restart-grace and --store-silence must not be negative", 2)
@@ -158,22 +159,23 @@ func runAgent(c *cli.Context) error {
 		StateDir:             stateDir,
 		Drivers: daemon.DriverConfig{Isolation: modes, Cgroups: c.String("cgroups"), CgroupParent: hcfg.CgroupParent,
 			DockerHost: c.String("docker-host")},
-		Heartbeat:    c.Duration("heartbeat"),
-		PortBase:     c.Int("port-base"),
-		LeaseTTL:     c.Duration("lease-ttl"),
-		NoLease:      c.Bool("no-lease"),
-		RunAs:        runAs,
-		RestartGrace: c.Duration("restart-grace"),
-		StoreSilence: c.Duration("store-silence"),
-		Health:       hcfg,
-		ProtectOOM:   true,
-		Metrics:      metrics,
-		LogsListen:   strings.TrimPrefix(logsListen, "off"),
-		LogsOff:      logsListen == "off",
-		LogsTLS:      c.Bool("tls"),
-		RegistryAuth: c.String("registry-auth"),
-		ImageGC:      gc,
-		Logger:       log,
+		Heartbeat:      c.Duration("heartbeat"),
+		RestartBackoff: c.Duration("restart-backoff"),
+		PortBase:       c.Int("port-base"),
+		LeaseTTL:       c.Duration("lease-ttl"),
+		NoLease:        c.Bool("no-lease"),
+		RunAs:          runAs,
+		RestartGrace:   c.Duration("restart-grace"),
+		StoreSilence:   c.Duration("store-silence"),
+		Health:         hcfg,
+		ProtectOOM:     true,
+		Metrics:        metrics,
+		LogsListen:     strings.TrimPrefix(logsListen, "off"),
+		LogsOff:        logsListen == "off",
+		LogsTLS:        c.Bool("tls"),
+		RegistryAuth:   c.String("registry-auth"),
+		ImageGC:        gc,
+		Logger:         log,
 	})
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 1)
