@@ -244,12 +244,23 @@ func TestEventsAndLogs(t *testing.T) {
 	}
 
 	// A crash loop: the worker exits with code 3 again and again.
-	submit("crash", "name: crash\ntenant: t1\nworkers: 1\nresources: {memory: 64Mi, cpu: 0.1}\n"+
+	submit("crash", "name: crash\ntenant: t1\nworkers: 6\nresources: {memory: 64Mi, cpu: 0.1}\n"+
 		"command: [sh, -c, 'echo \"run $$\"; sleep 0.2; exit 3']\nplacement: {nodeLabels: {isolation/process: 'true'}, dcs: [dc-a, dc-b]}\ngracePeriod: 1s\n")
 	loop := events.waitEvent(t, "crash-looping", func(e api.Event) bool { return e.Kind == api.EventWorkerCrashLoop && e.Job == "crash" })
 	if !strings.Contains(loop.Reason, "restarts within the crash-loop window") || !strings.Contains(loop.Reason, "exited with code 3") {
 		t.Errorf("crash-loop event: %+v", loop.Event)
 	}
+	exits := func() (n int) {
+		for _, e := range events.events() {
+			if e.Kind == api.EventWorkerExited && e.Job == "crash" && e.Reason == "exited with code 3" {
+				n++
+			}
+		}
+		return n
+	}
+	testenv.EventuallyWith(t, "20 exits of the crashing workers", 60*time.Second, func() (bool, string) {
+		return exits() >= 20, fmt.Sprint(exits())
+	})
 	for _, e := range events.events() {
 		if e.Kind == api.EventWorkerExited && e.Job == "crash" && e.Reason == "exited with code 3" {
 			check("worker exited (agent's exit time)", e, e.Time)
