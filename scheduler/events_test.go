@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -327,4 +328,83 @@ func setAdminToken(t *testing.T, tc *testCluster) string {
 		t.Fatal(err)
 	}
 	return tok
+}
+
+// TestEventLogAtBound fills a master's events to the default bound with events of the size
+// the leader records (a worker's move, with its reason) and reports what they take: in the
+// master's memory and in the store.
+func TestEventLogAtBound(t *testing.T) {
+	tc := newTestCluster(t)
+	cfg := EventsConfig{Max: DefaultEventsMax, Flush: time.Millisecond}
+	reg := prometheus.NewRegistry()
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	l := newEventLog(tc.connect(-1), cfg, "m1", quiet, newMetrics(reg))
+	tc.wg.Add(1)
+	go func() {
+		defer tc.wg.Done()
+		l.run(tc.ctx, func() bool { return true })
+	}()
+	total := cfg.Max + cfg.Max/2 // past the bound: the oldest go
+	for i := range total {
+		w := i % 100
+		l.emit(api.Event{Kind: api.EventWorkerMoved, Object: fmt.Sprintf("worker/wordcount-%d/%d", i%50, w), Job: fmt.Sprintf("wordcount-%d", i%50),
+			Tenant: "search", Worker: &w, Node: fmt.Sprintf("dc-a-r%d-n%d", i%25, i%40), DC: "dc-a", To: "dc-b-r3-n7", ToDC: "dc-b",
+			Reason: "node dc-a-r3-n12 is lost: its entry left the store (session expired)"})
+		if i%1000 == 999 {
+			testenv.Eventually(t, "the queue written", 10*time.Second, func() bool {
+				l.qmu.Lock()
+				defer l.qmu.Unlock()
+				return len(l.queue) == 0
+			})
+		}
+	}
+	testenv.Eventually(t, "every event written", 10*time.Second, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.next > int64(total)
+	})
+	evs, _ := l.query(api.EventFilter{}, 0)
+	if len(evs) != cfg.Max {
+		t.Fatalf("%d events served; the bound is %d", len(evs), cfg.Max)
+	}
+	evs = nil
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	kids, err := tc.admin.Children(tc.ctx, cluster.EventsKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored int
+	for _, k := range kids {
+		e, err := tc.admin.Get(tc.ctx, cluster.EventsKey+"/"+k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored += len(e.Value)
+	}
+	// What the master itself holds: the heap its events free when it drops them.
+	evs = nil
+	l.mu.Lock()
+	held := l.slots
+	l.slots = map[int64][]api.Event{}
+	l.mu.Unlock()
+	runtime.GC()
+	var dropped runtime.MemStats
+	runtime.ReadMemStats(&dropped)
+	runtime.KeepAlive(held)
+	held = nil
+	runtime.GC()
+	runtime.ReadMemStats(&dropped)
+	master := float64(int64(after.HeapAlloc)-int64(dropped.HeapAlloc)) / (1 << 20)
+	kept := testenv.Metric(t, reg, "stormdock_master_events_kept", nil)
+	batches := testenv.Metric(t, reg, "stormdock_master_event_batches_total", nil)
+	t.Logf("figure: events at the bound (--events-max %d, %d recorded): %d served, %.0f held; the master's heap for them %.1f MiB (%.0f bytes an event; the test process, embedded store included, grew by %.1f MiB); store: %d slots, %.1f MiB; %.0f append transactions",
+		cfg.Max, total, cfg.Max, kept, master, master*(1<<20)/kept, float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/(1<<20), len(kids), float64(stored)/(1<<20), batches)
+	if len(kids) > int(cfg.slotsKept())+1 {
+		t.Errorf("%d slots in the store; the bound needs %d", len(kids), cfg.slotsKept())
+	}
+	runtime.KeepAlive(l)
 }
