@@ -80,7 +80,7 @@ type Router struct {
 	checkpoint   int64
 	failovers    int64
 	lastFailover *Failover
-	switched     bool // a failover not yet saved in the record: save it at the next tick
+	switched     bool                   // a failover not yet saved in the record: save it at the next tick
 	conns        map[net.Conn][]beatKey // the workers each open connection carried
 	fails        *api.FailLimiter       // failed token checks, per remote address
 }
