@@ -409,8 +409,11 @@ func TestEventsAndLogs(t *testing.T) {
 			}
 		}
 	}()
+	nodeKilled := time.Now()
 	h.killMachine("b1")
 	lost := events.waitEvent(t, "b1 lost", func(e api.Event) bool { return e.Kind == api.EventNodeLost && e.Node == "b1" })
+	t.Logf("figure: node SIGKILLed (agent, keeper, workers) -> node.lost line on events -f: %s (the store session timeout is %s)",
+		lost.at.Sub(nodeKilled).Round(time.Millisecond), h.session)
 	select {
 	case at := <-gone:
 		check("node SIGKILLed: its entry gone from the store", lost, at)
