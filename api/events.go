@@ -74,7 +74,7 @@ const (
 func EventKinds() []string {
 	return []string{EventJobSubmitted, EventJobUpdated, EventJobScaled, EventJobKilled, EventJobRemoved,
 		EventWorkerPlaced, EventWorkerStarted, EventWorkerExited, EventWorkerRestarted, EventWorkerCrashLoop,
-		EventWorkerFailed, EventWorkerEvicted, EventWorkerMoved, EventWorkerStopped, EventWorkerUnplaced, EventWorkerRolledOut,
+		EventWorkerFailed, EventWorkerEvicted, EventWorkerMoved, EventWorkerStopped, EventWorkerUnplaced,
 		EventNodeRegistered, EventNodeLost, EventNodeBack, EventNodeThrottled, EventNodeUnhealthy, EventNodeHealthy,
 		EventNodeDrained, EventNodeUndrained, EventDCLost, EventDCFailed, EventDCRestored, EventLinkFailover,
 		EventMasterLeading, EventAPICall, EventEventsDropped}
