@@ -2,6 +2,7 @@ package agents_test
 
 import (
 	"context"
+	"io"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -116,6 +117,11 @@ type meteredDriver struct {
 func (d meteredDriver) Usage(ctx context.Context, id string) (isolation.Usage, error) {
 	d.calls.Add(1)
 	return d.Driver.Usage(ctx, id)
+}
+
+// Logs passes on the driver's logs (the process driver is an isolation.LogReader).
+func (d meteredDriver) Logs(ctx context.Context, id string, opts isolation.LogOptions) (io.ReadCloser, error) {
+	return d.Driver.(isolation.LogReader).Logs(ctx, id, opts)
 }
 
 func newHarness(t *testing.T, kind string) *harness {
