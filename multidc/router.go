@@ -446,9 +446,14 @@ func (r *Router) checkHealthLocked(now time.Time) bool {
 func (r *Router) switchLocked(to, reason string, now time.Time) {
 	from := r.ord.activeName()
 	_ = r.ord.failover(to) // to is a configured link
-	if from == "" {
+	if from == "" && (r.preferred == "" || r.preferred == to) {
 		r.log.Info("active link chosen", "link", to, "nextOffset", r.ord.next)
 		return
+	}
+	if from == "" {
+		// A router that took over from another, whose active link no longer heartbeats:
+		// the sink's link changes as in any failover.
+		from = r.preferred
 	}
 	r.failovers++
 	r.m.failovers.WithLabelValues(reason).Inc()
