@@ -19,6 +19,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/multidc"
 )
 
 // TestEventLogTwoWriters appends from two masters at once: both end up serving the same
@@ -407,4 +408,48 @@ func TestEventLogAtBound(t *testing.T) {
 		t.Errorf("%d slots in the store; the bound needs %d", len(kids), cfg.slotsKept())
 	}
 	runtime.KeepAlive(l)
+}
+
+// TestFailoverEvents: a failover a router records in its job's record becomes a
+// link.failover event of the job's tenant; the failover before the master led does not.
+func TestFailoverEvents(t *testing.T) {
+	tc := newTestCluster(t)
+	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+		t.Fatal(err)
+	}
+	spec := testSpec("mj", 1)
+	spec.Links, spec.Output = []string{"dc-a", "dc-b"}, "file:///tmp/out.jsonl"
+	if _, err := SubmitJob(tc.ctx, tc.admin, spec); err != nil {
+		t.Fatal(err)
+	}
+	write := func(from, to, reason string, at time.Time, next int64) {
+		t.Helper()
+		rec := multidc.RouterRecord{Status: multidc.Status{Job: "mj", Active: to,
+			LastFailover: &multidc.Failover{From: from, To: to, Reason: reason, At: at, NextOffset: next}}}
+		b, _ := json.Marshal(rec)
+		if _, err := tc.admin.Put(tc.ctx, cluster.RoutersKey+"/mj", b, coord.AnyVersion); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("dc-b", "dc-a", multidc.ReasonHeartbeat, time.Now().Add(-time.Hour), 10) // before this master
+	m, _, _ := tc.master("m1")
+	testenv.Eventually(t, "leading", 5*time.Second, m.Leader)
+	at := time.Now().Truncate(time.Millisecond)
+	write("dc-a", "dc-b", multidc.ReasonManual, at, 1234)
+	testenv.EventuallyWith(t, "the failover's event", 5*time.Second, func() (bool, string) {
+		evs, _ := m.events.query(api.EventFilter{Job: "mj"}, 0)
+		var fo []api.Event
+		for _, e := range evs {
+			if e.Kind == api.EventLinkFailover {
+				fo = append(fo, e)
+			}
+		}
+		if len(fo) != 1 {
+			return false, fmt.Sprintf("%+v", fo)
+		}
+		e := fo[0]
+		ok := e.Object == "link/mj@dc-b" && e.Link == "dc-b" && e.Tenant == "search" && e.Time.Equal(at) &&
+			e.Reason == "from dc-a to dc-b (manual), delivering from offset 1234"
+		return ok, fmt.Sprintf("%+v", e)
+	})
 }
