@@ -71,7 +71,10 @@ type AgentConfig struct {
 	// ImageGC caps the stormdock images kept on the node's engine (docker isolation only);
 	// its zero value collects nothing.
 	ImageGC images.GCConfig
-	Logger  *slog.Logger
+	// Self is the stormdock binary that runs the workers' lease launcher and the jobs'
+	// `stormdock ...` commands; default this process's own (a test process gives a built one).
+	Self   string
+	Logger *slog.Logger
 }
 
 // Agent is a built node agent: drivers, health monitor, store session and metrics.
@@ -211,6 +214,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		Health:               a.health,
 		Images:               pull,
 		Logs:                 logsEP,
+		Self:                 cfg.Self,
 		Registerer:           a.registry,
 		Logger:               cfg.Logger,
 	}, a.store, ds...)

@@ -64,6 +64,8 @@ type LocalConfig struct {
 	// only what it made: a given parent (say, a subtree delegated to an unprivileged user,
 	// whose workers then run in cgroups too) stays.
 	CgroupParent string
+	// Self is the stormdock binary every node runs workers with (AgentConfig.Self).
+	Self string
 	// Events bounds the cluster's events (scheduler.EventsConfig).
 	Events scheduler.EventsConfig
 	Logger *slog.Logger
@@ -260,6 +262,7 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 		LogsTLS:      c.cfg.TLS,
 		Health:       health,
 		RegistryAuth: c.cfg.RegistryAuth,
+		Self:         c.cfg.Self,
 		Logger:       c.cfg.Logger,
 	})
 	if err != nil {

@@ -85,7 +85,7 @@ func TestCLIAgainstLocalCluster(t *testing.T) {
 	// directory.
 	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data}}
 	up := exec.Command(binary, "up", "--nodes", "6", "--dcs", "dc-a,dc-b,dc-c", "--racks-per-dc", "2", "--slots", "4",
-		"--data", data, "--api", addr, "--session-timeout", "1s", "--log-level", "warn")
+		"--data", data, "--api", addr, "--session-timeout", "3s", "--log-level", "warn")
 	var upOut bytes.Buffer
 	up.Stdout, up.Stderr = &upOut, &upOut
 	if err := up.Start(); err != nil {

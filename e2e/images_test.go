@@ -33,7 +33,9 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	reg := testenv.Registry(t)
 	data := t.TempDir()
 	addr := freeAddr(t)
-	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data, "STORMDOCK_MASTER=http://" + addr}}
+	// No --master, no --ca: the CLI finds the local cluster's URL (https) and CA in its data
+	// directory.
+	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data}}
 	tag := fmt.Sprintf("%s/stormdock-e2e/wc-%d:1", reg, os.Getpid())
 
 	out := c.ok("image", "build", "--tag", tag, "--push")
@@ -60,7 +62,7 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		_ = up.Process.Signal(syscall.SIGKILL)
-		_, _ = up.Process.Wait()
+		_ = up.Wait() // also waits for the copy into upOut
 		killCgroupTree("/stormdock-local/" + filepath.Base(data))
 		removeLocalContainers(filepath.Base(data))
 		if t.Failed() {

@@ -15,12 +15,13 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/console"
 	"github.com/stormdock/stormdock/placement"
 )
 
-// Handler returns the master's HTTP API. Every master serves it, leader or not: reads come
-// from the store's mirror and writes go to the store, where the leader picks them up.
-// gatherer, when not nil, is served at /metrics.
+// Handler returns the master's HTTP API and the web console (at /ui/, package console).
+// Every master serves them, leader or not: reads come from the store's mirror and writes go
+// to the store, where the leader picks them up. gatherer, when not nil, is served at /metrics.
 func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	mux := &routeMux{ServeMux: http.NewServeMux()}
 	route := func(pattern string, need role, h http.HandlerFunc) {
@@ -44,6 +45,11 @@ func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	route("GET /v1/tenants", roleTenant, m.listTenants)
 	route("POST /v1/tenants", roleAdmin, m.createTenant)
 	route("POST /v1/tenants/{name}/token", roleAdmin, m.tenantToken)
+	route("GET /v1/watch", roleTenant, newWatchHub(m).serve)
+	route("GET /v1/jobs/{name}/links", roleTenant, m.getLinks)
+	route("POST /v1/jobs/{name}/failover", roleTenant, m.failover)
+	mux.Handle("GET "+console.Prefix, console.Handler())
+	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	if gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	}
@@ -389,16 +395,7 @@ func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			continue
 		}
-		tv := api.TenantView{Tenant: t.Tenant}
-		for _, j := range v.jobs {
-			if j.rec.Spec.Tenant == name {
-				n := j.rec.Spec.TotalWorkers()
-				tv.Jobs++
-				tv.UsedWorkers += n
-				tv.UsedMemory += cluster.Bytes(n) * j.rec.Spec.Resources.Memory
-			}
-		}
-		out = append(out, tv)
+		out = append(out, v.tenantView(t.Tenant))
 	}
 	reply(w, http.StatusOK, out)
 }

@@ -47,14 +47,6 @@ type nodeKey struct {
 	key  cluster.WorkerKey
 }
 
-// tenantOf is the tenant of a job (router jobs: their job's).
-func tenantOf(v *view, job string) string {
-	if rec, ok := v.record(job); ok {
-		return rec.Spec.Tenant
-	}
-	return ""
-}
-
 func workerObject(k cluster.WorkerKey) string { return "worker/" + k.String() }
 
 // workerEvent is an event about one worker on node.

@@ -30,7 +30,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // by stand-in agents: each stand-in registers a node and reports every worker assigned to
 // it as running. The real agent is tested in package agents and end to end.
 type testCluster struct {
-	t      *testing.T
+	t      testing.TB
 	srv    *coord.Server
 	admin  coord.Store
 	ctx    context.Context
@@ -40,7 +40,7 @@ type testCluster struct {
 	grace  time.Duration                    // masters' re-registration window
 }
 
-func newTestCluster(t *testing.T) *testCluster {
+func newTestCluster(t testing.TB) *testCluster {
 	t.Helper()
 	srv, err := coord.NewServer(coord.ServerOptions{Logger: quiet})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/stormdock/stormdock/api"
@@ -32,13 +33,19 @@ const routerListen = "$" + "STORMDOCK_ADDR:$" + "STORMDOCK_PORT"
 // output; the other stands by, ready. With one node there is one router.
 func routerRecord(rec cluster.JobRecord, store string, nodes int) cluster.JobRecord {
 	j := rec.Spec
+	routers := min(2, max(nodes, 1))
+	if strings.HasPrefix(store, "mem:") {
+		// Routers that cannot share their store (a local cluster's, held by one process)
+		// cannot elect one leader among them: one router, no standby.
+		routers = 1
+	}
 	args := multidc.DefaultRouterArgs()
 	args.Store, args.Job, args.Links, args.Sink, args.Listen = store, j.Name, j.Links, j.Output, routerListen
 	args.TokenHash = rec.OutputTokenHash
 	r := cluster.JobSpec{
 		Name:      j.Name + routerSuffix,
 		Tenant:    j.Tenant,
-		Workers:   min(2, max(nodes, 1)),
+		Workers:   routers,
 		Resources: routerResources,
 		Isolation: cluster.IsolationProcess,
 		// "stormdock" is the agent's own binary (agents.SelfCommand).

@@ -32,7 +32,10 @@ func TestRouterCommand(t *testing.T) {
 		t.Fatalf("routers: %d workers spread over %v, at most %d a node; want a standby in another data center",
 			rr.Spec.Workers, rr.Spec.Placement.Spread, rr.Spec.Placement.MaxPerNode)
 	}
-	if one := routerRecord(rec, "mem://", 1); one.Spec.Workers != 1 {
+	if one := routerRecord(rec, "zk://127.0.0.1:2181/sd", 1); one.Spec.Workers != 1 {
 		t.Fatalf("a one-node cluster runs %d routers, want 1", one.Spec.Workers)
+	}
+	if local := routerRecord(rec, "mem://", 6); local.Spec.Workers != 1 {
+		t.Fatalf("routers on a store they cannot share: %d of them, want 1 (they could not elect one leader)", local.Spec.Workers)
 	}
 }

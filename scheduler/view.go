@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -58,17 +59,7 @@ func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry
 			log.Warn("ignoring unreadable node record", "node", id, "err", err)
 			continue
 		}
-		v.nodes[id] = rec
-		v.sessions[id] = e.Owner
-		for _, w := range rec.Workers {
-			nw := nodeWorker{node: id, status: w}
-			// Where two agents report one worker (an old copy still stopping), the one in
-			// a running state wins.
-			if old, ok := v.statuses[w.Key]; !ok || old.status.State != cluster.WorkerRunning {
-				v.statuses[w.Key] = nw
-			}
-			v.copies = append(v.copies, nw)
-		}
+		v.addNode(id, e.Owner, rec)
 	}
 	for name, e := range dcs {
 		var d cluster.DCRecord
@@ -90,6 +81,21 @@ func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry
 		v.confs[id] = c
 	}
 	return v
+}
+
+// addNode adds a node's live record to the view: the node and every worker it reports.
+func (v *view) addNode(id string, owner int64, rec cluster.NodeRecord) {
+	v.nodes[id] = rec
+	v.sessions[id] = owner
+	for _, w := range rec.Workers {
+		nw := nodeWorker{node: id, status: w}
+		// Where two agents report one worker (an old copy still stopping), the one in
+		// a running state wins.
+		if old, ok := v.statuses[w.Key]; !ok || old.status.State != cluster.WorkerRunning {
+			v.statuses[w.Key] = nw
+		}
+		v.copies = append(v.copies, nw)
+	}
 }
 
 // isolationLabel is the node label an agent sets for each driver it offers.
@@ -191,4 +197,18 @@ func nodeRelevant(old, new []byte) bool {
 		seen[k]--
 	}
 	return false
+}
+
+// tenantView is a tenant with what its jobs ask for.
+func (v *view) tenantView(t cluster.Tenant) api.TenantView {
+	tv := api.TenantView{Tenant: t}
+	for _, j := range v.jobs {
+		if j.rec.Spec.Tenant == t.Name {
+			n := j.rec.Spec.TotalWorkers()
+			tv.Jobs++
+			tv.UsedWorkers += n
+			tv.UsedMemory += cluster.Bytes(n) * j.rec.Spec.Resources.Memory
+		}
+	}
+	return tv
 }

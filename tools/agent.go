@@ -239,6 +239,10 @@ func runAsUser(name string) (*isolation.User, error) {
 			return nil, nil
 		}
 		name = "nobody"
+		if _, err := user.Lookup(name); err != nil {
+			// No user database (a FROM scratch image): nobody's conventional ids.
+			name = "65534:65534"
+		}
 	}
 	u := isolation.User{Name: name}
 	if uid, gid, ok := strings.Cut(name, ":"); ok {

@@ -93,6 +93,7 @@ func runUp(c *cli.Context) error {
 	fmt.Fprintf(w, "stormdock local cluster: %d nodes in %s\n", c.Int("nodes"), strings.Join(dcs, ", "))
 	fmt.Fprintf(w, "  API       %s   (export STORMDOCK_MASTER=%s)\n", lc.API(), lc.API())
 	fmt.Fprintf(w, "  metrics   %s/metrics\n", lc.API())
+	fmt.Fprintf(w, "  console   %s/ui/   (log in with the admin token)\n", lc.API())
 	if lc.TokenPath() != "" {
 		fmt.Fprintf(w, "  admin token %s (the CLI finds it by itself)\n", lc.TokenPath())
 	}

@@ -1,0 +1,109 @@
+// The master's API as the console uses it: JSON calls with the bearer token, and the
+// GET /v1/watch stream of server-sent events, read with fetch so that the token goes in a
+// header (EventSource cannot send one) rather than in a URL.
+
+export class APIError extends Error {
+  constructor(status, msg, code) {
+    super(msg);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+export class API {
+  constructor(token) {
+    this.token = token;
+  }
+
+  async call(method, path, body) {
+    const res = await fetch(path, {
+      method,
+      headers: { Authorization: 'Bearer ' + this.token, 'Content-Type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: 'no-store',
+    });
+    const text = await res.text();
+    let data;
+    try { data = text ? JSON.parse(text) : null; } catch { data = null; }
+    if (!res.ok) {
+      throw new APIError(res.status, (data && data.error) || `${res.status} ${res.statusText}`, data && data.code);
+    }
+    return data;
+  }
+
+  // watch streams the cluster map: on(type, data, bytes) gets every snapshot and delta;
+  // status(s) hears of the connection: {live: true}, {down: message}, or {refused:
+  // message} when the token is refused, after which it stops. It reconnects a second after
+  // the stream breaks, starting again from a snapshot. It returns a function that stops it.
+  watch(on, status) {
+    let stopped = false;
+    let ctrl = null;
+    const run = async () => {
+      while (!stopped) {
+        ctrl = new AbortController();
+        try {
+          const res = await fetch('/v1/watch', {
+            headers: { Authorization: 'Bearer ' + this.token, Accept: 'text/event-stream' },
+            cache: 'no-store',
+            signal: ctrl.signal,
+          });
+          if (res.status === 401 || res.status === 403) {
+            let msg = 'the master refused the token';
+            try { msg = (await res.json()).error || msg; } catch { /* not JSON */ }
+            status({ refused: msg });
+            return;
+          }
+          if (!res.ok) {
+            let msg = `${res.status} ${res.statusText}`;
+            try { msg = (await res.json()).error || msg; } catch { /* not JSON */ }
+            throw new Error(msg);
+          }
+          const end = await this.read(res.body, on, status);
+          if (end) {
+            status({ refused: end });
+            return;
+          }
+          throw new Error('the stream ended');
+        } catch (e) {
+          if (stopped) return;
+          status({ down: e.message || String(e) });
+        }
+        await new Promise((r) => setTimeout(r, 1000));
+      }
+    };
+    run();
+    return () => {
+      stopped = true;
+      if (ctrl) ctrl.abort();
+    };
+  }
+
+  // read parses server-sent events until the body ends; it returns the reason of an
+  // "end" event, if one came.
+  async read(body, on, status) {
+    const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return null;
+      buf += value;
+      let i;
+      while ((i = buf.indexOf('\n\n')) >= 0) {
+        const frame = buf.slice(0, i);
+        buf = buf.slice(i + 2);
+        let event = 'message';
+        const data = [];
+        for (const line of frame.split('\n')) {
+          if (line.startsWith('event:')) event = line.slice(6).trim();
+          else if (line.startsWith('data:')) data.push(line.slice(5).replace(/^ /, ''));
+        }
+        if (!data.length) continue;
+        const text = data.join('\n');
+        const msg = JSON.parse(text);
+        if (event === 'end') return msg.error || 'the stream was closed';
+        if (event === 'snapshot') status({ live: true });
+        on(event, msg, frame.length + 2);
+      }
+    }
+  }
+}
