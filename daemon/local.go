@@ -358,6 +358,10 @@ func (c *Local) stopWorkers(ctx context.Context, n *localNode, grace time.Durati
 				if _, err := d.Stop(ctx, w.Spec.ID, g); err != nil && !errors.Is(err, isolation.ErrNotFound) {
 					c.cfg.Logger.Warn("stop worker", "node", n.spec.ID, "worker", w.Spec.ID, "err", err)
 				}
+				// The cluster goes (or the node dies with it): no log of it is read again.
+				if dd, ok := d.(isolation.Discarder); ok {
+					_ = dd.Discard(ctx, w.Spec.ID)
+				}
 			}()
 		}
 	}
