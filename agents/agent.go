@@ -114,6 +114,9 @@ type Config struct {
 	// Images pulls docker workers' images the node lacks, and the assignment's pre-pull
 	// list; nil means images must be on the node already.
 	Images Images
+	// Logs is where the agent serves its workers' logs (LogsHandler), published in the node
+	// record for the masters; nil when it serves none.
+	Logs *cluster.LogsEndpoint
 	// Registerer receives the agent's metrics; nil means none are registered.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger

@@ -85,7 +85,7 @@ func (a *Agent) Evict(ctx context.Context, id string) error {
 		found = true
 		s.evicted = true
 		r.log.Warn("evicting worker under memory pressure", "worker", id, "key", s.assign.Key.String())
-		r.a.metrics.evictions.Inc()
+		r.a.metrics.evictions.WithLabelValues(s.assign.Key.Job).Inc()
 		r.stop(s, false)
 		r.publish(false)
 	})

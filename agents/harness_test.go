@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -116,6 +117,11 @@ type meteredDriver struct {
 func (d meteredDriver) Usage(ctx context.Context, id string) (isolation.Usage, error) {
 	d.calls.Add(1)
 	return d.Driver.Usage(ctx, id)
+}
+
+// Logs passes on the driver's logs (the process driver is an isolation.LogReader).
+func (d meteredDriver) Logs(ctx context.Context, id string, opts isolation.LogOptions) (io.ReadCloser, error) {
+	return d.Driver.(isolation.LogReader).Logs(ctx, id, opts)
 }
 
 func newHarness(t *testing.T, kind string) *harness {

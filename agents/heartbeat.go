@@ -100,6 +100,7 @@ func (r *run) record() cluster.NodeRecord {
 		Workers:   ws,
 		Isolation: r.a.modes,
 		Images:    r.imageStatuses(),
+		Logs:      r.a.cfg.Logs,
 		Agent:     r.a.instance,
 		Started:   r.began,
 	}
@@ -126,6 +127,18 @@ func (r *run) publish(force bool) {
 	if r.keeper != nil {
 		r.keeper.Notify()
 	}
+}
+
+// publishSoon publishes the node record within minHealthWrite of the last write, not at the
+// next heartbeat: a worker that ended, failed to start or was evicted is news for the
+// master (it may move the worker) and for the cluster's events. Starts and stops wait for
+// the heartbeat: a node starting many workers writes its record once per heartbeat still.
+func (r *run) publishSoon() {
+	if wait := minHealthWrite - time.Since(r.lastSentAt); wait > 0 {
+		r.healthTimer.Reset(wait)
+		return
+	}
+	r.publish(false)
 }
 
 // updateMetrics publishes slot and worker gauges.

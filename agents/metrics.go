@@ -15,10 +15,13 @@ type metrics struct {
 	slots       *prometheus.GaugeVec // kind: total, used, free, throttled
 	workers     *prometheus.GaugeVec // state: cluster.WorkerStates, as the master's
 	starts      prometheus.Counter
-	restarts    prometheus.Counter
-	oomKills    prometheus.Counter
-	evictions   prometheus.Counter
+	restarts    *prometheus.CounterVec // by job
+	oomKills    *prometheus.CounterVec // by job
+	evictions   *prometheus.CounterVec // by job
 	storeWrites prometheus.Counter
+	// sessionsLost counts store sessions that ended: the agent's own, and the node's (its
+	// keeper's), by whose.
+	sessionsLost *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -35,22 +38,29 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "stormdock", Subsystem: "agent", Name: "worker_starts_total",
 			Help: "Workers started, restarts included.",
 		}),
-		restarts: prometheus.NewCounter(prometheus.CounterOpts{
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "stormdock", Subsystem: "agent", Name: "worker_restarts_total",
-			Help: "Workers that ended unasked and were scheduled for a restart.",
-		}),
-		oomKills: prometheus.NewCounter(prometheus.CounterOpts{
+			Help: "Workers that ended unasked and were scheduled for a restart, by job.",
+		}, []string{"job"}),
+		oomKills: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "stormdock", Subsystem: "agent", Name: "worker_oom_kills_total",
-			Help: "Workers killed at their memory limit.",
-		}),
-		evictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Help: "Workers killed at their memory limit, by job.",
+		}, []string{"job"}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "stormdock", Subsystem: "agent", Name: "worker_evictions_total",
-			Help: "Workers stopped by the health checks under memory pressure.",
-		}),
+			Help: "Workers stopped by the health checks under memory pressure, by job.",
+		}, []string{"job"}),
 		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "stormdock", Subsystem: "agent", Name: "store_writes_total",
 			Help: "Writes of the node record to the coordination store.",
 		}),
+		sessionsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "stormdock", Subsystem: "agent", Name: "store_sessions_lost_total",
+			Help: "Store sessions that ended: the agent's own, or the node's (its keeper's, which makes the node lost).",
+		}, []string{"session"}),
+	}
+	for _, s := range []string{"agent", "keeper"} {
+		m.sessionsLost.WithLabelValues(s)
 	}
 	for _, s := range cluster.WorkerStates() {
 		m.workers.WithLabelValues(s)
@@ -58,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.slots, m.workers, m.starts, m.restarts, m.oomKills, m.evictions, m.storeWrites} {
+	for _, c := range []prometheus.Collector{m.slots, m.workers, m.starts, m.restarts, m.oomKills, m.evictions, m.storeWrites, m.sessionsLost} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("agent: register metrics: %w", err)
 		}

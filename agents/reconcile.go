@@ -229,6 +229,7 @@ func (r *run) startFailed(s *slot, err error) {
 	s.lastExit = "start failed: " + err.Error()
 	s.retryAt = time.Now().Add(r.backoff(s.failures))
 	r.log.Warn("worker start failed", "worker", s.id, "attempt", s.failures, "retry_in", r.backoff(s.failures), "err", err)
+	r.publishSoon()
 }
 
 // watch waits for the worker's end in the background; exited takes it.
@@ -262,9 +263,9 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 		s.lastExit = "lost: " + err.Error()
 	}
 	if ex.OOMKilled {
-		r.a.metrics.oomKills.Inc()
+		r.a.metrics.oomKills.WithLabelValues(s.assign.Key.Job).Inc()
 	}
-	r.a.metrics.restarts.Inc()
+	r.a.metrics.restarts.WithLabelValues(s.assign.Key.Job).Inc()
 	delay := r.backoff(len(s.recent))
 	s.state, s.since, s.pid, s.containerID, s.memory = cluster.WorkerBackoff, now, 0, "", 0
 	s.retryAt = now.Add(delay)
@@ -274,6 +275,7 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 		r.log.Warn("write worker record", "worker", s.id, "err", err)
 	}
 	r.reconcile()
+	r.publishSoon()
 }
 
 // stop stops a worker in the background with its grace period. remove drops the slot
@@ -322,8 +324,17 @@ func (r *run) stopped(s *slot, remove bool, ex isolation.Exit, err error) {
 		if err := r.a.removeLease(s.id); err != nil {
 			r.log.Warn("remove lease", "worker", s.id, "err", err)
 		}
+		if dd, ok := r.a.drivers[s.mode].(isolation.Discarder); ok {
+			id, ctx := s.id, r.ctx
+			r.goOp(func() {
+				if err := dd.Discard(ctx, id); err != nil {
+					r.log.Warn("discard the previous run", "worker", id, "err", err)
+				}
+			})
+		}
 	} else if s.evicted {
 		s.state, s.since, s.lastExit = cluster.WorkerEvicted, time.Now(), "evicted under memory pressure: "+ex.String()
+		r.publishSoon()
 	} else {
 		s.state, s.since, s.retryAt = "", time.Now(), time.Time{}
 	}

@@ -47,6 +47,7 @@ func (r *run) onSession(ev coord.SessionEvent) {
 		r.log.Info("store reconnected", "session", ev.SessionID)
 	case coord.SessionExpired:
 		r.log.Warn("agent's store session expired: a new one follows", "session", ev.SessionID)
+		r.a.metrics.sessionsLost.WithLabelValues("agent").Inc()
 	case coord.SessionNew:
 		r.log.Info("new store session", "session", ev.SessionID)
 	}
@@ -71,6 +72,10 @@ func (r *run) checkKeeper() {
 	}
 	if st.State != r.keeperSeen.State {
 		r.log.Info("keeper state", "state", st.State, "session", st.Session, "detail", st.Detail)
+	}
+	if r.keeperSeen.Session != 0 && st.Session != r.keeperSeen.Session {
+		// The node's session ended: the master saw the node lost (and back).
+		r.a.metrics.sessionsLost.WithLabelValues("keeper").Inc()
 	}
 	r.keeperSeen = st
 	r.reconcile()

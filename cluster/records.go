@@ -26,9 +26,15 @@ const (
 	// OutputKeyKey holds the key that mirrored jobs' sender tokens are made with (see
 	// package multidc); only masters read it.
 	OutputKeyKey = "/master/output-key"
+	// AgentKeyKey holds the key masters sign their requests to agents with (workers' logs)
+	// and agents check them with.
+	AgentKeyKey = "/master/agent-key"
 	// RoutersKey holds one entry per mirrored job, written by its output router (package
 	// multidc): /routers/<job>: RouterRecord, /routers/<job>/election: the routers' election.
 	RoutersKey = "/routers"
+	// EventsKey holds the cluster's events (written by the masters, see package scheduler):
+	// its value is the head (the next event id), its children the slots of events.
+	EventsKey = "/events"
 )
 
 // The key builders below are the only way store keys are made from names. Each refuses a
@@ -192,7 +198,10 @@ type NodeRecord struct {
 	// Isolation lists the drivers this agent can run workers with.
 	Isolation []string `json:"isolation"`
 	// Images reports the images the node's assignment asks to pre-pull.
-	Images  []ImageStatus `json:"images,omitempty"`
+	Images []ImageStatus `json:"images,omitempty"`
+	// Logs is where the agent serves its workers' logs to the masters; nil when it serves
+	// none.
+	Logs    *LogsEndpoint `json:"logs,omitempty"`
 	Agent   string        `json:"agent"` // agent instance id, new at every start
 	Started time.Time     `json:"started"`
 }
@@ -280,4 +289,14 @@ type NodeAssignment struct {
 type MasterInfo struct {
 	ID  string `json:"id"`
 	API string `json:"api"`
+}
+
+// LogsEndpoint is an agent's HTTP endpoint for its workers' logs, at the node's Addr.
+type LogsEndpoint struct {
+	Port int `json:"port"`
+	// TLS is set when it serves HTTPS, with a certificate of its own whose SHA-256 (hex, of
+	// the DER bytes) is CertSHA256: masters trust that certificate alone for the node (the
+	// store, which only the cluster can write, vouches for it).
+	TLS        bool   `json:"tls,omitempty"`
+	CertSHA256 string `json:"certSha256,omitempty"`
 }

@@ -485,19 +485,32 @@ func (s *ZK) Txn(ctx context.Context, ops ...Op) ([]OpResult, error) {
 			reqs[i] = &zk.CheckVersionRequest{Path: p, Version: v}
 		}
 	}
-	if err := s.ensureParents(ctx, creates, inTxn); err != nil {
-		return nil, fmt.Errorf("coord: txn: %w", err)
-	}
-	resps, err := call(ctx, s, func() ([]zk.MultiResponse, error) { return s.conn.Multi(reqs...) })
-	if err != nil {
-		for i, r := range resps {
-			// ZooKeeper reports ops before the failing one as OK and ops after it as
-			// rolled back (-2): the first error is the cause.
-			if r.Error != nil {
-				return nil, &TxnError{Index: i, Op: ops[i], Err: mapZKErr(r.Error)}
+	multi := func() ([]zk.MultiResponse, error) {
+		resps, err := call(ctx, s, func() ([]zk.MultiResponse, error) { return s.conn.Multi(reqs...) })
+		if err != nil {
+			for i, r := range resps {
+				// ZooKeeper reports ops before the failing one as OK and ops after it as
+				// rolled back (-2): the first error is the cause.
+				if r.Error != nil {
+					return nil, &TxnError{Index: i, Op: ops[i], Err: mapZKErr(r.Error)}
+				}
 			}
+			return nil, fmt.Errorf("coord: txn: %w", mapZKErr(err))
 		}
-		return nil, fmt.Errorf("coord: txn: %w", mapZKErr(err))
+		return resps, nil
+	}
+	// Parents are made only when a create finds one missing, as create does: making them
+	// first would cost a (failing) write per parent on every transaction that creates.
+	resps, err := multi()
+	var te *TxnError
+	if err != nil && errors.As(err, &te) && te.Op.Kind == OpCreate && errors.Is(err, ErrNotFound) {
+		if err := s.ensureParents(ctx, creates, inTxn); err != nil {
+			return nil, fmt.Errorf("coord: txn: %w", err)
+		}
+		resps, err = multi()
+	}
+	if err != nil {
+		return nil, err
 	}
 	out := make([]OpResult, len(ops))
 	s.mu.Lock()

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -36,9 +38,12 @@ type AgentConfig struct {
 	StateDir             string
 	Drivers              DriverConfig
 	Heartbeat            time.Duration
-	PortBase             int
-	LeaseTTL             time.Duration
-	NoLease              bool
+	// RestartBackoff is the first delay before a crashed worker is restarted (it doubles
+	// with every restart within the crash-loop window); 0 means agents.DefaultRestartBackoff.
+	RestartBackoff time.Duration
+	PortBase       int
+	LeaseTTL       time.Duration
+	NoLease        bool
 	// RunAs is who process workers run as (see agents.Config.RunAs); nil: the agent's user.
 	RunAs *isolation.User
 	// RestartGrace is how long the node's workers outlive the agent's process, held by a
@@ -52,6 +57,14 @@ type AgentConfig struct {
 	ProtectOOM bool
 	// Metrics is where /metrics is served ("" serves none).
 	Metrics string
+	// LogsListen is where the agent serves its workers' logs to the masters (HOST:PORT; ""
+	// means the node's advertised address, any free port); the port is published in the
+	// node record. LogsOff serves none.
+	LogsListen string
+	LogsOff    bool
+	// LogsTLS serves them over TLS, with a self-signed certificate kept in StateDir
+	// (logs.crt, logs.key) that the masters trust by its hash, published with the port.
+	LogsTLS bool
 	// RegistryAuth is Docker's config.json with the credentials docker workers' images are
 	// pulled with; "" pulls anonymously. Never from a job spec, never logged.
 	RegistryAuth string
@@ -73,6 +86,8 @@ type Agent struct {
 	health   *agents.HealthMonitor
 	registry *prometheus.Registry
 	metrics  net.Listener
+	logs     net.Listener // nil when LogsOff
+	logsTLS  *tls.Config
 	gc       *images.GC
 }
 
@@ -130,6 +145,12 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
 	}
+	var logsEP *cluster.LogsEndpoint
+	if !cfg.LogsOff {
+		if logsEP, err = a.listenLogs(node.Addr); err != nil {
+			return nil, err
+		}
+	}
 	hcfg := cfg.Health
 	hcfg.CgroupParent = dcfg.CgroupParent
 	if cfg.ProtectOOM {
@@ -181,6 +202,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		StateDir:             cfg.StateDir,
 		SessionTimeout:       opts.SessionTimeout,
 		Heartbeat:            cfg.Heartbeat,
+		RestartBackoff:       cfg.RestartBackoff,
 		PortBase:             cfg.PortBase,
 		LeaseTTL:             cfg.LeaseTTL,
 		NoLease:              cfg.NoLease,
@@ -191,6 +213,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		StoreSilence:         cfg.StoreSilence,
 		Health:               a.health,
 		Images:               pull,
+		Logs:                 logsEP,
 		Self:                 cfg.Self,
 		Registerer:           a.registry,
 		Logger:               cfg.Logger,
@@ -205,6 +228,35 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 	}
 	a.health.Attach(a.agent)
 	return a, nil
+}
+
+// Files of an agent's log endpoint certificate in its state directory.
+const (
+	LogsCertFile = "logs.crt"
+	LogsKeyFile  = "logs.key"
+)
+
+// listenLogs listens for the masters' log requests and says where, for the node record.
+func (a *Agent) listenLogs(addr string) (*cluster.LogsEndpoint, error) {
+	listen := a.cfg.LogsListen
+	if listen == "" {
+		listen = net.JoinHostPort(addr, "0")
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("logs: listen on %s: %w (pick another --logs-listen)", listen, err)
+	}
+	a.logs = ln
+	ep := &cluster.LogsEndpoint{Port: ln.Addr().(*net.TCPAddr).Port}
+	if a.cfg.LogsTLS {
+		cert, sum, err := pki.EnsureSelfSigned(a.cfg.StateDir, LogsCertFile, LogsKeyFile, pki.CertHosts(addr, listen))
+		if err != nil {
+			return nil, fmt.Errorf("logs: %w", err)
+		}
+		a.logsTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		ep.TLS, ep.CertSHA256 = true, sum
+	}
+	return ep, nil
 }
 
 // Drivers are the node's isolation drivers.
@@ -262,6 +314,27 @@ func (a *Agent) Run(ctx context.Context) error {
 			<-served
 		}()
 	}
+	if a.logs != nil {
+		srv := api.NewServer(a.agent.LogsHandler())
+		srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+		ln := a.logs
+		if a.logsTLS != nil {
+			ln = tls.NewListener(ln, a.logsTLS)
+		}
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("logs server", "err", err)
+			}
+		}()
+		log.Info("serving workers' logs to the masters", "addr", a.logs.Addr().String(), "tls", a.logsTLS != nil)
+		defer func() {
+			// Followers end with the server: Close, not Shutdown, which would wait for them.
+			_ = srv.Close()
+			<-served
+		}()
+	}
 	return a.agent.Run(ctx)
 }
 
@@ -270,6 +343,9 @@ func (a *Agent) Run(ctx context.Context) error {
 func (a *Agent) Close() {
 	if a.metrics != nil {
 		a.metrics.Close()
+	}
+	if a.logs != nil {
+		a.logs.Close()
 	}
 	if a.store != nil {
 		a.store.Close()

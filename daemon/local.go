@@ -24,6 +24,7 @@ import (
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/docker"
+	"github.com/stormdock/stormdock/scheduler"
 )
 
 // LocalConfig shapes a local cluster.
@@ -64,7 +65,9 @@ type LocalConfig struct {
 	// whose workers then run in cgroups too) stays.
 	CgroupParent string
 	// Self is the stormdock binary every node runs workers with (AgentConfig.Self).
-	Self   string
+	Self string
+	// Events bounds the cluster's events (scheduler.EventsConfig).
+	Events scheduler.EventsConfig
 	Logger *slog.Logger
 }
 
@@ -180,7 +183,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 		return fail(fmt.Errorf("open store: %w", err))
 	}
 	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir,
-		RegistryAuth: cfg.RegistryAuth, Logger: cfg.Logger}
+		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, Logger: cfg.Logger}
 	if cfg.TLS {
 		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {
 			return fail(err)
@@ -256,6 +259,7 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},
 		Heartbeat:    c.cfg.Heartbeat,
 		PortBase:     portBase,
+		LogsTLS:      c.cfg.TLS,
 		Health:       health,
 		RegistryAuth: c.cfg.RegistryAuth,
 		Self:         c.cfg.Self,
@@ -353,6 +357,10 @@ func (c *Local) stopWorkers(ctx context.Context, n *localNode, grace time.Durati
 				}
 				if _, err := d.Stop(ctx, w.Spec.ID, g); err != nil && !errors.Is(err, isolation.ErrNotFound) {
 					c.cfg.Logger.Warn("stop worker", "node", n.spec.ID, "worker", w.Spec.ID, "err", err)
+				}
+				// The cluster goes (or the node dies with it): no log of it is read again.
+				if dd, ok := d.(isolation.Discarder); ok {
+					_ = dd.Discard(ctx, w.Spec.ID)
 				}
 			}()
 		}

@@ -52,7 +52,9 @@ type MasterConfig struct {
 	// RegistryAuth is Docker's config.json with the credentials the master resolves image
 	// tags to digests with; "" resolves anonymously.
 	RegistryAuth string
-	Logger       *slog.Logger
+	// Events bounds and paces the cluster's events (see scheduler.EventsConfig).
+	Events scheduler.EventsConfig
+	Logger *slog.Logger
 }
 
 // Master is a built master: its store client, its scheduler and its HTTP server.
@@ -127,7 +129,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		}
 	}
 	m.sched, err = scheduler.New(m.store, scheduler.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore,
-		ReregisterGrace: cfg.ReregisterGrace, Resolver: res, Logger: cfg.Logger, Registry: m.registry})
+		ReregisterGrace: cfg.ReregisterGrace, Resolver: res, Events: cfg.Events, Logger: cfg.Logger, Registry: m.registry})
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package multidc
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -33,6 +34,12 @@ func newMetrics(r *Router, reg prometheus.Registerer) (*metrics, error) {
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stormdock_router_auth_failures_total", Help: "Requests refused for their sender token: missing, invalid, or limited (too many failures from the address).",
 		}, []string{"reason"}),
+	}
+	for _, reason := range []string{ReasonHeartbeat, ReasonManual} {
+		m.failovers.WithLabelValues(reason)
+	}
+	for _, reason := range []string{"missing", "invalid", "limited"} {
+		m.authFailures.WithLabelValues(reason)
 	}
 	if reg == nil {
 		return m, nil
@@ -67,13 +74,22 @@ var (
 		"Last offset delivered to the sink.", nil, nil)
 	descCheckpoint = prometheus.NewDesc("stormdock_router_checkpoint_offset",
 		"Last delivered offset saved in the store.", nil, nil)
+	descLag = prometheus.NewDesc("stormdock_router_link_lag",
+		"Delivered offsets the link has not produced yet (0: in step with the sink).", []string{"link"}, nil)
+	descAlive = prometheus.NewDesc("stormdock_router_link_alive",
+		"1 while every worker of the link heartbeats in time.", []string{"link"}, nil)
+	descBeatAge = prometheus.NewDesc("stormdock_router_link_heartbeat_age_seconds",
+		"Age of the oldest last heartbeat among the link's workers (-1: one never sent any).", []string{"link"}, nil)
+	descLeader = prometheus.NewDesc("stormdock_router_leader",
+		"1 while this router leads its job's routers (it alone writes the sink), 0 while it stands by.", nil, nil)
 )
 
 type linkCollector struct{ r *Router }
 
 func (c *linkCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReceived, descDelivered, descDuplicates, descRejected,
-		descBuffered, descBufferedBytes, descActive, descProduced, descDeliveredOffset, descCheckpoint} {
+		descBuffered, descBufferedBytes, descActive, descProduced, descDeliveredOffset, descCheckpoint,
+		descLag, descAlive, descBeatAge, descLeader} {
 		ch <- d
 	}
 }
@@ -83,8 +99,11 @@ func (c *linkCollector) Collect(ch chan<- prometheus.Metric) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ord == nil {
+		ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, 0)
 		return
 	}
+	ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, 1)
+	now := time.Now()
 	ch <- prometheus.MustNewConstMetric(descDeliveredOffset, prometheus.GaugeValue, float64(r.ord.next-1))
 	ch <- prometheus.MustNewConstMetric(descCheckpoint, prometheus.GaugeValue, float64(r.checkpoint))
 	for _, l := range r.ord.links {
@@ -100,5 +119,15 @@ func (c *linkCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descBufferedBytes, prometheus.GaugeValue, float64(l.bytes), l.name)
 		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, active, l.name)
 		ch <- prometheus.MustNewConstMetric(descProduced, prometheus.GaugeValue, float64(l.mark), l.name)
+		ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(max(0, (r.ord.next-1)-l.mark)), l.name)
+		alive, age := 0.0, -1.0
+		if r.live.alive(l.name, now) {
+			alive = 1
+		}
+		if t, ok := r.live.oldest(l.name, now); ok {
+			age = now.Sub(t).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(descAlive, prometheus.GaugeValue, alive, l.name)
+		ch <- prometheus.MustNewConstMetric(descBeatAge, prometheus.GaugeValue, age, l.name)
 	}
 }

@@ -80,6 +80,7 @@ type Router struct {
 	checkpoint   int64
 	failovers    int64
 	lastFailover *Failover
+	switched     bool                   // a failover not yet saved in the record: save it at the next tick
 	conns        map[net.Conn][]beatKey // the workers each open connection carried
 	fails        *api.FailLimiter       // failed token checks, per remote address
 }
@@ -445,13 +446,19 @@ func (r *Router) checkHealthLocked(now time.Time) bool {
 func (r *Router) switchLocked(to, reason string, now time.Time) {
 	from := r.ord.activeName()
 	_ = r.ord.failover(to) // to is a configured link
-	if from == "" {
+	if from == "" && (r.preferred == "" || r.preferred == to) {
 		r.log.Info("active link chosen", "link", to, "nextOffset", r.ord.next)
 		return
+	}
+	if from == "" {
+		// A router that took over from another, whose active link no longer heartbeats:
+		// the sink's link changes as in any failover.
+		from = r.preferred
 	}
 	r.failovers++
 	r.m.failovers.WithLabelValues(reason).Inc()
 	r.lastFailover = &Failover{From: from, To: to, Reason: reason, At: now.UTC(), NextOffset: r.ord.next}
+	r.switched = true // the masters' events learn of it from the record
 	r.log.Warn("failover", "from", from, "to", to, "reason", reason, "nextOffset", r.ord.next,
 		"run", r.ord.run(r.ord.active))
 }
@@ -506,7 +513,8 @@ func (r *Router) checkpointLoop(ctx context.Context) error {
 			return nil
 		case now := <-t.C:
 			r.mu.Lock()
-			moved := r.ord.next-1 != r.checkpoint
+			moved := r.ord.next-1 != r.checkpoint || r.switched
+			r.switched = false
 			r.mu.Unlock()
 			if !moved && now.Sub(last) < r.cfg.StatusInterval {
 				continue

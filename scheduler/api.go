@@ -41,6 +41,8 @@ func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	route("POST /v1/jobs/{name}/resume", roleTenant, m.rolloutAction(ActionResume))
 	route("POST /v1/jobs/{name}/promote", roleTenant, m.rolloutAction(ActionPromote))
 	route("GET /v1/jobs/{name}/history", roleTenant, m.jobHistory)
+	route("GET /v1/jobs/{name}/logs", roleTenant, m.jobLogs)
+	route("GET /v1/events", roleTenant, m.listEvents)
 	route("GET /v1/nodes", roleTenant, m.listNodes)
 	route("POST /v1/nodes/{id}/drain", roleAdmin, m.drainNode(true))
 	route("POST /v1/nodes/{id}/undrain", roleAdmin, m.drainNode(false))
@@ -120,6 +122,7 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	noteObject(r, "job/"+spec.Name)
+	noteTenant(r, spec.Tenant)
 	if err := mayUse(principalOf(r.Context()), spec.Tenant); err != nil {
 		failErr(w, err)
 		return
@@ -177,6 +180,7 @@ func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
 func (m *Master) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
 	rec, _, err := readJob(r.Context(), m.store, r.PathValue("name"))
 	if err == nil {
+		noteTenant(r, rec.Spec.Tenant)
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
 	}
 	if err != nil {

@@ -69,13 +69,40 @@ func (m *Master) secure(pattern string, need role, h http.HandlerFunc) http.Hand
 		}
 		m.log.Info("audit", "principal", e.principal, "action", action, "object", e.object,
 			"result", result, "status", status, "remote", r.RemoteAddr)
+		m.apiEvent(e, action, result, status)
 	}
+}
+
+// apiEvent records a call that changed something as an event with its principal. Refused
+// calls change nothing, and are not recorded (their audit line is in the master's log): a
+// stranger's guesses, or a tenant's, would fill the events.
+func (m *Master) apiEvent(e *auditEntry, action, result string, status int) {
+	if e.principal == "-" || status >= 300 {
+		return
+	}
+	ev := api.Event{Kind: api.EventAPICall, Object: e.object, Principal: e.principal, Tenant: e.tenant,
+		Reason: fmt.Sprintf("%s: %s (%d)", action, result, status)}
+	if t, ok := strings.CutPrefix(e.principal, "tenant/"); ok {
+		ev.Tenant = t
+	}
+	if kind, name, ok := strings.Cut(e.object, "/"); ok {
+		switch kind {
+		case "job":
+			ev.Job = name
+		case "node":
+			ev.Node = name
+		case "dc":
+			ev.DC = name
+		}
+	}
+	m.events.emit(ev)
 }
 
 // auditEntry collects, while a request is served, who made it and what it is about.
 type auditEntry struct {
 	principal string
 	object    string
+	tenant    string // the tenant whose job the call is about, when it is one
 }
 
 type auditKey struct{}
@@ -85,6 +112,13 @@ type auditKey struct{}
 func noteObject(r *http.Request, object string) {
 	if e, ok := r.Context().Value(auditKey{}).(*auditEntry); ok {
 		e.object = object
+	}
+}
+
+// noteTenant records whose job a request acts on, for its event.
+func noteTenant(r *http.Request, tenant string) {
+	if e, ok := r.Context().Value(auditKey{}).(*auditEntry); ok {
+		e.tenant = tenant
 	}
 }
 

@@ -46,6 +46,8 @@ type Config struct {
 	// PinRetry is how often images that could not be pinned are tried again. Default
 	// DefaultPinRetry.
 	PinRetry time.Duration
+	// Events bounds and paces the cluster's events (see eventlog.go).
+	Events   EventsConfig
 	Logger   *slog.Logger
 	Registry prometheus.Registerer
 }
@@ -94,6 +96,13 @@ type Master struct {
 	// and the leader plans from them.
 	jobs, nodes, confs, assigns, tenants, dcs *mirror
 	wake                                      chan struct{}
+	// events holds the cluster's events and queues those this master records.
+	events *eventLog
+	// quit is closed when Run returns: streaming answers (events -f, job logs -f) end.
+	quit     chan struct{}
+	quitOnce sync.Once
+	// logKey signs this master's requests for workers' logs to agents (logs.go).
+	logKey *logKeyCache
 
 	mu     sync.Mutex
 	leader bool
@@ -109,6 +118,9 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m := &Master{cfg: cfg, store: store, log: cfg.Logger.With("master", cfg.ID), wake: make(chan struct{}, 1)}
 	m.metrics = newMetrics(cfg.Registry)
 	m.authFails = api.NewFailLimiter()
+	m.events = newEventLog(store, cfg.Events, cfg.ID, m.log, m.metrics)
+	m.quit = make(chan struct{})
+	m.logKey = &logKeyCache{store: store}
 	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
 	m.nodes = newMirror(store, cluster.NodesKey, m.poke)
 	m.nodes.relevant = nodeRelevant
@@ -134,6 +146,12 @@ func (m *Master) setLeader(v bool) {
 		m.metrics.leader.Set(1)
 	} else {
 		m.metrics.leader.Set(0)
+		// The leader alone sets the per-job gauges: a master that stops leading drops its
+		// (soon stale) ones, so that max() over the masters is the leader's.
+		m.metrics.jobDesired.Reset()
+		m.metrics.jobRunning.Reset()
+		m.metrics.jobUnplaced.Reset()
+		m.metrics.unplaced.Set(0)
 	}
 }
 
@@ -150,6 +168,7 @@ func (m *Master) Run(ctx context.Context) error {
 	if err := ensureDirs(ctx, m.store); err != nil {
 		return err
 	}
+	defer m.quitOnce.Do(func() { close(m.quit) })
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -158,6 +177,11 @@ func (m *Master) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		m.watchStore(ctx)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		m.events.run(ctx, m.Leader)
 	}()
 	wg.Add(1)
 	go func() {
@@ -228,7 +252,8 @@ func (m *Master) Run(ctx context.Context) error {
 
 // ensureDirs creates the store's top-level directories so watches have something to watch.
 func ensureDirs(ctx context.Context, s coord.KV) error {
-	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, cluster.DCsKey, cluster.MasterDirKey, cluster.HistoryKey} {
+	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, cluster.DCsKey, cluster.MasterDirKey,
+		cluster.HistoryKey, cluster.RoutersKey, cluster.EventsKey} {
 		if _, err := s.Create(ctx, k, nil, coord.Persistent); err != nil && !errors.Is(err, coord.ErrExists) {
 			return fmt.Errorf("scheduler: create %s: %w", k, err)
 		}
@@ -251,6 +276,17 @@ func (m *Master) lead(ctx context.Context) error {
 		}()
 	}
 	m.startGrace("started leading")
+	m.events.emit(api.Event{Kind: api.EventMasterLeading, Object: "master/" + m.cfg.ID, Reason: "elected leader: it places workers from now on"})
+	rctx, stopRouters := context.WithCancel(ctx)
+	routersDone := make(chan struct{})
+	go func() {
+		defer close(routersDone)
+		m.watchRouters(rctx)
+	}()
+	defer func() {
+		stopRouters()
+		<-routersDone
+	}()
 	r := &reconciler{m: m}
 	defer r.stopWake()
 	if err := r.loadAssignments(ctx); err != nil {

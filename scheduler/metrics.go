@@ -23,6 +23,18 @@ type metrics struct {
 	reconcile    prometheus.Histogram
 	storeWrites  prometheus.Counter
 	authFailures *prometheus.CounterVec // by reason: missing, invalid, limited
+
+	// Per job (output routers included, as JOB.router), set by the leader.
+	jobDesired, jobRunning, jobUnplaced *prometheus.GaugeVec
+
+	events        *prometheus.CounterVec // recorded by this master, by kind
+	eventsDropped prometheus.Counter
+	eventsKept    prometheus.Gauge
+	eventBatches  prometheus.Counter
+
+	storeConnected prometheus.Gauge
+	sessionsLost   prometheus.Counter
+	logStreams     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -48,9 +60,35 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Writes the master made to the coordination store."}),
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "api_auth_failures_total",
 			Help: "API requests refused for their token: missing, invalid, or limited (too many failures from the address)."}, []string{"reason"}),
+		jobDesired: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_desired",
+			Help: "Workers a job asks for, over all its links (set by the leader)."}, []string{"job", "tenant"}),
+		jobRunning: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_running",
+			Help: "Workers of a job running where they are assigned (set by the leader)."}, []string{"job", "tenant"}),
+		jobUnplaced: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_unplaced",
+			Help: "Workers of a job no node can take (set by the leader)."}, []string{"job", "tenant"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "events_total",
+			Help: "Cluster events this master recorded, by kind."}, []string{"kind"}),
+		eventsDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "events_dropped_total",
+			Help: "Events this master dropped because more were queued than the store keeps."}),
+		eventsKept: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "events_kept",
+			Help: "Events this master holds and serves (at most --events-max, one slot more)."}),
+		eventBatches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "event_batches_total",
+			Help: "Appends of events to the store (one transaction each)."}),
+		storeConnected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "store_connected",
+			Help: "1 while this master reaches the coordination store."}),
+		sessionsLost: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_sessions_lost_total",
+			Help: "Store sessions of this master that expired (its ephemeral entries were lost)."}),
+		logStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "log_streams",
+			Help: "Worker logs this master is relaying from agents now."}),
+	}
+	m.storeConnected.Set(1)
+	for _, r := range []string{"missing", "invalid", "limited"} {
+		m.authFailures.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites, m.authFailures)
+		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites, m.authFailures,
+			m.jobDesired, m.jobRunning, m.jobUnplaced, m.events, m.eventsDropped, m.eventsKept, m.eventBatches,
+			m.storeConnected, m.sessionsLost, m.logStreams)
 	}
 	return m
 }
@@ -80,6 +118,7 @@ func (r *reconciler) observe(v *view, cur []cluster.Placement, res *placement.Re
 		m.workers.WithLabelValues(state).Set(float64(counts[state]))
 	}
 	m.unplaced.Set(float64(len(res.Unplaced)))
+	r.observeJobs(v, res)
 	was := make(map[cluster.WorkerKey]string, len(cur))
 	for _, p := range cur {
 		was[p.Key()] = p.Node
@@ -102,4 +141,35 @@ func (r *reconciler) observe(v *view, cur []cluster.Placement, res *placement.Re
 		}
 	}
 	r.lastUnplaced = len(res.Unplaced)
+}
+
+// observeJobs sets the per-job gauges: desired, running where assigned, unplaced.
+func (r *reconciler) observeJobs(v *view, res *placement.Result) {
+	m := r.m.metrics
+	assigned := map[cluster.WorkerKey]string{}
+	for node, st := range r.assign {
+		for _, w := range st.a.Workers {
+			if !w.Stop {
+				assigned[w.Key] = node
+			}
+		}
+	}
+	unplaced := map[string]int{}
+	for _, u := range res.Unplaced {
+		unplaced[u.Job]++
+	}
+	m.jobDesired.Reset()
+	m.jobRunning.Reset()
+	m.jobUnplaced.Reset()
+	for _, spec := range v.runningJobs() {
+		running := 0
+		for _, k := range spec.Keys() {
+			if s, ok := v.statuses[k]; ok && s.status.State == cluster.WorkerRunning && s.node == assigned[k] {
+				running++
+			}
+		}
+		m.jobDesired.WithLabelValues(spec.Name, spec.Tenant).Set(float64(spec.TotalWorkers()))
+		m.jobRunning.WithLabelValues(spec.Name, spec.Tenant).Set(float64(running))
+		m.jobUnplaced.WithLabelValues(spec.Name, spec.Tenant).Set(float64(unplaced[spec.Name]))
+	}
 }

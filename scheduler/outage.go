@@ -68,7 +68,10 @@ func (m *Master) holdAbsent(v *view, keep []cluster.Placement) map[cluster.Worke
 func (m *Master) watchStore(ctx context.Context) {
 	for ev := range m.store.SessionEvents(ctx) {
 		switch ev.Type {
+		case coord.SessionExpired:
+			m.metrics.sessionsLost.Inc()
 		case coord.SessionDisconnected:
+			m.metrics.storeConnected.Set(0)
 			m.mu.Lock()
 			if m.conn.down.IsZero() {
 				m.conn.down = time.Now()
@@ -76,6 +79,7 @@ func (m *Master) watchStore(ctx context.Context) {
 			m.mu.Unlock()
 			m.log.Warn("store disconnected: placement stops until it is back; running workers are not affected")
 		case coord.SessionReconnected, coord.SessionNew:
+			m.metrics.storeConnected.Set(1)
 			m.mu.Lock()
 			was := m.conn.down
 			m.conn.down = time.Time{}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/multidc"
@@ -36,6 +37,7 @@ type reconciler struct {
 	// a rollout waits for time to pass.
 	ro   *rolloutPlan
 	wake *time.Timer
+	seen *seen // what the previous reconcile saw, for events (events.go)
 }
 
 func (r *reconciler) loadAssignments(ctx context.Context) error {
@@ -80,6 +82,7 @@ func (r *reconciler) reload(ctx context.Context, node string) error {
 func (r *reconciler) reconcile(ctx context.Context) error {
 	start := time.Now()
 	v := r.m.view()
+	r.observeEvents(v)
 	if err := r.recordDCs(ctx, v); err != nil {
 		return err
 	}
@@ -112,10 +115,19 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 		return err
 	}
 	want := r.desired(v, placements, stopping)
+	before := map[cluster.WorkerKey]string{}
+	for node, st := range r.assign {
+		for _, w := range st.a.Workers {
+			if !w.Stop {
+				before[w.Key] = node
+			}
+		}
+	}
 	writes, err := r.write(ctx, want)
 	if err != nil {
 		return err
 	}
+	r.planEvents(v, before, placements, res)
 	if err := r.forgetLost(ctx, v); err != nil {
 		return err
 	}
@@ -398,6 +410,8 @@ func (r *reconciler) noteCrashLoops(ctx context.Context, v *view) error {
 			}
 			r.m.log.Warn("worker crash-looping; moving the job's workers off the node", "node", node, "worker", w.Key.String(),
 				"restarts", w.RecentRestarts, "lastExit", w.LastExit)
+			r.m.events.emit(workerEvent(v, api.EventWorkerCrashLoop, w.Key, node, fmt.Sprintf(
+				"%d restarts within the crash-loop window, last: %s; job %s's workers move off node %s", w.RecentRestarts, w.LastExit, job, node)))
 			c := v.confs[node]
 			c.Avoid = append(c.Avoid, job)
 			v.confs[node] = c

@@ -9,8 +9,10 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -262,6 +264,19 @@ func (r *reconciler) revert(ctx context.Context, name string, failed cluster.Rol
 func (r *reconciler) rolloutEvent(job string, ro cluster.Rollout, what string) {
 	r.m.log.Info("rollout", "job", job, "rollout", ro.ID, "kind", ro.Kind, "to", ro.To, "state", ro.State,
 		"batch", ro.Batch, "domain", ro.Domain, "event", what)
+	kind := api.EventRolloutStep
+	switch {
+	case strings.HasPrefix(what, "failed"):
+		kind = api.EventRolloutFailed
+	case strings.HasPrefix(what, "reverting"):
+		kind = api.EventRolloutReverted
+	}
+	tenant := ""
+	if rec, ok := r.m.view().record(job); ok {
+		tenant = rec.Spec.Tenant
+	}
+	r.m.Emit(api.Event{Kind: kind, Object: "job/" + job, Job: job, Tenant: tenant,
+		Reason: fmt.Sprintf("%s %d (%s, generation %d to %d, batch %d): %s", ro.Kind, ro.ID, ro.State, ro.From, ro.To, ro.Batch, what)})
 }
 
 // hold keeps the workers a rollout has not admitted on the node they run on while the plan

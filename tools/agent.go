@@ -49,6 +49,7 @@ var AgentCommand = &cli.Command{
 		&cli.StringSliceFlag{Name: "isolation", Usage: "isolation drivers to offer: process, docker (repeatable or comma list)", Value: cli.NewStringSlice(cluster.IsolationProcess)},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.DurationFlag{Name: "heartbeat", Usage: "node record interval", Value: agents.DefaultHeartbeat},
+		&cli.DurationFlag{Name: "restart-backoff", Usage: "first delay before a crashed worker is restarted; it doubles with every restart within the crash-loop window, up to a minute", Value: agents.DefaultRestartBackoff},
 		&cli.DurationFlag{Name: "lease-ttl", Usage: "how long workers outlive their keeper's last lease renewal (default: the session timeout)"},
 		&cli.DurationFlag{Name: "restart-grace", Usage: "how long the node's workers keep running while the agent is not (an upgrade, a crash): a keeper process holds the node meanwhile; 0 ties the node to the agent's process", Value: 30 * time.Second},
 		&cli.DurationFlag{Name: "store-silence", Usage: "how long workers keep running while no store server answers at all (a partition of this node, or every store host down); default: the session timeout, so that no worker runs twice for longer"},
@@ -62,6 +63,8 @@ var AgentCommand = &cli.Command{
 		&cli.DurationFlag{Name: "image-gc-unused", Usage: "an image is removed only after no container used it for this long", Value: images.DefaultGCUnused},
 		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers", Value: agents.DefaultPortBase},
 		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics (\"off\" to disable)", Value: "127.0.0.1:0"},
+		&cli.StringFlag{Name: "logs-listen", Usage: "`ADDR` (HOST:PORT) where the masters read this node's workers' logs (default: --advertise-addr, any free port, published in the node record; \"off\" serves none)"},
+		&cli.BoolFlag{Name: "tls", Usage: "serve the workers' logs over TLS, with a certificate made in --state-dir that the masters trust by its hash (use it when the masters serve TLS)"},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
 	}, healthcheck.Flags()...),
 	Action: runAgent,
@@ -90,8 +93,8 @@ func runAgent(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
 	}
-	if c.Duration("session-timeout") <= 0 || c.Duration("heartbeat") <= 0 {
-		return cli.Exit("stormdock agent: --session-timeout and --heartbeat must be positive", 2)
+	if c.Duration("session-timeout") <= 0 || c.Duration("heartbeat") <= 0 || c.Duration("restart-backoff") <= 0 {
+		return cli.Exit("stormdock agent: --session-timeout, --heartbeat and --restart-backoff must be positive", 2)
 	}
 	if c.Duration("restart-grace") < 0 || c.Duration("store-silence") < 0 {
 		return cli.Exit("stormdock agent: --restart-grace and --store-silence must not be negative", 2)
@@ -142,6 +145,12 @@ func runAgent(c *cli.Context) error {
 	if metrics == "off" {
 		metrics = ""
 	}
+	logsListen := c.String("logs-listen")
+	if logsListen != "" && logsListen != "off" {
+		if _, _, err := net.SplitHostPort(logsListen); err != nil {
+			return cli.Exit(fmt.Sprintf("stormdock agent: --logs-listen %q: want HOST:PORT (PORT 0 picks one), or off", logsListen), 2)
+		}
+	}
 	a, err := daemon.NewAgent(c.Context, daemon.AgentConfig{
 		Node:                 node,
 		Store:                c.String("store"),
@@ -150,19 +159,23 @@ func runAgent(c *cli.Context) error {
 		StateDir:             stateDir,
 		Drivers: daemon.DriverConfig{Isolation: modes, Cgroups: c.String("cgroups"), CgroupParent: hcfg.CgroupParent,
 			DockerHost: c.String("docker-host")},
-		Heartbeat:    c.Duration("heartbeat"),
-		PortBase:     c.Int("port-base"),
-		LeaseTTL:     c.Duration("lease-ttl"),
-		NoLease:      c.Bool("no-lease"),
-		RunAs:        runAs,
-		RestartGrace: c.Duration("restart-grace"),
-		StoreSilence: c.Duration("store-silence"),
-		Health:       hcfg,
-		ProtectOOM:   true,
-		Metrics:      metrics,
-		RegistryAuth: c.String("registry-auth"),
-		ImageGC:      gc,
-		Logger:       log,
+		Heartbeat:      c.Duration("heartbeat"),
+		RestartBackoff: c.Duration("restart-backoff"),
+		PortBase:       c.Int("port-base"),
+		LeaseTTL:       c.Duration("lease-ttl"),
+		NoLease:        c.Bool("no-lease"),
+		RunAs:          runAs,
+		RestartGrace:   c.Duration("restart-grace"),
+		StoreSilence:   c.Duration("store-silence"),
+		Health:         hcfg,
+		ProtectOOM:     true,
+		Metrics:        metrics,
+		LogsListen:     strings.TrimPrefix(logsListen, "off"),
+		LogsOff:        logsListen == "off",
+		LogsTLS:        c.Bool("tls"),
+		RegistryAuth:   c.String("registry-auth"),
+		ImageGC:        gc,
+		Logger:         log,
 	})
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 1)

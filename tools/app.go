@@ -30,6 +30,7 @@ func App() *cli.App {
 			NodeCommand,
 			TenantCommand,
 			DCCommand,
+			EventsCommand,
 			VersionCommand,
 			AgentCommand,
 			LaunchCommand,

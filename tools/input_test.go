@@ -33,6 +33,13 @@ func TestRefusedInput(t *testing.T) {
 			"--slots", "1", "--memory", "1Gi", "--cpu", "1", "--run-as", "no-such-user-here"}, "--run-as"},
 		{[]string{"agent", "--store", "mem://", "--node-id", "N_1", "--dc", "dc-a", "--rack", "r1",
 			"--slots", "1", "--memory", "1Gi", "--cpu", "1"}, "--node-id"},
+		{[]string{"agent", "--store", "mem://", "--node-id", "n1", "--dc", "dc-a", "--rack", "r1",
+			"--slots", "1", "--memory", "1Gi", "--cpu", "1", "--logs-listen", "nowhere"}, "--logs-listen"},
+		{[]string{"events", "--since", "yesterday", "--master", "http://127.0.0.1:1"}, "--since"},
+		{[]string{"events", "--job", "../x", "--master", "http://127.0.0.1:1"}, "--job"},
+		{[]string{"events", "-o", "yaml", "--master", "http://127.0.0.1:1"}, "-o must be"},
+		{[]string{"job", "logs", "wc", "--previous", "-f", "--master", "http://127.0.0.1:1"}, "cannot be followed"},
+		{[]string{"master", "--store", "mem://", "--events-max", "0"}, "--events-max"},
 	} {
 		app := App()
 		var out bytes.Buffer

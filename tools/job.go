@@ -121,6 +121,7 @@ var JobCommand = &cli.Command{
 				&cli.DurationFlag{Name: "timeout", Usage: "with --wait: give up after this long", Value: 2 * time.Minute}),
 			Action: jobKill,
 		},
+		jobLogsCommand,
 	},
 }
 

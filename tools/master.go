@@ -95,7 +95,7 @@ func masterTLS(c *cli.Context) (*tls.Config, error) {
 var MasterCommand = &cli.Command{
 	Name:  "master",
 	Usage: "run a master: leader election, placement, failure handling and the HTTP API",
-	Flags: append(storeFlags(),
+	Flags: append(append(storeFlags(),
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` the HTTP API and /metrics listen on", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "advertise-api", Aliases: []string{"advertise"}, Usage: "`ADDR` (HOST:PORT) clients on other hosts reach the API at, published in the store; the TLS certificate covers it (default: --api; when that is every interface, the address that reaches the store)"},
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
@@ -104,7 +104,7 @@ var MasterCommand = &cli.Command{
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin docker jobs' image tags to digests with"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS: a CA and a server certificate are made in --data at the first start"},
 		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
-	),
+	), eventsFlags()...),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
 			return usageErr("master takes no arguments, got %q", c.Args().First())
@@ -121,7 +121,12 @@ var MasterCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		events, err := eventsConfig(c)
+		if err != nil {
+			return err
+		}
 		m, err := daemon.NewMaster(c.Context, daemon.MasterConfig{
+			Events:          events,
 			Store:           c.String("store"),
 			StoreOptions:    opts,
 			Listen:          c.String("api"),
@@ -144,4 +149,26 @@ var MasterCommand = &cli.Command{
 		}
 		return m.Run(c.Context)
 	},
+}
+
+// eventsFlags bound the cluster's events, on every master (and up).
+func eventsFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "events-max", Usage: "cluster events kept (in the store, and by every master); give every master the same", Value: scheduler.DefaultEventsMax},
+		&cli.DurationFlag{Name: "events-max-age", Usage: "how long a cluster event is kept", Value: scheduler.DefaultEventsMaxAge},
+		&cli.DurationFlag{Name: "events-flush", Usage: "how often a master appends the events it recorded to the store (one write each time)", Value: scheduler.DefaultEventsFlush},
+	}
+}
+
+func eventsConfig(c *cli.Context) (scheduler.EventsConfig, error) {
+	cfg := scheduler.EventsConfig{Max: c.Int("events-max"), MaxAge: c.Duration("events-max-age"), Flush: c.Duration("events-flush")}
+	switch {
+	case cfg.Max < 1 || cfg.Max > 1_000_000:
+		return cfg, usageErr("--events-max must be between 1 and 1000000, not %d", cfg.Max)
+	case cfg.MaxAge <= 0:
+		return cfg, usageErr("--events-max-age must be positive")
+	case cfg.Flush < time.Millisecond || cfg.Flush > time.Minute:
+		return cfg, usageErr("--events-flush must be between 1ms and 1m, not %s", cfg.Flush)
+	}
+	return cfg, nil
 }

@@ -158,6 +158,7 @@ func runWorker(c *cli.Context) error {
 	if _, err := drv.Stop(ctx, spec.ID, 0); err != nil && !errors.Is(err, isolation.ErrNotFound) {
 		fmt.Fprintf(c.App.ErrWriter, "stormdock run: release %s: %v\n", spec.ID, err)
 	}
+	discard(ctx, drv, spec.ID)
 	msg := fmt.Sprintf("stormdock run: worker %s %s", spec.ID, ex)
 	if ex.Success() {
 		fmt.Fprintln(c.App.ErrWriter, msg)
@@ -187,6 +188,7 @@ func waitAfterStop(ctx context.Context, drv isolation.Driver, spec isolation.Spe
 		out <- err
 		return out
 	}
+	discard(ctx, drv, spec.ID)
 	// Stop forgot the worker; Wait, still pending or already done, reports the exit it saw.
 	return waited
 }
@@ -247,5 +249,13 @@ func follow(ctx context.Context, path string, jsonLines bool, w io.Writer) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// discard drops what the driver keeps of the ended run (a docker container kept for its
+// logs): nothing reads a one-off worker's logs after it.
+func discard(ctx context.Context, drv isolation.Driver, id string) {
+	if d, ok := drv.(isolation.Discarder); ok {
+		_ = d.Discard(ctx, id)
 	}
 }

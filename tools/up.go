@@ -34,7 +34,7 @@ var UpCommand = &cli.Command{
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
 		&cli.StringFlag{Name: "cgroup-parent", Usage: "cgroup `PATH` below which each node's workers go (PATH/NODE; default /stormdock-local/<name of --data>); a memory limit on it bounds the whole cluster, and in a subtree delegated to you workers run in cgroups without root"},
-	}, healthcheck.LocalFlags()...),
+	}, append(eventsFlags(), healthcheck.LocalFlags()...)...),
 	Action: runUp,
 }
 
@@ -74,8 +74,13 @@ func runUp(c *cli.Context) error {
 			return usageErr("--run-as: %v", err)
 		}
 	}
+	events, err := eventsConfig(c)
+	if err != nil {
+		return err
+	}
 	lc, err := daemon.StartLocal(c.Context, daemon.LocalConfig{
-		Nodes: c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
+		Events: events,
+		Nodes:  c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
 		DataDir: c.String("data"), Store: c.String("store"), API: c.String("api"),
 		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log, TLS: c.Bool("tls"), RunAs: runAs,
 		RegistryAuth: c.String("registry-auth"),

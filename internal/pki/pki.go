@@ -7,9 +7,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -249,4 +251,70 @@ func WriteFiles(files map[string][]byte, mode os.FileMode) error {
 		}
 	}
 	return nil
+}
+
+// EnsureSelfSigned makes, in dir, a self-signed server certificate and key (certFile,
+// keyFile) for hosts, unless a valid one covering them with more than certRenew left is
+// there already. Agents serve their logs with it; masters trust it by its SHA-256, which the
+// agent publishes in its node record, so no CA has to be handed to every node. It returns
+// the TLS certificate and that SHA-256 (hex, of the DER bytes).
+func EnsureSelfSigned(dir, certFile, keyFile string, hosts []string) (tls.Certificate, string, error) {
+	certFile, keyFile = filepath.Join(dir, certFile), filepath.Join(dir, keyFile)
+	if pair, err := tls.LoadX509KeyPair(certFile, keyFile); err == nil {
+		if cert, err := x509.ParseCertificate(pair.Certificate[0]); err == nil && time.Until(cert.NotAfter) > certRenew && covers(cert, hosts) {
+			sum := sha256.Sum256(cert.Raw)
+			return pair, hex.EncodeToString(sum[:]), nil
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return tls.Certificate{}, "", fmt.Errorf("tls: make %s: %w", dir, err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, "", fmt.Errorf("tls: key: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: "stormdock agent", Organization: []string{"stormdock"}},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(certLifetime),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, "", fmt.Errorf("tls: certificate: %w", err)
+	}
+	certPEM, keyPEM, err := encode(der, key)
+	if err != nil {
+		return tls.Certificate{}, "", err
+	}
+	if err := WriteFiles(map[string][]byte{keyFile: keyPEM}, 0o600); err != nil {
+		return tls.Certificate{}, "", err
+	}
+	if err := WriteFiles(map[string][]byte{certFile: certPEM}, 0o644); err != nil {
+		return tls.Certificate{}, "", err
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return tls.Certificate{}, "", fmt.Errorf("tls: %w", err)
+	}
+	sum := sha256.Sum256(der)
+	return pair, hex.EncodeToString(sum[:]), nil
+}
+
+func covers(cert *x509.Certificate, hosts []string) bool {
+	for _, h := range hosts {
+		if cert.VerifyHostname(h) != nil {
+			return false
+		}
+	}
+	return true
 }

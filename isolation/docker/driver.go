@@ -46,6 +46,8 @@ type API interface {
 	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
 	ContainerWait(ctx context.Context, containerID string, condition container.WaitCondition) (<-chan container.WaitResponse, <-chan error)
 	ContainerStatsOneShot(ctx context.Context, containerID string) (container.StatsResponseReader, error)
+	ContainerLogs(ctx context.Context, container string, options container.LogsOptions) (io.ReadCloser, error)
+	ContainerRename(ctx context.Context, container, newContainerName string) error
 }
 
 // Config configures a Driver.
@@ -364,7 +366,7 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) (isol
 			return isolation.Exit{}, fmt.Errorf("stop %s: %w", id, ctx.Err())
 		}
 	}
-	if err := d.api.ContainerRemove(ctx, cid, container.RemoveOptions{Force: true}); err != nil && !errdefs.IsNotFound(err) {
+	if err := d.keepPrevious(ctx, id, cid); err != nil {
 		return isolation.Exit{}, fmt.Errorf("remove container of %s: %w", id, err)
 	}
 	d.mu.Lock()
@@ -431,6 +433,9 @@ func (d *Driver) Adopt(ctx context.Context) ([]isolation.Worker, error) {
 		if err != nil {
 			d.log.Warn("container without a readable spec label, left alone", "container", short(c.ID), "err", err)
 			continue
+		}
+		if !slices.Contains(c.Names, "/"+d.ContainerName(spec.ID)) {
+			continue // a worker's previous run, kept for its logs
 		}
 		d.mu.Lock()
 		closed, known := d.closed, d.workers[spec.ID] != nil

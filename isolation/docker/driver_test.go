@@ -230,9 +230,13 @@ func harness() drivertest.Harness {
 				}
 				return len(cs) > 0
 			}
-			_, err := cli.ContainerInspect(context.Background(), w.ContainerID)
+			info, err := cli.ContainerInspect(context.Background(), w.ContainerID)
 			if err != nil && !errdefs.IsNotFound(err) {
 				t.Fatalf("inspect: %v", err)
+			}
+			// The ended container kept, renamed, for the previous run's logs holds nothing.
+			if err == nil && strings.HasSuffix(info.Name, "_previous") && info.State != nil && !info.State.Running {
+				return false
 			}
 			return err == nil
 		},

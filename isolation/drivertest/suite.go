@@ -3,9 +3,11 @@
 package drivertest
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"slices"
@@ -52,6 +54,7 @@ func RunSuite(t *testing.T, h Harness) {
 		{"Adopt", testAdopt},
 		{"BadInput", testBadInput},
 		{"Usage", testUsage},
+		{"Logs", testLogs},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,6 +82,11 @@ func start(t *testing.T, d isolation.Driver, spec isolation.Spec) isolation.Work
 		defer cancel()
 		if _, err := d.Stop(ctx, spec.ID, 0); err != nil && !errors.Is(err, isolation.ErrNotFound) && !errors.Is(err, isolation.ErrClosed) {
 			t.Errorf("cleanup stop %s: %v", spec.ID, err)
+		}
+		if dd, ok := d.(isolation.Discarder); ok {
+			if err := dd.Discard(ctx, spec.ID); err != nil {
+				t.Errorf("cleanup discard %s: %v", spec.ID, err)
+			}
 		}
 	})
 	return w
@@ -474,4 +482,88 @@ func testUsage(t *testing.T, h Harness) {
 		}
 		return u.MemoryBytes >= 20*uint64(isolation.MiB) && u.MemoryBytes <= 64*uint64(isolation.MiB) && u.CPU > 0, fmt.Sprintf("usage = %+v", u)
 	})
+}
+
+// testLogs reads a worker's output: the tail, followed as it writes and across a restart,
+// and the run before the restart. Drivers that read no logs skip it.
+func testLogs(t *testing.T, h Harness) {
+	d := newDriver(t, h)
+	lr, ok := d.(isolation.LogReader)
+	if !ok {
+		t.Skip("the driver reads no logs")
+	}
+	spec := h.Spec(t, uniqueID(t), "tick", "30")
+	start(t, d, spec)
+	ctx := ctxFor(t, 60*time.Second)
+	follow, err := lr.Logs(ctx, spec.ID, isolation.LogOptions{Follow: true, Tail: -1})
+	if err != nil {
+		t.Fatalf("follow: %v", err)
+	}
+	defer follow.Close()
+	lines := make(chan string, 1000)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(follow)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	next := func(want func(string) bool, what string) {
+		t.Helper()
+		deadline := time.After(testenv.Timeout(20 * time.Second))
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("the followed log ended before %s", what)
+				}
+				if want(l) {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no %s in the followed log", what)
+			}
+		}
+	}
+	next(func(l string) bool { return l == "tick 0" }, "tick 0")
+	next(func(l string) bool { return l == "tick 5" }, "tick 5 (stdout and stderr)")
+	r, err := lr.Logs(ctx, spec.ID, isolation.LogOptions{Tail: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r)
+	r.Close()
+	if got := strings.Split(strings.TrimSpace(string(b)), "\n"); len(got) != 2 || !strings.HasPrefix(got[0], "tick ") {
+		t.Fatalf("tail 2 = %q", b)
+	}
+	if _, err := lr.Logs(ctx, spec.ID, isolation.LogOptions{Previous: true}); !errors.Is(err, isolation.ErrNoLogs) {
+		t.Fatalf("previous run of a worker never restarted: %v; want ErrNoLogs", err)
+	}
+	// A restart: the follower goes on with the new run; the old one is the previous.
+	if _, err := d.Stop(ctx, spec.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	start(t, d, spec)
+	next(func(l string) bool { return l == "tick 0" }, "the new run's tick 0")
+	next(func(l string) bool { return l == "tick 1" }, "the new run's tick 1")
+	prev, err := lr.Logs(ctx, spec.ID, isolation.LogOptions{Previous: true, Tail: -1})
+	if err != nil {
+		t.Fatalf("previous: %v", err)
+	}
+	b, _ = io.ReadAll(prev)
+	prev.Close()
+	// Between lines the order of stdout and stderr is the driver's (docker keeps two
+	// streams): check the lines, not their order.
+	if !strings.Contains(string(b), "tick 0\n") || !strings.Contains(string(b), "tick 5\n") {
+		t.Fatalf("previous run's log = %q", b)
+	}
+	cur, err := lr.Logs(ctx, spec.ID, isolation.LogOptions{Tail: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(cur)
+	cur.Close()
+	if !strings.Contains(string(b), "tick 0\n") || strings.Count(string(b), "tick 0\n") != 1 {
+		t.Fatalf("current run's log = %q; want the new run alone", b)
+	}
 }

@@ -255,6 +255,9 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 	if err != nil {
 		return st, nil, nil, cgroupError(cg, err)
 	}
+	if err := rotatePrevious(st.LogPath); err != nil {
+		d.log.Warn("keep the previous run's log", "id", spec.ID, "err", err)
+	}
 	out, err := openLog(st.LogPath)
 	if err != nil {
 		return st, sl, nil, err

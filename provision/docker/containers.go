@@ -140,6 +140,8 @@ func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provis
 		"--memory", strconv.FormatInt(int64(workerMem), 10), "--cpu", spec.AgentCPU.String(),
 		"--session-timeout", spec.SessionTimeout.String(),
 		"--cgroups", "auto", "--metrics", "off",
+		// The master serves TLS: so do the agents' log endpoints (pinned through the store).
+		"--tls",
 		// Agents share the host's network: each gets its own range of worker ports.
 		"--port-base", strconv.Itoa(portBase + s.Index*spec.Slots)}
 	hc := hostConfig(spec.AgentMemory, spec.AgentCPU, agentState)

@@ -90,6 +90,7 @@ func helper() {
 	}
 	key += "." + env["STORMDOCK_WORKER"]
 	base := filepath.Join(os.Getenv("HELPER_DIR"), key+"."+strconv.Itoa(os.Getpid()))
+	fmt.Printf("helper pid %d\n", os.Getpid()) // the worker's log: agents serve it
 	b, _ := json.Marshal(report{PID: os.Getpid(), PPID: os.Getppid(), Env: env, At: time.Now()})
 	if err := os.WriteFile(base+".json.tmp", b, 0o644); err == nil {
 		_ = os.Rename(base+".json.tmp", base+".json")

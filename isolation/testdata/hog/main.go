@@ -9,6 +9,7 @@
 //	hog ignore-term           ignore SIGTERM
 //	hog exit N                exit with status N
 //	hog spew N                write N KiB of output, then sleep
+//	hog tick MS               write "tick I" every MS milliseconds, to stdout and stderr by turns
 package main
 
 import (
@@ -120,6 +121,16 @@ func main() {
 		}
 		ready()
 		sleep()
+	case "tick":
+		every := time.Duration(arg(2, 100)) * time.Millisecond
+		for i := 0; ; i++ {
+			out := os.Stdout
+			if i%2 == 1 {
+				out = os.Stderr
+			}
+			fmt.Fprintf(out, "tick %d\n", i)
+			time.Sleep(every)
+		}
 	default:
 		fmt.Fprintln(os.Stderr, "unknown mode", os.Args[1])
 		os.Exit(2)

@@ -1,0 +1,122 @@
+package api
+
+import (
+	"slices"
+	"time"
+)
+
+// Event is one change of the cluster as the masters record it: GET /v1/events. Every master
+// serves the same events, in the same order (by ID).
+type Event struct {
+	// ID orders events: it grows with every event recorded (it is not dense).
+	ID   int64     `json:"id"`
+	Time time.Time `json:"time"`
+	// Kind is one of the Event* kinds below.
+	Kind string `json:"kind"`
+	// Object is what the event is about: job/NAME, worker/JOB/N (worker/JOB@LINK/N for a
+	// link worker), node/ID, dc/NAME, link/JOB@LINK, tenant/NAME.
+	Object string `json:"object"`
+	Reason string `json:"reason,omitempty"`
+	// The fields events are filtered by; each is set when the event concerns it.
+	Job    string `json:"job,omitempty"`
+	Tenant string `json:"tenant,omitempty"`
+	Link   string `json:"link,omitempty"`
+	Worker *int   `json:"worker,omitempty"`
+	Node   string `json:"node,omitempty"`
+	DC     string `json:"dc,omitempty"`
+	// To and ToDC are where a moved worker goes.
+	To   string `json:"to,omitempty"`
+	ToDC string `json:"toDc,omitempty"`
+	// Principal made the API call of an api.call event: admin or tenant/NAME.
+	Principal string `json:"principal,omitempty"`
+	// Master is the master that recorded the event.
+	Master string `json:"master,omitempty"`
+}
+
+// Event kinds.
+const (
+	EventJobSubmitted = "job.submitted"
+	EventJobUpdated   = "job.updated" // a new generation of the spec
+	EventJobScaled    = "job.scaled"
+	EventJobKilled    = "job.killed"
+	EventJobRemoved   = "job.removed" // every worker stopped, the record gone
+
+	EventRolloutStep     = "rollout.step" // a batch admitted, a canary held, done, paused...
+	EventRolloutFailed   = "rollout.failed"
+	EventRolloutReverted = "rollout.reverted"
+
+	EventWorkerPlaced    = "worker.placed"
+	EventWorkerStarted   = "worker.started"
+	EventWorkerExited    = "worker.exited" // ended unasked: code, signal, OOM
+	EventWorkerRestarted = "worker.restarted"
+	EventWorkerCrashLoop = "worker.crash-looping"
+	EventWorkerFailed    = "worker.failed" // could not be started (image pull, bad command)
+	EventWorkerEvicted   = "worker.evicted"
+	EventWorkerMoved     = "worker.moved"
+	EventWorkerStopped   = "worker.stopped" // scaled in or its job killed
+	EventWorkerUnplaced  = "worker.unplaced"
+	EventWorkerRolledOut = "worker.rolled-out" // replaced by a new generation (rolling updates)
+	EventNodeRegistered  = "node.registered"
+	EventNodeLost        = "node.lost"
+	EventNodeBack        = "node.back"
+	EventNodeThrottled   = "node.throttled"
+	EventNodeUnhealthy   = "node.unhealthy"
+	EventNodeHealthy     = "node.healthy"
+	EventNodeDrained     = "node.drained"
+	EventNodeUndrained   = "node.undrained"
+	EventDCLost          = "dc.lost"
+	EventDCFailed        = "dc.failed"
+	EventDCRestored      = "dc.restored"
+	EventLinkFailover    = "link.failover"
+	EventMasterLeading   = "master.leading"
+	EventAPICall         = "api.call"       // a change made through the API, with its principal
+	EventEventsDropped   = "events.dropped" // events a master could not record in time
+	EventRolloutPrefix   = "rollout."       // rollouts (rolling updates) name their own kinds
+)
+
+// EventKinds lists the kinds above, for documentation and tests.
+func EventKinds() []string {
+	return []string{EventJobSubmitted, EventJobUpdated, EventJobScaled, EventJobKilled, EventJobRemoved,
+		EventWorkerPlaced, EventWorkerStarted, EventWorkerExited, EventWorkerRestarted, EventWorkerCrashLoop,
+		EventWorkerFailed, EventWorkerEvicted, EventWorkerMoved, EventWorkerStopped, EventWorkerUnplaced,
+		EventNodeRegistered, EventNodeLost, EventNodeBack, EventNodeThrottled, EventNodeUnhealthy, EventNodeHealthy,
+		EventNodeDrained, EventNodeUndrained, EventDCLost, EventDCFailed, EventDCRestored, EventLinkFailover,
+		EventMasterLeading, EventAPICall, EventEventsDropped}
+}
+
+// EventFilter selects events: every field set must match. An empty filter takes all.
+type EventFilter struct {
+	Job  string // the job, its output routers included
+	Node string // where it happened, or where a moved worker went
+	DC   string
+	// Since takes events at or after this time; After takes events with a larger ID.
+	Since time.Time
+	After int64
+	// Tenant, when set, keeps the tenant's jobs' events alone (a tenant's token sees only
+	// these).
+	Tenant string
+}
+
+// Match reports whether the filter takes e.
+func (f EventFilter) Match(e *Event) bool {
+	switch {
+	case e.ID <= f.After:
+		return false
+	case !f.Since.IsZero() && e.Time.Before(f.Since):
+		return false
+	case f.Tenant != "" && e.Tenant != f.Tenant:
+		return false
+	case f.Job != "" && e.Job != f.Job && e.Job != f.Job+".router":
+		return false
+	case f.Node != "" && e.Node != f.Node && e.To != f.Node:
+		return false
+	case f.DC != "" && e.DC != f.DC && e.ToDC != f.DC:
+		return false
+	}
+	return true
+}
+
+// IsEventKind reports whether kind is one of EventKinds or a rollout's.
+func IsEventKind(kind string) bool {
+	return slices.Contains(EventKinds(), kind) || len(kind) > len(EventRolloutPrefix) && kind[:len(EventRolloutPrefix)] == EventRolloutPrefix
+}

@@ -1,0 +1,68 @@
+package api
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+)
+
+// LogRequest selects a worker's output: GET /v1/jobs/{name}/logs on a master, which relays
+// it from the worker's agent (GET /v1/logs there).
+type LogRequest struct {
+	Worker int
+	Link   string // for a mirrored job's link worker
+	// Follow keeps the answer open, printing what the worker writes as it writes it, also
+	// after it restarts, until the client goes away.
+	Follow bool
+	// Tail starts that many lines before the end; negative: the whole log kept.
+	Tail int
+	// Previous is the run before the last restart (never followed).
+	Previous bool
+}
+
+// DefaultLogTail is how many lines a log request without a tail shows.
+const DefaultLogTail = 100
+
+// Query is the request as URL query parameters (of both the master's and the agent's
+// endpoint).
+func (r LogRequest) Query() url.Values {
+	q := url.Values{}
+	q.Set("worker", strconv.Itoa(r.Worker))
+	if r.Link != "" {
+		q.Set("link", r.Link)
+	}
+	if r.Follow {
+		q.Set("follow", "true")
+	}
+	q.Set("tail", strconv.Itoa(r.Tail))
+	if r.Previous {
+		q.Set("previous", "true")
+	}
+	return q
+}
+
+// ParseLogRequest reads a LogRequest from query parameters; tail defaults to
+// DefaultLogTail.
+func ParseLogRequest(q url.Values) (LogRequest, error) {
+	r := LogRequest{Link: q.Get("link"), Tail: DefaultLogTail}
+	var err error
+	if r.Worker, err = strconv.Atoi(q.Get("worker")); err != nil || r.Worker < 0 {
+		return r, fmt.Errorf("%w: worker must be a worker's index (0 or more), not %q", ErrBadInput, q.Get("worker"))
+	}
+	if s := q.Get("tail"); s != "" {
+		if r.Tail, err = strconv.Atoi(s); err != nil {
+			return r, fmt.Errorf("%w: tail must be a number of lines (negative: everything), not %q", ErrBadInput, s)
+		}
+	}
+	for name, p := range map[string]*bool{"follow": &r.Follow, "previous": &r.Previous} {
+		if s := q.Get(name); s != "" {
+			if *p, err = strconv.ParseBool(s); err != nil {
+				return r, fmt.Errorf("%w: %s must be true or false, not %q", ErrBadInput, name, s)
+			}
+		}
+	}
+	if r.Follow && r.Previous {
+		return r, fmt.Errorf("%w: the previous run has ended: it cannot be followed (drop -f or --previous)", ErrBadInput)
+	}
+	return r, nil
+}

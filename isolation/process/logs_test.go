@@ -1,0 +1,131 @@
+package process
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/internal/testenv"
+)
+
+func TestTailStart(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, s string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	old := write("w.log.1", "a\nb\n")
+	cur := write("w.log", "c\nd\ne")
+	files := []string{old, cur}
+	read := func(i int, off int64) string {
+		var b strings.Builder
+		if err := copyFrom(context.Background(), &b, files, i, off); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	for _, tc := range []struct {
+		n    int
+		want string
+	}{
+		{0, ""}, {1, "e"}, {2, "d\ne"}, {3, "c\nd\ne"}, {4, "b\nc\nd\ne"}, {5, "a\nb\nc\nd\ne"}, {50, "a\nb\nc\nd\ne"},
+	} {
+		i, off, err := tailStart(files, tc.n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := read(i, off); got != tc.want {
+			t.Errorf("tail %d = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}
+
+// TestFollowAcrossRotations follows a log while capLog rotates it and while a restart
+// moves it away: the follower sees every byte written, once, in order.
+func TestFollowAcrossRotations(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "w.log")
+	f, err := openLog(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		pw.CloseWithError(followFile(ctx, pw, p))
+	}()
+	var got lockedBuf
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = io.Copy(&got, pr)
+	}()
+	time.Sleep(2 * followPoll) // the follower starts at the end of what is there
+	var want strings.Builder
+	for i := range 300 {
+		line := fmt.Sprintf("line %03d %s\n", i, strings.Repeat("x", 40))
+		want.WriteString(line)
+		if _, err := f.WriteString(line); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case i%50 == 49:
+			time.Sleep(2 * followPoll) // read, then rotated
+			if err := capLog(p, 500); err != nil {
+				t.Fatal(err)
+			}
+		case i == 220:
+			time.Sleep(2 * followPoll) // a restart: the run's file moves away
+			f.Close()
+			if err := rotatePrevious(p); err != nil {
+				t.Fatal(err)
+			}
+			if f, err = openLog(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%10 == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	f.Close()
+	testenv.EventuallyWith(t, "the follower caught up", 10*time.Second, func() (bool, string) {
+		n := strings.Count(got.String(), "\n")
+		return n >= 300, fmt.Sprintf("%d lines", n)
+	})
+	cancel()
+	wg.Wait()
+	<-done
+	if got.String() != want.String() {
+		t.Fatalf("followed %d bytes, wrote %d; they differ", len(got.String()), want.Len())
+	}
+}
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

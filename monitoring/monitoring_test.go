@@ -1,0 +1,82 @@
+package monitoring
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stormdock/stormdock/internal/testenv"
+)
+
+// TestRulesParse runs promtool (Debian's prometheus package; scripts/test installs it) on
+// the rules file.
+func TestRulesParse(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		testenv.Missing(t, "promtool: %v (apt-get install prometheus)", err)
+	}
+	out, err := exec.Command(promtool, "check", "rules", "alerts.yml").CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+	t.Logf("%s", strings.TrimSpace(string(out)))
+	// And a broken file fails, so that the check above means something.
+	bad := filepath.Join(t.TempDir(), "bad.yml")
+	if err := os.WriteFile(bad, []byte("groups:\n  - name: x\n    rules:\n      - alert: X\n        expr: sum(\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", bad).CombinedOutput(); err == nil {
+		t.Fatalf("promtool accepted a broken expression:\n%s", out)
+	}
+}
+
+// TestDashboard checks the dashboard is a Grafana model whose panels all query Prometheus.
+func TestDashboard(t *testing.T) {
+	var d struct {
+		Title  string `json:"title"`
+		Panels []struct {
+			Type    string `json:"type"`
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(Dashboard, &d); err != nil {
+		t.Fatalf("dashboard.json: %v", err)
+	}
+	graphs := 0
+	for _, p := range d.Panels {
+		if p.Type == "row" {
+			continue
+		}
+		graphs++
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			if !metricName.MatchString(tg.Expr) {
+				t.Errorf("panel %q queries no stormdock metric: %q", p.Title, tg.Expr)
+			}
+		}
+	}
+	if graphs < 20 {
+		t.Errorf("%d panels", graphs)
+	}
+}
+
+func TestMetricNames(t *testing.T) {
+	names := MetricNames()
+	for _, want := range []string{"stormdock_master_leader", "stormdock_router_link_lag", "stormdock_master_reconcile_duration_seconds", "stormdock_agent_health_state"} {
+		found := false
+		for _, n := range names {
+			found = found || n == want
+		}
+		if !found {
+			t.Errorf("MetricNames lacks %s: %v", want, names)
+		}
+	}
+}
