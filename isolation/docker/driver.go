@@ -5,6 +5,7 @@ package docker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/network"
@@ -48,6 +50,7 @@ type API interface {
 	ContainerStatsOneShot(ctx context.Context, containerID string) (container.StatsResponseReader, error)
 	ContainerLogs(ctx context.Context, container string, options container.LogsOptions) (io.ReadCloser, error)
 	ContainerRename(ctx context.Context, container, newContainerName string) error
+	Events(ctx context.Context, options events.ListOptions) (<-chan events.Message, <-chan error)
 }
 
 // Config configures a Driver.
@@ -269,6 +272,36 @@ func exitOf(s *container.State) isolation.Exit {
 	return ex
 }
 
+// oomEvent asks the engine's event log whether the container was OOM-killed. The engine
+// sets State.OOMKilled from an event of its own that can come after the exit (cgroup v1,
+// engine 20.10): a SIGKILL without the flag is checked against the container's "oom"
+// events, waiting half a second for one still on its way.
+func (d *Driver) oomEvent(cid, startedAt string) bool {
+	since := time.Now().Add(-time.Minute)
+	if t, err := time.Parse(time.RFC3339Nano, startedAt); err == nil {
+		since = t.Add(-time.Second)
+	}
+	until := time.Now().Add(500 * time.Millisecond)
+	ctx, cancel := context.WithDeadline(d.ctx, until.Add(2*time.Second))
+	defer cancel()
+	stamp := func(t time.Time) string { return fmt.Sprintf("%d.%09d", t.Unix(), t.Nanosecond()) }
+	msgs, errs := d.api.Events(ctx, events.ListOptions{Since: stamp(since), Until: stamp(until),
+		Filters: filters.NewArgs(filters.Arg("type", "container"), filters.Arg("container", cid), filters.Arg("event", "oom"))})
+	for {
+		select {
+		case _, ok := <-msgs:
+			return ok
+		case err := <-errs:
+			if err != nil && !errors.Is(err, io.EOF) && ctx.Err() == nil {
+				d.log.Warn("read the engine's oom events", "container", short(cid), "err", err)
+			}
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
 // watch starts the goroutine that reports w's exit; d.mu must be held.
 func (d *Driver) watch(w *worker) {
 	if w.v.Exit != nil {
@@ -318,6 +351,9 @@ func (d *Driver) waitExit(w *worker) {
 			continue
 		default:
 			ex = exitOf(info.State)
+			if ex.Signal == syscall.SIGKILL && !ex.OOMKilled {
+				ex.OOMKilled = d.oomEvent(cid, info.State.StartedAt)
+			}
 		}
 		d.mu.Lock()
 		w.v.Exit = &ex
