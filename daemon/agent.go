@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -106,6 +107,12 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 	if dcfg.CgroupParent == "" {
 		dcfg.CgroupParent = cfg.Health.CgroupParent
 	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find own binary: %w", err)
+	}
+	var launcher string
+	dcfg.Shim, launcher = Launchers(self, cfg.RunAs, log)
 	if a.drivers, err = NewDrivers(ctx, dcfg); err != nil {
 		return nil, err
 	}
@@ -182,6 +189,8 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		LeaseTTL:             cfg.LeaseTTL,
 		NoLease:              cfg.NoLease,
 		RunAs:                cfg.RunAs,
+		Self:                 self,
+		Launcher:             launcher,
 		StoreURL:             plainStore,
 		StoreCredentialsFile: credFile,
 		RestartGrace:         cfg.RestartGrace,

@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/agents/launcher"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
@@ -274,15 +275,16 @@ func isolationModes(vals []string) ([]string, error) {
 	return modes, nil
 }
 
-// LaunchCommand is the lease launcher every worker runs under (see agents.Launch). It is
-// hidden: the agent writes its command lines with agents.LaunchConfig.Args, and it reads
-// them with agents.LaunchConfig.Parse (launchRun), so the two cannot drift apart.
+// LaunchCommand is the lease launcher (package launcher) in the whole binary: agents run
+// stormdock-shim's where they find it, this one otherwise. It is hidden: the agent writes
+// its command lines with launcher.Config.Args, and both read them with launcher.Config.Parse,
+// so they cannot drift apart.
 var LaunchCommand = &cli.Command{
-	Name:            agents.LaunchCommand,
+	Name:            launcher.Command,
 	Hidden:          true,
 	Usage:           "run a worker while its agent renews its lease",
 	UsageText:       "stormdock launch --lease FILE --ttl D [--grace G] -- COMMAND [ARGS...]",
-	Description:     "Flags:\n" + agents.LaunchUsage(),
+	Description:     "Flags:\n" + launcher.Usage(),
 	SkipFlagParsing: true,
 	// No help subcommand: every argument is the command line's own.
 	HideHelpCommand: true,

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup2"
+	"golang.org/x/sys/unix"
 
 	"github.com/stormdock/stormdock/isolation"
 )
@@ -185,6 +186,10 @@ type v2slot struct {
 }
 
 func (s *v2slot) file(f string) string { return filepath.Join(s.h.root, s.name, f) }
+
+func (s *v2slot) openDir() (int, error) {
+	return unix.Open(filepath.Join(s.h.root, s.name), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
 
 func (s *v2slot) add(pid int) error {
 	err := s.m.AddProc(uint64(pid))

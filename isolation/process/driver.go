@@ -15,12 +15,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/stormdock/stormdock/isolation"
+	"github.com/stormdock/stormdock/isolation/shim"
 )
 
 // Config configures a Driver. The zero value works for an agent running as root.
@@ -44,7 +46,11 @@ type Config struct {
 	// cgroup hierarchy is writable (not root; a container without nested cgroups). Nothing
 	// is limited then.
 	Unconfined bool
-	Logger     *slog.Logger
+	// Shim is the binary every worker starts as (see package shim). Default: stormdock-shim
+	// beside the running binary, else the running binary itself, which is a shim too (this
+	// package's init), at the cost of its whole package initialisation per start.
+	Shim   string
+	Logger *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -70,6 +76,14 @@ func (c *Config) defaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Shim == "" {
+		c.Shim = "/proc/self/exe"
+		if exe, err := os.Executable(); err == nil {
+			if p, ok := shim.Beside(exe); ok {
+				c.Shim = p
+			}
+		}
+	}
 }
 
 // Driver runs workers as cgroup-limited processes. It implements isolation.Driver.
@@ -84,6 +98,10 @@ type Driver struct {
 
 	stop chan struct{}  // closed by Close: the housekeeper ends
 	wg   sync.WaitGroup // the housekeeper
+
+	// noCloneInto is set once the kernel refused clone3 with CLONE_INTO_CGROUP (before Linux
+	// 5.7): shims are then moved into their cgroups after the fork.
+	noCloneInto atomic.Bool
 }
 
 var _ isolation.Driver = (*Driver)(nil)
@@ -131,7 +149,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	d.wg.Add(1)
 	go d.housekeep()
-	d.log.Debug("ready", "cgroup_version", h.version(), "parent", cfg.CgroupParent, "state_dir", cfg.StateDir)
+	d.log.Debug("ready", "cgroup_version", h.version(), "parent", cfg.CgroupParent, "state_dir", cfg.StateDir, "shim", cfg.Shim)
 	return d, nil
 }
 
@@ -213,6 +231,7 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 // start does the work of Start for a reserved id; on error it leaves nothing behind.
 func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd *exec.Cmd, err error) {
+	ph := newPhases()
 	if _, err := os.Stat(statePath(d.cfg.StateDir, spec.ID)); err == nil {
 		return st, nil, nil, fmt.Errorf("%w: %s has a state file from an earlier agent in %s: call Adopt before Start",
 			isolation.ErrExists, spec.ID, d.cfg.StateDir)
@@ -242,6 +261,7 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 	if err := writeState(d.cfg.StateDir, st); err != nil {
 		return st, nil, nil, err
 	}
+	ph.mark("state")
 	defer func() {
 		if err != nil {
 			if sl != nil {
@@ -255,6 +275,7 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 	if err != nil {
 		return st, nil, nil, cgroupError(cg, err)
 	}
+	ph.mark("cgroup")
 	out, err := openLog(st.LogPath)
 	if err != nil {
 		return st, sl, nil, err
@@ -268,15 +289,37 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 	if dir == "" {
 		dir = "/"
 	}
-	cmd, err = launch(launchOpts{
-		path: prog, argv: spec.Command, env: env, dir: dir, out: out, user: spec.User,
+	o := launchOpts{
+		shim: d.cfg.Shim, path: prog, argv: spec.Command, env: env, dir: dir, out: out, user: spec.User, cgroupFD: -1,
 		place: func(pid int) error {
 			if err := sl.add(pid); err != nil {
 				return fmt.Errorf("move pid %d into cgroup %s: %w", pid, cg, err)
 			}
 			return nil
 		},
-	})
+		phase: ph.mark,
+	}
+	if into, ok := sl.(cloneTarget); ok && !d.noCloneInto.Load() {
+		fd, err := into.openDir()
+		if err != nil {
+			return st, sl, nil, fmt.Errorf("open cgroup %s: %w", cg, err)
+		}
+		o.cgroupFD = fd
+		cmd, err = launch(o)
+		unix.Close(fd)
+		if errors.Is(err, errCloneInto) {
+			// Nothing ran. A kernel without CLONE_INTO_CGROUP says so once: move after fork
+			// from now on. Any other refusal falls back for this start only.
+			if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.E2BIG) || errors.Is(err, unix.EINVAL) {
+				d.noCloneInto.Store(true)
+			}
+			d.log.Info("clone into cgroup refused: moving the shim after the fork", "id", spec.ID, "err", err)
+			o.cgroupFD = -1
+			cmd, err = launch(o)
+		}
+	} else {
+		cmd, err = launch(o)
+	}
 	if err != nil {
 		if errors.Is(err, errExec) {
 			return st, sl, nil, fmt.Errorf("%w: worker %s: %v", isolation.ErrInvalidSpec, spec.ID, err)
@@ -293,7 +336,9 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 		_ = cmd.Wait()
 		return st, sl, nil, err
 	}
+	ph.mark("record")
 	d.log.Info("worker started", "id", spec.ID, "pid", st.PID, "cgroup", cg)
+	d.log.Debug("start phases", append([]any{"id", spec.ID, "clone_into_cgroup", o.cgroupFD >= 0}, ph.steps...)...)
 	return st, sl, cmd, nil
 }
 

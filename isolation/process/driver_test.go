@@ -23,6 +23,9 @@ import (
 
 var (
 	hog string // the static test worker, built by TestMain
+	// shimBin is cmd/stormdock-shim, built by TestMain: the drivers under test start their
+	// workers with it, as agents do, unless a test asks for the fallback (selfShim).
+	shimBin string
 	// parent is the cgroup parent of this test binary's workers, removed at the end.
 	parent = fmt.Sprintf("/stormdock-test-%d", os.Getpid())
 )
@@ -46,7 +49,10 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	var err error
-	if hog, err = testenv.Build("./isolation/testdata/hog"); err != nil {
+	if hog, err = testenv.Build("./isolation/testdata/hog"); err == nil {
+		shimBin, err = testenv.Build("./cmd/stormdock-shim")
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -137,8 +143,12 @@ func readInt(t *testing.T, file string) int64 {
 var seq atomic.Int64
 
 func config(t *testing.T, stateDir string) process.Config {
-	return process.Config{CgroupParent: parent, StateDir: stateDir, PollInterval: 20 * time.Millisecond}
+	return process.Config{CgroupParent: parent, StateDir: stateDir, PollInterval: 20 * time.Millisecond, Shim: shimBin}
 }
+
+// selfShim is the shim of a driver whose binary has no stormdock-shim beside it: the binary
+// itself (this test binary, which imports the driver), as a go run build of stormdock has.
+const selfShim = "/proc/self/exe"
 
 func harness() drivertest.Harness {
 	return drivertest.Harness{
@@ -198,9 +208,14 @@ func TestSuite(t *testing.T) {
 	drivertest.RunSuite(t, harness())
 }
 
-func newDriver(t *testing.T) *process.Driver {
+func newDriver(t *testing.T) *process.Driver { return newDriverWith(t, shimBin) }
+
+// newDriverWith is a driver whose workers start with the given shim binary.
+func newDriverWith(t *testing.T, shim string) *process.Driver {
 	testenv.Cgroups(t)
-	d, err := process.New(config(t, t.TempDir()))
+	cfg := config(t, t.TempDir())
+	cfg.Shim = shim
+	d, err := process.New(cfg)
 	if err != nil {
 		t.Fatalf("new driver: %v", err)
 	}
@@ -217,23 +232,32 @@ func stopOnCleanup(t *testing.T, d *process.Driver, id string) {
 }
 
 // The program runs inside its cgroup from its first instruction: cat reports its own cgroup
-// before doing anything else. So does a program that is the driver's own binary (the agent's
-// lease launcher), which the shim runs in place instead of exec'ing it.
+// before doing anything else. So does the lease launcher, which the shim runs in place
+// instead of exec'ing it when it is the shim's own binary: stormdock-shim's (the cat it runs
+// reports the cgroup it inherited), and a binary's that is its own shim (stormdock without
+// stormdock-shim beside it; here this test binary, which reports its cgroup first thing).
 func TestPlacedBeforeExec(t *testing.T) {
-	d := newDriver(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
+	lease := filepath.Join(t.TempDir(), "lease")
+	if err := os.WriteFile(lease, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
+		shim string
 		cmd  []string
 		env  map[string]string
 	}{
-		{"exec", []string{"cat", "/proc/self/cgroup"}, nil},
-		{"in place", []string{self}, map[string]string{helperEnv: "cgroup"}},
+		{"exec", shimBin, []string{"cat", "/proc/self/cgroup"}, nil},
+		{"exec by self shim", selfShim, []string{"cat", "/proc/self/cgroup"}, nil},
+		{"launcher in place", shimBin, []string{shimBin, "launch", "--lease", lease, "--ttl", "1m", "--", "cat", "/proc/self/cgroup"}, nil},
+		{"in place by self shim", selfShim, []string{self}, map[string]string{helperEnv: "cgroup"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			d := newDriverWith(t, tc.shim)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			spec := harness().Spec(t, "placed-"+strings.ReplaceAll(tc.name, " ", "-"), "unused")

@@ -40,25 +40,34 @@ func statusLines(out string, key string) []string {
 }
 
 // TestRunAsUser: a worker with a User runs as that user, without supplementary groups,
-// with no_new_privs, both when its program is exec'd and when it is this binary run in
-// place, and so do the processes it starts.
+// with no_new_privs, both when its program is exec'd and when it is the shim's binary run in
+// place (stormdock-shim's launcher; this test binary as its own shim), and so do the
+// processes it starts.
 func TestRunAsUser(t *testing.T) {
-	d := newDriver(t)
 	nobody := &isolation.User{UID: 65534, GID: 65534, Name: "nobody"}
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
+	lease := filepath.Join(t.TempDir(), "lease")
+	if err := os.WriteFile(lease, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
+		shim    string
 		command []string
 		env     map[string]string
 		procs   int // status blocks in the output
 	}{
-		{"exec", []string{"cat", "/proc/self/status"}, nil, 1},
-		{"in-place", []string{self}, map[string]string{userHelperEnv: "status"}, 2},
+		{"exec", shimBin, []string{"cat", "/proc/self/status"}, nil, 1},
+		// The launcher's child prints its own status and its parent's: the launcher's.
+		{"launcher-in-place", shimBin, []string{shimBin, "launch", "--lease", lease, "--ttl", "1m", "--",
+			"/bin/sh", "-c", "cat /proc/self/status /proc/$PPID/status"}, nil, 2},
+		{"in-place-by-self-shim", selfShim, []string{self}, map[string]string{userHelperEnv: "status"}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			d := newDriverWith(t, tc.shim)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			spec := harness().Spec(t, "user-"+tc.name, "unused")
