@@ -23,7 +23,7 @@ func TestAgentCommand(t *testing.T) {
 		noLease bool
 		command []string
 		want    []string // the worker's own command, under the launcher unless noLease
-		self    string // the launcher's binary
+		self    string   // the launcher's binary
 	}{
 		{"process", cluster.IsolationProcess, false, wa.Command, []string{"/usr/bin/sd", "worker", "wordcount"}, "/usr/bin/sd-shim"},
 		{"docker", cluster.IsolationDocker, false, wa.Command, []string{"/stormdock", "worker", "wordcount"}, "/stormdock"},
