@@ -20,9 +20,8 @@ const memoryQuantum = 4 << 20
 // that changes by a few MiB is not worth a store write per heartbeat.
 const sampleEvery = 5
 
-// heartbeat publishes the node record if it changed, and samples memory use for the next one.
+// heartbeat samples memory use every sampleEvery beats; the loop publishes what changed.
 func (r *run) heartbeat() {
-	r.publish(false)
 	r.beats++
 	if r.sampling || r.beats%sampleEvery != 1 {
 		return // a slow driver: skip a sample rather than pile them up
@@ -104,10 +103,58 @@ func (r *run) record() cluster.NodeRecord {
 	}
 }
 
-// publish hands the node record to the keeper if it changed since the last one (or always,
-// with force).
+// flush publishes the node record when it differs from the one last written: a worker's or
+// the node's change is reported at once, not at the next heartbeat, in one write per burst
+// of changes. While workers are being started, the write waits for the last of those starts
+// to end (every start of an assignment runs at once, so they end within moments of each
+// other), but not for longer than a heartbeat: a slow start (a container's) holds back no
+// other report for longer. A health change waits for no start. Writes are at least
+// minWrite apart.
+func (r *run) flush() {
+	b, err := json.Marshal(r.record())
+	if err != nil {
+		r.log.Error("encode node record", "err", err)
+		return
+	}
+	if bytes.Equal(b, r.lastSent) {
+		r.pendingSince, r.urgent = time.Time{}, false
+		return
+	}
+	now := time.Now()
+	if r.pendingSince.IsZero() {
+		r.pendingSince = now
+	}
+	at := now
+	if !r.urgent && r.starting() > 0 {
+		at = r.pendingSince.Add(r.a.cfg.Heartbeat)
+	}
+	if next := r.lastSentAt.Add(minWrite); next.After(at) {
+		at = next
+	}
+	if at.After(now) {
+		if r.publishAt.IsZero() || at.Before(r.publishAt) {
+			r.publishAt = at
+			r.publishTimer.Reset(at.Sub(now))
+		}
+		return
+	}
+	r.write(b)
+}
+
+// starting counts the workers whose driver start is under way (not pulling an image).
+func (r *run) starting() int {
+	n := 0
+	for _, s := range r.workers {
+		if s.busy && s.state == cluster.WorkerStarting {
+			n++
+		}
+	}
+	return n
+}
+
+// publish writes the node record now if it changed since the last one (or always, with
+// force): at start and when the keeper's state changes.
 func (r *run) publish(force bool) {
-	r.updateMetrics()
 	b, err := json.Marshal(r.record())
 	if err != nil {
 		r.log.Error("encode node record", "err", err)
@@ -116,12 +163,19 @@ func (r *run) publish(force bool) {
 	if !force && bytes.Equal(b, r.lastSent) {
 		return
 	}
-	// The keeper writes it into the node's entry, under the node's session.
+	r.write(b)
+}
+
+// write hands the node record to the keeper, which writes it into the node's entry, under
+// the node's session.
+func (r *run) write(b []byte) {
+	r.updateMetrics()
 	if err := writeFileAtomic(filepath.Join(r.a.cfg.StateDir, nodeRecordFile), b, 0o600); err != nil {
 		r.log.Error("write node record", "err", err)
 		return
 	}
 	r.lastSent, r.lastSentAt = b, time.Now()
+	r.pendingSince, r.urgent = time.Time{}, false
 	if r.keeper != nil {
 		r.keeper.Notify()
 	}
