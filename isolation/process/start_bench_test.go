@@ -154,8 +154,8 @@ type phaseLog struct {
 }
 
 func (p *phaseLog) Enabled(context.Context, slog.Level) bool { return true }
-func (p *phaseLog) WithAttrs([]slog.Attr) slog.Handler      { return p }
-func (p *phaseLog) WithGroup(string) slog.Handler           { return p }
+func (p *phaseLog) WithAttrs([]slog.Attr) slog.Handler       { return p }
+func (p *phaseLog) WithGroup(string) slog.Handler            { return p }
 func (p *phaseLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Message != "start phases" {
 		return nil
