@@ -129,6 +129,7 @@ func jobKill(c *cli.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
+	var poll pollInterval
 	for {
 		if _, err := cl.Job(ctx, name); err != nil {
 			if errors.Is(err, api.ErrNotFound) {
@@ -140,7 +141,7 @@ func jobKill(c *cli.Context) error {
 		select {
 		case <-ctx.Done():
 			return cli.Exit(fmt.Sprintf("stormdock: job %s still has workers after %s", name, c.Duration("timeout")), 1)
-		case <-time.After(250 * time.Millisecond):
+		case <-time.After(poll.next()):
 		}
 	}
 }
@@ -153,6 +154,7 @@ func waitSettled(c *cli.Context, cl *api.Client, name string) error {
 	start := time.Now()
 	tty := isTerminal(c.App.Writer)
 	last := ""
+	var poll pollInterval
 	for {
 		st, err := cl.Job(ctx, name)
 		if err == nil {
@@ -186,9 +188,24 @@ func waitSettled(c *cli.Context, cl *api.Client, name string) error {
 				fmt.Fprintln(c.App.Writer)
 			}
 			return cli.Exit("stormdock: "+notReady(st, err, c.Duration("timeout")), 1)
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(poll.next()):
 		}
 	}
+}
+
+// pollInterval is the wait between two polls of the master by --wait: short at first, as
+// workers usually start within a fraction of a second, growing to 200ms for long waits
+// (image pulls, grace periods). A poll is one cheap request to the master's view.
+type pollInterval time.Duration
+
+func (p *pollInterval) next() time.Duration {
+	switch d := time.Duration(*p); {
+	case d == 0:
+		*p = pollInterval(20 * time.Millisecond)
+	case d < 200*time.Millisecond:
+		*p = pollInterval(min(d*3/2, 200*time.Millisecond))
+	}
+	return time.Duration(*p)
 }
 
 // settled reports that no worker is still being stopped or started.

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup1"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/stormdock/stormdock/isolation"
@@ -34,7 +33,7 @@ type v1 struct {
 // workerControllers are the v1 hierarchies a worker's cgroup is made in (see v1.worker).
 var workerControllers = []cgroup1.Name{cgroup1.Memory, cgroup1.Cpu, cgroup1.Cpuacct, cgroup1.Pids, cgroup1.Freezer, cgroup1.SystemdDbus}
 
-// allowMissing lets cgroup1.New skip controllers that are not mounted. The library's default
+// allowMissing lets cgroup1.Load skip controllers that are not mounted. The library's default
 // check insists on the devices controller, which some hosts (and all user namespaces) lack;
 // the controllers this driver needs are checked in newV1 instead.
 func allowMissing(c *cgroup1.InitConfig) error {
@@ -86,9 +85,14 @@ func newV1() (*v1, error) {
 
 func (h *v1) version() int { return 1 }
 
+// ensure makes the parent in every hierarchy a worker's cgroup is made in.
 func (h *v1) ensure(parent string) error {
-	_, err := cgroup1.New(cgroup1.StaticPath(parent), &specs.LinuxResources{}, allowMissing)
-	return err
+	for _, root := range h.worker {
+		if err := os.MkdirAll(filepath.Join(root, parent), 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (h *v1) removeParent(parent string) error {
