@@ -300,8 +300,8 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 		phase: ph.mark,
 	}
 	if into, ok := sl.(cloneTarget); ok && !d.noCloneInto.Load() {
-		fd, err := into.openDir()
-		if err != nil {
+		var fd int
+		if fd, err = into.openDir(); err != nil {
 			return st, sl, nil, fmt.Errorf("open cgroup %s: %w", cg, err)
 		}
 		o.cgroupFD = fd

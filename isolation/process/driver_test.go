@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -493,4 +494,81 @@ func BenchmarkUsage(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// startLog keeps the driver's "start phases" records, as attribute maps.
+type startLog struct {
+	mu   sync.Mutex
+	recs []map[string]string
+}
+
+func (l *startLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *startLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *startLog) WithGroup(string) slog.Handler            { return l }
+func (l *startLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "start phases" {
+		return nil
+	}
+	m := map[string]string{}
+	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+	l.mu.Lock()
+	l.recs = append(l.recs, m)
+	l.mu.Unlock()
+	return nil
+}
+
+// On cgroup v2, where the kernel can (Linux 5.7), the shim is started in the worker's cgroup
+// (clone3 with CLONE_INTO_CGROUP) and never moved; on v1 (and older kernels) it is moved into
+// the cgroup after the fork, before it is released. Either way the program starts inside
+// (TestPlacedBeforeExec).
+func TestClonedIntoCgroup(t *testing.T) {
+	testenv.Cgroups(t)
+	log := &startLog{}
+	cfg := config(t, t.TempDir())
+	cfg.Logger = slog.New(log)
+	d, err := process.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	spec := harness().Spec(t, "cloned", "sleep")
+	if _, err := d.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, d, spec.ID)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if len(log.recs) != 1 {
+		t.Fatalf("%d start phase records, want 1", len(log.recs))
+	}
+	rec := log.recs[0]
+	_, moved := rec["place"]
+	var u syscall.Utsname
+	_ = syscall.Uname(&u)
+	release := unixString(u.Release[:])
+	want := d.CgroupVersion() == 2 && kernelAtLeast(release, 5, 7)
+	t.Logf("cgroup v%d, kernel %s: %v", d.CgroupVersion(), release, rec)
+	if got := rec["clone_into_cgroup"] == "true"; got != want || moved == want {
+		t.Fatalf("cgroup v%d, kernel %s: cloned into the cgroup %v, moved after the fork %v; want cloned %v", d.CgroupVersion(), release, got, moved, want)
+	}
+}
+
+func unixString(b []int8) string {
+	var s []byte
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s = append(s, byte(c))
+	}
+	return string(s)
+}
+
+// kernelAtLeast reports whether a kernel release ("6.1.0-57-amd64") is major.minor or later.
+func kernelAtLeast(release string, major, minor int) bool {
+	var ma, mi int
+	if _, err := fmt.Sscanf(release, "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
 }
