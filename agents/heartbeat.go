@@ -179,6 +179,7 @@ func (r *run) write(b []byte) {
 	if r.keeper != nil {
 		r.keeper.Notify()
 	}
+	r.log.Debug("node record handed to the keeper", "bytes", len(b), "starting", r.starting())
 }
 
 // updateMetrics publishes slot and worker gauges.

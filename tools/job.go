@@ -193,19 +193,23 @@ func waitSettled(c *cli.Context, cl *api.Client, name string) error {
 	}
 }
 
-// pollInterval is the wait between two polls of the master by --wait: short at first, as
-// workers usually start within a fraction of a second, growing to 200ms for long waits
-// (image pulls, grace periods). A poll is one cheap request to the master's view.
-type pollInterval time.Duration
+// pollInterval is the wait between two polls of the master by --wait: 20ms for the first
+// second, as workers usually start within a fraction of one, then growing to 200ms for long
+// waits (image pulls, grace periods). A poll is one cheap request to the master's view.
+type pollInterval struct {
+	n int
+	d time.Duration
+}
 
 func (p *pollInterval) next() time.Duration {
-	switch d := time.Duration(*p); {
-	case d == 0:
-		*p = pollInterval(20 * time.Millisecond)
-	case d < 200*time.Millisecond:
-		*p = pollInterval(min(d*3/2, 200*time.Millisecond))
+	p.n++
+	switch {
+	case p.n <= 50:
+		p.d = 20 * time.Millisecond
+	case p.d < 200*time.Millisecond:
+		p.d = min(p.d*3/2, 200*time.Millisecond)
 	}
-	return time.Duration(*p)
+	return p.d
 }
 
 // settled reports that no worker is still being stopped or started.
