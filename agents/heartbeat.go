@@ -108,8 +108,8 @@ func (r *run) record() cluster.NodeRecord {
 // of changes. While workers are being started, the write waits for the last of those starts
 // to end (every start of an assignment runs at once, so they end within moments of each
 // other), but not for longer than a heartbeat: a slow start (a container's) holds back no
-// other report for longer. A health change waits for no start. Writes are at least
-// minWrite apart.
+// other report for longer. A health change waits for no start. Writes are at most one per
+// minWrite, but for a first few after a quiet while (writeBurst).
 func (r *run) flush() {
 	b, err := json.Marshal(r.record())
 	if err != nil {
@@ -128,7 +128,7 @@ func (r *run) flush() {
 	if !r.urgent && r.starting() > 0 {
 		at = r.pendingSince.Add(r.a.cfg.Heartbeat)
 	}
-	if next := r.lastSentAt.Add(minWrite); next.After(at) {
+	if next := r.nextWrite(now); next.After(at) {
 		at = next
 	}
 	if at.After(now) {
@@ -139,6 +139,22 @@ func (r *run) flush() {
 		return
 	}
 	r.write(b)
+}
+
+// writeCreditNow is the write credit at now.
+func (r *run) writeCreditNow(now time.Time) time.Duration {
+	if r.writeCreditAt.IsZero() {
+		return writeBurst * minWrite
+	}
+	return min(r.writeCredit+now.Sub(r.writeCreditAt), writeBurst*minWrite)
+}
+
+// nextWrite is when the node record may be written next: now, or once the credit is back.
+func (r *run) nextWrite(now time.Time) time.Time {
+	if c := r.writeCreditNow(now); c < minWrite {
+		return now.Add(minWrite - c)
+	}
+	return now
 }
 
 // starting counts the workers whose driver start is under way (not pulling an image).
@@ -174,7 +190,9 @@ func (r *run) write(b []byte) {
 		r.log.Error("write node record", "err", err)
 		return
 	}
-	r.lastSent, r.lastSentAt = b, time.Now()
+	now := time.Now()
+	r.lastSent = b
+	r.writeCredit, r.writeCreditAt = max(r.writeCreditNow(now)-minWrite, 0), now
 	r.pendingSince, r.urgent = time.Time{}, false
 	if r.keeper != nil {
 		r.keeper.Notify()

@@ -36,8 +36,11 @@ type run struct {
 	assignSession int64
 
 	health     cluster.NodeHealth
-	lastSent   []byte    // the node record last written
-	lastSentAt time.Time // when
+	lastSent []byte // the node record last written
+	// writeCredit, as of writeCreditAt, is how many writes may be made at once (in units of
+	// minWrite): it grows with time up to writeBurst writes, and each write takes one.
+	writeCredit   time.Duration
+	writeCreditAt time.Time
 	// pendingSince is when the node record first differed from lastSent (zero: it does
 	// not); urgent says a health change is among the differences (see flush).
 	pendingSince time.Time
@@ -56,8 +59,12 @@ type run struct {
 
 // minWrite bounds how often the node record is written: the master sees a worker's or the
 // node's change at once, but a flapping check or a crash-looping worker must not flood the
-// store.
-const minWrite = 100 * time.Millisecond
+// store. After a quiet while writeBurst writes may follow each other at once (a worker
+// stopped, then the next started), then one per minWrite.
+const (
+	minWrite   = 100 * time.Millisecond
+	writeBurst = 2
+)
 
 func newRun(ctx context.Context, a *Agent) *run {
 	r := &run{

@@ -52,6 +52,14 @@ type cloneTarget interface {
 	openDir() (int, error)
 }
 
+// selfPlaced is a slot the shim can move itself into (cgroup v1), thread by thread, without
+// the kernel's global threadgroup lock that a move of another process takes (see package
+// shim, MagicSelf).
+type selfPlaced interface {
+	// tasksFiles are the cgroup's tasks files, one per hierarchy.
+	tasksFiles() []string
+}
+
 // hierarchy creates and finds worker cgroups under one parent.
 type hierarchy interface {
 	// version is 1 or 2.

@@ -165,6 +165,14 @@ type v1slot struct {
 
 func (s *v1slot) file(c cgroup1.Name, f string) string { return filepath.Join(s.h.dirs[c], s.name, f) }
 
+func (s *v1slot) tasksFiles() []string {
+	out := make([]string, len(s.h.worker))
+	for i, root := range s.h.worker {
+		out[i] = filepath.Join(root, s.name, "tasks")
+	}
+	return out
+}
+
 // add moves the process into the cgroup in every hierarchy: one write of cgroup.procs each,
 // which the kernel does under its cgroup lock (see cloneTarget for what that costs).
 func (s *v1slot) add(pid int) error {

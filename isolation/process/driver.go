@@ -102,6 +102,8 @@ type Driver struct {
 	// noCloneInto is set once the kernel refused clone3 with CLONE_INTO_CGROUP (before Linux
 	// 5.7): shims are then moved into their cgroups after the fork.
 	noCloneInto atomic.Bool
+	// noSelfPlace is set once a shim did not place itself (v1): the driver moves shims then.
+	noSelfPlace atomic.Bool
 }
 
 var _ isolation.Driver = (*Driver)(nil)
@@ -317,6 +319,20 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 			o.cgroupFD = -1
 			cmd, err = launch(o)
 		}
+	} else if sp, ok := sl.(selfPlaced); ok && !d.noSelfPlace.Load() && !slices.ContainsFunc(sp.tasksFiles(), func(f string) bool {
+		return strings.Contains(f, shim.PlaceSep)
+	}) {
+		o.selfPlace = sp.tasksFiles()
+		cmd, err = launch(o)
+		if errors.Is(err, errSelfPlace) {
+			// Nothing of the worker ran. A shim that cannot place itself (one of another
+			// version, a cgo build) will not later either: move shims from now on.
+			d.noSelfPlace.Store(true)
+			d.log.Info("the shim did not move itself into its cgroup: the driver moves shims from now on (a few ms more per start)",
+				"id", spec.ID, "shim", d.cfg.Shim, "err", err)
+			o.selfPlace = nil
+			cmd, err = launch(o)
+		}
 	} else {
 		cmd, err = launch(o)
 	}
@@ -338,7 +354,7 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 	}
 	ph.mark("record")
 	d.log.Info("worker started", "id", spec.ID, "pid", st.PID, "cgroup", cg)
-	d.log.Debug("start phases", append([]any{"id", spec.ID, "clone_into_cgroup", o.cgroupFD >= 0}, ph.steps...)...)
+	d.log.Debug("start phases", append([]any{"id", spec.ID, "clone_into_cgroup", o.cgroupFD >= 0, "self_placed", o.selfPlace != nil}, ph.steps...)...)
 	return st, sl, cmd, nil
 }
 

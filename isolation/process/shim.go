@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,6 +40,8 @@ type launchOpts struct {
 	user *isolation.User // who the program runs as; nil: the driver's user
 	// cgroupFD, when >= 0, is the worker's cgroup directory (v2): the shim is cloned into it.
 	cgroupFD int
+	// selfPlace, when set, are the tasks files the shim moves itself into (v1).
+	selfPlace []string
 	// place moves the started shim into its cgroup; the program runs only if it succeeds.
 	// Not called when the shim was cloned into its cgroup.
 	place func(pid int) error
@@ -53,6 +56,11 @@ var errExec = errors.New("exec worker program")
 // the caller may start the shim again without it.
 var errCloneInto = errors.New("clone into cgroup")
 
+// errSelfPlace marks a shim that did not place itself (it cannot, or it does not speak that
+// part of the protocol), after which nothing of the worker ran: the caller may start it again
+// and move it itself.
+var errSelfPlace = errors.New("shim did not place itself")
+
 // launch starts the shim, places it, releases it, and returns once the program runs.
 func launch(o launchOpts) (*exec.Cmd, error) {
 	goR, goW, err := os.Pipe()
@@ -65,7 +73,14 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 		goW.Close()
 		return nil, fmt.Errorf("shim pipe: %w", err)
 	}
-	env := append(slices.Clip(o.env), shim.Env+"="+shim.Magic)
+	magic := shim.Magic
+	if o.selfPlace != nil {
+		magic = shim.MagicSelf
+	}
+	env := append(slices.Clip(o.env), shim.Env+"="+magic)
+	if o.selfPlace != nil {
+		env = append(env, shim.PlaceEnv+"="+strings.Join(o.selfPlace, shim.PlaceSep))
+	}
 	if u := o.user; u != nil {
 		env = append(env, shim.UserEnv+"="+shim.UserSpec(u.UID, u.GID, u.Groups))
 	}
@@ -96,7 +111,7 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 		return nil, fmt.Errorf("start shim %s: %w", o.shim, err)
 	}
 	o.phase("fork")
-	if o.cgroupFD < 0 {
+	if o.cgroupFD < 0 && o.selfPlace == nil {
 		if err := o.place(cmd.Process.Pid); err != nil {
 			goW.Close() // the shim sees EOF and exits without running the program
 			stR.Close()
@@ -107,6 +122,17 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 	}
 	_, werr := goW.Write([]byte{1})
 	goW.Close()
+	if o.selfPlace != nil && werr == nil {
+		var b [1]byte
+		if n, _ := io.ReadFull(stR, b[:]); n != 1 || b[0] != shim.Placed {
+			msg, _ := io.ReadAll(stR)
+			stR.Close()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, fmt.Errorf("%w: %s", errSelfPlace, strings.TrimSpace(string(b[:n])+string(msg)))
+		}
+		o.phase("place")
+	}
 	// EOF without data: the status pipe closed on a successful exec (or the shim died, which
 	// the caller's wait reports).
 	msg, rerr := io.ReadAll(stR)

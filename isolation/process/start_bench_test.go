@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,13 +24,15 @@ import (
 // BenchmarkStart is where a process worker's start goes: one start, or a burst of 16 at
 // once (as an agent starts an assignment), through stormdock-shim or through the whole
 // stormdock binary as its own shim (a build without stormdock-shim, and every start before
-// it existed), with or without the lease launcher (which every agent's worker runs under),
-// around /bin/sleep. Per start it reports the wall time (of the whole burst, for bursts),
-// the cpu the worker's cgroup used until its program slept (shim, launcher and sleep's own
-// start: what runs in every worker's process tree), the cpu of the driver's own process, and
-// the median of each step of the driver's start (see the driver's "start phases" log):
+// it existed), with or without the lease launcher (which every agent's worker runs under).
+// Per start it reports the wall time of Start (of the whole burst, for bursts) and the cpu
+// of the driver's own process, for workers that sleep, and the median of each step of the
+// driver's start (see the driver's "start phases" log); then the cpu of everything that ran
+// in the worker's process tree for a worker of /bin/true, from the start to its exit (shim,
+// launcher, true: the driver reaps them, so they are this process's RUSAGE_CHILDREN), and
+// that less /bin/true's own, run alone:
 //
-//	go test -run '^$' -bench Start -benchtime 20x ./isolation/process/
+//	go test -run '^$' -bench 'Start$' -benchtime 20x ./isolation/process/
 func BenchmarkStart(b *testing.B) {
 	testenv.Cgroups(b)
 	full := testenv.BuildBinary(b, "./cmd/stormdock")
@@ -43,18 +45,20 @@ func BenchmarkStart(b *testing.B) {
 			for _, launched := range []bool{false, true} {
 				name := fmt.Sprintf("burst=%d/shim=%s/launcher=%v", n, bin.name, launched)
 				b.Run(name, func(b *testing.B) {
-					cmd := []string{"/bin/sleep", "100000"}
+					var launch []string
 					if launched {
-						cmd = append([]string{bin.path, "launch", "--lease", lease, "--ttl", "1h", "--"}, cmd...)
+						launch = []string{bin.path, "launch", "--lease", lease, "--ttl", "1h", "--"}
 					}
-					benchStart(b, bin.path, n, cmd)
+					benchStart(b, bin.path, n, launch)
 				})
 			}
 		}
 	}
 }
 
-func benchStart(b *testing.B, shim string, n int, cmd []string) {
+func benchStart(b *testing.B, shim string, n int, launch []string) {
+	sleep := append(slices.Clone(launch), "/bin/sleep", "100000")
+	trueCmd := append(slices.Clone(launch), "/bin/true")
 	phases := &phaseLog{steps: map[string][]time.Duration{}}
 	d, err := process.New(process.Config{CgroupParent: parent, StateDir: b.TempDir(), Shim: shim,
 		Logger: slog.New(phases)})
@@ -66,12 +70,16 @@ func benchStart(b *testing.B, shim string, n int, cmd []string) {
 	dir := b.TempDir()
 	var walls, workerCPU []time.Duration
 	var self time.Duration
-	for i := 0; b.Loop(); i++ {
+	makeSpecs := func(i int, cmd []string) []isolation.Spec {
 		specs := make([]isolation.Spec, n)
 		for j := range specs {
 			specs[j] = isolation.Spec{ID: fmt.Sprintf("bench-start-%d-%d-%d", benchSeq.Add(1), i, j), Command: cmd,
 				MemoryBytes: 64 * isolation.MiB, MilliCPU: 500, LogDir: dir}
 		}
+		return specs
+	}
+	for i := 0; b.Loop(); i++ {
+		specs := makeSpecs(i, sleep)
 		cpu0 := selfCPU()
 		t0 := time.Now()
 		var wg sync.WaitGroup
@@ -89,8 +97,22 @@ func benchStart(b *testing.B, shim string, n int, cmd []string) {
 			}
 		}
 		for _, s := range specs {
-			workerCPU = append(workerCPU, settledCPU(b, d, s.ID))
+			if _, err := d.Stop(ctx, s.ID, 0); err != nil {
+				b.Fatal(err)
+			}
 		}
+		// The same starts of /bin/true: what their process trees cost, once reaped.
+		specs = makeSpecs(i, trueCmd)
+		cpu0 = childrenCPU()
+		for _, s := range specs {
+			wg.Go(func() {
+				if _, err := d.Start(ctx, s); err == nil {
+					_, _ = d.Wait(ctx, s.ID)
+				}
+			})
+		}
+		wg.Wait()
+		workerCPU = append(workerCPU, (childrenCPU()-cpu0)/time.Duration(n))
 		for _, s := range specs {
 			if _, err := d.Stop(ctx, s.ID, 0); err != nil {
 				b.Fatal(err)
@@ -98,13 +120,34 @@ func benchStart(b *testing.B, shim string, n int, cmd []string) {
 		}
 		b.StartTimer()
 	}
-	starts := len(workerCPU)
+	starts := len(walls) * n
+	trueAlone := trueCPU(b)
 	b.ReportMetric(ms(drivertest.Percentile(walls, 50)), "wall-ms")
-	b.ReportMetric(ms(drivertest.Percentile(workerCPU, 50)), "worker-cpu-ms/start")
+	b.ReportMetric(ms(drivertest.Percentile(workerCPU, 50)-trueAlone), "tree-cpu-ms/start")
 	b.ReportMetric(ms(self/time.Duration(starts)), "driver-cpu-ms/start")
-	b.Logf("figure: %s: %d runs: wall p50 %.1f ms p99 %.1f ms; worker cgroup cpu p50 %.2f ms per start; driver cpu %.2f ms per start; start phases p50: %s",
-		b.Name(), len(walls), ms(drivertest.Percentile(walls, 50)), ms(drivertest.Percentile(walls, 99)),
-		ms(drivertest.Percentile(workerCPU, 50)), ms(self/time.Duration(starts)), phases.summary())
+	b.Logf("figure: %s: %d runs: wall p50 %.1f ms p99 %.1f ms; driver cpu %.2f ms per start; the worker's process tree to /bin/true's exit p50 %.2f ms of cpu, %.2f ms without true's own (%.2f ms); start phases p50: %s",
+		b.Name(), len(walls), ms(drivertest.Percentile(walls, 50)), ms(drivertest.Percentile(walls, 99)), ms(self/time.Duration(starts)),
+		ms(drivertest.Percentile(workerCPU, 50)), ms(drivertest.Percentile(workerCPU, 50)-trueAlone), ms(trueAlone), phases.summary())
+}
+
+// childrenCPU is the cpu of this process's children that it has reaped.
+func childrenCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// trueCPU is the median cpu of /bin/true run alone.
+func trueCPU(b *testing.B) time.Duration {
+	var ds []time.Duration
+	for range 20 {
+		c0 := childrenCPU()
+		if err := exec.Command("/bin/true").Run(); err != nil {
+			b.Fatal(err)
+		}
+		ds = append(ds, childrenCPU()-c0)
+	}
+	return drivertest.Percentile(ds, 50)
 }
 
 var benchSeq atomic.Int64
@@ -116,34 +159,6 @@ func selfCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// settledCPU waits until every process of the worker sleeps in its program (/bin/sleep, under
-// the launcher or not), then reads the cpu its cgroup used.
-func settledCPU(b *testing.B, d *process.Driver, id string) time.Duration {
-	ctx := context.Background()
-	testenv.Eventually(b, id+" asleep", 10*time.Second, func() bool {
-		ps, err := d.Processes(ctx, id)
-		if err != nil || len(ps) == 0 {
-			return false
-		}
-		sleeping := false
-		for _, p := range ps {
-			comm, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/comm")
-			stat, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/stat")
-			i := strings.LastIndexByte(string(stat), ')')
-			if i < 0 || i+2 >= len(stat) || stat[i+2] != 'S' {
-				return false
-			}
-			sleeping = sleeping || strings.TrimSpace(string(comm)) == "sleep"
-		}
-		return sleeping
-	})
-	u, err := d.Usage(ctx, id)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return u.CPU
 }
 
 // phaseLog collects the driver's "start phases" log records.
