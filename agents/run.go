@@ -35,7 +35,7 @@ type run struct {
 	keeperWrites  int64
 	assignSession int64
 
-	health     cluster.NodeHealth
+	health   cluster.NodeHealth
 	lastSent []byte // the node record last written
 	// writeCredit, as of writeCreditAt, is how many writes may be made at once (in units of
 	// minWrite): it grows with time up to writeBurst writes, and each write takes one.
@@ -59,11 +59,11 @@ type run struct {
 
 // minWrite bounds how often the node record is written: the master sees a worker's or the
 // node's change at once, but a flapping check or a crash-looping worker must not flood the
-// store. After a quiet while writeBurst writes may follow each other at once (a worker
-// stopped, then the next started), then one per minWrite.
+// store. After a quiet while writeBurst writes may follow each other at once (a worker's
+// stop is two, stopping and gone, and a start may follow), then one per minWrite.
 const (
 	minWrite   = 100 * time.Millisecond
-	writeBurst = 2
+	writeBurst = 3
 )
 
 func newRun(ctx context.Context, a *Agent) *run {
