@@ -319,7 +319,7 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 			o.cgroupFD = -1
 			cmd, err = launch(o)
 		}
-	} else if sp, ok := sl.(selfPlaced); ok && !d.noSelfPlace.Load() && !slices.ContainsFunc(sp.tasksFiles(), func(f string) bool {
+	} else if sp, ok := sl.(selfPlaced); ok && d.selfPlacing() && !slices.ContainsFunc(sp.tasksFiles(), func(f string) bool {
 		return strings.Contains(f, shim.PlaceSep)
 	}) {
 		o.selfPlace = sp.tasksFiles()
@@ -356,6 +356,15 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 	d.log.Info("worker started", "id", spec.ID, "pid", st.PID, "cgroup", cg)
 	d.log.Debug("start phases", append([]any{"id", spec.ID, "clone_into_cgroup", o.cgroupFD >= 0, "self_placed", o.selfPlace != nil}, ph.steps...)...)
 	return st, sl, cmd, nil
+}
+
+// selfPlacing reports whether shims move themselves into their cgroups (v1): stormdock-shim
+// does, unless one did not before. A stormdock binary as the shim (none installed beside it)
+// is moved by the driver and runs the lease launcher in place: placing itself, it would have
+// to exec itself afresh for the launcher (see package shim), and its start costs several
+// times stormdock-shim's.
+func (d *Driver) selfPlacing() bool {
+	return filepath.Base(d.cfg.Shim) == shim.Name && !d.noSelfPlace.Load()
 }
 
 // reap waits for a child worker to exit. After Close it only reaps: the worker belongs to the

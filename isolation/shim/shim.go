@@ -21,14 +21,19 @@
 // instruction of the worker's program, and no child of it, ever runs outside its cgroup or
 // as the driver's user.
 //
-// With Env=MagicSelf (cgroup v1) the shim places itself once released: it writes "0" into the
-// tasks file of the worker's cgroup in every hierarchy (PlaceEnv) from each of its threads,
-// then writes Placed to StatusFD and goes on as above. The kernel moves the calling thread
-// for "0" without its global threadgroup lock, whose writer waits for an RCU grace period:
+// With Env=MagicSelf (cgroup v1) the shim places itself once released: its main thread
+// writes "0" into the tasks file of the worker's cgroup in every hierarchy (PlaceEnv), then
+// writes Placed to StatusFD and goes on as above, but always by exec, from that thread: the
+// exec ends the process's other threads, still outside, so the program runs as one thread,
+// inside, from its first instruction (the lease launcher too, exec'd afresh rather than run
+// in place). The kernel moves the calling thread for "0" without its global threadgroup
+// lock, whose writer waits for an RCU grace period (and every fork on the machine with it):
 // the driver's own write of the shim's pid into cgroup.procs costs 5 to 15ms of wall time
-// here, the shim's writes a tenth of a millisecond. A binary that does not know MagicSelf is
-// no shim for it and runs nothing of the worker; the driver, seeing no Placed, moves it
-// itself. A failure to place itself is written to StatusFD (without Placed) and runs nothing.
+// here when nothing moved just before, the shim's writes a tenth of a millisecond. The drop
+// to the worker's user is that thread's alone too, for the same reason. A binary that does
+// not know MagicSelf is no shim for it and runs nothing of the worker; the driver, seeing no
+// Placed, moves it itself. A failure to place itself is written to StatusFD (without
+// Placed) and runs nothing.
 package shim
 
 import (
@@ -79,12 +84,14 @@ func Active() bool { v := os.Getenv(Env); return v == Magic || v == MagicSelf }
 // Run does the shim's part when this process was started as one (Active) and does nothing
 // otherwise. It waits for the go-ahead and execs os.Args[1] with argv os.Args[2:]; it
 // returns only when that program is this very binary (the lease launcher, run in place
-// rather than started as a second process): os.Args is then the program's argv, and the
-// process runs as the worker's user already.
+// rather than started as a second process) and the whole process was placed by the driver:
+// os.Args is then the program's argv, and the process runs as the worker's user already.
 func Run() {
 	if !Active() {
 		return
 	}
+	// The main thread does all of it: with MagicSelf it alone is placed and dropped.
+	runtime.LockOSThread()
 	syscall.CloseOnExec(GoFD)
 	syscall.CloseOnExec(StatusFD)
 	var b [1]byte
@@ -92,8 +99,9 @@ func Run() {
 		// The driver closed the pipe without a byte: it could not place us. Run nothing.
 		os.Exit(ExitAbort)
 	}
-	if os.Getenv(Env) == MagicSelf {
-		if err := placeSelf(os.Getenv(PlaceEnv)); err != nil {
+	selfPlaced := os.Getenv(Env) == MagicSelf
+	if selfPlaced {
+		if err := placeThread(os.Getenv(PlaceEnv)); err != nil {
 			fail("place in cgroup: " + err.Error())
 		}
 		_, _ = syscall.Write(StatusFD, []byte{Placed})
@@ -108,11 +116,15 @@ func Run() {
 	self := sameExecutable(prog)
 	if u := os.Getenv(UserEnv); u != "" {
 		os.Unsetenv(UserEnv)
-		if err := Drop(u); err != nil {
+		drop := Drop
+		if selfPlaced {
+			drop = dropThread
+		}
+		if err := drop(u); err != nil {
 			fail("run as " + u + ": " + err.Error())
 		}
 	}
-	if self {
+	if self && !selfPlaced {
 		// Closing the status pipe tells the driver the program runs, as the close-on-exec of
 		// a successful exec would; main then sees the program's argv.
 		os.Unsetenv(Env)
@@ -122,19 +134,21 @@ func Run() {
 		os.Args = os.Args[2:]
 		return
 	}
+	if self {
+		// This binary again, afresh: through /proc/self/exe, which the worker's user may run
+		// wherever the binary's directory is.
+		prog = "/proc/self/exe"
+	}
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		return strings.HasPrefix(kv, Env+"=") || strings.HasPrefix(kv, UserEnv+"=") || strings.HasPrefix(kv, PlaceEnv+"=")
 	})
 	err := syscall.Exec(prog, os.Args[2:], env)
-	fail("exec " + prog + ": " + err.Error())
+	fail("exec " + os.Args[1] + ": " + err.Error())
 }
 
-// placeSelf moves every thread of this process into the cgroups whose tasks files are listed
-// in files: each thread writes "0" (itself) into each file. AllThreadsSyscall runs the write
-// on every thread with the world stopped and no thread being made meanwhile, so the threads
-// the runtime makes later are made by moved threads, inside. It is refused where cgo is in
-// use (not in the static stormdock binaries).
-func placeSelf(files string) error {
+// placeThread moves the calling thread into the cgroups whose tasks files are listed in files
+// (see MagicSelf).
+func placeThread(files string) error {
 	if files == "" {
 		return errors.New("no cgroup given")
 	}
@@ -144,13 +158,47 @@ func placeSelf(files string) error {
 		if err != nil {
 			return errors.New("open " + f + ": " + err.Error())
 		}
-		_, _, e := syscall.AllThreadsSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&zero[0])), 1)
+		_, err = syscall.Write(fd, zero)
 		syscall.Close(fd)
-		if e != 0 {
-			return errors.New("write " + f + ": " + e.Error())
+		if err != nil {
+			return errors.New("write " + f + ": " + err.Error())
 		}
 	}
-	runtime.KeepAlive(zero)
+	return nil
+}
+
+// dropThread makes the calling thread the user in spec, with no new privileges, and no other
+// thread: the caller execs next, which ends the others (see MagicSelf).
+func dropThread(spec string) error {
+	uid, gid, groups, err := ParseUserSpec(spec)
+	if err != nil {
+		return err
+	}
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0, 0); e != 0 {
+		return errors.New("no_new_privs: " + e.Error())
+	}
+	gs := make([]uint32, len(groups))
+	for i, g := range groups {
+		gs[i] = uint32(g)
+	}
+	var gp unsafe.Pointer
+	if len(gs) > 0 {
+		gp = unsafe.Pointer(&gs[0])
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, uintptr(len(gs)), uintptr(gp), 0); e != 0 {
+		return errors.New("setgroups: " + e.Error())
+	}
+	runtime.KeepAlive(gs)
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); e != 0 {
+		return errors.New("setgid " + strconv.Itoa(gid) + ": " + e.Error())
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+		return errors.New("setuid " + strconv.Itoa(uid) + ": " + e.Error())
+	}
+	if syscall.Getuid() != uid || syscall.Geteuid() != uid || syscall.Getgid() != gid || syscall.Getegid() != gid {
+		return errors.New("still uid " + strconv.Itoa(syscall.Getuid()) + "/" + strconv.Itoa(syscall.Geteuid()) +
+			" gid " + strconv.Itoa(syscall.Getgid()) + "/" + strconv.Itoa(syscall.Getegid()) + " after the drop")
+	}
 	return nil
 }
 
