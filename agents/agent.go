@@ -87,7 +87,8 @@ type Config struct {
 	// StoreSilence is how long workers keep running while no store server answers at all
 	// (see Keeper). Default SessionTimeout.
 	StoreSilence time.Duration
-	// Heartbeat is how often the node record may be rewritten. Default 1s.
+	// Heartbeat bounds how long a change of the node record waits for a burst of starts to
+	// end (see flush), and paces the memory samples (every sampleEvery beats). Default 1s.
 	Heartbeat time.Duration
 	// PortBase is the first STORMDOCK_PORT; a worker gets PortBase + its slot index.
 	PortBase int
