@@ -111,6 +111,9 @@ func (r *run) record() cluster.NodeRecord {
 // other report for longer. A health change waits for no start. Writes are at most one per
 // minWrite, but for a first few after a quiet while (writeBurst).
 func (r *run) flush() {
+	if !r.pendingSince.IsZero() && !r.urgent && r.starting() > 0 && !r.publishAt.IsZero() {
+		return // the burst goes on and its write is due already: no need to encode the record
+	}
 	b, err := json.Marshal(r.record())
 	if err != nil {
 		r.log.Error("encode node record", "err", err)
