@@ -32,7 +32,8 @@ var AgentCommand = &cli.Command{
 	Usage:     "run the node agent: register the node and run the workers assigned to it",
 	UsageText: "stormdock agent --store URL --node-id ID --dc DC --rack RACK --slots N --memory Q --cpu C [flags]",
 	Description: "Flags go first. Workers keep running when the agent stops; a restarted agent adopts them.\n" +
-		"A job command named `stormdock` runs this binary. Every worker runs under `stormdock launch`,\n" +
+		"A job command named `stormdock` runs this binary. Every worker runs under the lease launcher\n" +
+		"(`stormdock-shim launch` when stormdock-shim is installed beside this binary, else `stormdock launch`),\n" +
 		"which stops it when the agent has not renewed its lease for --lease-ttl (default: the session timeout).",
 	Flags: append([]cli.Flag{
 		&cli.StringFlag{Name: "store", Usage: "coordination store `URL` (zk://host:port/chroot, mem://, file:///path)", EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
