@@ -140,8 +140,8 @@ func (j *JobSpec) Validate() error {
 	for k := range j.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			ps.add("env", "variable name %q is not valid", k)
-		} else if strings.HasPrefix(k, "STORMDOCK_") {
-			ps.add("env."+k, "STORMDOCK_ variables are set by stormdock itself")
+		} else if strings.HasPrefix(k, "STORMDOCK_") || strings.HasPrefix(k, "_STORMDOCK_") {
+			ps.add("env."+k, "STORMDOCK_ and _STORMDOCK_ variables are set by stormdock itself")
 		}
 	}
 	j.Placement.validate(&ps)

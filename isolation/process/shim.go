@@ -77,7 +77,11 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 	if o.selfPlace != nil {
 		magic = shim.MagicSelf
 	}
-	env := append(slices.Clip(o.env), shim.Env+"="+magic)
+	// The protocol's variables are the driver's alone (who the worker runs as, which files
+	// the shim writes as root): the worker's environment loses any of them here, not only to
+	// os/exec keeping the last value of a name.
+	env := slices.DeleteFunc(slices.Clone(o.env), func(kv string) bool { return strings.HasPrefix(kv, shim.EnvPrefix) })
+	env = append(env, shim.Env+"="+magic)
 	if o.selfPlace != nil {
 		env = append(env, shim.PlaceEnv+"="+strings.Join(o.selfPlace, shim.PlaceSep))
 	}

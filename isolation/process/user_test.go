@@ -126,3 +126,48 @@ func TestRunAsUserRefusedExec(t *testing.T) {
 		t.Fatalf("start of a program out of the user's reach: %v", err)
 	}
 }
+
+// TestProtocolVariablesFromTheWorker: the shim's variables are the driver's alone. A worker's
+// environment that names them (a job spec the API would refuse, an older master's) steers
+// nothing: the worker runs as its spec's user, and the shim writes no file it names.
+func TestProtocolVariablesFromTheWorker(t *testing.T) {
+	nobody := &isolation.User{UID: 65534, GID: 65534, Name: "nobody"}
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("intact"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, shim := range []string{shimBin, selfShim} {
+		t.Run(filepath.Base(shim), func(t *testing.T) {
+			d := newDriverWith(t, shim)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			spec := harness().Spec(t, "spoof-"+filepath.Base(shim), "unused")
+			spec.Command = []string{"cat", "/proc/self/status"}
+			spec.User = nobody
+			spec.Env = map[string]string{
+				"_STORMDOCK_ISOLATION_USER":  "0:0:",
+				"_STORMDOCK_ISOLATION_PLACE": victim,
+				"_STORMDOCK_ISOLATION_SHIM":  "place-self-then-exec-v1",
+			}
+			w, err := d.Start(ctx, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stopOnCleanup(t, d, spec.ID)
+			if ex, err := d.Wait(ctx, spec.ID); err != nil || !ex.Success() {
+				out, _ := os.ReadFile(w.LogPath)
+				t.Fatalf("wait: %v, %v\n%s", ex, err, out)
+			}
+			b, _ := os.ReadFile(w.LogPath)
+			if uids := statusLines(string(b), "Uid"); len(uids) != 1 || uids[0] != "65534 65534 65534 65534" {
+				t.Errorf("the worker runs as uid %q, want nobody's", uids)
+			}
+			if got, _ := os.ReadFile(victim); string(got) != "intact" {
+				t.Errorf("a file the worker's environment named was written: %q", got)
+			}
+			if strings.Contains(string(b), "_STORMDOCK_ISOLATION") {
+				t.Errorf("protocol variables reached the worker:\n%s", b)
+			}
+		})
+	}
+}

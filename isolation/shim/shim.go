@@ -51,6 +51,9 @@ import (
 
 // The protocol's constants, shared by both sides.
 const (
+	// EnvPrefix begins every variable of the protocol: a worker's environment has none (the
+	// driver removes them).
+	EnvPrefix = "_STORMDOCK_ISOLATION_"
 	// Env marks a process started as a shim; its value is Magic.
 	Env   = "_STORMDOCK_ISOLATION_SHIM"
 	Magic = "exec-after-placement-v1"
