@@ -233,10 +233,11 @@ func stopOnCleanup(t *testing.T, d *process.Driver, id string) {
 }
 
 // The program runs inside its cgroup from its first instruction: cat reports its own cgroup
-// before doing anything else. So does the lease launcher, which the shim runs in place
-// instead of exec'ing it when it is the shim's own binary: stormdock-shim's (the cat it runs
-// reports the cgroup it inherited), and a binary's that is its own shim (stormdock without
-// stormdock-shim beside it; here this test binary, which reports its cgroup first thing).
+// before doing anything else. So does the lease launcher when it is the shim's own binary:
+// stormdock-shim's, exec'd afresh from its placed thread (v1) or run in place (v2, cloned into
+// its cgroup), the cat it runs reporting the cgroup it inherited; and that of a binary that
+// is its own shim (stormdock without stormdock-shim beside it; here this test binary, which
+// reports its cgroup first thing), moved by the driver and run in place.
 func TestPlacedBeforeExec(t *testing.T) {
 	self, err := os.Executable()
 	if err != nil {

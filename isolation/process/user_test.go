@@ -40,9 +40,9 @@ func statusLines(out string, key string) []string {
 }
 
 // TestRunAsUser: a worker with a User runs as that user, without supplementary groups,
-// with no_new_privs, both when its program is exec'd and when it is the shim's binary run in
-// place (stormdock-shim's launcher; this test binary as its own shim), and so do the
-// processes it starts.
+// with no_new_privs, both when its program is exec'd and when it is the shim's own binary
+// (stormdock-shim's launcher, exec'd afresh on v1, run in place on v2; this test binary as
+// its own shim, run in place), and so do the processes it starts.
 func TestRunAsUser(t *testing.T) {
 	nobody := &isolation.User{UID: 65534, GID: 65534, Name: "nobody"}
 	self, err := os.Executable()
