@@ -21,6 +21,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/isolation"
+	"github.com/stormdock/stormdock/isolation/shim"
 )
 
 // Sentinel errors callers branch on.
@@ -86,13 +87,19 @@ type Config struct {
 	// StoreSilence is how long workers keep running while no store server answers at all
 	// (see Keeper). Default SessionTimeout.
 	StoreSilence time.Duration
-	// Heartbeat is how often the node record may be rewritten. Default 1s.
+	// Heartbeat bounds how long a change of the node record waits for a burst of starts to
+	// end (see flush), and paces the memory samples (every sampleEvery beats). Default 1s.
 	Heartbeat time.Duration
 	// PortBase is the first STORMDOCK_PORT; a worker gets PortBase + its slot index.
 	PortBase int
-	// Self is the stormdock binary: it runs the lease launcher and replaces a command named
-	// "stormdock". Default os.Executable().
+	// Self is the stormdock binary: it replaces a command named "stormdock" and runs the
+	// keeper. Default os.Executable().
 	Self string
+	// Launcher is the binary that runs the lease launcher (`BIN launch ...`) of process
+	// workers. Default: stormdock-shim beside Self, whose start costs a fraction of the
+	// whole binary's, else Self. The process driver's shim should be the same binary, so
+	// that it runs the launcher in place (see daemon.Launchers).
+	Launcher string
 	// ContainerSelf is the stormdock binary's path inside worker images. Default /stormdock.
 	ContainerSelf string
 	// LeaseTTL is how long a worker outlives its agent's last lease renewal. Default
@@ -162,6 +169,12 @@ func (c *Config) defaults() error {
 			return fmt.Errorf("agent: find own binary: %w", err)
 		}
 		c.Self = exe
+	}
+	if c.Launcher == "" {
+		c.Launcher = c.Self
+		if p, ok := shim.Beside(c.Self); ok {
+			c.Launcher = p
+		}
 	}
 	if c.ContainerSelf == "" {
 		c.ContainerSelf = DefaultContainerSelf

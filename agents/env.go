@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stormdock/stormdock/agents/launcher"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/isolation"
 )
@@ -122,8 +123,12 @@ func (a *Agent) command(wa cluster.WorkerAssignment, mode, leaseFile string) []s
 		// launcher cannot wrap without inspecting the image.
 		return cmd
 	}
-	lc := LaunchConfig{Lease: leaseFile, TTL: a.cfg.LeaseTTL, Grace: wa.Grace.Std(), Command: cmd}
-	return append([]string{self, LaunchCommand}, lc.Args()...)
+	lc := launcher.Config{Lease: leaseFile, TTL: a.cfg.LeaseTTL, Grace: wa.Grace.Std(), Command: cmd}
+	bin := self // a docker worker's image holds stormdock, and maybe nothing else of ours
+	if mode == cluster.IsolationProcess {
+		bin = a.cfg.Launcher
+	}
+	return append([]string{bin, launcher.Command}, lc.Args()...)
 }
 
 // spec builds the isolation spec of one worker.

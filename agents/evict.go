@@ -87,7 +87,6 @@ func (a *Agent) Evict(ctx context.Context, id string) error {
 		r.log.Warn("evicting worker under memory pressure", "worker", id, "key", s.assign.Key.String())
 		r.a.metrics.evictions.WithLabelValues(s.assign.Key.Job).Inc()
 		r.stop(s, false)
-		r.publish(false)
 	})
 	if err != nil {
 		return err

@@ -178,6 +178,7 @@ func newHarness(t *testing.T, kind string) *harness {
 		SessionTimeout:  sessionTimeout,
 		Heartbeat:       heartbeat,
 		Self:            stormdockBin,
+		Launcher:        shimBin,
 		RestartBackoff:  100 * time.Millisecond,
 		MaxBackoff:      2 * time.Second,
 		CrashLoopWindow: time.Minute,
@@ -193,6 +194,7 @@ func (h *harness) newDriver() *process.Driver {
 	d, err := process.New(process.Config{
 		CgroupParent: h.cgParent,
 		StateDir:     filepath.Join(h.stateDir, "process"),
+		Shim:         shimBin,
 		Logger:       testLogger(),
 	})
 	if err != nil {

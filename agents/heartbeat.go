@@ -20,9 +20,8 @@ const memoryQuantum = 4 << 20
 // that changes by a few MiB is not worth a store write per heartbeat.
 const sampleEvery = 5
 
-// heartbeat publishes the node record if it changed, and samples memory use for the next one.
+// heartbeat samples memory use every sampleEvery beats; the loop publishes what changed.
 func (r *run) heartbeat() {
-	r.publish(false)
 	r.beats++
 	if r.sampling || r.beats%sampleEvery != 1 {
 		return // a slow driver: skip a sample rather than pile them up
@@ -106,10 +105,77 @@ func (r *run) record() cluster.NodeRecord {
 	}
 }
 
-// publish hands the node record to the keeper if it changed since the last one (or always,
-// with force).
+// flush publishes the node record when it differs from the one last written: a worker's or
+// the node's change is reported at once, not at the next heartbeat, in one write per burst
+// of changes. While workers are being started, the write waits for the last of those starts
+// to end (every start of an assignment runs at once, so they end within moments of each
+// other), but not for longer than a heartbeat: a slow start (a container's) holds back no
+// other report for longer. A health change waits for no start. Writes are at most one per
+// minWrite, but for a first few after a quiet while (writeBurst).
+func (r *run) flush() {
+	if !r.pendingSince.IsZero() && !r.urgent && r.starting() > 0 && !r.publishAt.IsZero() {
+		return // the burst goes on and its write is due already: no need to encode the record
+	}
+	b, err := json.Marshal(r.record())
+	if err != nil {
+		r.log.Error("encode node record", "err", err)
+		return
+	}
+	if bytes.Equal(b, r.lastSent) {
+		r.pendingSince, r.urgent = time.Time{}, false
+		return
+	}
+	now := time.Now()
+	if r.pendingSince.IsZero() {
+		r.pendingSince = now
+	}
+	at := now
+	if !r.urgent && r.starting() > 0 {
+		at = r.pendingSince.Add(r.a.cfg.Heartbeat)
+	}
+	if next := r.nextWrite(now); next.After(at) {
+		at = next
+	}
+	if at.After(now) {
+		if r.publishAt.IsZero() || at.Before(r.publishAt) {
+			r.publishAt = at
+			r.publishTimer.Reset(at.Sub(now))
+		}
+		return
+	}
+	r.write(b)
+}
+
+// writeCreditNow is the write credit at now.
+func (r *run) writeCreditNow(now time.Time) time.Duration {
+	if r.writeCreditAt.IsZero() {
+		return writeBurst * minWrite
+	}
+	return min(r.writeCredit+now.Sub(r.writeCreditAt), writeBurst*minWrite)
+}
+
+// nextWrite is when the node record may be written next: now, or once the credit is back.
+func (r *run) nextWrite(now time.Time) time.Time {
+	if c := r.writeCreditNow(now); c < minWrite {
+		return now.Add(minWrite - c)
+	}
+	return now
+}
+
+// starting counts the workers whose driver start is under way (not pulling an image).
+func (r *run) starting() int {
+	n := 0
+	for _, s := range r.workers {
+		if s.busy && s.state == cluster.WorkerStarting {
+			n++
+		}
+	}
+	return n
+}
+
+// publish writes the node record now if it changed since the last one (or always, with
+// force): at start and when the keeper's state changes.
 func (r *run) publish(force bool) {
-	r.updateMetrics()
 	b, err := json.Marshal(r.record())
 	if err != nil {
 		r.log.Error("encode node record", "err", err)
@@ -118,27 +184,33 @@ func (r *run) publish(force bool) {
 	if !force && bytes.Equal(b, r.lastSent) {
 		return
 	}
-	// The keeper writes it into the node's entry, under the node's session.
+	r.write(b)
+}
+
+// write hands the node record to the keeper, which writes it into the node's entry, under
+// the node's session.
+func (r *run) write(b []byte) {
+	r.updateMetrics()
 	if err := writeFileAtomic(filepath.Join(r.a.cfg.StateDir, nodeRecordFile), b, 0o600); err != nil {
 		r.log.Error("write node record", "err", err)
 		return
 	}
-	r.lastSent, r.lastSentAt = b, time.Now()
+	now := time.Now()
+	r.lastSent = b
+	r.writeCredit, r.writeCreditAt = max(r.writeCreditNow(now)-minWrite, 0), now
+	r.pendingSince, r.urgent = time.Time{}, false
 	if r.keeper != nil {
 		r.keeper.Notify()
 	}
+	r.log.Debug("node record handed to the keeper", "bytes", len(b), "starting", r.starting())
 }
 
-// publishSoon publishes the node record within minHealthWrite of the last write, not at the
-// next heartbeat: a worker that ended, failed to start or was evicted is news for the
-// master (it may move the worker) and for the cluster's events. Starts and stops wait for
-// the heartbeat: a node starting many workers writes its record once per heartbeat still.
+// publishSoon publishes the node record without waiting for a burst of starts to end: a
+// worker that ended, failed to start or was evicted is news for the master (it may move
+// the worker) and for the cluster's events. The write pace (minWrite) still holds.
 func (r *run) publishSoon() {
-	if wait := minHealthWrite - time.Since(r.lastSentAt); wait > 0 {
-		r.healthTimer.Reset(wait)
-		return
-	}
-	r.publish(false)
+	r.urgent = true
+	r.flush()
 }
 
 // updateMetrics publishes slot and worker gauges.

@@ -89,7 +89,6 @@ func (r *run) fetch(ctx context.Context, s *slot, seq int, ref string) error {
 			if s.seq == seq && s.busy {
 				s.state, s.since = cluster.WorkerPulling, time.Now()
 				r.log.Info("pulling image", "worker", s.id, "image", ref)
-				r.publish(false)
 			}
 		})
 	})
@@ -211,7 +210,6 @@ func (r *run) prepullDone(ref string, p *prepull, seq int, err error) {
 		p.status.State = cluster.ImageReady
 		r.log.Info("image pre-pulled", "image", ref)
 	}
-	r.publish(false)
 }
 
 // imageStatuses reports the pre-pull list, sorted by reference.

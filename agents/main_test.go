@@ -14,9 +14,16 @@ import (
 // as [stormdock, worker, ...] runs the real one, and `stormdock launch` is the real launcher.
 var stormdockBin string
 
+// shimBin is cmd/stormdock-shim: the tests' drivers and agents start workers with it, as
+// agents beside which it is installed do.
+var shimBin string
+
 func TestMain(m *testing.M) {
 	var err error
-	if stormdockBin, err = testenv.Build("./agents/testdata/stormdock"); err != nil {
+	if stormdockBin, err = testenv.Build("./agents/testdata/stormdock"); err == nil {
+		shimBin, err = testenv.Build("./cmd/stormdock-shim")
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/agents/launcher"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation"
@@ -170,11 +171,15 @@ func TestRestartedAgentKeepsWorkersWithinGrace(t *testing.T) {
 	}
 }
 
-// The launcher's memory counts against the worker's limit: measure it with the real binary,
-// as the cgroup sees it (the same worker with and without the launcher).
+// The launcher's memory counts against the worker's limit: measure it with the real binaries,
+// stormdock-shim's and stormdock's, as the cgroup sees it (the same worker with and without
+// the launcher).
 func TestLauncherMemoryOverhead(t *testing.T) {
 	h := newHarness(t, "mem")
-	bin := testenv.BuildBinary(t, "./cmd/stormdock")
+	bins := map[string]string{
+		"stormdock":      testenv.BuildBinary(t, "./cmd/stormdock"),
+		"stormdock-shim": testenv.BuildBinary(t, "./cmd/stormdock-shim"),
+	}
 	ctx := context.Background()
 	lease := filepath.Join(t.TempDir(), "lease")
 	if err := os.WriteFile(lease, nil, 0o644); err != nil {
@@ -185,10 +190,10 @@ func TestLauncherMemoryOverhead(t *testing.T) {
 	}
 	worker := []string{stormdockBin, "helper"}
 	t.Setenv("HELPER_DIR", h.helperDir)
-	specs := []isolation.Spec{
-		spec("plain", worker...),
-		spec("launched", append([]string{bin, agents.LaunchCommand},
-			agents.LaunchConfig{Lease: lease, TTL: time.Minute, Grace: cluster.DefaultGracePeriod, Command: worker}.Args()...)...),
+	specs := []isolation.Spec{spec("plain", worker...)}
+	for name, bin := range bins {
+		specs = append(specs, spec(name, append([]string{bin, launcher.Command},
+			launcher.Config{Lease: lease, TTL: time.Minute, Grace: cluster.DefaultGracePeriod, Command: worker}.Args()...)...))
 	}
 	for _, s := range specs {
 		s.Env = map[string]string{"HELPER_DIR": h.helperDir}
@@ -196,12 +201,12 @@ func TestLauncherMemoryOverhead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	testenv.Eventually(t, "helpers up", 10*time.Second, func() bool { return len(h.reports("mem.0")) == 2 })
-	// Both programs run; their memory grows for a moment as the runtimes start: the overhead
+	testenv.Eventually(t, "helpers up", 10*time.Second, func() bool { return len(h.reports("mem.0")) == len(specs) })
+	// Every program runs; their memory grows for a moment as the runtimes start: the overhead
 	// must settle between 0 and 32 MiB.
 	usage := map[string]uint64{}
-	var overhead int64
-	testenv.EventuallyWith(t, "launcher overhead between 0 and 32 MiB", 5*time.Second, func() (bool, string) {
+	overhead := map[string]int64{}
+	testenv.EventuallyWith(t, "launcher overheads between 0 and 32 MiB", 5*time.Second, func() (bool, string) {
 		for _, s := range specs {
 			u, err := h.drv.Usage(ctx, s.ID)
 			if err != nil {
@@ -209,11 +214,18 @@ func TestLauncherMemoryOverhead(t *testing.T) {
 			}
 			usage[s.ID] = u.MemoryBytes
 		}
-		overhead = int64(usage["launched"]) - int64(usage["plain"])
-		return overhead > 0 && overhead <= 32<<20, fmt.Sprintf("overhead %d bytes", overhead)
+		for name := range bins {
+			overhead[name] = int64(usage[name]) - int64(usage["plain"])
+			if o := overhead[name]; o <= 0 || o > 32<<20 {
+				return false, fmt.Sprintf("overhead of %s's launcher %d bytes", name, o)
+			}
+		}
+		return true, ""
 	})
-	t.Logf("cgroup memory: worker alone %.1f MiB, under the launcher %.1f MiB: launcher overhead %.1f MiB",
-		mib(usage["plain"]), mib(usage["launched"]), float64(overhead)/(1<<20))
+	for name := range bins {
+		t.Logf("figure: cgroup memory: worker alone %.1f MiB, under %s's launcher %.1f MiB: launcher overhead %.1f MiB",
+			mib(usage["plain"]), name, mib(usage[name]), float64(overhead[name])/(1<<20))
+	}
 	for _, s := range specs {
 		if _, err := h.drv.Stop(ctx, s.ID, 2*time.Second); err != nil {
 			t.Error(err)

@@ -85,20 +85,37 @@ func (r *run) reconcile() {
 		}
 	}
 	if g.canRun {
+		// Starts run concurrently, each in a goroutine of its own, at most as many as the
+		// node has slots; one that ends makes room for the next (started reconciles).
+		room := max(r.a.cfg.Node.Slots, 1) - r.inStart()
 		for id, want := range r.desired {
 			s := r.workers[id]
 			if s == nil {
 				s = &slot{id: id, assign: want, known: true, mode: isolationOf(want)}
 				r.workers[id] = s
 			}
-			if s.busy || s.evicted || s.state == cluster.WorkerRunning || now.Before(s.retryAt) {
+			if s.busy || s.evicted || s.state == cluster.WorkerRunning || now.Before(s.retryAt) || room <= 0 {
 				continue
 			}
 			r.start(s)
+			if s.busy {
+				room--
+			}
 		}
 	}
 	r.armRetry()
 	r.updateMetrics()
+}
+
+// inStart counts the workers being started: the driver's start, or the image pull before it.
+func (r *run) inStart() int {
+	n := 0
+	for _, s := range r.workers {
+		if s.busy && (s.state == cluster.WorkerStarting || s.state == cluster.WorkerPulling) {
+			n++
+		}
+	}
+	return n
 }
 
 // armRetry sets the retry timer to the earliest pending restart.

@@ -35,12 +35,20 @@ type run struct {
 	keeperWrites  int64
 	assignSession int64
 
-	health      cluster.NodeHealth
-	lastSent    []byte
-	lastSentAt  time.Time
-	healthTimer *time.Timer
-	sampling    bool
-	beats       int // heartbeats so far, to sample memory every sampleEvery
+	health   cluster.NodeHealth
+	lastSent []byte // the node record last written
+	// writeCredit, as of writeCreditAt, is how many writes may be made at once (in units of
+	// minWrite): it grows with time up to writeBurst writes, and each write takes one.
+	writeCredit   time.Duration
+	writeCreditAt time.Time
+	// pendingSince is when the node record first differed from lastSent (zero: it does
+	// not); urgent says a health change is among the differences (see flush).
+	pendingSince time.Time
+	urgent       bool
+	publishTimer *time.Timer // a flush that waits: for a burst's end, or for minWrite
+	publishAt    time.Time   // when publishTimer fires; zero when stopped
+	sampling     bool
+	beats        int // heartbeats so far, to sample memory every sampleEvery
 
 	retry   *time.Timer
 	retryAt time.Time
@@ -49,9 +57,14 @@ type run struct {
 	prepullAt time.Time           // when a retry of failed pre-pulls is due, if one is set
 }
 
-// minHealthWrite bounds immediate node-record writes for health changes: the master must see
-// throttling within a second, but a flapping check must not flood the store.
-const minHealthWrite = 100 * time.Millisecond
+// minWrite bounds how often the node record is written: the master sees a worker's or the
+// node's change at once, but a flapping check or a crash-looping worker must not flood the
+// store. After a quiet while writeBurst writes may follow each other at once (a worker's
+// stop is two, stopping and gone, and a start may follow), then one per minWrite.
+const (
+	minWrite   = 100 * time.Millisecond
+	writeBurst = 3
+)
 
 func newRun(ctx context.Context, a *Agent) *run {
 	r := &run{
@@ -64,7 +77,7 @@ func newRun(ctx context.Context, a *Agent) *run {
 		began:   time.Now().UTC().Truncate(time.Millisecond),
 		health:  cluster.NodeHealth{State: cluster.HealthHealthy},
 	}
-	r.healthTimer = stoppedTimer()
+	r.publishTimer = stoppedTimer()
 	r.retry = stoppedTimer()
 	return r
 }
@@ -178,8 +191,8 @@ func (r *run) loop() error {
 			r.onSession(ev)
 		case <-healthChanged:
 			r.onHealth()
-		case <-r.healthTimer.C:
-			r.publish(false)
+		case <-r.publishTimer.C:
+			r.publishAt = time.Time{}
 		case <-heartbeat.C:
 			r.heartbeat()
 		case <-keeperTick.C:
@@ -190,6 +203,9 @@ func (r *run) loop() error {
 		case fn := <-r.events:
 			fn()
 		}
+		// Whatever the event changed is reported now, or as soon as the burst it belongs
+		// to is over.
+		r.flush()
 	}
 }
 
@@ -284,7 +300,7 @@ func normalHealth(h cluster.NodeHealth) cluster.NodeHealth {
 	return h
 }
 
-// onHealth publishes a change of health within minHealthWrite.
+// onHealth takes a change of health, which flush publishes without waiting for starts.
 func (r *run) onHealth() {
 	h := normalHealth(r.a.cfg.Health.State())
 	if h == r.health {
@@ -292,12 +308,8 @@ func (r *run) onHealth() {
 	}
 	r.log.Info("health changed", "state", h.State, "throttled", h.Throttled, "reason", h.Reason)
 	r.health = h
+	r.urgent = true
 	r.updateMetrics()
-	if wait := minHealthWrite - time.Since(r.lastSentAt); wait > 0 {
-		r.healthTimer.Reset(wait)
-		return
-	}
-	r.publish(false)
 }
 
 var errNoDriver = errors.New("isolation not offered by this node")

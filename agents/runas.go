@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 
 	"github.com/stormdock/stormdock/cluster"
@@ -50,6 +51,31 @@ func (a *Agent) prepareStateDir() error {
 		}
 	}
 	return reachable(a.leasesDir(), *a.cfg.RunAs)
+}
+
+// MayRun reports whether user u may run the program at path: enter every directory down to
+// it, and execute it.
+func MayRun(path string, u isolation.User) bool {
+	fi, err := os.Stat(path)
+	if err != nil || reachable(filepath.Dir(path), u) != nil {
+		return false
+	}
+	return fi.Mode().Perm()&permFor(fi, u, 0o1) != 0
+}
+
+// permFor is the permission bit (0o1 execute, 0o2 write, 0o4 read) that applies to user u
+// for a file, by its owner and group.
+func permFor(fi os.FileInfo, u isolation.User, bit os.FileMode) os.FileMode {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !ok:
+		return bit
+	case st.Uid == u.UID:
+		return bit << 6
+	case st.Gid == u.GID || slices.Contains(u.Groups, st.Gid):
+		return bit << 3
+	}
+	return bit
 }
 
 // reachable checks that user u may enter every directory from / down to dir.

@@ -53,8 +53,8 @@ func (r *run) onSession(ev coord.SessionEvent) {
 	}
 }
 
-// checkKeeper reconciles when the keeper's session or state changed, and touches
-// agent.alive so that the keeper knows the agent runs.
+// checkKeeper reconciles when the keeper's session or state changed (the loop then publishes
+// what that changed), and touches agent.alive so that the keeper knows the agent runs.
 func (r *run) checkKeeper() {
 	if r.a.cfg.RestartGrace > 0 {
 		now := time.Now()
@@ -79,5 +79,4 @@ func (r *run) checkKeeper() {
 	}
 	r.keeperSeen = st
 	r.reconcile()
-	r.publish(true)
 }

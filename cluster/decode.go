@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -102,11 +103,13 @@ func Decode(data []byte, v any, what string) error {
 	return &ValidationError{What: what, Problems: ps}
 }
 
-var lineRE = regexp.MustCompile(`^(?:yaml: )?line (\d+)(?::(\d+))?: (.*)$`)
+// The decoder's error texts, parsed for their line numbers; compiled when first needed, not
+// at every process's start.
+var lineRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(?:yaml: )?line (\d+)(?::(\d+))?: (.*)$`) })
 
 func yamlSyntax(err error) string {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	if m := lineRE.FindStringSubmatch(msg); m != nil {
+	if m := lineRE().FindStringSubmatch(msg); m != nil {
 		return m[3] + " (line " + m[1] + ")"
 	}
 	return msg
@@ -148,23 +151,23 @@ func (x *lineIndex) lineOf(path string) int {
 	return 0
 }
 
-var posRE = regexp.MustCompile(`^line (\d+) col (\d+): (.*)$`)
-var unmarshalRE = regexp.MustCompile("^cannot unmarshal !!(\\w+) `(.*)` into (.*)$")
+var posRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^line (\d+) col (\d+): (.*)$`) })
+var unmarshalRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile("^cannot unmarshal !!(\\w+) `(.*)` into (.*)$") })
 
 // typeError turns a decoder message ("line 3: cannot unmarshal ...") into a FieldError.
 func (x *lineIndex) typeError(msg string) FieldError {
-	if m := posRE.FindStringSubmatch(msg); m != nil {
+	if m := posRE().FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
 		col, _ := strconv.Atoi(m[2])
 		return FieldError{Path: x.posPath[[2]int{line, col}], Msg: m[3], Line: line}
 	}
-	m := lineRE.FindStringSubmatch(msg)
+	m := lineRE().FindStringSubmatch(msg)
 	if m == nil {
 		return FieldError{Msg: msg}
 	}
 	line, _ := strconv.Atoi(m[1])
 	text := m[3]
-	if u := unmarshalRE.FindStringSubmatch(text); u != nil {
+	if u := unmarshalRE().FindStringSubmatch(text); u != nil {
 		text = fmt.Sprintf("must be %s, not %s %q", friendlyType(u[3]), u[1], u[2])
 	}
 	return FieldError{Path: x.linePath[line], Msg: text, Line: line}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"path"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -45,6 +46,19 @@ func FuzzJobKey(f *testing.F) {
 		}
 		if path.Clean(k) != k || path.Dir(k) != JobsKey || path.Base(k) != name {
 			t.Fatalf("JobKey(%q) = %q escapes %s", name, k, JobsKey)
+		}
+	})
+}
+
+// FuzzCheckName: the hand-written name check accepts exactly the DNS labels of its rule.
+func FuzzCheckName(f *testing.F) {
+	re := regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	for _, s := range []string{"", "a", "wordcount", "dc-a", "-a", "a-", "A", "a.b", strings.Repeat("a", 63), strings.Repeat("a", 64), "a\x00", "é"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := CheckName(s) == nil, re.MatchString(s); got != want {
+			t.Fatalf("CheckName(%q) accepts: %v, the rule: %v", s, got, want)
 		}
 	})
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,8 +47,20 @@ func (ps *problems) add(path, format string, args ...any) {
 	*ps = append(*ps, FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
-// nameRE is a DNS label: names end up in cgroup paths, container names and store keys.
-var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+// isName reports whether s is a DNS label, ^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$ (names end up
+// in cgroup paths, container names and store keys). By hand: that expression compiles to a
+// program of 61 copies, which every process would pay for at start.
+func isName(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // ErrInvalidName is CheckName's error: callers branch on it to answer "bad input".
 var ErrInvalidName = errors.New("invalid name")
@@ -61,7 +72,7 @@ const NameRule = "1-63 lower-case letters, digits or '-', starting and ending wi
 // is the one name check: every store key and file path built from a name goes through it
 // (see JobKey and the other key builders).
 func CheckName(s string) error {
-	if !nameRE.MatchString(s) {
+	if !isName(s) {
 		return nameError{s}
 	}
 	return nil
@@ -129,8 +140,8 @@ func (j *JobSpec) Validate() error {
 	for k := range j.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			ps.add("env", "variable name %q is not valid", k)
-		} else if strings.HasPrefix(k, "STORMDOCK_") {
-			ps.add("env."+k, "STORMDOCK_ variables are set by stormdock itself")
+		} else if strings.HasPrefix(k, "STORMDOCK_") || strings.HasPrefix(k, "_STORMDOCK_") {
+			ps.add("env."+k, "STORMDOCK_ and _STORMDOCK_ variables are set by stormdock itself")
 		}
 	}
 	for i, k := range j.LiveEnv {

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -124,6 +125,14 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 	if dcfg.CgroupParent == "" {
 		dcfg.CgroupParent = cfg.Health.CgroupParent
 	}
+	self := cfg.Self
+	if self == "" {
+		if self, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("find own binary: %w", err)
+		}
+	}
+	var launcher string
+	dcfg.Shim, launcher = Launchers(self, cfg.RunAs, log)
 	if a.drivers, err = NewDrivers(ctx, dcfg); err != nil {
 		return nil, err
 	}
@@ -207,6 +216,8 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		LeaseTTL:             cfg.LeaseTTL,
 		NoLease:              cfg.NoLease,
 		RunAs:                cfg.RunAs,
+		Self:                 self,
+		Launcher:             launcher,
 		StoreURL:             plainStore,
 		StoreCredentialsFile: credFile,
 		RestartGrace:         cfg.RestartGrace,
@@ -214,7 +225,6 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		Health:               a.health,
 		Images:               pull,
 		Logs:                 logsEP,
-		Self:                 cfg.Self,
 		Registerer:           a.registry,
 		Logger:               cfg.Logger,
 	}, a.store, ds...)

@@ -35,6 +35,8 @@ type DriverConfig struct {
 	CgroupParent string
 	// ProcessState is the process driver's state directory.
 	ProcessState string
+	// Shim is the process driver's shim binary (process.Config.Shim): see Launchers.
+	Shim string
 	// Docker, when set, is shared by the docker driver (a local cluster's nodes share one
 	// client); otherwise DockerHost (or the environment) is dialled.
 	Docker       *client.Client
@@ -99,7 +101,7 @@ func NewDrivers(ctx context.Context, cfg DriverConfig) (d *Drivers, err error) {
 		switch mode {
 		case cluster.IsolationProcess:
 			pcfg := process.Config{CgroupParent: cfg.CgroupParent, StateDir: cfg.ProcessState, Logger: cfg.Logger,
-				Unconfined: cfg.Cgroups == CgroupsOff}
+				Unconfined: cfg.Cgroups == CgroupsOff, Shim: cfg.Shim}
 			pd, perr := process.New(pcfg)
 			if perr != nil && cfg.Cgroups == CgroupsAuto {
 				cfg.Logger.Warn("no writable cgroup hierarchy: workers run unconfined in process groups and share the agent's own limits (node label isolation/cgroups=false)", "err", perr)

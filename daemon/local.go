@@ -182,8 +182,11 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	if c.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
 		return fail(fmt.Errorf("open store: %w", err))
 	}
+	// Its nodes start with the master, in this process: they need no longer than a session
+	// to register, not a whole cluster's re-registration window (the demo loses a node
+	// seconds after the start).
 	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir,
-		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, Logger: cfg.Logger}
+		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, ReregisterGrace: cfg.SessionTimeout, Logger: cfg.Logger}
 	if cfg.TLS {
 		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {
 			return fail(err)

@@ -20,6 +20,8 @@ import (
 	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
+
+	"github.com/stormdock/stormdock/isolation/shim"
 )
 
 // ErrBuild: the engine ran the build and it failed; the error carries the engine's message.
@@ -33,7 +35,11 @@ type BuildOptions struct {
 	Binary string
 	// Job is a job's own static binary, copied to JobPath; optional.
 	Job string
-	// Labels are added to the image besides LabelManaged and LabelBinary.
+	// Shim is the static stormdock-shim, copied to ShimPath. Default: the one beside Binary,
+	// if there is one; an image without it runs, but an agent running from it (cluster
+	// create) starts every process worker through the whole stormdock binary.
+	Shim string
+	// Labels are added to the image besides LabelManaged, LabelBinary and LabelShim.
 	Labels map[string]string
 }
 
@@ -63,12 +69,28 @@ func (m *Manager) Build(ctx context.Context, o BuildOptions) (Image, error) {
 		files["job"] = o.Job
 		extra = "COPY job " + JobPath + "\n"
 	}
+	if o.Shim == "" {
+		o.Shim, _ = shim.Beside(o.Binary)
+	}
+	labels := maps.Clone(o.Labels)
+	if o.Shim != "" {
+		files["stormdock-shim"] = o.Shim
+		extra += "COPY stormdock-shim " + ShimPath + "\n"
+		sum, err := fileSum(o.Shim)
+		if err != nil {
+			return Image{}, err
+		}
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[LabelShim] = sum
+	}
 	for _, p := range files {
 		if err := CheckStatic(p); err != nil {
 			return Image{}, fmt.Errorf("%w: a FROM scratch image has no libc: build it with CGO_ENABLED=0", err)
 		}
 	}
-	return m.build(ctx, fmt.Sprintf(steps, extra), files, o.Tag, o.Labels)
+	return m.build(ctx, fmt.Sprintf(steps, extra), files, o.Tag, labels)
 }
 
 // build sends FROM scratch, the labels and then steps to the engine with files as context,

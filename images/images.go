@@ -21,11 +21,16 @@ const (
 	LabelManaged = "io.stormdock.image"
 	// LabelBinary records the sha256 of the embedded stormdock binary.
 	LabelBinary = "io.stormdock.binary.sha256"
+	// LabelShim records the sha256 of the embedded stormdock-shim, when the image has one.
+	LabelShim = "io.stormdock.shim.sha256"
 
 	// DefaultTag is the tag of a build that names none.
 	DefaultTag = "stormdock/worker:latest"
 	// StormdockPath is where the stormdock binary sits in an image.
 	StormdockPath = "/stormdock"
+	// ShimPath is where stormdock-shim sits in an image: beside the stormdock binary, where
+	// an agent running from the image (cluster create) finds it for its process workers.
+	ShimPath = "/stormdock-shim"
 	// JobPath is where a job's own binary sits in an image, when one is given.
 	JobPath = "/job"
 )

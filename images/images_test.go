@@ -79,11 +79,11 @@ func TestBuildRunList(t *testing.T) {
 	removeOnCleanup(t, cli, labels)
 	m := New(cli)
 	tag := fmt.Sprintf("stormdock-test/images:%d", os.Getpid())
-	img, err := m.Build(ctx, BuildOptions{Tag: tag, Binary: hog, Job: hog, Labels: labels})
+	img, err := m.Build(ctx, BuildOptions{Tag: tag, Binary: hog, Job: hog, Shim: hog, Labels: labels})
 	if err != nil {
 		t.Fatalf("build: %v", err)
 	}
-	if !slices.Contains(img.Tags, tag) || img.Labels[LabelManaged] != "true" || len(img.Labels[LabelBinary]) != 64 {
+	if !slices.Contains(img.Tags, tag) || img.Labels[LabelManaged] != "true" || len(img.Labels[LabelBinary]) != 64 || len(img.Labels[LabelShim]) != 64 {
 		t.Fatalf("built image %+v: want tag %s and stormdock labels", img, tag)
 	}
 	info, err := cli.ImageInspect(ctx, img.ID)
@@ -93,8 +93,8 @@ func TestBuildRunList(t *testing.T) {
 	if info.Config.User != "65534:65534" || !slices.Equal(info.Config.Cmd, []string{StormdockPath}) || len(info.Config.Entrypoint) != 0 {
 		t.Fatalf("image config user %q cmd %v entrypoint %v", info.Config.User, info.Config.Cmd, info.Config.Entrypoint)
 	}
-	// Both binaries are in it and run: the job binary exits with the status it is asked for.
-	for _, bin := range []string{StormdockPath, JobPath} {
+	// The binaries are in it and run: each exits with the status it is asked for.
+	for _, bin := range []string{StormdockPath, JobPath, ShimPath} {
 		code := runOnce(t, cli, tag, bin, "exit", "7")
 		if code != 7 {
 			t.Fatalf("%s in the image exited %d, want 7", bin, code)
@@ -153,6 +153,9 @@ func TestPruneKeepsUsed(t *testing.T) {
 	}
 	if used.ID == unused.ID {
 		t.Fatalf("two different builds gave one image %s", used.ID)
+	}
+	if used.Labels[LabelShim] != "" {
+		t.Fatalf("an image of a binary with no stormdock-shim beside it says it has one: %v", used.Labels)
 	}
 	// A stopped (never started) container counts as a use.
 	c, err := cli.ContainerCreate(ctx, &container.Config{Image: used.ID, Cmd: []string{StormdockPath, "sleep"}}, nil, nil, nil, "")

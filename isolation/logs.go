@@ -31,8 +31,8 @@ type LogReader interface {
 
 // ValidateID checks a worker id as Spec.Validate does (it names files and containers).
 func ValidateID(id string) error {
-	if !idPattern.MatchString(id) {
-		return fmt.Errorf("%w: worker id %q must match %s", ErrInvalidSpec, id, idPattern)
+	if !validID(id) {
+		return fmt.Errorf("%w: worker id %q must match %s", ErrInvalidSpec, id, idRule)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package isolation
 
 import (
 	"errors"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -66,4 +67,17 @@ func TestDefaultsAndFormat(t *testing.T) {
 	if (Limits{CPUQuota: 50e6, CPUPeriod: 100e6}).MilliCPU() != 500 {
 		t.Errorf("MilliCPU of half a period")
 	}
+}
+
+// FuzzSpecID: the hand-written worker id check accepts exactly the ids of its rule.
+func FuzzSpecID(f *testing.F) {
+	re := regexp.MustCompile(idRule)
+	for _, s := range []string{"", "a", "n1.wc.0", "_a", "a_", "A-b.c_d", strings.Repeat("a", 100), strings.Repeat("a", 101), "a/b", "a\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		if got, want := validID(id), re.MatchString(id); got != want {
+			t.Fatalf("validID(%q) = %v, the rule says %v", id, got, want)
+		}
+	})
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/agents/launcher"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
@@ -31,7 +32,8 @@ var AgentCommand = &cli.Command{
 	Usage:     "run the node agent: register the node and run the workers assigned to it",
 	UsageText: "stormdock agent --store URL --node-id ID --dc DC --rack RACK --slots N --memory Q --cpu C [flags]",
 	Description: "Flags go first. Workers keep running when the agent stops; a restarted agent adopts them.\n" +
-		"A job command named `stormdock` runs this binary. Every worker runs under `stormdock launch`,\n" +
+		"A job command named `stormdock` runs this binary. Every worker runs under the lease launcher\n" +
+		"(`stormdock-shim launch` when stormdock-shim is installed beside this binary, else `stormdock launch`),\n" +
 		"which stops it when the agent has not renewed its lease for --lease-ttl (default: the session timeout).",
 	Flags: append([]cli.Flag{
 		&cli.StringFlag{Name: "store", Usage: "coordination store `URL` (zk://host:port/chroot, mem://, file:///path)", EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
@@ -48,7 +50,7 @@ var AgentCommand = &cli.Command{
 		&cli.StringFlag{Name: "cgroups", Usage: "process workers in cgroups: required, auto (run them unconfined, in process groups, where no cgroup hierarchy is writable, e.g. in a container) or off", Value: "required"},
 		&cli.StringSliceFlag{Name: "isolation", Usage: "isolation drivers to offer: process, docker (repeatable or comma list)", Value: cli.NewStringSlice(cluster.IsolationProcess)},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
-		&cli.DurationFlag{Name: "heartbeat", Usage: "node record interval", Value: agents.DefaultHeartbeat},
+		&cli.DurationFlag{Name: "heartbeat", Usage: "how long the node record waits for a burst of starts to end, at most; memory is sampled every 5 heartbeats (changes are written at once)", Value: agents.DefaultHeartbeat},
 		&cli.DurationFlag{Name: "restart-backoff", Usage: "first delay before a crashed worker is restarted; it doubles with every restart within the crash-loop window, up to a minute", Value: agents.DefaultRestartBackoff},
 		&cli.DurationFlag{Name: "lease-ttl", Usage: "how long workers outlive their keeper's last lease renewal (default: the session timeout)"},
 		&cli.DurationFlag{Name: "restart-grace", Usage: "how long the node's workers keep running while the agent is not (an upgrade, a crash): a keeper process holds the node meanwhile; 0 ties the node to the agent's process", Value: 30 * time.Second},
@@ -291,15 +293,16 @@ func isolationModes(vals []string) ([]string, error) {
 	return modes, nil
 }
 
-// LaunchCommand is the lease launcher every worker runs under (see agents.Launch). It is
-// hidden: the agent writes its command lines with agents.LaunchConfig.Args, and it reads
-// them with agents.LaunchConfig.Parse (launchRun), so the two cannot drift apart.
+// LaunchCommand is the lease launcher (package launcher) in the whole binary: agents run
+// stormdock-shim's where they find it, this one otherwise. It is hidden: the agent writes
+// its command lines with launcher.Config.Args, and both read them with launcher.Config.Parse,
+// so they cannot drift apart.
 var LaunchCommand = &cli.Command{
-	Name:            agents.LaunchCommand,
+	Name:            launcher.Command,
 	Hidden:          true,
 	Usage:           "run a worker while its agent renews its lease",
 	UsageText:       "stormdock launch --lease FILE --ttl D [--grace G] -- COMMAND [ARGS...]",
-	Description:     "Flags:\n" + agents.LaunchUsage(),
+	Description:     "Flags:\n" + launcher.Usage(),
 	SkipFlagParsing: true,
 	// No help subcommand: every argument is the command line's own.
 	HideHelpCommand: true,

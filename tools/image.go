@@ -25,16 +25,18 @@ var ImageCommand = &cli.Command{
 	Usage: "build, push, list and prune worker images (FROM scratch around the static stormdock binary)",
 	Description: "Talks to the engine at DOCKER_HOST or the default socket. Images pushed to a registry (--tag REGISTRY/NAME:TAG)\n" +
 		"are pulled by agents that lack them. The stormdock binary put into images is this one if it is static\n" +
-		"(CGO_ENABLED=0), else name one with --binary. Flags go first.",
+		"(CGO_ENABLED=0), else name one with --binary; stormdock-shim, the small binary every process worker\n" +
+		"starts with, goes in beside it. Flags go first.",
 	Subcommands: []*cli.Command{
 		{
 			Name:      "build",
 			Usage:     "build a worker image, and push it with --push",
-			UsageText: "stormdock image build [--tag REGISTRY/NAME:TAG] [--push] [--binary PATH] [--job PATH] [--registry-auth FILE]",
+			UsageText: "stormdock image build [--tag REGISTRY/NAME:TAG] [--push] [--binary PATH] [--shim PATH] [--job PATH] [--registry-auth FILE]",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "tag", Usage: "image `NAME:TAG` (REGISTRY/NAME:TAG to push it)", Value: images.DefaultTag},
 				&cli.StringFlag{Name: "binary", Usage: "static stormdock binary to embed at " + images.StormdockPath + " (default: this one)"},
 				&cli.StringFlag{Name: "job", Usage: "a job's own static binary to embed at " + images.JobPath},
+				&cli.StringFlag{Name: "shim", Usage: "static stormdock-shim to embed at " + images.ShimPath + " (default: the one beside --binary)"},
 				&cli.BoolFlag{Name: "push", Usage: "push the image to the registry its tag names"},
 				registryAuthFlag,
 			},
@@ -128,7 +130,7 @@ func imageBuild(c *cli.Context) error {
 		return err
 	}
 	defer closer.Close()
-	img, err := m.Build(c.Context, images.BuildOptions{Tag: tag, Binary: c.String("binary"), Job: c.String("job")})
+	img, err := m.Build(c.Context, images.BuildOptions{Tag: tag, Binary: c.String("binary"), Job: c.String("job"), Shim: c.String("shim")})
 	if err != nil {
 		code := 1
 		if errors.Is(err, images.ErrNotStatic) {
@@ -137,6 +139,9 @@ func imageBuild(c *cli.Context) error {
 		return cli.Exit("stormdock image build: "+strings.ReplaceAll(err.Error(), "\n", "; "), code)
 	}
 	fmt.Fprintf(c.App.Writer, "%s %s\n", img.ID, strings.Join(img.Tags, ","))
+	if img.Labels[images.LabelShim] == "" {
+		fmt.Fprintf(c.App.ErrWriter, "stormdock image build: no stormdock-shim beside the stormdock binary, so none in the image: agents run from it (cluster create) start every worker through the whole binary; build both (CGO_ENABLED=0 go build -o DIR/ ./cmd/stormdock ./cmd/stormdock-shim) or give --shim\n")
+	}
 	if c.Bool("push") {
 		return push(c, m, tag)
 	}

@@ -189,6 +189,7 @@ func jobKill(c *cli.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
+	var poll pollInterval
 	for {
 		if _, err := cl.Job(ctx, name); err != nil {
 			if errors.Is(err, api.ErrNotFound) {
@@ -200,7 +201,7 @@ func jobKill(c *cli.Context) error {
 		select {
 		case <-ctx.Done():
 			return cli.Exit(fmt.Sprintf("stormdock: job %s still has workers after %s", name, c.Duration("timeout")), 1)
-		case <-time.After(250 * time.Millisecond):
+		case <-time.After(poll.next()):
 		}
 	}
 }
@@ -213,6 +214,7 @@ func waitSettled(c *cli.Context, cl *api.Client, name string) error {
 	start := time.Now()
 	tty := isTerminal(c.App.Writer)
 	last := ""
+	var poll pollInterval
 	for {
 		st, err := cl.Job(ctx, name)
 		if err == nil {
@@ -246,9 +248,28 @@ func waitSettled(c *cli.Context, cl *api.Client, name string) error {
 				fmt.Fprintln(c.App.Writer)
 			}
 			return cli.Exit("stormdock: "+notReady(st, err, c.Duration("timeout")), 1)
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(poll.next()):
 		}
 	}
+}
+
+// pollInterval is the wait between two polls of the master by --wait: 20ms for the first
+// second, as workers usually start within a fraction of one, then growing to 200ms for long
+// waits (image pulls, grace periods). A poll is one cheap request to the master's view.
+type pollInterval struct {
+	n int
+	d time.Duration
+}
+
+func (p *pollInterval) next() time.Duration {
+	p.n++
+	switch {
+	case p.n <= 50:
+		p.d = 20 * time.Millisecond
+	case p.d < 200*time.Millisecond:
+		p.d = min(p.d*3/2, 200*time.Millisecond)
+	}
+	return p.d
 }
 
 // settled reports that no worker is still being stopped or started.

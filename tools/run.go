@@ -150,7 +150,12 @@ func runWorker(c *cli.Context) error {
 		<-followed
 		return runErr(err)
 	}
-	time.Sleep(followPoll) // the last output
+	if w.ContainerID != "" {
+		// The engine's log copier may write a container's last output after its end; a
+		// process worker's output is in its log file by the time it has exited, and follow
+		// reads the file once more when stopped.
+		time.Sleep(followPoll)
+	}
 	stopFollow()
 	<-followed
 	// Release what the worker held (cgroup, container); it has ended, so this does not wait.
@@ -204,8 +209,8 @@ func runErr(err error) error {
 
 const followPoll = 100 * time.Millisecond
 
-// follow copies a worker's log to w as it grows, until ctx ends. A docker json-file log
-// holds one JSON object per line; its "log" field is the output.
+// follow copies a worker's log to w as it grows, until ctx ends, reading it once more then.
+// A docker json-file log holds one JSON object per line; its "log" field is the output.
 func follow(ctx context.Context, path string, jsonLines bool, w io.Writer) {
 	if path == "" {
 		return
@@ -215,6 +220,7 @@ func follow(ctx context.Context, path string, jsonLines bool, w io.Writer) {
 	t := time.NewTicker(followPoll)
 	defer t.Stop()
 	for {
+		stopped := ctx.Err() != nil // then this read is the last one
 		f, err := os.Open(path)
 		if err == nil {
 			if fi, err := f.Stat(); err == nil && fi.Size() < off {
@@ -241,12 +247,14 @@ func follow(ctx context.Context, path string, jsonLines bool, w io.Writer) {
 			}
 			f.Close()
 		}
-		select {
-		case <-ctx.Done():
+		if stopped {
 			if partial != "" && !jsonLines {
 				io.WriteString(w, partial) //nolint:errcheck // best effort echo
 			}
 			return
+		}
+		select {
+		case <-ctx.Done():
 		case <-t.C:
 		}
 	}

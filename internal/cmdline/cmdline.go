@@ -1,6 +1,6 @@
 // Package cmdline holds what stormdock's typed command lines share. Those are the command
-// lines one stormdock process writes for another to read (agents.LaunchConfig for
-// `stormdock launch`, multidc.RouterArgs for `stormdock router`): each type builds its argv
+// lines one stormdock process writes for another to read (launcher.Config for
+// `stormdock-shim launch`, multidc.RouterArgs for `stormdock router`): each type builds its argv
 // with Args and reads it back with Parse, on the standard flag package, so that writer and
 // reader are one piece of code and cannot drift apart.
 package cmdline

@@ -31,6 +31,9 @@ type built struct {
 // which a FROM scratch image can hold too. It builds once per test binary for pkg and flags
 // (extra `go build` flags) and returns the binary's path; a failed build fails the test. The
 // package's TestMain removes the binaries with RemoveBuilds.
+//
+// ./cmd/stormdock is built as it is installed: with stormdock-shim (./cmd/stormdock-shim)
+// beside it, where its process driver and agents look for it.
 func BuildBinary(t testing.TB, pkg string, flags ...string) string {
 	t.Helper()
 	p, err := Build(pkg, flags...)
@@ -105,7 +108,12 @@ func build(pkg string, flags []string) (string, error) {
 		return "", fmt.Errorf("testenv: %w", err)
 	}
 	out := filepath.Join(dir, path.Base(pkg))
-	args := append(append([]string{"build", "-o", out}, flags...), pkg)
+	pkgs := []string{pkg}
+	if path.Clean(strings.TrimPrefix(pkg, "./")) == "cmd/stormdock" {
+		pkgs = append(pkgs, "./cmd/stormdock-shim")
+	}
+	// With -o naming a directory, go build writes each package's binary into it.
+	args := append(append([]string{"build", "-o", dir + "/"}, flags...), pkgs...)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

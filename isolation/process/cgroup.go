@@ -43,6 +43,23 @@ type slot interface {
 	remove() error
 }
 
+// cloneTarget is a slot a process can be started in directly (cgroup v2: clone3 with
+// CLONE_INTO_CGROUP), instead of being moved there after the fork. Moving a process takes the
+// kernel's cgroup threadgroup lock for writing, which waits for an RCU grace period: several
+// milliseconds of wall time per start that a clone into the cgroup does not pay.
+type cloneTarget interface {
+	// openDir opens the cgroup's directory for clone3; the caller closes the descriptor.
+	openDir() (int, error)
+}
+
+// selfPlaced is a slot the shim can move itself into (cgroup v1), thread by thread, without
+// the kernel's global threadgroup lock that a move of another process takes (see package
+// shim, MagicSelf).
+type selfPlaced interface {
+	// tasksFiles are the cgroup's tasks files, one per hierarchy.
+	tasksFiles() []string
+}
+
 // hierarchy creates and finds worker cgroups under one parent.
 type hierarchy interface {
 	// version is 1 or 2.

@@ -9,11 +9,13 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup2"
+	"golang.org/x/sys/unix"
 
 	"github.com/stormdock/stormdock/isolation"
 )
@@ -130,14 +132,19 @@ func (h *v2) removeParent(parent string) error {
 	return m.Delete()
 }
 
-func (h *v2) create(name string, l limits) (slot, error) {
-	// Cheap when the parent is ready (a few small reads), and it makes the parent again if
-	// it went (RemoveParent, an operator).
-	if err := h.ensure(path.Dir(name)); err != nil {
-		return nil, err
-	}
+// create makes the worker's cgroup with a mkdir and writes of its limit files. The parent and
+// its controllers are set up by New (ensure); they are set up again only when the mkdir or a
+// limit file says they went (RemoveParent, an operator).
+func (h *v2) create(name string, l limits) (_ slot, err error) {
 	dir := filepath.Join(h.root, name)
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+	err = os.Mkdir(dir, 0o755)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := h.ensure(path.Dir(name)); err != nil {
+			return nil, err
+		}
+		err = os.Mkdir(dir, 0o755)
+	}
+	if err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, h.denied(dir, err)
 	}
 	m, err := cgroup2.Load(name, cgroup2.WithMountpoint(h.root))
@@ -145,26 +152,45 @@ func (h *v2) create(name string, l limits) (slot, error) {
 		_ = os.Remove(dir)
 		return nil, err
 	}
-	mem, quota, period, pids := l.memory, l.cpuQuota(), uint64(cpuPeriod.Microseconds()), l.pids
-	// cpu.weight from the v1 shares, with the conversion runc and systemd use.
-	weight := 1 + ((sharesFor(l.milliCPU)-2)*9999)/262142
-	res := &cgroup2.Resources{
-		Memory: &cgroup2.Memory{Max: &mem},
-		CPU:    &cgroup2.CPU{Max: cgroup2.NewCPUMax(&quota, &period), Weight: &weight},
-		Pids:   &cgroup2.Pids{Max: pids},
+	s := &v2slot{h: h, name: name, m: m}
+	err = s.setLimits(l)
+	if errors.Is(err, fs.ErrNotExist) {
+		// A controller's files are missing: the parent stopped giving it. Give it again.
+		if err = h.ensure(path.Dir(name)); err == nil {
+			err = s.setLimits(l)
+		}
 	}
-	if err := m.Update(res); err != nil {
-		_ = m.Delete()
+	if err != nil {
+		_ = os.Remove(dir)
 		return nil, fmt.Errorf("set limits of cgroup %s: %w", name, err)
 	}
-	// memory.swap.max is separate from memory.max on v2: zero means no swap. It is absent
-	// when swap accounting is off, and then there is no swap to forbid.
-	noSwap := int64(0)
-	if err := m.Update(&cgroup2.Resources{Memory: &cgroup2.Memory{Swap: &noSwap}}); err != nil && !errors.Is(err, os.ErrNotExist) {
-		_ = m.Delete()
-		return nil, fmt.Errorf("set memory.swap.max: %w", err)
+	return s, nil
+}
+
+// setLimits writes the limit files: memory.max, no swap (memory.swap.max, separate from
+// memory.max on v2, absent when swap accounting is off, and then there is no swap to
+// forbid), cpu.max, cpu.weight and pids.max.
+func (s *v2slot) setLimits(l limits) error {
+	// cpu.weight from the v1 shares, with the conversion runc and systemd use.
+	weight := 1 + ((sharesFor(l.milliCPU)-2)*9999)/262142
+	for _, w := range []struct{ file, value string }{
+		{"memory.max", strconv.FormatInt(l.memory, 10)},
+		{"memory.swap.max", "0"},
+		{"cpu.max", strconv.FormatInt(l.cpuQuota(), 10) + " " + strconv.FormatInt(cpuPeriod.Microseconds(), 10)},
+		{"cpu.weight", strconv.FormatUint(weight, 10)},
+		{"pids.max", strconv.FormatInt(l.pids, 10)},
+	} {
+		err := os.WriteFile(s.file(w.file), []byte(w.value), 0)
+		if w.file == "memory.swap.max" && errors.Is(err, fs.ErrNotExist) {
+			if _, serr := os.Stat(s.file("memory.max")); serr == nil {
+				continue // no swap accounting
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", w.file, err)
+		}
 	}
-	return &v2slot{h: h, name: name, m: m}, nil
+	return nil
 }
 
 func (h *v2) load(name string) (slot, bool, error) {
@@ -185,6 +211,10 @@ type v2slot struct {
 }
 
 func (s *v2slot) file(f string) string { return filepath.Join(s.h.root, s.name, f) }
+
+func (s *v2slot) openDir() (int, error) {
+	return unix.Open(filepath.Join(s.h.root, s.name), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
 
 func (s *v2slot) add(pid int) error {
 	err := s.m.AddProc(uint64(pid))

@@ -15,12 +15,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/stormdock/stormdock/isolation"
+	"github.com/stormdock/stormdock/isolation/shim"
 )
 
 // Config configures a Driver. The zero value works for an agent running as root.
@@ -44,7 +46,11 @@ type Config struct {
 	// cgroup hierarchy is writable (not root; a container without nested cgroups). Nothing
 	// is limited then.
 	Unconfined bool
-	Logger     *slog.Logger
+	// Shim is the binary every worker starts as (see package shim). Default: stormdock-shim
+	// beside the running binary, else the running binary itself, which is a shim too (this
+	// package's init), at the cost of its whole package initialisation per start.
+	Shim   string
+	Logger *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -70,6 +76,14 @@ func (c *Config) defaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Shim == "" {
+		c.Shim = "/proc/self/exe"
+		if exe, err := os.Executable(); err == nil {
+			if p, ok := shim.Beside(exe); ok {
+				c.Shim = p
+			}
+		}
+	}
 }
 
 // Driver runs workers as cgroup-limited processes. It implements isolation.Driver.
@@ -84,6 +98,12 @@ type Driver struct {
 
 	stop chan struct{}  // closed by Close: the housekeeper ends
 	wg   sync.WaitGroup // the housekeeper
+
+	// noCloneInto is set once the kernel refused clone3 with CLONE_INTO_CGROUP (before Linux
+	// 5.7): shims are then moved into their cgroups after the fork.
+	noCloneInto atomic.Bool
+	// noSelfPlace is set once a shim did not place itself (v1): the driver moves shims then.
+	noSelfPlace atomic.Bool
 }
 
 var _ isolation.Driver = (*Driver)(nil)
@@ -131,7 +151,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	d.wg.Add(1)
 	go d.housekeep()
-	d.log.Debug("ready", "cgroup_version", h.version(), "parent", cfg.CgroupParent, "state_dir", cfg.StateDir)
+	d.log.Debug("ready", "cgroup_version", h.version(), "parent", cfg.CgroupParent, "state_dir", cfg.StateDir, "shim", cfg.Shim)
 	return d, nil
 }
 
@@ -213,6 +233,7 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 // start does the work of Start for a reserved id; on error it leaves nothing behind.
 func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd *exec.Cmd, err error) {
+	ph := newPhases()
 	if _, err := os.Stat(statePath(d.cfg.StateDir, spec.ID)); err == nil {
 		return st, nil, nil, fmt.Errorf("%w: %s has a state file from an earlier agent in %s: call Adopt before Start",
 			isolation.ErrExists, spec.ID, d.cfg.StateDir)
@@ -242,6 +263,7 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 	if err := writeState(d.cfg.StateDir, st); err != nil {
 		return st, nil, nil, err
 	}
+	ph.mark("state")
 	defer func() {
 		if err != nil {
 			if sl != nil {
@@ -255,6 +277,7 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 	if err != nil {
 		return st, nil, nil, cgroupError(cg, err)
 	}
+	ph.mark("cgroup")
 	if err := rotatePrevious(st.LogPath); err != nil {
 		d.log.Warn("keep the previous run's log", "id", spec.ID, "err", err)
 	}
@@ -271,15 +294,51 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 	if dir == "" {
 		dir = "/"
 	}
-	cmd, err = launch(launchOpts{
-		path: prog, argv: spec.Command, env: env, dir: dir, out: out, user: spec.User,
+	o := launchOpts{
+		shim: d.cfg.Shim, path: prog, argv: spec.Command, env: env, dir: dir, out: out, user: spec.User, cgroupFD: -1,
 		place: func(pid int) error {
 			if err := sl.add(pid); err != nil {
 				return fmt.Errorf("move pid %d into cgroup %s: %w", pid, cg, err)
 			}
 			return nil
 		},
-	})
+		phase: ph.mark,
+	}
+	if into, ok := sl.(cloneTarget); ok && !d.noCloneInto.Load() {
+		var fd int
+		if fd, err = into.openDir(); err != nil {
+			return st, sl, nil, fmt.Errorf("open cgroup %s: %w", cg, err)
+		}
+		o.cgroupFD = fd
+		cmd, err = launch(o)
+		unix.Close(fd)
+		if errors.Is(err, errCloneInto) {
+			// Nothing ran. A kernel without CLONE_INTO_CGROUP says so once: move after fork
+			// from now on. Any other refusal falls back for this start only.
+			if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.E2BIG) || errors.Is(err, unix.EINVAL) {
+				d.noCloneInto.Store(true)
+			}
+			d.log.Info("clone into cgroup refused: moving the shim after the fork", "id", spec.ID, "err", err)
+			o.cgroupFD = -1
+			cmd, err = launch(o)
+		}
+	} else if sp, ok := sl.(selfPlaced); ok && d.selfPlacing() && !slices.ContainsFunc(sp.tasksFiles(), func(f string) bool {
+		return strings.Contains(f, shim.PlaceSep)
+	}) {
+		o.selfPlace = sp.tasksFiles()
+		cmd, err = launch(o)
+		if errors.Is(err, errSelfPlace) {
+			// Nothing of the worker ran. A shim that cannot place itself (one of another
+			// version, a cgo build) will not later either: move shims from now on.
+			d.noSelfPlace.Store(true)
+			d.log.Info("the shim did not move itself into its cgroup: the driver moves shims from now on (a few ms more per start)",
+				"id", spec.ID, "shim", d.cfg.Shim, "err", err)
+			o.selfPlace = nil
+			cmd, err = launch(o)
+		}
+	} else {
+		cmd, err = launch(o)
+	}
 	if err != nil {
 		if errors.Is(err, errExec) {
 			return st, sl, nil, fmt.Errorf("%w: worker %s: %v", isolation.ErrInvalidSpec, spec.ID, err)
@@ -296,8 +355,19 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 		_ = cmd.Wait()
 		return st, sl, nil, err
 	}
+	ph.mark("record")
 	d.log.Info("worker started", "id", spec.ID, "pid", st.PID, "cgroup", cg)
+	d.log.Debug("start phases", append([]any{"id", spec.ID, "clone_into_cgroup", o.cgroupFD >= 0, "self_placed", o.selfPlace != nil}, ph.steps...)...)
 	return st, sl, cmd, nil
+}
+
+// selfPlacing reports whether shims move themselves into their cgroups (v1): stormdock-shim
+// does, unless one did not before. A stormdock binary as the shim (none installed beside it)
+// is moved by the driver and runs the lease launcher in place: placing itself, it would have
+// to exec itself afresh for the launcher (see package shim), and its start costs several
+// times stormdock-shim's.
+func (d *Driver) selfPlacing() bool {
+	return filepath.Base(d.cfg.Shim) == shim.Name && !d.noSelfPlace.Load()
 }
 
 // reap waits for a child worker to exit. After Close it only reaps: the worker belongs to the

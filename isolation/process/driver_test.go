@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -23,6 +24,9 @@ import (
 
 var (
 	hog string // the static test worker, built by TestMain
+	// shimBin is cmd/stormdock-shim, built by TestMain: the drivers under test start their
+	// workers with it, as agents do, unless a test asks for the fallback (selfShim).
+	shimBin string
 	// parent is the cgroup parent of this test binary's workers, removed at the end.
 	parent = fmt.Sprintf("/stormdock-test-%d", os.Getpid())
 )
@@ -46,7 +50,10 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	var err error
-	if hog, err = testenv.Build("./isolation/testdata/hog"); err != nil {
+	if hog, err = testenv.Build("./isolation/testdata/hog"); err == nil {
+		shimBin, err = testenv.Build("./cmd/stormdock-shim")
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -137,8 +144,12 @@ func readInt(t *testing.T, file string) int64 {
 var seq atomic.Int64
 
 func config(t *testing.T, stateDir string) process.Config {
-	return process.Config{CgroupParent: parent, StateDir: stateDir, PollInterval: 20 * time.Millisecond}
+	return process.Config{CgroupParent: parent, StateDir: stateDir, PollInterval: 20 * time.Millisecond, Shim: shimBin}
 }
+
+// selfShim is the shim of a driver whose binary has no stormdock-shim beside it: the binary
+// itself (this test binary, which imports the driver), as a go run build of stormdock has.
+const selfShim = "/proc/self/exe"
 
 func harness() drivertest.Harness {
 	return drivertest.Harness{
@@ -198,9 +209,14 @@ func TestSuite(t *testing.T) {
 	drivertest.RunSuite(t, harness())
 }
 
-func newDriver(t *testing.T) *process.Driver {
+func newDriver(t *testing.T) *process.Driver { return newDriverWith(t, shimBin) }
+
+// newDriverWith is a driver whose workers start with the given shim binary.
+func newDriverWith(t *testing.T, shim string) *process.Driver {
 	testenv.Cgroups(t)
-	d, err := process.New(config(t, t.TempDir()))
+	cfg := config(t, t.TempDir())
+	cfg.Shim = shim
+	d, err := process.New(cfg)
 	if err != nil {
 		t.Fatalf("new driver: %v", err)
 	}
@@ -217,23 +233,33 @@ func stopOnCleanup(t *testing.T, d *process.Driver, id string) {
 }
 
 // The program runs inside its cgroup from its first instruction: cat reports its own cgroup
-// before doing anything else. So does a program that is the driver's own binary (the agent's
-// lease launcher), which the shim runs in place instead of exec'ing it.
+// before doing anything else. So does the lease launcher when it is the shim's own binary:
+// stormdock-shim's, exec'd afresh from its placed thread (v1) or run in place (v2, cloned into
+// its cgroup), the cat it runs reporting the cgroup it inherited; and that of a binary that
+// is its own shim (stormdock without stormdock-shim beside it; here this test binary, which
+// reports its cgroup first thing), moved by the driver and run in place.
 func TestPlacedBeforeExec(t *testing.T) {
-	d := newDriver(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
+	lease := filepath.Join(t.TempDir(), "lease")
+	if err := os.WriteFile(lease, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
+		shim string
 		cmd  []string
 		env  map[string]string
 	}{
-		{"exec", []string{"cat", "/proc/self/cgroup"}, nil},
-		{"in place", []string{self}, map[string]string{helperEnv: "cgroup"}},
+		{"exec", shimBin, []string{"cat", "/proc/self/cgroup"}, nil},
+		{"exec by self shim", selfShim, []string{"cat", "/proc/self/cgroup"}, nil},
+		{"launcher in place", shimBin, []string{shimBin, "launch", "--lease", lease, "--ttl", "1m", "--", "cat", "/proc/self/cgroup"}, nil},
+		{"in place by self shim", selfShim, []string{self}, map[string]string{helperEnv: "cgroup"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			d := newDriverWith(t, tc.shim)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			spec := harness().Spec(t, "placed-"+strings.ReplaceAll(tc.name, " ", "-"), "unused")
@@ -469,4 +495,81 @@ func BenchmarkUsage(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// startLog keeps the driver's "start phases" records, as attribute maps.
+type startLog struct {
+	mu   sync.Mutex
+	recs []map[string]string
+}
+
+func (l *startLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *startLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *startLog) WithGroup(string) slog.Handler            { return l }
+func (l *startLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "start phases" {
+		return nil
+	}
+	m := map[string]string{}
+	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+	l.mu.Lock()
+	l.recs = append(l.recs, m)
+	l.mu.Unlock()
+	return nil
+}
+
+// On cgroup v2, where the kernel can (Linux 5.7), the shim is started in the worker's cgroup
+// (clone3 with CLONE_INTO_CGROUP) and never moved; on v1 (and older kernels) it is moved into
+// the cgroup after the fork, before it is released. Either way the program starts inside
+// (TestPlacedBeforeExec).
+func TestClonedIntoCgroup(t *testing.T) {
+	testenv.Cgroups(t)
+	log := &startLog{}
+	cfg := config(t, t.TempDir())
+	cfg.Logger = slog.New(log)
+	d, err := process.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	spec := harness().Spec(t, "cloned", "sleep")
+	if _, err := d.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, d, spec.ID)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if len(log.recs) != 1 {
+		t.Fatalf("%d start phase records, want 1", len(log.recs))
+	}
+	rec := log.recs[0]
+	_, moved := rec["place"]
+	var u syscall.Utsname
+	_ = syscall.Uname(&u)
+	release := unixString(u.Release[:])
+	want := d.CgroupVersion() == 2 && kernelAtLeast(release, 5, 7)
+	t.Logf("cgroup v%d, kernel %s: %v", d.CgroupVersion(), release, rec)
+	if got := rec["clone_into_cgroup"] == "true"; got != want || moved == want {
+		t.Fatalf("cgroup v%d, kernel %s: cloned into the cgroup %v, moved after the fork %v; want cloned %v", d.CgroupVersion(), release, got, moved, want)
+	}
+}
+
+func unixString(b []int8) string {
+	var s []byte
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s = append(s, byte(c))
+	}
+	return string(s)
+}
+
+// kernelAtLeast reports whether a kernel release ("6.1.0-57-amd64") is major.minor or later.
+func kernelAtLeast(release string, major, minor int) bool {
+	var ma, mi int
+	if _, err := fmt.Sscanf(release, "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
 }

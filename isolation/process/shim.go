@@ -7,115 +7,59 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/stormdock/stormdock/isolation"
+	"github.com/stormdock/stormdock/isolation/shim"
 )
 
-// The shim closes the gap between fork and cgroup placement. Go cannot stop a child between
-// fork and exec, so the driver starts its own binary (/proc/self/exe) in shim mode: the shim
+// The shim closes the gap between fork and cgroup placement (the protocol is in package
+// shim). Go cannot stop a child between fork and exec, so the driver starts a shim that
 // blocks on a pipe until the driver has moved it into the worker's cgroup, then execs the
 // worker's program in place, keeping its pid. No instruction of the worker's program runs,
 // and no child of it can be forked, outside the limits. A second, close-on-exec pipe carries
 // an exec failure back, so Start reports "no such file" synchronously and returns only once
-// the worker's program is running.
+// the worker's program is running. Where the kernel can start a process inside a cgroup
+// (cgroup v2, clone3 with CLONE_INTO_CGROUP, Linux 5.7) the shim is born there and released
+// at once: there is no move after fork.
 //
-// Any binary that imports this package can act as the shim; init below does it before main.
-const (
-	shimEnv = "_STORMDOCK_ISOLATION_SHIM"
-	// shimUserEnv carries "uid:gid[:group,...]" when the worker runs as another user: the
-	// shim drops to it once placed, just before the program runs (see dropTo).
-	shimUserEnv = "_STORMDOCK_ISOLATION_USER"
-	shimMagic   = "exec-after-placement-v1"
-	shimArg0    = "stormdock-shim"
-
-	// fds of the two pipes in the shim (os/exec maps ExtraFiles from 3 up).
-	shimGoFD     = 3
-	shimStatusFD = 4
-
-	// exitShimAbort is the shim's status when the driver gave up before releasing it.
-	exitShimAbort = 125
-	// exitShimExec is the shim's status when exec of the worker's program failed.
-	exitShimExec = 127
-)
-
-func init() {
-	if os.Getenv(shimEnv) == shimMagic {
-		runShim()
-	}
-}
-
-// runShim waits for the go-ahead and execs os.Args[1] with argv os.Args[2:]. It returns only
-// when the program is this binary itself, which then runs in place.
-func runShim() {
-	syscall.CloseOnExec(shimGoFD)
-	syscall.CloseOnExec(shimStatusFD)
-	goAhead := os.NewFile(shimGoFD, "shim-go")
-	status := os.NewFile(shimStatusFD, "shim-status")
-	var b [1]byte
-	if n, _ := goAhead.Read(b[:]); n != 1 {
-		// The driver closed the pipe without a byte: it could not place us. Run nothing.
-		os.Exit(exitShimAbort)
-	}
-	if len(os.Args) < 3 {
-		fmt.Fprintf(status, "shim: no program given")
-		os.Exit(exitShimExec)
-	}
-	// Whether the program is this binary is decided before the drop: as the worker's user
-	// the agent's own directory may be out of reach.
-	self := sameExecutable(os.Args[1])
-	if u := os.Getenv(shimUserEnv); u != "" {
-		os.Unsetenv(shimUserEnv)
-		if err := dropTo(u); err != nil {
-			fmt.Fprintf(status, "run as %s: %v", u, err)
-			os.Exit(exitShimExec)
-		}
-	}
-	if self {
-		// The program is this very binary (the agent's lease launcher): run it in place
-		// rather than start a second Go runtime, which costs tens of milliseconds of cpu per
-		// worker. Closing the status pipe tells the driver the program runs, as the
-		// close-on-exec of a successful exec would; main then sees the program's argv.
-		os.Unsetenv(shimEnv)
-		goAhead.Close()
-		status.Close()
-		os.Args = os.Args[2:]
-		return
-	}
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, shimEnv+"=") || strings.HasPrefix(kv, shimUserEnv+"=")
-	})
-	err := syscall.Exec(os.Args[1], os.Args[2:], env)
-	fmt.Fprintf(status, "exec %s: %v", os.Args[1], err)
-	os.Exit(exitShimExec)
-}
-
-// sameExecutable reports whether path is the binary this process runs.
-func sameExecutable(path string) bool {
-	self, err := os.Stat("/proc/self/exe")
-	if err != nil {
-		return false
-	}
-	other, err := os.Stat(path)
-	return err == nil && os.SameFile(self, other)
-}
+// The shim is Config.Shim, by default stormdock-shim beside the running binary. Without one,
+// the running binary is its own shim: the init below hands it over to the shim package.
+func init() { shim.Run() }
 
 // launchOpts is what launch runs and where.
 type launchOpts struct {
+	shim string   // the shim binary
 	path string   // resolved program path
 	argv []string // argv, argv[0] included
 	env  []string
 	dir  string
 	out  *os.File        // stdout and stderr
 	user *isolation.User // who the program runs as; nil: the driver's user
+	// cgroupFD, when >= 0, is the worker's cgroup directory (v2): the shim is cloned into it.
+	cgroupFD int
+	// selfPlace, when set, are the tasks files the shim moves itself into (v1).
+	selfPlace []string
 	// place moves the started shim into its cgroup; the program runs only if it succeeds.
+	// Not called when the shim was cloned into its cgroup.
 	place func(pid int) error
+	// phase records the end of a step of the start, for the trace in the driver's log.
+	phase func(name string)
 }
 
 // errExec marks a failure of the worker's program to exec (as opposed to a driver failure).
 var errExec = errors.New("exec worker program")
+
+// errCloneInto marks a failure of clone3 with CLONE_INTO_CGROUP, after which nothing runs:
+// the caller may start the shim again without it.
+var errCloneInto = errors.New("clone into cgroup")
+
+// errSelfPlace marks a shim that did not place itself (it cannot, or it does not speak that
+// part of the protocol), after which nothing of the worker ran: the caller may start it again
+// and move it itself.
+var errSelfPlace = errors.New("shim did not place itself")
 
 // launch starts the shim, places it, releases it, and returns once the program runs.
 func launch(o launchOpts) (*exec.Cmd, error) {
@@ -129,20 +73,24 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 		goW.Close()
 		return nil, fmt.Errorf("shim pipe: %w", err)
 	}
-	env := append(slices.Clip(o.env), shimEnv+"="+shimMagic)
+	magic := shim.Magic
+	if o.selfPlace != nil {
+		magic = shim.MagicSelf
+	}
+	// The protocol's variables are the driver's alone (who the worker runs as, which files
+	// the shim writes as root): the worker's environment loses any of them here, not only to
+	// os/exec keeping the last value of a name.
+	env := slices.DeleteFunc(slices.Clone(o.env), func(kv string) bool { return strings.HasPrefix(kv, shim.EnvPrefix) })
+	env = append(env, shim.Env+"="+magic)
+	if o.selfPlace != nil {
+		env = append(env, shim.PlaceEnv+"="+strings.Join(o.selfPlace, shim.PlaceSep))
+	}
 	if u := o.user; u != nil {
-		spec := fmt.Sprintf("%d:%d:", u.UID, u.GID)
-		for i, g := range u.Groups {
-			if i > 0 {
-				spec += ","
-			}
-			spec += strconv.FormatUint(uint64(g), 10)
-		}
-		env = append(env, shimUserEnv+"="+spec)
+		env = append(env, shim.UserEnv+"="+shim.UserSpec(u.UID, u.GID, u.Groups))
 	}
 	cmd := &exec.Cmd{
-		Path:       "/proc/self/exe",
-		Args:       append([]string{shimArg0, o.path}, o.argv...),
+		Path:       o.shim,
+		Args:       append([]string{shim.Arg0, o.path}, o.argv...),
 		Env:        env,
 		Dir:        o.dir,
 		Stdout:     o.out,
@@ -152,22 +100,43 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 		// workers, which are stopped with their grace period instead.
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
+	if o.cgroupFD >= 0 {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, o.cgroupFD
+	}
 	err = cmd.Start()
 	goR.Close()
 	stW.Close()
 	if err != nil {
 		goW.Close()
 		stR.Close()
-		return nil, fmt.Errorf("start shim: %w", err)
+		if o.cgroupFD >= 0 {
+			return nil, fmt.Errorf("%w: %w", errCloneInto, err)
+		}
+		return nil, fmt.Errorf("start shim %s: %w", o.shim, err)
 	}
-	if err := o.place(cmd.Process.Pid); err != nil {
-		goW.Close() // the shim sees EOF and exits without running the program
-		stR.Close()
-		_ = cmd.Wait()
-		return nil, err
+	o.phase("fork")
+	if o.cgroupFD < 0 && o.selfPlace == nil {
+		if err := o.place(cmd.Process.Pid); err != nil {
+			goW.Close() // the shim sees EOF and exits without running the program
+			stR.Close()
+			_ = cmd.Wait()
+			return nil, err
+		}
+		o.phase("place")
 	}
 	_, werr := goW.Write([]byte{1})
 	goW.Close()
+	if o.selfPlace != nil && werr == nil {
+		var b [1]byte
+		if n, _ := io.ReadFull(stR, b[:]); n != 1 || b[0] != shim.Placed {
+			msg, _ := io.ReadAll(stR)
+			stR.Close()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, fmt.Errorf("%w: %s", errSelfPlace, strings.TrimSpace(string(b[:n])+string(msg)))
+		}
+		o.phase("place")
+	}
 	// EOF without data: the status pipe closed on a successful exec (or the shim died, which
 	// the caller's wait reports).
 	msg, rerr := io.ReadAll(stR)
@@ -184,5 +153,20 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 			return nil, fmt.Errorf("read shim status: %w", rerr)
 		}
 	}
+	o.phase("exec")
 	return cmd, nil
+}
+
+// phases times the steps of one start for the driver's debug log: where a start's time goes.
+type phases struct {
+	last  time.Time
+	steps []any // name, duration pairs for slog
+}
+
+func newPhases() *phases { return &phases{last: time.Now()} }
+
+func (p *phases) mark(name string) {
+	now := time.Now()
+	p.steps = append(p.steps, name, now.Sub(p.last).Round(time.Microsecond).String())
+	p.last = now
 }

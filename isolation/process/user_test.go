@@ -40,25 +40,34 @@ func statusLines(out string, key string) []string {
 }
 
 // TestRunAsUser: a worker with a User runs as that user, without supplementary groups,
-// with no_new_privs, both when its program is exec'd and when it is this binary run in
-// place, and so do the processes it starts.
+// with no_new_privs, both when its program is exec'd and when it is the shim's own binary
+// (stormdock-shim's launcher, exec'd afresh on v1, run in place on v2; this test binary as
+// its own shim, run in place), and so do the processes it starts.
 func TestRunAsUser(t *testing.T) {
-	d := newDriver(t)
 	nobody := &isolation.User{UID: 65534, GID: 65534, Name: "nobody"}
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
+	lease := filepath.Join(t.TempDir(), "lease")
+	if err := os.WriteFile(lease, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
+		shim    string
 		command []string
 		env     map[string]string
 		procs   int // status blocks in the output
 	}{
-		{"exec", []string{"cat", "/proc/self/status"}, nil, 1},
-		{"in-place", []string{self}, map[string]string{userHelperEnv: "status"}, 2},
+		{"exec", shimBin, []string{"cat", "/proc/self/status"}, nil, 1},
+		// The launcher's child prints its own status and its parent's: the launcher's.
+		{"launcher-in-place", shimBin, []string{shimBin, "launch", "--lease", lease, "--ttl", "1m", "--",
+			"/bin/sh", "-c", "cat /proc/self/status /proc/$PPID/status"}, nil, 2},
+		{"in-place-by-self-shim", selfShim, []string{self}, map[string]string{userHelperEnv: "status"}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			d := newDriverWith(t, tc.shim)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			spec := harness().Spec(t, "user-"+tc.name, "unused")
@@ -115,5 +124,50 @@ func TestRunAsUserRefusedExec(t *testing.T) {
 	_, err = d.Start(ctx, spec)
 	if err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("start of a program out of the user's reach: %v", err)
+	}
+}
+
+// TestProtocolVariablesFromTheWorker: the shim's variables are the driver's alone. A worker's
+// environment that names them (a job spec the API would refuse, an older master's) steers
+// nothing: the worker runs as its spec's user, and the shim writes no file it names.
+func TestProtocolVariablesFromTheWorker(t *testing.T) {
+	nobody := &isolation.User{UID: 65534, GID: 65534, Name: "nobody"}
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("intact"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, shim := range []string{shimBin, selfShim} {
+		t.Run(filepath.Base(shim), func(t *testing.T) {
+			d := newDriverWith(t, shim)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			spec := harness().Spec(t, "spoof-"+filepath.Base(shim), "unused")
+			spec.Command = []string{"cat", "/proc/self/status"}
+			spec.User = nobody
+			spec.Env = map[string]string{
+				"_STORMDOCK_ISOLATION_USER":  "0:0:",
+				"_STORMDOCK_ISOLATION_PLACE": victim,
+				"_STORMDOCK_ISOLATION_SHIM":  "place-self-then-exec-v1",
+			}
+			w, err := d.Start(ctx, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stopOnCleanup(t, d, spec.ID)
+			if ex, err := d.Wait(ctx, spec.ID); err != nil || !ex.Success() {
+				out, _ := os.ReadFile(w.LogPath)
+				t.Fatalf("wait: %v, %v\n%s", ex, err, out)
+			}
+			b, _ := os.ReadFile(w.LogPath)
+			if uids := statusLines(string(b), "Uid"); len(uids) != 1 || uids[0] != "65534 65534 65534 65534" {
+				t.Errorf("the worker runs as uid %q, want nobody's", uids)
+			}
+			if got, _ := os.ReadFile(victim); string(got) != "intact" {
+				t.Errorf("a file the worker's environment named was written: %q", got)
+			}
+			if strings.Contains(string(b), "_STORMDOCK_ISOLATION") {
+				t.Errorf("protocol variables reached the worker:\n%s", b)
+			}
+		})
 	}
 }

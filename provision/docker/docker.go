@@ -134,11 +134,16 @@ func (p *Provider) Create(ctx context.Context, spec provision.Spec) (_ provision
 	} else if len(existing) > 0 {
 		return provision.Cluster{}, fmt.Errorf("%w: %s has %d container(s) on this engine: destroy it first (stormdock cluster destroy %s)", provision.ErrExists, spec.Name, len(existing), spec.Name)
 	}
-	if _, err := p.api.ImageInspect(ctx, spec.Image); err != nil {
+	img, err := p.api.ImageInspect(ctx, spec.Image)
+	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return provision.Cluster{}, fmt.Errorf("%w: image %s not found: build it with `stormdock image build --tag %s`", provision.ErrUnavailable, spec.Image, spec.Image)
 		}
 		return provision.Cluster{}, fmt.Errorf("inspect image %s: %w", spec.Image, err)
+	}
+	if img.Config == nil || img.Config.Labels[images.LabelShim] == "" {
+		p.log.Warn("the image has no stormdock-shim: its agents start every worker through the whole stormdock binary; rebuild it with stormdock image build beside a stormdock-shim",
+			"image", spec.Image)
 	}
 	// ZooKeeper ACLs and TLS, with no setup: the credentials and the CA are made now (or
 	// found, when the cluster is created again over its old state) in the cluster's

@@ -10,9 +10,7 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -22,7 +20,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/agents/launcher"
 )
 
 func main() {
@@ -31,36 +29,14 @@ func main() {
 		os.Exit(2)
 	}
 	switch os.Args[1] {
-	case agents.LaunchCommand:
-		launch(os.Args[2:])
+	case launcher.Command:
+		os.Exit(launcher.Main(os.Args[2:], os.Stderr))
 	case "helper":
 		helper()
 	default:
 		fmt.Fprintln(os.Stderr, "unknown command", os.Args[1])
 		os.Exit(2)
 	}
-}
-
-// launch is `stormdock launch` as tools.LaunchCommand runs it: the same parser, the same exit
-// codes.
-func launch(args []string) {
-	var cfg agents.LaunchConfig
-	if err := cfg.Parse(args); err != nil {
-		fmt.Fprintln(os.Stderr, "launch:", err)
-		os.Exit(1)
-	}
-	if len(cfg.Command) == 0 {
-		fmt.Fprintln(os.Stderr, "launch: no command given")
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	ws, err := agents.Launch(ctx, cfg)
-	stop()
-	if err != nil && !errors.Is(err, agents.ErrLeaseExpired) {
-		fmt.Fprintln(os.Stderr, "launch:", err)
-		os.Exit(127)
-	}
-	agents.ExitLike(ws)
 }
 
 type report struct {

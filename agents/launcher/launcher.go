@@ -1,8 +1,14 @@
-package agents
+// Package launcher is the lease launcher, the program every worker of a node runs under: it
+// runs the worker as its child and stops it once the node's keeper stops renewing the
+// worker's lease (see package agents). It runs once per worker start, inside the worker's
+// cgroup and as the worker's user, so it imports nothing heavy: stormdock-shim (the shim and
+// this launcher in one small binary) starts it in about a millisecond of cpu.
+package launcher
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,9 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// LaunchConfig configures the lease launcher (`stormdock launch`), the program every worker runs
-// under: it runs Command as its child and stops it when the agent stops renewing the lease.
-type LaunchConfig struct {
+// Config configures the lease launcher (`stormdock-shim launch`, or `stormdock launch`): it runs
+// Command as its child and stops it when the agent stops renewing the lease.
+type Config struct {
 	// Lease is the lease file whose modification time the agent renews.
 	Lease string
 	// TTL is how old the lease may get before the worker is stopped.
@@ -39,12 +45,12 @@ var ErrLeaseExpired = errors.New("lease expired")
 var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT,
 	syscall.SIGUSR1, syscall.SIGUSR2}
 
-// Launch runs cfg.Command and returns its wait status once it has exited. Signals in
+// Run runs cfg.Command and returns its wait status once it has exited. Signals in
 // forwarded reach the worker; ctx being done counts as a SIGTERM (the CLI cancels it on
 // SIGTERM). When the lease file is older than TTL (or missing for TTL since the start) the
-// worker gets SIGTERM, then after Grace SIGKILL for its whole process group, and Launch
+// worker gets SIGTERM, then after Grace SIGKILL for its whole process group, and Run
 // returns its status with ErrLeaseExpired.
-func Launch(ctx context.Context, cfg LaunchConfig) (syscall.WaitStatus, error) {
+func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 	if cfg.Lease == "" || cfg.TTL <= 0 || len(cfg.Command) == 0 {
 		return 0, errors.New("launch: need a lease file, a ttl and a command")
 	}
@@ -146,4 +152,35 @@ func ExitLike(ws syscall.WaitStatus) {
 		os.Exit(128 + int(sig))
 	}
 	os.Exit(ws.ExitStatus())
+}
+
+// Main is the `launch` subcommand: it parses args (those after the subcommand's name), runs
+// the worker until it ends and exits the way it did (ExitLike). It returns only on bad
+// input, with the exit status to use: 1 for a bad or missing flag, 2 without a command (the
+// message, on stderr, says what to give), and 127 when the worker cannot start. -h or --help
+// prints the flags and returns 0.
+func Main(args []string, stderr io.Writer) int {
+	var cfg Config
+	if err := cfg.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stderr, "usage: launch --lease FILE --ttl D [--grace D] -- COMMAND [ARGS...]\n%s\n", Usage())
+			return 0
+		}
+		fmt.Fprintf(stderr, "stormdock launch: %v (see --help)\n", err)
+		return 1
+	}
+	if len(cfg.Command) == 0 {
+		fmt.Fprintln(stderr, "stormdock launch: no command given (flags first, then -- COMMAND)")
+		return 2
+	}
+	cfg.Stderr = stderr
+	// SIGTERM reaches the worker through Run's forwarding; the context is for callers that
+	// stop the launcher themselves.
+	ws, err := Run(context.Background(), cfg)
+	if err != nil && !errors.Is(err, ErrLeaseExpired) {
+		fmt.Fprintln(stderr, "stormdock launch: "+err.Error())
+		return 127
+	}
+	ExitLike(ws)
+	return 0 // not reached
 }

@@ -1,16 +1,32 @@
-package agents_test
+package launcher_test
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/agents/launcher"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
+
+// stormdockBin is agents/testdata/stormdock: its `helper` is the test worker.
+var stormdockBin string
+
+func TestMain(m *testing.M) {
+	var err error
+	if stormdockBin, err = testenv.Build("./agents/testdata/stormdock"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	testenv.RemoveBuilds()
+	os.Exit(code)
+}
 
 // launch runs the launcher in-process around a helper worker in mode.
 func launch(t *testing.T, ctx context.Context, lease string, ttl, grace time.Duration, mode string) (ws syscall.WaitStatus, dir string, err error) {
@@ -21,7 +37,7 @@ func launch(t *testing.T, ctx context.Context, lease string, ttl, grace time.Dur
 	t.Setenv("HELPER_CRASH_AFTER", "50ms")
 	t.Setenv("STORMDOCK_JOB", "l")
 	t.Setenv("STORMDOCK_WORKER", "0")
-	ws, err = agents.Launch(ctx, agents.LaunchConfig{Lease: lease, TTL: ttl, Grace: grace, Command: []string{stormdockBin, "helper"}})
+	ws, err = launcher.Run(ctx, launcher.Config{Lease: lease, TTL: ttl, Grace: grace, Command: []string{stormdockBin, "helper"}})
 	return ws, dir, err
 }
 
@@ -39,13 +55,13 @@ func termFiles(dir string) int {
 	return len(ms)
 }
 
-func TestLaunchStopsWorkerWhenLeaseLapses(t *testing.T) {
+func TestRunStopsWorkerWhenLeaseLapses(t *testing.T) {
 	lease := touchLease(t)
 	begin := time.Now()
 	// The ttl leaves the helper (a race-enabled test binary) time to set up its SIGTERM handler.
 	ws, dir, err := launch(t, context.Background(), lease, time.Second, 5*time.Second, "run")
 	took := time.Since(begin)
-	if !errors.Is(err, agents.ErrLeaseExpired) {
+	if !errors.Is(err, launcher.ErrLeaseExpired) {
 		t.Fatalf("err = %v, want ErrLeaseExpired", err)
 	}
 	if ws.ExitStatus() != 0 || termFiles(dir) != 1 {
@@ -56,11 +72,11 @@ func TestLaunchStopsWorkerWhenLeaseLapses(t *testing.T) {
 	}
 }
 
-func TestLaunchKillsWorkerThatIgnoresSIGTERM(t *testing.T) {
+func TestRunKillsWorkerThatIgnoresSIGTERM(t *testing.T) {
 	lease := touchLease(t)
 	begin := time.Now()
 	ws, _, err := launch(t, context.Background(), lease, time.Second, 300*time.Millisecond, "ignore-term")
-	if !errors.Is(err, agents.ErrLeaseExpired) {
+	if !errors.Is(err, launcher.ErrLeaseExpired) {
 		t.Fatalf("err = %v, want ErrLeaseExpired", err)
 	}
 	if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
@@ -71,7 +87,7 @@ func TestLaunchKillsWorkerThatIgnoresSIGTERM(t *testing.T) {
 	}
 }
 
-func TestLaunchRunsWhileLeaseRenewed(t *testing.T) {
+func TestRunRunsWhileLeaseRenewed(t *testing.T) {
 	lease := touchLease(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	stopTouch := make(chan struct{})
@@ -105,7 +121,7 @@ func TestLaunchRunsWhileLeaseRenewed(t *testing.T) {
 	}
 }
 
-func TestLaunchPassesExitStatus(t *testing.T) {
+func TestRunPassesExitStatus(t *testing.T) {
 	ws, _, err := launch(t, context.Background(), touchLease(t), time.Minute, time.Second, "crash")
 	if err != nil || ws.ExitStatus() != 3 {
 		t.Errorf("status %v, err %v: want exit 3", ws, err)
