@@ -59,6 +59,7 @@ const (
 	KeeperDisconnected = "disconnected" // the store serves others but not us: leases lapse with the session
 	KeeperStoreDown    = "store-down"   // no quorum anywhere: leases are kept
 	KeeperSilent       = "silent"       // no server answers: leases are kept for StoreSilence
+	KeeperRejoining    = "rejoining"    // back from a store outage, the session not yet: leases kept for RejoinGrace
 	KeeperRetiring     = "retiring"     // the agent is gone for good: leases lapse, the node goes
 )
 
@@ -84,11 +85,15 @@ type KeeperStatus struct {
 // lapsing.
 func (s KeeperStatus) canRun() bool {
 	switch s.State {
-	case KeeperLive, KeeperStoreDown, KeeperSilent:
+	case KeeperLive, KeeperStoreDown, KeeperSilent, KeeperRejoining:
 		return s.Session != 0
 	}
 	return false
 }
+
+// DefaultRejoinGrace is KeeperConfig.RejoinGrace's default: half the masters' default
+// re-registration window (scheduler.DefaultReregisterGrace).
+const DefaultRejoinGrace = 5 * time.Second
 
 // KeeperConfig configures a Keeper.
 type KeeperConfig struct {
@@ -107,6 +112,10 @@ type KeeperConfig struct {
 	// StoreSilence is how long workers keep running while no store server answers at all.
 	// Default SessionTimeout.
 	StoreSilence time.Duration
+	// RejoinGrace is how long, once the store is back from an outage it had for everyone,
+	// workers keep running while the node has not got its session back. It must stay below
+	// the masters' --reregister-grace. Default DefaultRejoinGrace.
+	RejoinGrace time.Duration
 	// Dial reaches the store's servers for probes; nil uses net.Dialer.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger *slog.Logger
@@ -121,6 +130,9 @@ func (c *KeeperConfig) defaults() error {
 	}
 	if c.StoreSilence < c.SessionTimeout {
 		c.StoreSilence = c.SessionTimeout
+	}
+	if c.RejoinGrace <= 0 {
+		c.RejoinGrace = DefaultRejoinGrace
 	}
 	if c.Host == "" {
 		h, err := os.Hostname()
@@ -150,6 +162,7 @@ type Keeper struct {
 	notify    chan struct{}
 	retireCh  chan struct{}                // closed by Retire
 	lastProbe map[string]coord.ServerState // the Run loop's alone
+	lastDown  time.Time                    // the last probe that found the store down, the Run loop's
 
 	mu      sync.Mutex
 	status  KeeperStatus
@@ -421,7 +434,18 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 	cancel()
 	k.stickHung(probes)
 	detail := probeSummary(probes)
-	switch coord.Judge(probes) {
+	verdict := coord.Judge(probes)
+	if verdict == coord.StoreDown {
+		k.lastDown = time.Now()
+	} else if !k.lastDown.IsZero() && time.Since(k.lastDown) < k.cfg.RejoinGrace {
+		// The store is back from an outage it had for everyone, and this node has not got
+		// its session back yet (it may have expired as the ensemble resumed): the masters
+		// wait --reregister-grace for nodes after an outage, so the workers run on while the
+		// node rejoins, for RejoinGrace at most.
+		k.setState(KeeperRejoining, detail, time.Now(), lease)
+		return
+	}
+	switch verdict {
 	case coord.StoreDown:
 		k.setState(KeeperStoreDown, detail, time.Now(), lease)
 	case coord.StoreSilent:
