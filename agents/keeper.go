@@ -442,12 +442,12 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 		// its session back yet (it may have expired as the ensemble resumed): the masters
 		// wait --reregister-grace for nodes after an outage, so the workers run on while the
 		// node rejoins, for RejoinGrace at most.
-		k.setState(KeeperRejoining, detail, time.Now(), lease)
+		k.setState(KeeperRejoining, detail, k.aheadStamp(), lease)
 		return
 	}
 	switch verdict {
 	case coord.StoreDown:
-		k.setState(KeeperStoreDown, detail, time.Now(), lease)
+		k.setState(KeeperStoreDown, detail, k.aheadStamp(), lease)
 	case coord.StoreSilent:
 		// Held back: run on for StoreSilence after the last answer, then lapse.
 		stamp := lastOK.Add(k.cfg.StoreSilence - k.cfg.SessionTimeout)
@@ -459,6 +459,13 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 		k.setState(KeeperDisconnected, detail, *lastOK, lease)
 	}
 }
+
+// aheadStamp is the stamp while nobody can move the node's workers (the store is down for
+// everyone, or back from that and the masters wait for nodes to re-register): a session
+// timeout ahead of now, so that a keeper starved of cpu for a moment (everything resumes at
+// once after an outage) does not let the leases lapse. At most twice the session timeout
+// from its last renewal, which stays below the masters' re-registration window.
+func (k *Keeper) aheadStamp() time.Time { return time.Now().Add(k.cfg.SessionTimeout) }
 
 // stickHung keeps a server that was seen hung (it accepted a connection and never answered)
 // hung while later probes time out connecting: a stopped or wedged process stops accepting,
