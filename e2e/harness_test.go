@@ -185,7 +185,9 @@ func (h *harness) portBase(id string) int {
 		h.ports = map[string]int{}
 	}
 	if _, ok := h.ports[id]; !ok {
-		h.ports[id] = 20000 + 50*len(h.ports) + 1000*(os.Getpid()%20)
+		// Below 32768, where Linux picks ephemeral ports: an outgoing connection never takes
+		// a port a worker is about to listen on.
+		h.ports[id] = 10000 + 50*len(h.ports) + 1000*(os.Getpid()%22)
 	}
 	return h.ports[id]
 }

@@ -63,6 +63,12 @@ func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
+	// The worker starts with SIGHUP ignored: a live change of its configuration is told with
+	// SIGHUP, and a worker that does not handle it (yet: one just starting, or one that never
+	// will) would otherwise die of it. A Go worker that calls signal.Notify for SIGHUP gets it
+	// (os/signal: a signal ignored at start is delivered once notified); others go on. The
+	// launcher catches it again once the worker runs.
+	signal.Ignore(syscall.SIGHUP)
 	// A shared lock on the lease for as long as the worker may run: the node's keeper knows
 	// every worker stopped once it can lock the node lease, which this lease is a link of.
 	if f, err := os.Open(cfg.Lease); err == nil {
@@ -79,7 +85,9 @@ func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	// A process group of its own, so that a lapsed lease can kill what the worker forked too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	err := cmd.Start()
+	signal.Notify(sigs, syscall.SIGHUP)
+	if err != nil {
 		return 0, fmt.Errorf("launch: %w", err)
 	}
 	begin := time.Now()

@@ -91,6 +91,9 @@ var _ isolation.Driver = (*Driver)(nil)
 type worker struct {
 	v    isolation.Worker
 	done chan struct{} // closed once v.Exit is set
+	// killed is set once the driver itself stops or SIGKILLs the container: its SIGKILL is
+	// then no OOM kill to look for.
+	killed bool
 }
 
 // New returns a driver for cfg.Client, after checking the engine answers.
@@ -274,14 +277,17 @@ func exitOf(s *container.State) isolation.Exit {
 
 // oomEvent asks the engine's event log whether the container was OOM-killed. The engine
 // sets State.OOMKilled from an event of its own that can come after the exit (cgroup v1,
-// engine 20.10): a SIGKILL without the flag is checked against the container's "oom"
-// events, waiting half a second for one still on its way.
+// engine 20.10): a SIGKILL nobody here sent is checked against the container's "oom"
+// events, waiting up to oomWait for one still on its way (the shim reads the kernel's oom
+// notification on its own schedule, late on a loaded machine). Only unexplained SIGKILLs pay
+// the wait; the exit is reported once the event came or the wait ran out.
 func (d *Driver) oomEvent(cid, startedAt string) bool {
+	const oomWait = 3 * time.Second
 	since := time.Now().Add(-time.Minute)
 	if t, err := time.Parse(time.RFC3339Nano, startedAt); err == nil {
 		since = t.Add(-time.Second)
 	}
-	until := time.Now().Add(500 * time.Millisecond)
+	until := time.Now().Add(oomWait)
 	ctx, cancel := context.WithDeadline(d.ctx, until.Add(2*time.Second))
 	defer cancel()
 	stamp := func(t time.Time) string { return fmt.Sprintf("%d.%09d", t.Unix(), t.Nanosecond()) }
@@ -351,7 +357,10 @@ func (d *Driver) waitExit(w *worker) {
 			continue
 		default:
 			ex = exitOf(info.State)
-			if ex.Signal == syscall.SIGKILL && !ex.OOMKilled {
+			d.mu.Lock()
+			killed := w.killed
+			d.mu.Unlock()
+			if ex.Signal == syscall.SIGKILL && !ex.OOMKilled && !killed {
 				ex.OOMKilled = d.oomEvent(cid, info.State.StartedAt)
 			}
 		}
@@ -388,6 +397,7 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) (isol
 	}
 	d.mu.Lock()
 	cid := w.v.ContainerID
+	w.killed = true
 	d.mu.Unlock()
 	select {
 	case <-w.done:
@@ -426,6 +436,9 @@ func (d *Driver) Signal(ctx context.Context, id string, sig syscall.Signal) erro
 	}
 	d.mu.Lock()
 	cid := w.v.ContainerID
+	if sig == syscall.SIGKILL {
+		w.killed = true
+	}
 	d.mu.Unlock()
 	if err := d.api.ContainerKill(ctx, cid, strconv.Itoa(int(sig))); err != nil {
 		if errdefs.IsNotFound(err) || errdefs.IsConflict(err) {
