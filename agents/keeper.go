@@ -84,8 +84,14 @@ type KeeperStatus struct {
 // lapsing.
 func (s KeeperStatus) canRun() bool {
 	switch s.State {
-	case KeeperLive, KeeperStoreDown, KeeperSilent:
+	case KeeperLive, KeeperStoreDown:
 		return s.Session != 0
+	case KeeperSilent:
+		// A silent keeper holds the stamp at the last answer: past it the leases have lapsed
+		// while the state stays silent, the master may run the workers elsewhere, and a worker
+		// restarted here would run twice until its launcher stops it (seen across hosts: a
+		// crashed worker's backoff ending during a partition).
+		return s.Session != 0 && time.Since(s.Stamp) < s.SessionTimeout.Std()
 	}
 	return false
 }
@@ -152,6 +158,9 @@ type Keeper struct {
 	mu      sync.Mutex
 	status  KeeperStatus
 	retired sync.Once
+	// writeMu serializes writes of keeper.json: its writers (the session's events, the lease
+	// loop, the record writer) share one temporary file.
+	writeMu sync.Mutex
 }
 
 // NewKeeper returns a keeper for the node, holding its entry in store (whose session timeout
@@ -396,6 +405,7 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 	_, err := k.store.Get(pctx, cluster.NodeKey(k.cfg.Node))
 	cancel()
 	if err == nil || errors.Is(err, coord.ErrNotFound) {
+		k.dropLostSession()
 		*lastOK = sent
 		k.setState(KeeperLive, "", sent, lease)
 		return
@@ -454,6 +464,26 @@ func (k *Keeper) setState(state, detail string, stamp time.Time, lease string) {
 	}
 }
 
+// dropLostSession clears the status's session when the store answers in another one (a new
+// session after expiry) than the node's entry was last written in: until the record writer
+// has written the entry in the new session (setSession), the status names none. Otherwise
+// the agent would read "live" with the lost session and act on an assignment the master
+// stamped with it before moving the node's workers elsewhere: restart them, twice.
+func (k *Keeper) dropLostSession() {
+	sid := k.store.SessionID()
+	k.mu.Lock()
+	lost := sid != 0 && k.status.Session != 0 && k.status.Session != sid
+	old := k.status.Session
+	if lost {
+		k.status.Session = 0
+	}
+	k.mu.Unlock()
+	if lost {
+		k.log.Info("node's session lost: registering in the new one", "lost", old, "session", sid)
+		k.writeStatus()
+	}
+}
+
 func (k *Keeper) setSession(id int64) {
 	k.mu.Lock()
 	changed := k.status.Session != id
@@ -466,7 +496,13 @@ func (k *Keeper) setSession(id int64) {
 }
 
 // writeStatus replaces keeper.json atomically.
+// Writers take turns, each writing the status as it is when its turn comes: unserialized,
+// two writers renamed one temporary file, the second failed, and keeper.json could keep an
+// older status (a registered node's without its session, for which its agent then waited in
+// vain).
 func (k *Keeper) writeStatus() {
+	k.writeMu.Lock()
+	defer k.writeMu.Unlock()
 	b, _ := json.Marshal(k.Status())
 	if err := writeFileAtomic(filepath.Join(k.cfg.StateDir, keeperStatusFile), b, 0o600); err != nil {
 		k.log.Warn("write keeper status", "err", err)
