@@ -35,7 +35,7 @@ type labCluster struct {
 	nodes   []labNode
 	spec    labSpec
 
-	mu      sync.Mutex
+	mu    sync.Mutex
 	hosts map[string]*netlab.Host // by process name: master-m1, agent-a1
 	apis  map[string]string       // master id -> API URL
 }
