@@ -68,9 +68,11 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
 	a = &Agent{cfg: cfg, registry: NewRegistry()}
+	// Not a itself: a failed return sets the result to nil before this runs.
+	built := a
 	defer func() {
 		if err != nil {
-			a.Close()
+			built.Close()
 		}
 	}()
 	dcfg := cfg.Drivers

@@ -59,9 +59,11 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		cfg.Logger = slog.Default()
 	}
 	m = &Master{cfg: cfg}
+	// Not m itself: a failed return sets the result to nil before this runs.
+	built := m
 	defer func() {
 		if err != nil {
-			m.Close()
+			built.Close()
 		}
 	}()
 	if m.ln, err = net.Listen("tcp", cfg.Listen); err != nil {

@@ -42,6 +42,7 @@ type fenceWatch struct {
 	violations []string
 	longest    time.Duration
 	longestKey string
+	longestAt  string // when, and the processes, for the report
 	samples    int
 }
 
@@ -89,6 +90,7 @@ func (w *fenceWatch) sample(procs map[string][]procWorker, now time.Time) {
 		d := now.Sub(first)
 		if d > w.longest {
 			w.longest, w.longestKey = d, k
+			w.longestAt = fmt.Sprintf("from %s: %v", first.Format("15:04:05.000"), ps)
 		}
 		if d > w.bound && !w.flagged[k] {
 			w.flagged[k] = true
@@ -114,6 +116,13 @@ func (w *fenceWatch) report() (violations []string, longest time.Duration, key s
 	return append([]string(nil), w.violations...), w.longest, w.longestKey, w.samples
 }
 
+// longestDetail says when the longest overlap began and which processes it was.
+func (w *fenceWatch) longestDetail() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.longestAt
+}
+
 // check fails the test for every overlap beyond the bound and logs the longest one.
 func (w *fenceWatch) check(t *testing.T) {
 	t.Helper()
@@ -124,7 +133,7 @@ func (w *fenceWatch) check(t *testing.T) {
 	for _, s := range v {
 		t.Error("ran twice beyond the fencing bound: " + s)
 	}
-	t.Logf("figure: %s: longest time a worker ran twice: %s (worker %q; bound %s; %d samples)", w.job, longest.Round(time.Millisecond), key, w.bound, samples)
+	t.Logf("figure: %s: longest time a worker ran twice: %s (worker %q; bound %s; %d samples) %s", w.job, longest.Round(time.Millisecond), key, w.bound, samples, w.longestDetail())
 }
 
 // cgroupStarts records every worker cgroup made under a node's cgroup parent (inotify): the
