@@ -421,4 +421,3 @@ func (r *chaosReport) String() string {
 	}
 	return b.String()
 }
-
