@@ -29,22 +29,20 @@ type externalKeeper struct {
 
 	pid  int
 	last KeeperStatus
-	mod  time.Time
 }
 
+// Status reads keeper.json each time: it is small, and a cache keyed on its modification
+// time missed updates, the kernel's file times being coarser than the keeper's writes (an
+// agent saw "live" without the session written 2ms later, waited for the session in vain
+// and gave up).
 func (e *externalKeeper) Status() KeeperStatus {
-	p := filepath.Join(e.dir, keeperStatusFile)
-	fi, err := os.Stat(p)
+	b, err := os.ReadFile(filepath.Join(e.dir, keeperStatusFile))
 	if err != nil {
 		return KeeperStatus{State: KeeperStarting}
 	}
-	if !fi.ModTime().Equal(e.mod) {
-		b, err := os.ReadFile(p)
-		var st KeeperStatus
-		if err == nil && json.Unmarshal(b, &st) == nil {
-			e.last, e.mod = st, fi.ModTime()
-			e.pid = st.PID
-		}
+	var st KeeperStatus
+	if json.Unmarshal(b, &st) == nil {
+		e.last, e.pid = st, st.PID
 	}
 	return e.last
 }
