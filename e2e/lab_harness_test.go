@@ -99,11 +99,7 @@ func newLabCluster(t *testing.T, spec labSpec) *labCluster {
 	h.init(spec.session)
 	lc.harness = h
 	if dir := os.Getenv("STORMDOCK_LAB_LOGS"); dir != "" {
-		t.Cleanup(func() {
-			if t.Failed() {
-				keepLogs(t, h.dir, filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")))
-			}
-		})
+		t.Cleanup(func() { keepLogs(t, h.dir, filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_"))) })
 	}
 
 	for _, id := range spec.masters {
@@ -388,8 +384,8 @@ func sweepDeadCgroups() {
 	}
 }
 
-// keepLogs copies the logs of a failed lab test's processes (theirs and their keepers') to
-// dir, for STORMDOCK_LAB_LOGS: the test's own directory goes with the test.
+// keepLogs copies the logs of a lab test's processes (theirs and their keepers') to dir, for
+// STORMDOCK_LAB_LOGS: the test's own directory goes with the test.
 func keepLogs(t testing.TB, from, dir string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Logf("keep logs: %v", err)
