@@ -28,6 +28,12 @@ type chaos struct {
 	fence    *fenceWatch
 	rep      *chaosReport
 	broken   bool
+
+	// The mirrored job, when the binary can run one across hosts (see needMirroredAcrossHosts).
+	mirror      *mirrorJob
+	sink        *sinkWatch
+	linkFence   *fenceWatch
+	routerFence *fenceWatch
 }
 
 // fault is one injected fault and how to heal it.
@@ -46,7 +52,7 @@ func (f *fault) String() string { return f.kind + " " + f.target }
 // faultKinds lists every fault the run injects, each a function returning nil when it has
 // nothing to act on now (or its target is claimed by another fault of the round).
 func (c *chaos) faultKinds() map[string]func(claimed map[string]bool) *fault {
-	return map[string]func(map[string]bool) *fault{
+	kinds := map[string]func(map[string]bool) *fault{
 		"cut-worker-host": c.cutWorkerHost,
 		"cut-dc":          c.cutDC,
 		"cut-master-host": c.cutMasterHost,
@@ -61,6 +67,12 @@ func (c *chaos) faultKinds() map[string]func(claimed map[string]bool) *fault {
 		"kill-worker":     func(cl map[string]bool) *fault { return c.signalWorker(cl, syscall.SIGKILL) },
 		"stop-worker":     func(cl map[string]bool) *fault { return c.signalWorker(cl, syscall.SIGSTOP) },
 	}
+	if c.mirror != nil {
+		kinds["kill-router"] = func(cl map[string]bool) *fault { return c.signalRouter(cl, syscall.SIGKILL) }
+		kinds["stop-router"] = func(cl map[string]bool) *fault { return c.signalRouter(cl, syscall.SIGSTOP) }
+		kinds["kill-link-worker"] = func(cl map[string]bool) *fault { return c.signalJobWorker(cl, c.mirror.name, syscall.SIGKILL) }
+	}
+	return kinds
 }
 
 // inject picks a fault kind at random and injects it; nil if none could be.
@@ -229,17 +241,25 @@ func (c *chaos) signalMaster(claimed map[string]bool, sig syscall.Signal) *fault
 }
 
 func (c *chaos) signalWorker(claimed map[string]bool, sig syscall.Signal) *fault {
-	ps := procsOf(c.job)
+	return c.signalJobWorker(claimed, c.job, sig)
+}
+
+func (c *chaos) signalRouter(claimed map[string]bool, sig syscall.Signal) *fault {
+	return c.signalJobWorker(claimed, c.mirror.name+routerJobSuffix, sig)
+}
+
+func (c *chaos) signalJobWorker(claimed map[string]bool, job string, sig syscall.Signal) *fault {
+	ps := procsOf(job)
 	if len(ps) == 0 {
 		return nil
 	}
 	k := pick(c.rng, keysOf(ps))
 	p := ps[k]
-	if !free(claimed, "worker "+k, p.node) {
+	if !free(claimed, job+"/"+k, p.node) {
 		return nil
 	}
 	_ = syscall.Kill(p.pid, sig)
-	f := &fault{target: fmt.Sprintf("%s/%s on %s", c.job, k, p.node), claims: []string{"worker " + k}, heal: func() error { return nil }}
+	f := &fault{target: fmt.Sprintf("%s/%s on %s", job, k, p.node), claims: []string{job + "/" + k}, heal: func() error { return nil }}
 	if sig == syscall.SIGSTOP {
 		f.heal = func() error {
 			err := syscall.Kill(p.pid, syscall.SIGCONT)
@@ -324,6 +344,7 @@ type chaosReport struct {
 	longestKey                 string
 	longestDetail              string
 	samples                    int
+	sink                       string
 	worstOutage                time.Duration
 	worstOutageRound           string
 	outages                    []time.Duration
@@ -412,6 +433,9 @@ func (r *chaosReport) String() string {
 		len(r.outages), medDown.Round(time.Millisecond), r.worstOutage.Round(time.Millisecond), r.worstOutageRound)
 	fmt.Fprintf(&b, "control plane (scale out by one and back): %d checks, worst %s\n", r.controlChecks, r.worstControl.Round(time.Millisecond))
 	fmt.Fprintf(&b, "longest a worker ran twice: %s (worker %q; fencing bound %s; %d samples of /proc) %s\n", r.longestTwice.Round(time.Millisecond), r.longestKey, r.bound, r.samples, r.longestDetail)
+	if r.sink != "" {
+		fmt.Fprintln(&b, r.sink)
+	}
 	for _, n := range keysOf(r.notes) {
 		fmt.Fprintf(&b, "note: %s (%d times)\n", n, r.notes[n])
 	}

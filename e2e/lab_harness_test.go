@@ -181,7 +181,11 @@ func (lc *labCluster) client(id string) *api.Client {
 	lc.mu.Lock()
 	url := lc.apis[id]
 	lc.mu.Unlock()
-	return lc.harness.client(url).WithDialer(lc.lab.DialContext)
+	cl := lc.harness.client(url)
+	if lc.lab == nil { // a cluster on this machine's own network
+		return cl
+	}
+	return cl.WithDialer(lc.lab.DialContext)
 }
 
 // anyMaster calls fn on each master in turn until one succeeds, retrying until the timeout:
