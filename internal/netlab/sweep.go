@@ -63,7 +63,7 @@ func owner(ns string) (pid int, start uint64, ok bool) {
 
 // Sweep removes the namespaces of labs whose run is over (a test binary killed before its
 // cleanup, a crashed chaos run), killing every process still inside them. Labs of runs still
-// going are left alone. New calls it; a script may too (`scripts/chaos --sweep`).
+// going are left alone. New calls it, so every lab starts by removing what killed runs left.
 func Sweep(ctx context.Context) error {
 	ents, err := os.ReadDir("/run/netns")
 	if errors.Is(err, os.ErrNotExist) {
