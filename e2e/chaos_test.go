@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -215,8 +216,8 @@ func (c *chaos) recover(what string) (time.Duration, bool) {
 		d := time.Since(start)
 		if d > c.recovery && !flagged {
 			flagged = true
-			c.violation(fmt.Sprintf("%s: %d of %d workers running once (%d with a process) %s after the heal, beyond the recovery bound %s",
-				what, len(ps), c.workers, len(all), d.Round(time.Millisecond), c.recovery))
+			c.violation(fmt.Sprintf("%s: %d of %d workers running once (%d with a process) %s after the heal, beyond the recovery bound %s%s",
+				what, len(ps), c.workers, len(all), d.Round(time.Millisecond), c.recovery, c.unplaced()))
 		}
 		if d > 5*c.recovery {
 			c.violation(fmt.Sprintf("%s: the cluster did not recover in %s: run stopped", what, d.Round(time.Second)))
@@ -225,6 +226,30 @@ func (c *chaos) recover(what string) (time.Duration, bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// unplaced says, for a violation's message, why the masters leave workers unplaced (their
+// API is asked only to explain, never to judge).
+func (c *chaos) unplaced() string {
+	for _, id := range c.lc.spec.masters {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		js, err := c.lc.client(id).Job(ctx, c.job)
+		cancel()
+		if err != nil {
+			continue
+		}
+		var why []string
+		for _, w := range js.Workers {
+			if w.State == "unplaced" {
+				why = append(why, fmt.Sprintf("worker %d: %s", w.Worker, w.Reason))
+			}
+		}
+		if len(why) > 0 {
+			return " (the master says: " + strings.Join(why, "; ") + ")"
+		}
+		return ""
+	}
+	return ""
 }
 
 // controlPlane checks that a master still places work: the job scaled out by one runs, and
