@@ -3,7 +3,6 @@ package netlab
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
 
@@ -49,9 +48,4 @@ func (l *Lab) AddHosts(t testing.TB, names ...string) []*Host {
 		out[i] = h
 	}
 	return out
-}
-
-// Dialer adapts the lab's DialContext to coord.Options.Dialer's shape.
-func (l *Lab) Dialer() func(network, addr string, timeout time.Duration) (net.Conn, error) {
-	return dialerOf(l.DialContext)
 }

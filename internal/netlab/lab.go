@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 )
 
 // ErrUnavailable is returned by New when this machine cannot build a lab: not root, or ip,
@@ -189,6 +190,11 @@ func (l *Lab) Prefix() string { return l.prefix }
 // cut: how the test process talks to what runs in the lab (its own network reaches none of it).
 func (l *Lab) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	return l.ctl.DialContext(ctx, network, addr)
+}
+
+// Dialer adapts the lab's DialContext to coord.Options.Dialer's shape.
+func (l *Lab) Dialer() func(network, addr string, timeout time.Duration) (net.Conn, error) {
+	return dialerOf(l.DialContext)
 }
 
 // Close kills every process left in the lab's namespaces and removes them, the bridge's last.
