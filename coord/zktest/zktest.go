@@ -1,6 +1,6 @@
 // Package zktest starts real ZooKeeper servers for tests: standalone servers and ensembles on
-// free loopback ports, from generated zoo.cfg files, killable, pausable and restartable on the
-// same ports and data directories.
+// free loopback ports or on hosts of a network lab, from generated zoo.cfg files, killable,
+// pausable and restartable on the same ports and data directories.
 package zktest
 
 import (
