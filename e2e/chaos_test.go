@@ -26,6 +26,7 @@ var (
 	chaosRecovery   = flag.Duration("chaos.recovery", 60*time.Second, "bound within which every desired worker must run again after a round's faults are healed")
 	chaosReportFile = flag.String("chaos.report", "", "also write TestChaos's report to this file")
 	chaosHold       = flag.Duration("chaos.hold", 6*time.Second, "longest a fault is held before it is healed (holds are random, from 500ms)")
+	chaosVouch      = flag.Bool("chaos.vouch", false, "after each heal, undrain every node the masters avoid for the job after a crash loop, as an operator who knows the faults were injected would")
 )
 
 func TestChaos(t *testing.T) {
@@ -140,6 +141,9 @@ func (c *chaos) round(n int) {
 			c.violation(fmt.Sprintf("round %d: healing %s: %v", n, f, err))
 		}
 	}
+	if *chaosVouch {
+		c.vouch()
+	}
 	took, ok := c.recover(fmt.Sprintf("round %d (%s)", n, strings.Join(names, " + ")))
 	if missing.IsZero() && took > 100*time.Millisecond {
 		missing = time.Now().Add(-took)
@@ -225,6 +229,30 @@ func (c *chaos) recover(what string) (time.Duration, bool) {
 			return d, false
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// vouch undrains every node that the masters avoid for the job after a crash loop (the
+// operator's way to vouch for a node again), and notes it in the report.
+func (c *chaos) vouch() {
+	for _, id := range c.lc.spec.masters {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		cl := c.lc.client(id)
+		ns, err := cl.Nodes(ctx)
+		if err != nil {
+			cancel()
+			continue
+		}
+		for _, n := range ns {
+			if slices.Contains(n.Avoid, c.job) {
+				if err := cl.DrainNode(ctx, n.ID, false); err == nil {
+					c.rep.note(fmt.Sprintf("node avoided for %s after a crash loop, undrained by the run (-chaos.vouch)", c.job))
+					c.t.Logf("chaos: node %s avoided for %s after a crash loop: undrained", n.ID, c.job)
+				}
+			}
+		}
+		cancel()
+		return
 	}
 }
 
