@@ -85,8 +85,14 @@ type KeeperStatus struct {
 // lapsing.
 func (s KeeperStatus) canRun() bool {
 	switch s.State {
-	case KeeperLive, KeeperStoreDown, KeeperSilent, KeeperRejoining:
+	case KeeperLive, KeeperStoreDown, KeeperRejoining:
 		return s.Session != 0
+	case KeeperSilent:
+		// A silent keeper holds the stamp at the last answer: past it the leases have lapsed
+		// while the state stays silent, the master may run the workers elsewhere, and a worker
+		// restarted here would run twice until its launcher stops it (seen across hosts: a
+		// crashed worker's backoff ending during a partition).
+		return s.Session != 0 && time.Since(s.Stamp) < s.SessionTimeout.Std()
 	}
 	return false
 }
@@ -416,6 +422,7 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 	_, err := k.store.Get(pctx, k.key)
 	cancel()
 	if err == nil || errors.Is(err, coord.ErrNotFound) {
+		k.dropLostSession()
 		*lastOK = sent
 		k.setState(KeeperLive, "", sent, lease)
 		return
@@ -509,6 +516,26 @@ func (k *Keeper) setState(state, detail string, stamp time.Time, lease string) {
 		k.writeStatus()
 	} else if state != KeeperLive {
 		k.writeStatus() // the agent reads the stamp
+	}
+}
+
+// dropLostSession clears the status's session when the store answers in another one (a new
+// session after expiry) than the node's entry was last written in: until the record writer
+// has written the entry in the new session (setSession), the status names none. Otherwise
+// the agent would read "live" with the lost session and act on an assignment the master
+// stamped with it before moving the node's workers elsewhere: restart them, twice.
+func (k *Keeper) dropLostSession() {
+	sid := k.store.SessionID()
+	k.mu.Lock()
+	lost := sid != 0 && k.status.Session != 0 && k.status.Session != sid
+	old := k.status.Session
+	if lost {
+		k.status.Session = 0
+	}
+	k.mu.Unlock()
+	if lost {
+		k.log.Info("node's session lost: registering in the new one", "lost", old, "session", sid)
+		k.writeStatus()
 	}
 }
 

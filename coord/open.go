@@ -182,8 +182,18 @@ func Open(ctx context.Context, rawURL string, opts Options) (Store, error) {
 		if opts.Credentials == "" {
 			opts.Credentials = t.Credentials
 		}
-		return OpenZK(ctx, t.Servers, t.Chroot, opts)
+		// A failed open returns a nil Store, not a Store holding a nil *ZK: callers test
+		// the result against nil (an agent that closed a nil *ZK crashed).
+		s, err := OpenZK(ctx, t.Servers, t.Chroot, opts)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
 	default:
-		return OpenEmbedded(t, opts)
+		s, err := OpenEmbedded(t, opts)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
 	}
 }

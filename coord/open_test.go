@@ -1,10 +1,13 @@
 package coord_test
 
 import (
+	"context"
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stormdock/stormdock/coord"
 )
@@ -113,4 +116,18 @@ func FuzzParseURL(f *testing.F) {
 			t.Fatalf("%q: round trip %+v -> %+v", in, tg, again)
 		}
 	})
+}
+
+// A store that cannot be opened is a nil Store, which a caller can test and skip closing.
+func TestOpenFailureIsNil(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	s, err := coord.Open(context.Background(), "zk://"+dead+"/x", coord.Options{SessionTimeout: time.Second, ConnectTimeout: 200 * time.Millisecond})
+	if err == nil || s != nil {
+		t.Fatalf("Open of a dead server = %#v, %v; want a nil Store and an error", s, err)
+	}
 }

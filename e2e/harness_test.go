@@ -62,6 +62,10 @@ type harness struct {
 	dir     string
 	session time.Duration
 	cgroup  string
+	// command, when set, makes the command of a process by its name (a lab cluster runs
+	// each in its host's network); dialer, when set, connects the test's own store client.
+	command func(name string, args []string) *exec.Cmd
+	dialer  func(network, addr string, timeout time.Duration) (net.Conn, error)
 
 	mu      sync.Mutex
 	masters map[string]*proc
@@ -104,7 +108,7 @@ func (h *harness) init(session time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := coord.Open(ctx, h.storeURL(), coord.Options{SessionTimeout: 4 * time.Second})
+	s, err := coord.Open(ctx, h.storeURL(), coord.Options{SessionTimeout: 4 * time.Second, Dialer: h.dialer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +131,9 @@ func (h *harness) start(name string, args ...string) *proc {
 		h.t.Fatal(err)
 	}
 	cmd := exec.Command(binary, args...)
+	if h.command != nil {
+		cmd = h.command(name, args)
+	}
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.Env = append(os.Environ(), "STORMDOCK_DATA="+filepath.Join(h.dir, "data"))
 	if err := cmd.Start(); err != nil {

@@ -25,24 +25,16 @@ type procWorker struct {
 // names). It maps "link/worker" (or "worker") to the processes running it.
 func workerProcs(job string) map[string][]procWorker {
 	out := map[string][]procWorker{}
-	ents, _ := os.ReadDir("/proc")
 	want := []byte("STORMDOCK_JOB=" + job + "\x00")
-	ours := []byte(testCgroup() + "/")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+	for _, pid := range cgroupPIDs(testCgroup()) {
+		name := strconv.Itoa(pid)
+		env, err := os.ReadFile(filepath.Join("/proc", name, "environ"))
 		if err != nil || !bytes.Contains(append(env, 0), want) {
-			continue
-		}
-		if cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup")); err != nil || !bytes.Contains(cg, ours) {
 			continue
 		}
 		// The lease launcher: `stormdock launch`, or the process driver's shim running it in
 		// place (`stormdock-shim BIN BIN launch ...`).
-		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		cmd, _ := os.ReadFile(filepath.Join("/proc", name, "cmdline"))
 		if args := bytes.Split(cmd, []byte{0}); len(args) > 1 && (string(args[1]) == "launch" || string(args[0]) == "stormdock-shim") {
 			continue
 		}
@@ -68,6 +60,31 @@ func workerProcs(job string) map[string][]procWorker {
 		out[key] = append(out[key], procWorker{pid: pid, node: node, cmd: describe(pid, cmd)})
 	}
 	return out
+}
+
+// cgroupPIDs lists the processes in a cgroup and the cgroups below it, from one hierarchy (the
+// memory controller's on cgroup v1, the unified one on v2): the workers of this test process's
+// clusters, found without reading every process of the machine, which on a busy machine costs
+// more than the test's own clusters do.
+func cgroupPIDs(parent string) []int {
+	root := "/sys/fs/cgroup"
+	if _, err := os.Stat("/sys/fs/cgroup/memory/cgroup.procs"); err == nil {
+		root = "/sys/fs/cgroup/memory"
+	}
+	var pids []int
+	_ = filepath.WalkDir(filepath.Join(root, parent), func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	return pids
 }
 
 // twiceWatch samples a job's worker processes until stopped and remembers every time a

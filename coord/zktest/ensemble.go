@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -81,17 +82,31 @@ func (e *Ensemble) WaitServing(ctx context.Context) error {
 
 func (e *Ensemble) waitServing(ctx context.Context, want int) error {
 	for {
+		// All at once: an unreachable server (a cut host) takes the whole timeout to say so,
+		// and must not delay seeing the others serve.
+		states := make([]string, len(e.servers))
+		ok := make([]bool, len(e.servers))
+		var wg sync.WaitGroup
+		for i, s := range e.servers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				actx, cancel := context.WithTimeout(ctx, time.Second)
+				defer cancel()
+				m, err := s.Mode(actx)
+				ok[i] = err == nil
+				if err == nil {
+					states[i] = fmt.Sprintf("%s: %s", s, m)
+				} else {
+					states[i] = fmt.Sprintf("%s: %v", s, err)
+				}
+			}()
+		}
+		wg.Wait()
 		serving := 0
-		var states []string
-		for _, s := range e.servers {
-			actx, cancel := context.WithTimeout(ctx, time.Second)
-			m, err := s.Mode(actx)
-			cancel()
-			if err == nil {
+		for _, o := range ok {
+			if o {
 				serving++
-				states = append(states, fmt.Sprintf("%s: %s", s, m))
-			} else {
-				states = append(states, fmt.Sprintf("%s: %v", s, err))
 			}
 		}
 		if serving >= want {

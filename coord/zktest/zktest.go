@@ -1,6 +1,6 @@
 // Package zktest starts real ZooKeeper servers for tests: standalone servers and ensembles on
-// free loopback ports, from generated zoo.cfg files, killable, pausable and restartable on the
-// same ports and data directories.
+// free loopback ports or on hosts of a network lab, from generated zoo.cfg files, killable,
+// pausable and restartable on the same ports and data directories.
 package zktest
 
 import (
@@ -31,7 +31,30 @@ type Options struct {
 	// StartTimeout bounds the wait for a server (and for an ensemble's quorum) to answer.
 	// Default 30s.
 	StartTimeout time.Duration
+	// Hosts runs server i on Hosts[i], a host of a network lab (internal/netlab), instead of
+	// on loopback ports of this machine: the server runs in the host's network and listens on
+	// its address with ZooKeeper's standard ports (client 2181, quorum 2888, election 3888).
+	// An ensemble needs one host per server.
+	Hosts []Host
+	// Dial connects the test to its servers (the four-letter words); nil: this machine's
+	// network. A lab's hosts are reached through the lab (netlab.Lab.DialContext).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
+
+// Host is a machine of a test network that a server can run on (netlab.Host is one).
+type Host interface {
+	// IP is the host's address, which the server listens on and advertises to its peers.
+	IP() string
+	// Command runs a program in the host's network.
+	Command(name string, args ...string) *exec.Cmd
+}
+
+// Standard ZooKeeper ports, used on lab hosts (each has an address of its own).
+const (
+	clientPort   = 2181
+	quorumPort   = 2888
+	electionPort = 3888
+)
 
 func (o Options) withDefaults(tick time.Duration) Options {
 	if o.TickTime <= 0 {
@@ -55,6 +78,7 @@ type Server struct {
 	id      int // myid in an ensemble, 0 for a standalone server
 	heap    string
 	opts    Options
+	host    Host // nil: this machine's loopback
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -78,18 +102,32 @@ func Start(t testing.TB, opts Options) *Server {
 func launch(t testing.TB, n int, opts Options, heap string) []*Server {
 	t.Helper()
 	script := testenv.ZKServerScript(t)
-	perServer := 1
-	if n > 1 {
-		perServer = 3 // client, quorum and election ports
+	// Each server's address and client, quorum and election ports.
+	type where struct {
+		ip                   string
+		client, quorum, elec int
 	}
-	ports, err := freePorts(n * perServer)
-	if err != nil {
-		t.Fatalf("zktest: free ports: %v", err)
+	at := make([]where, n)
+	if opts.Hosts != nil {
+		if len(opts.Hosts) != n {
+			t.Fatalf("zktest: %d servers on %d hosts: want one host per server", n, len(opts.Hosts))
+		}
+		for i, h := range opts.Hosts {
+			at[i] = where{h.IP(), clientPort, quorumPort, electionPort}
+		}
+	} else {
+		ports, err := freePorts(n * 3)
+		if err != nil {
+			t.Fatalf("zktest: free ports: %v", err)
+		}
+		for i := range at {
+			at[i] = where{"127.0.0.1", ports[3*i], ports[3*i+1], ports[3*i+2]}
+		}
 	}
 	var peers strings.Builder
 	if n > 1 {
-		for i := 0; i < n; i++ {
-			fmt.Fprintf(&peers, "server.%d=127.0.0.1:%d:%d\n", i+1, ports[3*i+1], ports[3*i+2])
+		for i, w := range at {
+			fmt.Fprintf(&peers, "server.%d=%s:%d:%d\n", i+1, w.ip, w.quorum, w.elec)
 		}
 	}
 	servers := make([]*Server, n)
@@ -101,14 +139,17 @@ func launch(t testing.TB, n int, opts Options, heap string) []*Server {
 			dir:     dir,
 			cfg:     filepath.Join(dir, "zoo.cfg"),
 			logFile: filepath.Join(dir, "server.out"),
-			addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[perServer*i])),
+			addr:    net.JoinHostPort(at[i].ip, strconv.Itoa(at[i].client)),
 			heap:    heap,
 			opts:    opts,
+		}
+		if opts.Hosts != nil {
+			s.host = opts.Hosts[i]
 		}
 		if n > 1 {
 			s.id = i + 1
 		}
-		if err := s.writeConfig(ports[perServer*i], peers.String()); err != nil {
+		if err := s.writeConfig(at[i].ip, at[i].client, peers.String()); err != nil {
 			t.Fatalf("zktest: %v", err)
 		}
 		// Registered after t.TempDir: cleanups run last-in first-out, so the JVM is dead
@@ -133,7 +174,7 @@ func launch(t testing.TB, n int, opts Options, heap string) []*Server {
 // server's log need not reach the disk before it answers (a killed JVM's writes still
 // survive in the page cache); on a loaded machine an fsync per write stalls the server long
 // enough to expire sessions.
-func (s *Server) writeConfig(clientPort int, peers string) error {
+func (s *Server) writeConfig(clientIP string, clientPort int, peers string) error {
 	data := filepath.Join(s.dir, "data")
 	if err := os.MkdirAll(data, 0o755); err != nil {
 		return err
@@ -148,12 +189,12 @@ initLimit=10
 syncLimit=5
 dataDir=%s
 clientPort=%d
-clientPortAddress=127.0.0.1
+clientPortAddress=%s
 admin.enableServer=false
 4lw.commands.whitelist=*
 maxClientCnxns=0
 forceSync=no
-%s`, s.opts.TickTime.Milliseconds(), data, clientPort, peers)
+%s`, s.opts.TickTime.Milliseconds(), data, clientPort, clientIP, peers)
 	if err := os.WriteFile(s.cfg, []byte(cfg), 0o644); err != nil {
 		return fmt.Errorf("write zoo.cfg: %w", err)
 	}
@@ -209,9 +250,13 @@ func (s *Server) spawn() error {
 	// The server runs at a higher CPU priority than the test's other processes, as it would on
 	// machines of its own: on a two-core machine running hundreds of workers, a starved JVM
 	// answers no pings and expires every session at once.
-	cmd := exec.Command(s.script, "start-foreground", s.cfg)
+	args := []string{s.script, "start-foreground", s.cfg}
 	if os.Geteuid() == 0 {
-		cmd = exec.Command("nice", "-n", "-10", s.script, "start-foreground", s.cfg)
+		args = append([]string{"nice", "-n", "-10"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	if s.host != nil {
+		cmd = s.host.Command(args[0], args[1:]...)
 	}
 	// JMX is not used and costs startup time and memory in every JVM.
 	cmd.Env = append(os.Environ(), "JMXDISABLE=true", "JVMFLAGS="+s.jvmFlags())
@@ -240,13 +285,13 @@ func (s *Server) waitUp() error {
 	if cmd == nil {
 		return fmt.Errorf("%s is not running", s)
 	}
-	check := ready
+	check := s.ready
 	if s.id != 0 {
-		check = alive
+		check = s.alive
 	}
 	deadline := time.Now().Add(s.opts.StartTimeout)
 	for {
-		err := check(s.addr)
+		err := check()
 		if err == nil {
 			return nil
 		}
@@ -343,7 +388,15 @@ func (s *Server) Running() bool {
 // Mode asks the server with srvr and returns its mode ("standalone", "leader", "follower",
 // ...); an error if it does not answer or does not serve (no quorum).
 func (s *Server) Mode(ctx context.Context) (string, error) {
-	return mode(ctx, s.addr)
+	return mode(ctx, s.opts.Dial, s.addr)
+}
+
+// Host is the lab host the server runs on, nil for loopback.
+func (s *Server) Host() Host { return s.host }
+
+// FourLetter sends a four-letter command to the server (through Options.Dial).
+func (s *Server) FourLetter(ctx context.Context, cmd string) (string, error) {
+	return fourLetter(ctx, s.opts.Dial, s.addr, cmd)
 }
 
 // Log returns everything the server wrote (all its runs), for tests that look for what the
@@ -355,8 +408,15 @@ func (s *Server) Log() string {
 
 // FourLetter sends a four-letter command ("ruok", "stat", "dump", ...) and returns the reply.
 func FourLetter(ctx context.Context, addr, cmd string) (string, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	return fourLetter(ctx, nil, addr, cmd)
+}
+
+func fourLetter(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), addr, cmd string) (string, error) {
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	c, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return "", err
 	}
@@ -396,8 +456,8 @@ func SessionLive(ctx context.Context, addr string, sid int64) (bool, error) {
 	return false, nil
 }
 
-func mode(ctx context.Context, addr string) (string, error) {
-	r, err := FourLetter(ctx, addr, "srvr")
+func mode(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), addr string) (string, error) {
+	r, err := fourLetter(ctx, dial, addr, "srvr")
 	if err != nil {
 		return "", err
 	}
@@ -410,10 +470,10 @@ func mode(ctx context.Context, addr string) (string, error) {
 }
 
 // alive checks that the server process answers imok (it does so before it serves).
-func alive(addr string) error {
+func (s *Server) alive() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	r, err := FourLetter(ctx, addr, "ruok")
+	r, err := s.FourLetter(ctx, "ruok")
 	if err != nil {
 		return err
 	}
@@ -424,13 +484,13 @@ func alive(addr string) error {
 }
 
 // ready checks that the server says imok and serves requests ("imok" comes earlier).
-func ready(addr string) error {
-	if err := alive(addr); err != nil {
+func (s *Server) ready() error {
+	if err := s.alive(); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_, err := mode(ctx, addr)
+	_, err := s.Mode(ctx)
 	return err
 }
 
