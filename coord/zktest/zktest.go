@@ -31,11 +31,24 @@ type Options struct {
 	// StartTimeout bounds the wait for a server (and for an ensemble's quorum) to answer.
 	// Default 30s.
 	StartTimeout time.Duration
+	// MaxClientCnxns caps connections from one client address (ZooKeeper's default is 60);
+	// 0 means no cap, which a benchmark that runs thousands of simulated agents in one
+	// process needs: each holds a session of its own.
+	MaxClientCnxns int
+	// Heap is the server's JVM heap ("256m", "2g"). Default 256m for a standalone server,
+	// 128m for an ensemble member.
+	Heap string
+	// SyncTxnLog makes the server sync its transaction log to disk before it answers, as a
+	// production server does (forceSync=yes). Off by default: see writeConfig.
+	SyncTxnLog bool
 }
 
-func (o Options) withDefaults(tick time.Duration) Options {
+func (o Options) withDefaults(tick time.Duration, heap string) Options {
 	if o.TickTime <= 0 {
 		o.TickTime = tick
+	}
+	if o.Heap == "" {
+		o.Heap = heap
 	}
 	if o.StartTimeout <= 0 {
 		o.StartTimeout = 30 * time.Second
@@ -65,9 +78,9 @@ type Server struct {
 // missing ZooKeeper skips the test, or fails it under CI=true (internal/testenv).
 func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
-	opts = opts.withDefaults(200 * time.Millisecond)
 	// 256 MiB: a standalone server holds a whole local cluster's state in e2e tests.
-	servers := launch(t, 1, opts, "256m")
+	opts = opts.withDefaults(200*time.Millisecond, "256m")
+	servers := launch(t, 1, opts)
 	return servers[0]
 }
 
@@ -75,7 +88,7 @@ func Start(t testing.TB, opts Options) *Server {
 // starts them all at once (members must find each other to elect a leader) and waits until
 // each answers: a standalone server must serve, an ensemble member only answer imok (it
 // serves once a quorum has formed; StartEnsemble waits for that).
-func launch(t testing.TB, n int, opts Options, heap string) []*Server {
+func launch(t testing.TB, n int, opts Options) []*Server {
 	t.Helper()
 	script := testenv.ZKServerScript(t)
 	perServer := 1
@@ -102,7 +115,7 @@ func launch(t testing.TB, n int, opts Options, heap string) []*Server {
 			cfg:     filepath.Join(dir, "zoo.cfg"),
 			logFile: filepath.Join(dir, "server.out"),
 			addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[perServer*i])),
-			heap:    heap,
+			heap:    opts.Heap,
 			opts:    opts,
 		}
 		if n > 1 {
@@ -143,6 +156,10 @@ func (s *Server) writeConfig(clientPort int, peers string) error {
 			return fmt.Errorf("write myid: %w", err)
 		}
 	}
+	forceSync := "no"
+	if s.opts.SyncTxnLog {
+		forceSync = "yes"
+	}
 	cfg := fmt.Sprintf(`tickTime=%d
 initLimit=10
 syncLimit=5
@@ -151,9 +168,9 @@ clientPort=%d
 clientPortAddress=127.0.0.1
 admin.enableServer=false
 4lw.commands.whitelist=*
-maxClientCnxns=0
-forceSync=no
-%s`, s.opts.TickTime.Milliseconds(), data, clientPort, peers)
+maxClientCnxns=%d
+forceSync=%s
+%s`, s.opts.TickTime.Milliseconds(), data, clientPort, max(s.opts.MaxClientCnxns, 0), forceSync, peers)
 	if err := os.WriteFile(s.cfg, []byte(cfg), 0o644); err != nil {
 		return fmt.Errorf("write zoo.cfg: %w", err)
 	}
