@@ -94,6 +94,8 @@ type Master struct {
 	// and the leader plans from them.
 	jobs, nodes, confs, assigns, tenants, dcs *mirror
 	wake                                      chan struct{}
+	vc                                        viewCache // records decoded by earlier views
+	reads                                     reads     // what the API answers from
 
 	mu     sync.Mutex
 	leader bool
@@ -134,6 +136,7 @@ func (m *Master) setLeader(v bool) {
 		m.metrics.leader.Set(1)
 	} else {
 		m.metrics.leader.Set(0)
+		m.unpublish()
 	}
 }
 

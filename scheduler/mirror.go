@@ -22,6 +22,9 @@ type mirror struct {
 
 	mu      sync.Mutex
 	entries map[string]coord.Entry
+	// gen grows with every change of entries: whoever keeps something made from them
+	// tells in O(1) whether it is still current.
+	gen uint64
 	ready   chan struct{} // closed once the first listing and its values are in
 	readied sync.Once
 	wg      sync.WaitGroup
@@ -60,6 +63,7 @@ func (m *mirror) run(ctx context.Context) error {
 		for name := range m.entries {
 			if !want[name] {
 				delete(m.entries, name) // also what vanished while a previous run was down
+				m.gen++
 			}
 		}
 		m.mu.Unlock()
@@ -116,6 +120,7 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 			} else {
 				delete(m.entries, name)
 			}
+			m.gen++
 			m.mu.Unlock()
 			if !once {
 				close(got)
@@ -132,6 +137,21 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 		}
 	}()
 	return nil
+}
+
+// generation returns the number of changes so far.
+func (m *mirror) generation() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.gen
+}
+
+// has reports whether the directory has the child name.
+func (m *mirror) has(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.entries[name]
+	return ok
 }
 
 // snapshot returns a copy of the entries by child name.

@@ -2,10 +2,12 @@ package scheduler
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"maps"
 	"reflect"
 	"slices"
+	"sync"
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
@@ -35,50 +37,196 @@ type nodeWorker struct {
 }
 
 func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry) *view {
-	v := &view{
-		dcs:      make(map[string]cluster.DCRecord, len(dcs)),
-		jobs:     make(map[string]jobEntry, len(jobs)),
-		routers:  map[string]cluster.JobRecord{},
-		nodes:    make(map[string]cluster.NodeRecord, len(nodes)),
-		sessions: make(map[string]int64, len(nodes)),
-		confs:    make(map[string]cluster.NodeConf, len(confs)),
-		statuses: map[cluster.WorkerKey]nodeWorker{},
-	}
+	v := newView(len(jobs), len(nodes), len(confs), len(dcs))
 	for name, e := range jobs {
-		var rec cluster.JobRecord
-		if err := json.Unmarshal(e.Value, &rec); err != nil || rec.Spec.Name != name {
+		if j, err := decodeJobEntry(name, e); err != nil {
 			log.Warn("ignoring unreadable job record", "job", name, "err", err)
-			continue
+		} else {
+			v.jobs[name] = j
 		}
-		v.jobs[name] = jobEntry{rec: rec, version: e.Version}
 	}
 	for id, e := range nodes {
-		var rec cluster.NodeRecord
-		if err := json.Unmarshal(e.Value, &rec); err != nil || rec.Node.ID != id {
+		if rec, err := decodeNodeEntry(id, e); err != nil {
 			log.Warn("ignoring unreadable node record", "node", id, "err", err)
-			continue
+		} else {
+			v.addNode(id, e.Owner, rec)
 		}
-		v.addNode(id, e.Owner, rec)
 	}
 	for name, e := range dcs {
-		var d cluster.DCRecord
-		if err := json.Unmarshal(e.Value, &d); err != nil || d.Name != name {
+		if d, err := decodeDCEntry(name, e); err != nil {
 			log.Warn("ignoring unreadable data-center record", "dc", name, "err", err)
-			continue
+		} else {
+			v.dcs[name] = d
 		}
-		v.dcs[name] = d
 	}
 	for id, e := range confs {
-		var c cluster.NodeConf
-		if len(e.Value) == 0 {
-			continue
-		}
-		if err := json.Unmarshal(e.Value, &c); err != nil {
+		if c, ok, err := decodeConfEntry(e); err != nil {
 			log.Warn("ignoring unreadable node settings", "node", id, "err", err)
-			continue
+		} else if ok {
+			v.confs[id] = c
 		}
-		v.confs[id] = c
 	}
+	return v
+}
+
+func newView(jobs, nodes, confs, dcs int) *view {
+	return &view{
+		dcs:      make(map[string]cluster.DCRecord, dcs),
+		jobs:     make(map[string]jobEntry, jobs),
+		routers:  map[string]cluster.JobRecord{},
+		nodes:    make(map[string]cluster.NodeRecord, nodes),
+		sessions: make(map[string]int64, nodes),
+		confs:    make(map[string]cluster.NodeConf, confs),
+		statuses: map[cluster.WorkerKey]nodeWorker{},
+	}
+}
+
+func decodeJobEntry(name string, e coord.Entry) (jobEntry, error) {
+	var rec cluster.JobRecord
+	if err := json.Unmarshal(e.Value, &rec); err != nil {
+		return jobEntry{}, err
+	}
+	if rec.Spec.Name != name {
+		return jobEntry{}, fmt.Errorf("record names job %q", rec.Spec.Name)
+	}
+	return jobEntry{rec: rec, version: e.Version}, nil
+}
+
+func decodeNodeEntry(id string, e coord.Entry) (cluster.NodeRecord, error) {
+	var rec cluster.NodeRecord
+	if err := json.Unmarshal(e.Value, &rec); err != nil {
+		return rec, err
+	}
+	if rec.Node.ID != id {
+		return rec, fmt.Errorf("record names node %q", rec.Node.ID)
+	}
+	return rec, nil
+}
+
+func decodeDCEntry(name string, e coord.Entry) (cluster.DCRecord, error) {
+	var d cluster.DCRecord
+	if err := json.Unmarshal(e.Value, &d); err != nil {
+		return d, err
+	}
+	if d.Name != name {
+		return d, fmt.Errorf("record names data center %q", d.Name)
+	}
+	return d, nil
+}
+
+// decodeConfEntry decodes a node's settings; ok is false for an empty entry.
+func decodeConfEntry(e coord.Entry) (c cluster.NodeConf, ok bool, err error) {
+	if len(e.Value) == 0 {
+		return c, false, nil
+	}
+	if err := json.Unmarshal(e.Value, &c); err != nil {
+		return c, false, err
+	}
+	return c, true, nil
+}
+
+// viewCache keeps every record the last view decoded, with the store revision it was
+// decoded at: a view decodes only the records written since. A node record is rewritten
+// with every memory reading; decoding ten thousand of them for every plan and every API
+// read was most of the master's cpu at that size.
+type viewCache struct {
+	mu    sync.Mutex
+	jobs  map[string]cached[jobEntry]
+	nodes map[string]cached[cluster.NodeRecord]
+	confs map[string]cached[cluster.NodeConf]
+	dcs   map[string]cached[cluster.DCRecord]
+	// assigns is for the API of a master that does not lead (see readState).
+	assigns map[string]cached[cluster.NodeAssignment]
+}
+
+// init makes the maps; mu is held.
+func (c *viewCache) init() {
+	if c.jobs == nil {
+		c.jobs, c.nodes = map[string]cached[jobEntry]{}, map[string]cached[cluster.NodeRecord]{}
+		c.confs, c.dcs = map[string]cached[cluster.NodeConf]{}, map[string]cached[cluster.DCRecord]{}
+		c.assigns = map[string]cached[cluster.NodeAssignment]{}
+	}
+}
+
+// decodeJob decodes a job record for the cache, logging one that does not decode.
+func (m *Master) decodeJob(name string, e coord.Entry) (jobEntry, bool) {
+	j, err := decodeJobEntry(name, e)
+	if err != nil {
+		m.log.Warn("ignoring unreadable job record", "job", name, "err", err)
+	}
+	return j, err == nil
+}
+
+// cached is one decoded record; ok is false for a record that did not decode (it is logged
+// once, when read).
+type cached[T any] struct {
+	rev, owner int64
+	v          T
+	ok         bool
+}
+
+// refresh brings c in line with entries, decoding only what is new or changed, and calls
+// use for every record that decodes.
+func refresh[T any](c map[string]cached[T], entries map[string]coord.Entry, decode func(string, coord.Entry) (T, bool), use func(string, int64, T)) {
+	for name := range c {
+		if _, ok := entries[name]; !ok {
+			delete(c, name)
+		}
+	}
+	for name, e := range entries {
+		d, ok := c[name]
+		if !ok || d.rev != e.ModRev || d.owner != e.Owner {
+			d = cached[T]{rev: e.ModRev, owner: e.Owner}
+			d.v, d.ok = decode(name, e)
+			c[name] = d
+		}
+		if d.ok {
+			use(name, d.owner, d.v)
+		}
+	}
+}
+
+// view returns the mirrors decoded, reusing the records decoded by earlier views.
+func (m *Master) view() *view {
+	c := &m.vc
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.init()
+	jobs, nodes, confs, dcs := m.jobs.snapshot(), m.nodes.snapshot(), m.confs.snapshot(), m.dcs.snapshot()
+	v := newView(len(jobs), len(nodes), len(confs), len(dcs))
+	workers := 0
+	refresh(c.jobs, jobs, m.decodeJob, func(name string, _ int64, j jobEntry) { v.jobs[name] = j })
+	var ids []string
+	refresh(c.nodes, nodes, func(id string, e coord.Entry) (cluster.NodeRecord, bool) {
+		rec, err := decodeNodeEntry(id, e)
+		if err != nil {
+			m.log.Warn("ignoring unreadable node record", "node", id, "err", err)
+		}
+		return rec, err == nil
+	}, func(id string, _ int64, rec cluster.NodeRecord) {
+		ids = append(ids, id)
+		workers += len(rec.Workers)
+	})
+	v.statuses, v.copies = make(map[cluster.WorkerKey]nodeWorker, workers), make([]nodeWorker, 0, workers)
+	for _, id := range ids {
+		d := c.nodes[id]
+		v.addNode(id, d.owner, d.v)
+	}
+	refresh(c.dcs, dcs, func(name string, e coord.Entry) (cluster.DCRecord, bool) {
+		d, err := decodeDCEntry(name, e)
+		if err != nil {
+			m.log.Warn("ignoring unreadable data-center record", "dc", name, "err", err)
+		}
+		return d, err == nil
+	}, func(name string, _ int64, d cluster.DCRecord) { v.dcs[name] = d })
+	refresh(c.confs, confs, func(id string, e coord.Entry) (cluster.NodeConf, bool) {
+		conf, ok, err := decodeConfEntry(e)
+		if err != nil {
+			m.log.Warn("ignoring unreadable node settings", "node", id, "err", err)
+		}
+		return conf, ok
+	}, func(id string, _ int64, conf cluster.NodeConf) { v.confs[id] = conf })
+	v.addRouters(m.cfg.RouterStore)
 	return v
 }
 
@@ -161,12 +309,6 @@ func (v *view) avoid() map[string][]string {
 	return out
 }
 
-// view decodes the mirrors.
-func (m *Master) view() *view {
-	v := decodeView(m.log, m.jobs.snapshot(), m.nodes.snapshot(), m.confs.snapshot(), m.dcs.snapshot())
-	v.addRouters(m.cfg.RouterStore)
-	return v
-}
 
 // nodeRelevant tells whether a node record changed in a way planning cares about: the
 // node, its health, or which workers it runs in which state. Memory readings, pids and
