@@ -24,7 +24,7 @@ type mirror struct {
 	entries map[string]coord.Entry
 	// gen grows with every change of entries: whoever keeps something made from them
 	// tells in O(1) whether it is still current.
-	gen uint64
+	gen     uint64
 	ready   chan struct{} // closed once the first listing and its values are in
 	readied sync.Once
 	wg      sync.WaitGroup

@@ -309,7 +309,6 @@ func (v *view) avoid() map[string][]string {
 	return out
 }
 
-
 // nodeRelevant tells whether a node record changed in a way planning cares about: the
 // node, its health, or which workers it runs in which state. Memory readings, pids and
 // timestamps change all the time and do not matter.
