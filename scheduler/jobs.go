@@ -23,8 +23,14 @@ func busy(err error, what string) error {
 }
 
 // tenantUsage reads, fresh from the store, what the tenant's jobs ask for, leaving out the
-// job named except (the one being scaled).
-func tenantUsage(ctx context.Context, s coord.KV, tenant, except string) (workers int, memory cluster.Bytes, err error) {
+// job named except (the one being scaled). A tenant without caps has no quota to check: its
+// usage is not read, which would cost a read of every job for every submission (minutes for
+// a thousand jobs).
+func tenantUsage(ctx context.Context, s coord.KV, t cluster.TenantRecord, except string) (workers int, memory cluster.Bytes, err error) {
+	if t.MaxWorkers <= 0 && t.MaxMemory <= 0 {
+		return 0, 0, nil
+	}
+	tenant := t.Name
 	names, err := s.Children(ctx, cluster.JobsKey)
 	if err != nil {
 		return 0, 0, fmt.Errorf("list jobs: %w", err)
@@ -120,7 +126,7 @@ func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin
 		if _, err := s.Get(ctx, jobKey); err == nil {
 			return fmt.Errorf("%w: job %q already exists: scale it with `stormdock job scale` or kill it first", api.ErrExists, spec.Name)
 		}
-		usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, "")
+		usedW, usedM, err := tenantUsage(ctx, s, t, "")
 		if err != nil {
 			return err
 		}
@@ -203,7 +209,7 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 		spec := rec.Spec
 		spec.Workers = workers
 		if workers > rec.Spec.Workers {
-			usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, name)
+			usedW, usedM, err := tenantUsage(ctx, s, t, name)
 			if err != nil {
 				return err
 			}

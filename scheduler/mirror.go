@@ -16,12 +16,14 @@ type mirror struct {
 	dir   string
 	store coord.Watcher
 	poke  func()
-	// relevant, when set, tells whether a changed value is worth a poke: node records
-	// change with every worker's memory reading, and planning does not care.
-	relevant func(old, new []byte) bool
+	// digest, when set, digests what of a value is worth a poke: node records change with
+	// every worker's memory reading, and planning does not care. Each entry's digest is
+	// kept, so that a change decodes only the new value.
+	digest func(value []byte) uint64
 
 	mu      sync.Mutex
 	entries map[string]coord.Entry
+	digests map[string]uint64 // with digest set
 	// gen grows with every change of entries: whoever keeps something made from them
 	// tells in O(1) whether it is still current.
 	gen     uint64
@@ -31,7 +33,7 @@ type mirror struct {
 }
 
 func newMirror(s coord.Watcher, dir string, poke func()) *mirror {
-	return &mirror{dir: dir, store: s, poke: poke, entries: map[string]coord.Entry{}, ready: make(chan struct{})}
+	return &mirror{dir: dir, store: s, poke: poke, entries: map[string]coord.Entry{}, digests: map[string]uint64{}, ready: make(chan struct{})}
 }
 
 // run watches until ctx is done; it returns once every watch goroutine has stopped.
@@ -63,6 +65,7 @@ func (m *mirror) run(ctx context.Context) error {
 		for name := range m.entries {
 			if !want[name] {
 				delete(m.entries, name) // also what vanished while a previous run was down
+				delete(m.digests, name)
 				m.gen++
 			}
 		}
@@ -109,16 +112,25 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 		defer m.wg.Done()
 		once := false
 		for ev := range ch {
+			var d uint64
+			if m.digest != nil && ev.Exists {
+				d = m.digest(ev.Entry.Value)
+			}
 			m.mu.Lock()
 			if ctx.Err() != nil {
 				m.mu.Unlock()
 				continue // the child is gone; run has dropped its entry
 			}
 			old, had := m.entries[name]
+			oldDigest := m.digests[name]
 			if ev.Exists {
 				m.entries[name] = ev.Entry
+				if m.digest != nil {
+					m.digests[name] = d
+				}
 			} else {
 				delete(m.entries, name)
+				delete(m.digests, name)
 			}
 			m.gen++
 			m.mu.Unlock()
@@ -128,7 +140,7 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 			}
 			// A re-created entry (a new session's) always matters: the master stamps the
 			// node's assignment with the session that now owns it.
-			if !had || !ev.Exists || m.relevant == nil || old.Owner != ev.Entry.Owner || m.relevant(old.Value, ev.Entry.Value) {
+			if !had || !ev.Exists || m.digest == nil || old.Owner != ev.Entry.Owner || oldDigest != d {
 				m.poke()
 			}
 		}

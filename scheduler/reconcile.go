@@ -234,15 +234,18 @@ func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssi
 		if a.Workers == nil {
 			a.Workers = []cluster.WorkerAssignment{}
 		}
+		st := r.assign[node]
+		if st.exists && unchanged(st.a, a) {
+			continue
+		}
 		val, err := json.Marshal(a)
 		if err != nil {
 			return 0, fmt.Errorf("scheduler: encode assignment of %s: %w", node, err)
 		}
-		st := r.assign[node]
 		if st.exists && bytes.Equal(st.raw, val) {
 			continue
 		}
-		changes = append(changes, change{node: node, value: val, fewer: len(a.Workers) < len(st.a.Workers)})
+		changes = append(changes, change{node: node, a: a, value: val, fewer: len(a.Workers) < len(st.a.Workers)})
 	}
 	slices.SortStableFunc(changes, func(x, y change) int {
 		switch {

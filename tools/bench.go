@@ -144,8 +144,8 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 		if p.Left > 0 {
 			fmt.Fprintf(w, "  %d of its %d workers not running elsewhere: %d reported unplaced by the master (no capacity)\n", p.Left, p.Workers, p.Unplaced)
 		}
-		fmt.Fprintf(w, "  master cpu %.1fs; ZooKeeper %.0f writes/s (%.0f under the chroot, %.0f KiB/s)", p.MasterCPU,
-			p.ZK.WritesPerSecond, p.ZK.NamespaceWritesPerSecond, p.ZK.NamespaceBytesPerSecond/1024)
+		fmt.Fprintf(w, "  master cpu %.1fs, %d reconciles of %.0fms on average; ZooKeeper %.0f write requests/s (%.0f writes under the chroot, %.0f KiB/s)",
+			p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ZK.WritesPerSecond, p.ZK.NamespaceWritesPerSecond, p.ZK.NamespaceBytesPerSecond/1024)
 		if p.What != "submit" {
 			fmt.Fprintf(w, "; other workers moved %d, restarted %d", p.OthersMoved, p.OthersRestarted)
 		}

@@ -107,6 +107,9 @@ type Phase struct {
 	OthersRestarted int     `json:"othersRestarted"`
 	MasterCPU       float64 `json:"masterCPUSeconds"`
 	ZK              Rates   `json:"zookeeper"`
+	// Reconciles the leader ran meanwhile, and their mean duration.
+	Reconciles      int     `json:"reconciles"`
+	ReconcileMeanMs float64 `json:"reconcileMeanMs"`
 }
 
 // Steady is the cluster left alone.
@@ -618,6 +621,9 @@ type sample struct {
 	at  time.Time
 	zk  zkSample
 	cpu time.Duration
+	// reconciles and reconcileSecs are the leader's reconcile count and total duration.
+	reconciles    int
+	reconcileSecs float64
 }
 
 func (r *run) mark(ctx context.Context) (sample, error) {
@@ -626,7 +632,8 @@ func (r *run) mark(ctx context.Context) (sample, error) {
 		return sample{}, fmt.Errorf("read ZooKeeper's counters: %w", err)
 	}
 	u, _ := procUsage(r.master.pid)
-	return sample{at: time.Now(), zk: z, cpu: u.cpu}, nil
+	n, secs := reconcileMetrics(ctx, r.master.url)
+	return sample{at: time.Now(), zk: z, cpu: u.cpu, reconciles: n, reconcileSecs: secs}, nil
 }
 
 // settle waits until keys are all assigned and acknowledged, and returns the phase's times.
@@ -680,8 +687,11 @@ func (r *run) settle(ctx context.Context, what string, start time.Time, keys []c
 	}
 	p.MasterCPU = round((after.cpu - before.cpu).Seconds(), 2)
 	p.ZK = rates(before.zk, after.zk)
-	r.logf("%s: %d workers assigned after %.2fs, acknowledged after %.2fs; master cpu %.1fs; ZooKeeper %.0f writes/s",
-		what, len(keys)-p.Left, p.Assigned, p.Acked, p.MasterCPU, p.ZK.WritesPerSecond)
+	if p.Reconciles = after.reconciles - before.reconciles; p.Reconciles > 0 {
+		p.ReconcileMeanMs = round((after.reconcileSecs-before.reconcileSecs)/float64(p.Reconciles)*1000, 1)
+	}
+	r.logf("%s: %d workers assigned after %.2fs, acknowledged after %.2fs; master cpu %.1fs, %d reconciles of %.0fms on average; ZooKeeper %.0f writes/s",
+		what, len(keys)-p.Left, p.Assigned, p.Acked, p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ZK.WritesPerSecond)
 	return p, nil
 }
 

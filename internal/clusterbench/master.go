@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,4 +171,32 @@ func procUsage(pid int) (usage, error) {
 	st, _ := strconv.ParseInt(f2[12], 10, 64)
 	u.cpu = time.Duration(ut+st) * 10 * time.Millisecond
 	return u, nil
+}
+
+// reconcileMetrics reads the leader's reconcile count and total duration from its /metrics.
+func reconcileMetrics(ctx context.Context, base string) (int, float64) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0, 0
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	var n int
+	var sum float64
+	s := bufio.NewScanner(resp.Body)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "stormdock_master_reconcile_duration_seconds_count "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			n = int(f)
+		}
+		if v, ok := strings.CutPrefix(s.Text(), "stormdock_master_reconcile_duration_seconds_sum "); ok {
+			sum, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return n, sum
 }
