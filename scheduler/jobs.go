@@ -97,6 +97,18 @@ func checkQuota(t cluster.TenantRecord, usedW int, usedM cluster.Bytes, spec *cl
 	return nil
 }
 
+// quotaOp is the transaction's guard on the tenant a job change was checked against. With
+// caps, the tenant's version is bumped, so that two changes cannot both pass the quota on
+// one reading of it; without caps there is no usage to count, and the record is only
+// checked unchanged (its caps not set meanwhile): submissions of one tenant then do not
+// conflict with each other, which made eight clients submitting at once fail with busy.
+func quotaOp(t cluster.TenantRecord, key string, e coord.Entry) coord.Op {
+	if t.MaxWorkers <= 0 && t.MaxMemory <= 0 {
+		return coord.CheckOp(key, e.Version)
+	}
+	return coord.PutOp(key, e.Value, e.Version)
+}
+
 // SubmitJob stores a new job after checking its tenant's quota. The tenant record's
 // version is bumped in the same transaction, so two submits for one tenant cannot both
 // pass the quota on the same reading.
@@ -143,9 +155,7 @@ func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin
 		val, _ := json.Marshal(rec)
 		// A conflict on the tenant (another submit or scale counted its quota meanwhile)
 		// makes Retry read everything again.
-		_, err = s.Txn(ctx,
-			coord.PutOp(tenantKey, te.Value, te.Version),
-			coord.CreateOp(jobKey, val, coord.Persistent))
+		_, err = s.Txn(ctx, quotaOp(t, tenantKey, te), coord.CreateOp(jobKey, val, coord.Persistent))
 		switch {
 		case err == nil:
 			return nil
@@ -230,9 +240,7 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 		if err != nil {
 			return err
 		}
-		_, err = s.Txn(ctx,
-			coord.PutOp(tenantKey, te.Value, te.Version),
-			coord.PutOp(jobKey, val, je.Version))
+		_, err = s.Txn(ctx, quotaOp(t, tenantKey, te), coord.PutOp(jobKey, val, je.Version))
 		if errors.Is(err, coord.ErrNotFound) {
 			// The job or its tenant went since the read: the next read says which.
 			err = fmt.Errorf("%w: %w", coord.ErrConflict, err)
