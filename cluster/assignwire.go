@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 )
 
 // A node's assignment goes to the store in a compact form: the workers of one job differ
@@ -59,25 +60,27 @@ func (a NodeAssignment) MarshalJSON() ([]byte, error) {
 		out.Workers = make([]workerRef, 0, len(a.Workers))
 	}
 	index := map[string]int{}
-	var last []byte // the previous worker's template: workers of one job are usually adjacent
-	lastIdx := -1
+	lastIdx := -1 // the previous worker's template: workers of one job are usually adjacent
 	for _, w := range a.Workers {
 		t := template{workerFields: workerFields(w)}
 		t.workerFields.Key = WorkerKey{}
+		// Workers of one job share their maps and slices: comparing them costs little,
+		// and spares encoding each worker's template.
+		if lastIdx >= 0 && reflect.DeepEqual(out.Templates[lastIdx].workerFields, t.workerFields) {
+			out.Workers = append(out.Workers, workerRef{Key: w.Key, T: lastIdx})
+			continue
+		}
 		b, err := json.Marshal(t)
 		if err != nil {
 			return nil, fmt.Errorf("encode worker %s: %w", w.Key, err)
 		}
-		i := lastIdx
-		if lastIdx < 0 || string(b) != string(last) {
-			var ok bool
-			if i, ok = index[string(b)]; !ok {
-				i = len(out.Templates)
-				index[string(b)] = i
-				out.Templates = append(out.Templates, t)
-			}
-			last, lastIdx = b, i
+		i, ok := index[string(b)]
+		if !ok {
+			i = len(out.Templates)
+			index[string(b)] = i
+			out.Templates = append(out.Templates, t)
 		}
+		lastIdx = i
 		out.Workers = append(out.Workers, workerRef{Key: w.Key, T: i})
 	}
 	return json.Marshal(out)

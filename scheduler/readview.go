@@ -162,14 +162,20 @@ func (m *Master) decodedAssigns() map[string]cluster.NodeAssignment {
 }
 
 // currentJobs returns the job records as the store has them now (an API read sees a job
-// the moment it is submitted, not one reconcile later), decoded once per version.
+// the moment it is submitted, not one reconcile later), decoded once per version. The map
+// is shared until the jobs change: callers must not modify it.
 func (m *Master) currentJobs() map[string]jobEntry {
 	c := &m.vc
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.init()
+	gen := m.jobs.generation()
+	if c.current != nil && c.currentGen == gen {
+		return c.current
+	}
 	entries := m.jobs.snapshot()
 	out := make(map[string]jobEntry, len(entries))
 	refresh(c.jobs, entries, m.decodeJob, func(name string, _ int64, j jobEntry) { out[name] = j })
+	c.current, c.currentGen = out, gen
 	return out
 }

@@ -138,6 +138,9 @@ type viewCache struct {
 	dcs   map[string]cached[cluster.DCRecord]
 	// assigns is for the API of a master that does not lead (see readState).
 	assigns map[string]cached[cluster.NodeAssignment]
+	// current is the jobs as of the jobs mirror's generation currentGen (currentJobs).
+	current    map[string]jobEntry
+	currentGen uint64
 }
 
 // init makes the maps; mu is held.
