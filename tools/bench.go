@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -77,6 +78,7 @@ var BenchCommand = &cli.Command{
 			&cli.DurationFlag{Name: "settle", Usage: "how long each phase may take before the run reports what is left", Value: 5 * time.Minute},
 			&cli.StringFlag{Name: "master", Usage: "run the master as a `process` of its own (its memory and cpu alone) or in-process", Value: "process"},
 			&cli.BoolFlag{Name: "no-dc-loss", Usage: "skip the loss of a data center"},
+			&cli.StringFlag{Name: "log", Usage: "write the simulated agents' and their store clients' warnings to `FILE` (sessions lost, writes failed)"},
 			&cli.Uint64Flag{Name: "seed", Usage: "random seed for the jobs", Value: 1},
 			outputFlag,
 		},
@@ -113,6 +115,14 @@ func runBenchCluster(c *cli.Context) error {
 	}
 	if cfg.Churn < 0 || cfg.Churn > 1 {
 		return cli.Exit(cmd+": --churn must be between 0 and 1", 2)
+	}
+	if f := c.String("log"); f != "" {
+		lf, err := os.Create(f)
+		if err != nil {
+			return cli.Exit(fmt.Sprintf("%s: --log: %v", cmd, err), 2)
+		}
+		defer lf.Close()
+		cfg.Logger = slog.New(slog.NewTextHandler(lf, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	if err := clusterbench.Check(cfg); err != nil {
 		return cli.Exit(cmd+": "+strings.ReplaceAll(err.Error(), "\n", "\n"+cmd+": "), 2)
@@ -167,6 +177,10 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 		phase(*r.DC)
 	}
 	fmt.Fprintf(w, "master: peak RSS %s, cpu %.1fs over the run (%.0fs)\n", mib(r.MasterPeakRSS), r.MasterCPU, r.Total)
+	if r.AgentSessionsExpired > 0 {
+		fmt.Fprintf(w, "WARNING: %d simulated agents' sessions expired during the run: this machine could not hold %d agents; nodes came and went\n",
+			r.AgentSessionsExpired, r.Nodes)
+	}
 }
 
 func runBenchPlacement(c *cli.Context) error {

@@ -32,8 +32,9 @@ import (
 const (
 	DefaultHeartbeat = time.Second
 	// DefaultBufferSize is each simulated agent's ZooKeeper client buffer: its assignment and
-	// its record must fit (compact assignments of a few jobs take a few KiB).
-	DefaultBufferSize = 256 << 10
+	// its record must fit (a node's compact assignment of 16 workers is about 2 KiB). Ten
+	// thousand agents hold two buffers each.
+	DefaultBufferSize = 32 << 10
 	// memoryQuantum is the step of a worker's memory reading, as the real agent rounds it.
 	memoryQuantum = 4 << 20
 )
@@ -110,10 +111,13 @@ type Agent struct {
 
 // Status is what an agent has done so far.
 type Status struct {
-	Session  int64 // the session its entry was last written under
-	Writes   int   // record writes
-	Running  int   // workers it runs
-	Stamped  int64 // the session of the assignment it last acted on
+	Session int64 // the session its entry was last written under
+	Writes  int   // record writes
+	Running int   // workers it runs
+	Stamped int64 // the session of the assignment it last acted on
+	// Expired counts sessions the agent lost to expiry (its process too slow to keep them,
+	// or cut off): a simulated agent never loses one otherwise.
+	Expired  int
 	LastErr  string
 	Register time.Duration // from Start to its entry's first write
 }
@@ -218,6 +222,11 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 		case ev, ok := <-sessions:
 			if !ok {
 				return
+			}
+			if ev.Type == coord.SessionExpired {
+				a.mu.Lock()
+				a.status.Expired++
+				a.mu.Unlock()
 			}
 			if ev.Type == coord.SessionNew {
 				// The store client re-created the entry under the new session with the

@@ -85,6 +85,11 @@ type Report struct {
 	Rack   Phase  `json:"rackLoss"`
 	DC     *Phase `json:"dcLoss,omitempty"`
 
+	// AgentSessionsExpired counts simulated agents' sessions that expired over the run
+	// (the bench process too slow to keep them): not 0 means the machine could not hold
+	// this many agents, and the figures are of a cluster whose nodes came and went.
+	AgentSessionsExpired int `json:"agentSessionsExpired"`
+
 	MasterPeakRSS int64   `json:"masterPeakRSSBytes"`
 	MasterCPU     float64 `json:"masterCPUSeconds"`
 	Total         float64 `json:"totalSeconds"`
@@ -302,6 +307,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if u, err := procUsage(r.master.pid); err == nil {
 		r.rep.MasterPeakRSS, r.rep.MasterCPU = u.peakRSS, round(u.cpu.Seconds(), 2)
 	}
+	r.rep.AgentSessionsExpired += r.expired()
 	r.rep.Total = round(time.Since(began).Seconds(), 1)
 	return r.rep, nil
 }
@@ -595,6 +601,9 @@ func (r *run) lose(ctx context.Context, what string, in func(cluster.Node) bool)
 	r.logf("losing %s: %d nodes, %d workers", what, len(ids), len(moved))
 	start := time.Now()
 	r.tr.kill(ids)
+	for _, a := range gone {
+		r.rep.AgentSessionsExpired += a.Status().Expired
+	}
 	_ = parallel(ctx, len(gone), 64, func(i int) error { return gone[i].Close() })
 	p, err := r.settle(ctx, what, start, moved, before)
 	if err != nil {
@@ -672,7 +681,7 @@ func (r *run) settle(ctx context.Context, what string, start time.Time, keys []c
 			break
 		}
 		if time.Since(lastLog) > 5*time.Second {
-			r.logf("%s: %d/%d assigned, %d acknowledged", what, assigned, len(keys), acked)
+			r.logf("%s: %d/%d assigned, %d acknowledged; agent sessions expired so far: %d", what, assigned, len(keys), acked, r.rep.AgentSessionsExpired+r.expired())
 			lastLog = time.Now()
 		}
 		select {
@@ -716,6 +725,17 @@ func (r *run) until(ctx context.Context, what string, cond func() (bool, error))
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// expired counts the live agents' expired sessions.
+func (r *run) expired() int {
+	r.agentMu.Lock()
+	defer r.agentMu.Unlock()
+	n := 0
+	for _, a := range r.agents {
+		n += a.Status().Expired
+	}
+	return n
 }
 
 func (r *run) agentWrites() int {
