@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -181,14 +183,23 @@ func (m *Master) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
 func (m *Master) listJobs(w http.ResponseWriter, r *http.Request) {
 	p := principalOf(r.Context())
 	st := m.readState()
-	jobs := m.currentJobs()
-	out := []api.JobSummary{}
-	for _, name := range slices.Sorted(maps.Keys(jobs)) {
-		if mayUse(p, jobs[name].rec.Spec.Tenant) == nil {
-			out = append(out, st.summary(jobs[name]))
+	jobs, gen := m.currentJobsGen()
+	body := st.list(p, gen, func() []byte {
+		out := []api.JobSummary{}
+		for _, name := range slices.Sorted(maps.Keys(jobs)) {
+			if mayUse(p, jobs[name].rec.Spec.Tenant) == nil {
+				out = append(out, st.summary(jobs[name]))
+			}
 		}
-	}
-	reply(w, http.StatusOK, out)
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(out)
+		return b.Bytes()
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
 }
 
 // getJob answers a job's status; with ?workers=false only its record and summary, which is

@@ -39,6 +39,14 @@ type readState struct {
 
 	mu        sync.Mutex
 	summaries map[string]cachedSummary
+	// lists caches `job list` as each viewer got it, for the jobs of one generation: ten
+	// clients polling a thousand jobs would otherwise encode the same list over and over.
+	lists map[principal]cachedList
+}
+
+type cachedList struct {
+	jobs uint64 // the jobs mirror's generation it was made from
+	body []byte
 }
 
 // cachedSummary is a job's summary made from its record at version.
@@ -96,6 +104,25 @@ func (st *readState) summary(j jobEntry) api.JobSummary {
 	st.summaries[name] = cachedSummary{version: j.version, s: s}
 	st.mu.Unlock()
 	return s
+}
+
+// list returns the encoded `job list` of p for the jobs of generation gen, making it with
+// make when this state has none.
+func (st *readState) list(p principal, gen uint64, make func() []byte) []byte {
+	st.mu.Lock()
+	if c, ok := st.lists[p]; ok && c.jobs == gen {
+		st.mu.Unlock()
+		return c.body
+	}
+	st.mu.Unlock()
+	body := make()
+	st.mu.Lock()
+	if st.lists == nil {
+		st.lists = map[principal]cachedList{}
+	}
+	st.lists[p] = cachedList{jobs: gen, body: body}
+	st.mu.Unlock()
+	return body
 }
 
 // reads is the master's read states.
@@ -165,17 +192,23 @@ func (m *Master) decodedAssigns() map[string]cluster.NodeAssignment {
 // the moment it is submitted, not one reconcile later), decoded once per version. The map
 // is shared until the jobs change: callers must not modify it.
 func (m *Master) currentJobs() map[string]jobEntry {
+	jobs, _ := m.currentJobsGen()
+	return jobs
+}
+
+// currentJobsGen is currentJobs with the generation of the jobs mirror it is of.
+func (m *Master) currentJobsGen() (map[string]jobEntry, uint64) {
 	c := &m.vc
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.init()
 	gen := m.jobs.generation()
 	if c.current != nil && c.currentGen == gen {
-		return c.current
+		return c.current, gen
 	}
 	entries := m.jobs.snapshot()
 	out := make(map[string]jobEntry, len(entries))
 	refresh(c.jobs, entries, m.decodeJob, func(name string, _ int64, j jobEntry) { out[name] = j })
 	c.current, c.currentGen = out, gen
-	return out
+	return out, gen
 }
