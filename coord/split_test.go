@@ -84,3 +84,81 @@ func TestZKBufferSize(t *testing.T) {
 		t.Fatal("a 128 KiB value went through 64 KiB buffers")
 	}
 }
+
+// TestWatchFunc: both stores hand a key's states to a function as Watch sends them, and
+// call done once the watch ends.
+func TestWatchFunc(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(30*time.Second))
+	defer cancel()
+	open := map[string]func(t *testing.T) coord.Store{
+		"embedded": func(t *testing.T) coord.Store {
+			srv, err := coord.NewServer(coord.ServerOptions{Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Close() })
+			s, err := srv.Connect(coord.Options{SessionTimeout: -1, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		"zk": func(t *testing.T) coord.Store {
+			addr := testenv.ZKAddr(t)
+			chroot := uniqueChroot(t, "stormdock-test")
+			t.Cleanup(func() { cleanupZK(t, addr, chroot) })
+			s, err := coord.Open(ctx, "zk://"+addr+chroot, coord.Options{Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	}
+	for name, mk := range open {
+		t.Run(name, func(t *testing.T) {
+			s := mk(t)
+			defer s.Close()
+			fw, ok := s.(coord.FuncWatcher)
+			if !ok {
+				t.Fatalf("%T is not a FuncWatcher", s)
+			}
+			evs := make(chan coord.Event, 16)
+			ended := make(chan struct{})
+			wctx, stop := context.WithCancel(ctx)
+			if err := fw.WatchFunc(wctx, "/w/k", func(ev coord.Event) { evs <- ev }, func() { close(ended) }); err != nil {
+				t.Fatal(err)
+			}
+			next := func(what string) coord.Event {
+				t.Helper()
+				select {
+				case ev := <-evs:
+					return ev
+				case <-ctx.Done():
+					t.Fatalf("no event: %s", what)
+				}
+				return coord.Event{}
+			}
+			if ev := next("initial"); ev.Exists {
+				t.Fatalf("initial event %+v, want missing", ev)
+			}
+			if _, err := s.Put(ctx, "/w/k", []byte("v1"), coord.AnyVersion); err != nil {
+				t.Fatal(err)
+			}
+			if ev := next("created"); !ev.Exists || string(ev.Entry.Value) != "v1" {
+				t.Fatalf("after put: %+v", ev)
+			}
+			if err := s.Delete(ctx, "/w/k", coord.AnyVersion); err != nil {
+				t.Fatal(err)
+			}
+			if ev := next("deleted"); ev.Exists {
+				t.Fatalf("after delete: %+v", ev)
+			}
+			stop()
+			select {
+			case <-ended:
+			case <-ctx.Done():
+				t.Fatal("done not called after the watch's context ended")
+			}
+		})
+	}
+}

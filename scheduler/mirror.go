@@ -103,49 +103,66 @@ func (m *mirror) run(ctx context.Context) error {
 }
 
 func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) error {
-	ch, err := m.store.Watch(ctx, path.Join(m.dir, name))
+	key := path.Join(m.dir, name)
+	once := false
+	handle := func(ev coord.Event) {
+		var d uint64
+		if m.digest != nil && ev.Exists {
+			d = m.digest(ev.Entry.Value)
+		}
+		m.mu.Lock()
+		if ctx.Err() != nil {
+			m.mu.Unlock()
+			return // the child is gone; run has dropped its entry
+		}
+		old, had := m.entries[name]
+		oldDigest := m.digests[name]
+		if ev.Exists {
+			m.entries[name] = ev.Entry
+			if m.digest != nil {
+				m.digests[name] = d
+			}
+		} else {
+			delete(m.entries, name)
+			delete(m.digests, name)
+		}
+		m.gen++
+		m.mu.Unlock()
+		if !once {
+			close(got)
+			once = true
+		}
+		// A re-created entry (a new session's) always matters: the master stamps the
+		// node's assignment with the session that now owns it.
+		if !had || !ev.Exists || m.digest == nil || old.Owner != ev.Entry.Owner || oldDigest != d {
+			m.poke()
+		}
+	}
+	finish := func() {
+		if !once {
+			close(got)
+		}
+		m.wg.Done()
+	}
+	// A store that hands states to a function spares a goroutine per child: two per node
+	// of ten thousand were a fifth of the master's memory.
+	if fw, ok := m.store.(coord.FuncWatcher); ok {
+		m.wg.Add(1)
+		if err := fw.WatchFunc(ctx, key, handle, finish); err != nil {
+			m.wg.Done()
+			return err
+		}
+		return nil
+	}
+	ch, err := m.store.Watch(ctx, key)
 	if err != nil {
 		return err
 	}
 	m.wg.Add(1)
 	go func() {
-		defer m.wg.Done()
-		once := false
+		defer finish()
 		for ev := range ch {
-			var d uint64
-			if m.digest != nil && ev.Exists {
-				d = m.digest(ev.Entry.Value)
-			}
-			m.mu.Lock()
-			if ctx.Err() != nil {
-				m.mu.Unlock()
-				continue // the child is gone; run has dropped its entry
-			}
-			old, had := m.entries[name]
-			oldDigest := m.digests[name]
-			if ev.Exists {
-				m.entries[name] = ev.Entry
-				if m.digest != nil {
-					m.digests[name] = d
-				}
-			} else {
-				delete(m.entries, name)
-				delete(m.digests, name)
-			}
-			m.gen++
-			m.mu.Unlock()
-			if !once {
-				close(got)
-				once = true
-			}
-			// A re-created entry (a new session's) always matters: the master stamps the
-			// node's assignment with the session that now owns it.
-			if !had || !ev.Exists || m.digest == nil || old.Owner != ev.Entry.Owner || oldDigest != d {
-				m.poke()
-			}
-		}
-		if !once {
-			close(got)
+			handle(ev)
 		}
 	}()
 	return nil
