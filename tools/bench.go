@@ -144,7 +144,7 @@ func runBenchCluster(c *cli.Context) error {
 func printClusterReport(w io.Writer, r *clusterbench.Report) {
 	fmt.Fprintf(w, "cluster: %d nodes (%d dcs x %d racks, %d slots each), %d jobs, %d workers; master %s\n",
 		r.Nodes, r.DCs, r.Racks, r.Slots, r.Jobs, r.Workers, r.Master)
-	fmt.Fprintf(w, "agents: %s; registered in %.1fs; bench process peak RSS %s\n", r.Hosting, r.Register, mib(r.BenchRSS))
+	fmt.Fprintf(w, "agents: %s; registered in %.1fs; bench process peak RSS %s, cpu %.0fs over the run\n", r.Hosting, r.Register, mib(r.BenchRSS), r.BenchCPU)
 	phase := func(p clusterbench.Phase) {
 		fmt.Fprintf(w, "%s: %d workers assigned after %.2fs, acknowledged running after %.2fs", p.What, p.Workers-p.Left, p.Assigned, p.Acked)
 		if p.Acked > 0 {

@@ -69,8 +69,11 @@ type Report struct {
 	Hosting string `json:"hosting"`
 	// Register is from the first agent's start to every node registered; AgentsRSS the bench
 	// process's resident memory high-water mark after it (agents and, in process, master).
-	Register  float64 `json:"registerSeconds"`
-	BenchRSS  int64   `json:"benchPeakRSSBytes"`
+	Register float64 `json:"registerSeconds"`
+	BenchRSS int64   `json:"benchPeakRSSBytes"`
+	// BenchCPU is the bench process's cpu seconds over the run: the agents' (and, in
+	// process, the master's).
+	BenchCPU  float64 `json:"benchCPUSeconds"`
 	Heartbeat float64 `json:"heartbeatSeconds"`
 
 	Submit Phase `json:"submit"`
@@ -308,6 +311,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		r.rep.MasterPeakRSS, r.rep.MasterCPU = u.peakRSS, round(u.cpu.Seconds(), 2)
 	}
 	r.rep.AgentSessionsExpired += r.expired()
+	if u, err := procUsage(0); err == nil {
+		r.rep.BenchRSS, r.rep.BenchCPU = u.peakRSS, round(u.cpu.Seconds(), 1)
+	}
 	r.rep.Total = round(time.Since(began).Seconds(), 1)
 	return r.rep, nil
 }
