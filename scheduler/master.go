@@ -113,7 +113,7 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m.authFails = api.NewFailLimiter()
 	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
 	m.nodes = newMirror(store, cluster.NodesKey, m.poke)
-	m.nodes.digest = nodeDigest
+	m.nodes.decode = m.nodeDecoder
 	m.confs = newMirror(store, cluster.NodeConfsKey, m.poke)
 	m.assigns = newMirror(store, cluster.AssignmentsKey, func() {})
 	m.tenants = newMirror(store, cluster.TenantsKey, func() {})

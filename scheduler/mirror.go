@@ -16,14 +16,15 @@ type mirror struct {
 	dir   string
 	store coord.Watcher
 	poke  func()
-	// digest, when set, digests what of a value is worth a poke: node records change with
-	// every worker's memory reading, and planning does not care. Each entry's digest is
-	// kept, so that a change decodes only the new value.
-	digest func(value []byte) uint64
+	// decode, when set, decodes each value as it arrives, once: readers take the decoded
+	// values (decodedSnapshot), and the digest says whether the change is worth a poke:
+	// node records change with every worker's memory reading, and planning does not care.
+	// A value that does not decode is nil.
+	decode func(name string, value []byte) (v any, digest uint64)
 
 	mu      sync.Mutex
 	entries map[string]coord.Entry
-	digests map[string]uint64 // with digest set
+	decoded map[string]decodedValue // with decode set
 	// gen grows with every change of entries: whoever keeps something made from them
 	// tells in O(1) whether it is still current.
 	gen     uint64
@@ -33,7 +34,7 @@ type mirror struct {
 }
 
 func newMirror(s coord.Watcher, dir string, poke func()) *mirror {
-	return &mirror{dir: dir, store: s, poke: poke, entries: map[string]coord.Entry{}, digests: map[string]uint64{}, ready: make(chan struct{})}
+	return &mirror{dir: dir, store: s, poke: poke, entries: map[string]coord.Entry{}, decoded: map[string]decodedValue{}, ready: make(chan struct{})}
 }
 
 // run watches until ctx is done; it returns once every watch goroutine has stopped.
@@ -65,7 +66,7 @@ func (m *mirror) run(ctx context.Context) error {
 		for name := range m.entries {
 			if !want[name] {
 				delete(m.entries, name) // also what vanished while a previous run was down
-				delete(m.digests, name)
+				delete(m.decoded, name)
 				m.gen++
 			}
 		}
@@ -106,9 +107,10 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 	key := path.Join(m.dir, name)
 	once := false
 	handle := func(ev coord.Event) {
-		var d uint64
-		if m.digest != nil && ev.Exists {
-			d = m.digest(ev.Entry.Value)
+		var d decodedValue
+		if m.decode != nil && ev.Exists {
+			d.v, d.digest = m.decode(name, ev.Entry.Value)
+			d.owner = ev.Entry.Owner
 		}
 		m.mu.Lock()
 		if ctx.Err() != nil {
@@ -116,15 +118,15 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 			return // the child is gone; run has dropped its entry
 		}
 		old, had := m.entries[name]
-		oldDigest := m.digests[name]
+		oldDigest := m.decoded[name].digest
 		if ev.Exists {
 			m.entries[name] = ev.Entry
-			if m.digest != nil {
-				m.digests[name] = d
+			if m.decode != nil {
+				m.decoded[name] = d
 			}
 		} else {
 			delete(m.entries, name)
-			delete(m.digests, name)
+			delete(m.decoded, name)
 		}
 		m.gen++
 		m.mu.Unlock()
@@ -134,7 +136,7 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 		}
 		// A re-created entry (a new session's) always matters: the master stamps the
 		// node's assignment with the session that now owns it.
-		if !had || !ev.Exists || m.digest == nil || old.Owner != ev.Entry.Owner || oldDigest != d {
+		if !had || !ev.Exists || m.decode == nil || old.Owner != ev.Entry.Owner || oldDigest != d.digest {
 			m.poke()
 		}
 	}
@@ -181,6 +183,20 @@ func (m *mirror) has(name string) bool {
 	defer m.mu.Unlock()
 	_, ok := m.entries[name]
 	return ok
+}
+
+// decodedValue is an entry's value as decode made it, with its owning session.
+type decodedValue struct {
+	v      any
+	digest uint64
+	owner  int64
+}
+
+// decodedSnapshot returns a copy of the decoded values by child name.
+func (m *mirror) decodedSnapshot() map[string]decodedValue {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.decoded)
 }
 
 // snapshot returns a copy of the entries by child name.

@@ -127,13 +127,13 @@ func decodeConfEntry(e coord.Entry) (c cluster.NodeConf, ok bool, err error) {
 }
 
 // viewCache keeps every record the last view decoded, with the store revision it was
-// decoded at: a view decodes only the records written since. A node record is rewritten
-// with every memory reading; decoding ten thousand of them for every plan and every API
-// read was most of the master's cpu at that size.
+// decoded at: a view decodes only the records written since. Node records are decoded by
+// their mirror as they arrive (nodeDecoder): rewritten with every memory reading, decoding
+// ten thousand of them for every plan and every API read was most of the master's cpu at
+// that size.
 type viewCache struct {
 	mu    sync.Mutex
 	jobs  map[string]cached[jobEntry]
-	nodes map[string]cached[cluster.NodeRecord]
 	confs map[string]cached[cluster.NodeConf]
 	dcs   map[string]cached[cluster.DCRecord]
 	// assigns is for the API of a master that does not lead (see readState).
@@ -146,7 +146,7 @@ type viewCache struct {
 // init makes the maps; mu is held.
 func (c *viewCache) init() {
 	if c.jobs == nil {
-		c.jobs, c.nodes = map[string]cached[jobEntry]{}, map[string]cached[cluster.NodeRecord]{}
+		c.jobs = map[string]cached[jobEntry]{}
 		c.confs, c.dcs = map[string]cached[cluster.NodeConf]{}, map[string]cached[cluster.DCRecord]{}
 		c.assigns = map[string]cached[cluster.NodeAssignment]{}
 	}
@@ -196,25 +196,21 @@ func (m *Master) view() *view {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.init()
-	jobs, nodes, confs, dcs := m.jobs.snapshot(), m.nodes.snapshot(), m.confs.snapshot(), m.dcs.snapshot()
+	jobs, nodes, confs, dcs := m.jobs.snapshot(), m.nodes.decodedSnapshot(), m.confs.snapshot(), m.dcs.snapshot()
 	v := newView(len(jobs), len(nodes), len(confs), len(dcs))
 	workers := 0
 	refresh(c.jobs, jobs, m.decodeJob, func(name string, _ int64, j jobEntry) { v.jobs[name] = j })
 	var ids []string
-	refresh(c.nodes, nodes, func(id string, e coord.Entry) (cluster.NodeRecord, bool) {
-		rec, err := decodeNodeEntry(id, e)
-		if err != nil {
-			m.log.Warn("ignoring unreadable node record", "node", id, "err", err)
+	for id, d := range nodes {
+		if rec, ok := d.v.(cluster.NodeRecord); ok {
+			ids = append(ids, id)
+			workers += len(rec.Workers)
 		}
-		return rec, err == nil
-	}, func(id string, _ int64, rec cluster.NodeRecord) {
-		ids = append(ids, id)
-		workers += len(rec.Workers)
-	})
+	}
 	v.statuses, v.copies = make(map[cluster.WorkerKey]nodeWorker, workers), make([]nodeWorker, 0, workers)
 	for _, id := range ids {
-		d := c.nodes[id]
-		v.addNode(id, d.owner, d.v)
+		d := nodes[id]
+		v.addNode(id, d.owner, d.v.(cluster.NodeRecord))
 	}
 	refresh(c.dcs, dcs, func(name string, e coord.Entry) (cluster.DCRecord, bool) {
 		d, err := decodeDCEntry(name, e)
@@ -313,29 +309,22 @@ func (v *view) avoid() map[string][]string {
 	return out
 }
 
-// digestWorker is what planning reads of a worker's status.
-type digestWorker struct {
-	Key            cluster.WorkerKey `json:"key"`
-	State          string            `json:"state"`
-	RecentRestarts int               `json:"recentRestarts"`
-}
-
-// nodeDigest digests what planning reads of a node record: the node, its health, its agent
-// instance, and which workers it runs in which state. Memory readings, pids and timestamps
-// change all the time and do not matter: a record whose digest did not change wakes no
-// plan. The mirror keeps each record's digest, so that a change costs one decode of the
-// new record (ten thousand agents' memory readings are a thousand changes a second).
-func nodeDigest(value []byte) uint64 {
-	var rec struct {
-		Node    cluster.Node       `json:"node"`
-		Health  cluster.NodeHealth `json:"health"`
-		Agent   string             `json:"agent"`
-		Workers []digestWorker     `json:"workers"`
+// nodeDecoder decodes a node record as it arrives, once (see mirror.decode), and digests
+// what planning reads of it: the node, its health, its agent instance, and which workers it
+// runs in which state. Memory readings, pids and timestamps change all the time and do not
+// matter: a record whose digest did not change wakes no plan. Ten thousand agents' memory
+// readings are a thousand changes a second; each costs one decode, not one per plan.
+func (m *Master) nodeDecoder(id string, value []byte) (any, uint64) {
+	rec, err := decodeNodeEntry(id, coord.Entry{Value: value})
+	if err != nil {
+		m.log.Warn("ignoring unreadable node record", "node", id, "err", err)
+		return nil, 0 // every unreadable record digests alike, and the change of a good one to it shows
 	}
-	if err := json.Unmarshal(value, &rec); err != nil {
-		return 0 // unreadable: every unreadable record digests alike, and the change of a good one to it shows
+	ws := make([]digestWorker, len(rec.Workers))
+	for i, w := range rec.Workers {
+		ws[i] = digestWorker{Key: w.Key, State: w.State, RecentRestarts: w.RecentRestarts}
 	}
-	slices.SortFunc(rec.Workers, func(a, b digestWorker) int {
+	slices.SortFunc(ws, func(a, b digestWorker) int {
 		if c := a.Key.Compare(b.Key); c != 0 {
 			return c
 		}
@@ -344,8 +333,20 @@ func nodeDigest(value []byte) uint64 {
 		}
 		return cmp.Compare(a.RecentRestarts, b.RecentRestarts)
 	})
-	b, _ := json.Marshal(rec)
+	b, _ := json.Marshal(struct {
+		Node    cluster.Node
+		Health  cluster.NodeHealth
+		Agent   string
+		Workers []digestWorker
+	}{rec.Node, rec.Health, rec.Agent, ws})
 	h := fnv.New64a()
 	_, _ = h.Write(b)
-	return h.Sum64() | 1 // never 0, the digest of an unreadable record
+	return rec, h.Sum64() | 1 // never 0, the digest of an unreadable record
+}
+
+// digestWorker is what planning reads of a worker's status.
+type digestWorker struct {
+	Key            cluster.WorkerKey
+	State          string
+	RecentRestarts int
 }
