@@ -33,6 +33,10 @@ func TestRefusedInput(t *testing.T) {
 			"--slots", "1", "--memory", "1Gi", "--cpu", "1", "--run-as", "no-such-user-here"}, "--run-as"},
 		{[]string{"agent", "--store", "mem://", "--node-id", "N_1", "--dc", "dc-a", "--rack", "r1",
 			"--slots", "1", "--memory", "1Gi", "--cpu", "1"}, "--node-id"},
+		{[]string{"bench", "cluster", "--store", "mem://", "--nodes", "200", "--workers", "2000", "--dcs", "4", "--racks", "5"}, "must be a ZooKeeper URL"},
+		{[]string{"bench", "cluster", "--store", "zk://127.0.0.1:1", "--nodes", "100", "--workers", "20000", "--dcs", "4", "--racks", "5"}, "must fit in --nodes x --slots"},
+		{[]string{"bench", "cluster", "--store", "zk://127.0.0.1:1", "--nodes", "200", "--workers", "2000", "--dcs", "4", "--racks", "5", "--master", "remote"}, "--master must be"},
+		{[]string{"bench", "cluster", "--store", "zk://127.0.0.1:1", "--nodes", "200", "--workers", "2000", "--dcs", "4", "--racks", "5", "-o", "yaml"}, "-o must be"},
 	} {
 		app := App()
 		var out bytes.Buffer
