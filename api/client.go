@@ -170,6 +170,14 @@ func (c *Client) Job(ctx context.Context, name string) (JobStatus, error) {
 	return out, err
 }
 
+// JobSummary returns one job's record and summary without its workers: what polling for a
+// job to settle needs, at the same cost whatever the job's size.
+func (c *Client) JobSummary(ctx context.Context, name string) (JobStatus, error) {
+	var out JobStatus
+	err := c.doJSON(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(name)+"?workers=false", nil, &out)
+	return out, err
+}
+
 // ScaleJob sets a job's worker count.
 func (c *Client) ScaleJob(ctx context.Context, name string, workers int) (cluster.JobRecord, error) {
 	var rec cluster.JobRecord

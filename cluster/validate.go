@@ -99,6 +99,10 @@ const (
 	MaxWorkersPerJob = 100000
 	MaxPriority      = 1000
 	minWorkerMemory  = 4 << 20
+	// MaxCommandEnvBytes bounds a job's command and environment together. Each node's
+	// assignment carries them once per job it runs (cluster/assignwire.go), and ZooKeeper
+	// refuses a value over 1 MiB: settings larger than this belong in the image or a file.
+	MaxCommandEnvBytes = 64 << 10
 )
 
 // Validate checks the spec and returns a *ValidationError listing every problem, or nil.
@@ -136,6 +140,9 @@ func (j *JobSpec) Validate() error {
 		}
 	default:
 		ps.add("isolation", "must be process or docker, not %q", j.Isolation)
+	}
+	if n := commandEnvBytes(j); n > MaxCommandEnvBytes {
+		ps.add("env", "command and environment are %d bytes together, over the %d allowed: put large settings in the image or a file", n, MaxCommandEnvBytes)
 	}
 	for k := range j.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -306,4 +313,16 @@ func (t *Tenant) Validate() error {
 		return nil
 	}
 	return &ValidationError{What: "tenant", Problems: ps}
+}
+
+// commandEnvBytes is the size of a job's command and environment as text.
+func commandEnvBytes(j *JobSpec) int {
+	n := 0
+	for _, a := range j.Command {
+		n += len(a) + 1
+	}
+	for k, v := range j.Env {
+		n += len(k) + len(v) + 2
+	}
+	return n
 }

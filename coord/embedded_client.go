@@ -399,6 +399,25 @@ func (c *Embedded) Watch(ctx context.Context, key string) (<-chan Event, error) 
 	return out, nil
 }
 
+// WatchFunc implements FuncWatcher.
+func (c *Embedded) WatchFunc(ctx context.Context, key string, fn func(Event), done func()) error {
+	if err := ValidateKey(key); err != nil {
+		return fmt.Errorf("coord: watch %s: %w", key, err)
+	}
+	if err := c.live(); err != nil {
+		return fmt.Errorf("coord: watch %s: %w", key, err)
+	}
+	wctx, end := c.goroutineContext(ctx)
+	go func() {
+		defer end()
+		if done != nil {
+			defer done()
+		}
+		watchDataFunc(wctx, embeddedArmer{c.srv}, key, func(ev Event) bool { fn(ev); return wctx.Err() == nil }, c.log)
+	}()
+	return nil
+}
+
 // WatchChildren implements Watcher.
 func (c *Embedded) WatchChildren(ctx context.Context, key string) (<-chan ChildrenEvent, error) {
 	if err := ValidateKey(key); err != nil {

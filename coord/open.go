@@ -35,6 +35,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Dialer replaces net.DialTimeout for ZooKeeper connections (proxies, fault injection).
 	Dialer func(network, address string, timeout time.Duration) (net.Conn, error)
+	// BufferSize sets a ZooKeeper client's send and receive buffers, and so the largest
+	// request and answer it handles (ZooKeeper only). 0 keeps the zk library's 1.5 MiB each,
+	// which a process holding thousands of sessions (simulated agents) cannot afford for
+	// every one.
+	BufferSize int
 }
 
 func (o Options) withDefaults() Options {

@@ -106,3 +106,35 @@ func validateOps(ops []Op) error {
 
 // isUnavailable reports whether err is a transient store failure worth retrying.
 func isUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
+
+// MaxTxnBytes is the most one batch of SplitOps carries: half of the 1 MiB that ZooKeeper
+// accepts in one request by default (its jute.maxbuffer), leaving room for the request's
+// framing and for a server configured tighter.
+const MaxTxnBytes = 512 << 10
+
+// opOverhead is what an op adds to a request besides its key and value: header, version,
+// flags and a create's ACL.
+const opOverhead = 64
+
+// SplitOps cuts ops into consecutive batches of at most limit bytes (MaxTxnBytes when limit
+// is 0 or less), each to go in one Txn, in order. An op larger than limit gets a batch of
+// its own, which the store refuses if it is too large for one request.
+func SplitOps(ops []Op, limit int) [][]Op {
+	if limit <= 0 {
+		limit = MaxTxnBytes
+	}
+	var out [][]Op
+	start, size := 0, 0
+	for i, op := range ops {
+		n := len(op.Key) + len(op.Value) + opOverhead
+		if i > start && size+n > limit {
+			out = append(out, ops[start:i:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	if start < len(ops) {
+		out = append(out, ops[start:len(ops):len(ops)])
+	}
+	return out
+}

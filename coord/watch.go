@@ -26,6 +26,18 @@ const retryPause = 50 * time.Millisecond
 // out when it returns.
 func watchData(ctx context.Context, a armer, key string, out chan<- Event, log *slog.Logger) {
 	defer close(out)
+	watchDataFunc(ctx, a, key, func(ev Event) bool {
+		select {
+		case out <- ev:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}, log)
+}
+
+// watchDataFunc is watchData handing each state to emit, which returns false to stop.
+func watchDataFunc(ctx context.Context, a armer, key string, emit func(Event) bool, log *slog.Logger) {
 	var last Event
 	first := true
 	for {
@@ -41,9 +53,7 @@ func watchData(ctx context.Context, a armer, key string, out chan<- Event, log *
 			ev.Entry = e
 		}
 		if first || !sameEvent(last, ev) {
-			select {
-			case out <- ev:
-			case <-ctx.Done():
+			if !emit(ev) {
 				return
 			}
 			last, first = ev, false
@@ -52,6 +62,16 @@ func watchData(ctx context.Context, a armer, key string, out chan<- Event, log *
 			return
 		}
 	}
+}
+
+// FuncWatcher is a Watcher that can also hand a key's states to a function: it spares the
+// channel's reader a goroutine of its own, which counts for a master that watches every
+// node's entry of a large cluster.
+type FuncWatcher interface {
+	// WatchFunc calls fn, from one goroutine, with the states Watch would send, until ctx
+	// is done or the store closes; then, once fn has returned for the last time, done
+	// (which may be nil).
+	WatchFunc(ctx context.Context, key string, fn func(Event), done func()) error
 }
 
 // watchChildren is watchData for a key's children.

@@ -92,11 +92,18 @@ func OpenZK(ctx context.Context, servers []string, chroot string, opts Options) 
 		}
 		return deadlineCapConn{c, opts.SessionTimeout, handshake}, nil
 	}
+	// zk's option type is unexported: the buffer options go in a call of their own.
+	bufSize := zk.WithMaxBufferSize(0)
+	sendBuf := func(*zk.Conn) {}
+	if opts.BufferSize > 0 {
+		bufSize, sendBuf = zk.WithMaxBufferSize(opts.BufferSize), zk.WithMaxConnBufferSize(opts.BufferSize)
+	}
 	conn, _, err := zk.Connect(servers, opts.SessionTimeout,
 		zk.WithEventCallback(s.onEvent),
 		zk.WithLogger(zkLogger{s.log}),
 		zk.WithLogInfo(false),
-		zk.WithDialer(dialer))
+		zk.WithDialer(dialer),
+		bufSize, sendBuf)
 	if err != nil {
 		return nil, fmt.Errorf("coord: connect to zookeeper %s: %w", strings.Join(servers, ","), err)
 	}

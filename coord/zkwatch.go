@@ -24,6 +24,22 @@ func (s *ZK) Watch(ctx context.Context, key string) (<-chan Event, error) {
 	return out, nil
 }
 
+// WatchFunc implements FuncWatcher.
+func (s *ZK) WatchFunc(ctx context.Context, key string, fn func(Event), done func()) error {
+	if err := ValidateKey(key); err != nil {
+		return fmt.Errorf("coord: watch %s: %w", key, err)
+	}
+	wctx, end := s.goroutineContext(ctx)
+	go func() {
+		defer end()
+		if done != nil {
+			defer done()
+		}
+		watchDataFunc(wctx, s, key, func(ev Event) bool { fn(ev); return wctx.Err() == nil }, s.log)
+	}()
+	return nil
+}
+
 // WatchChildren implements Watcher.
 func (s *ZK) WatchChildren(ctx context.Context, key string) (<-chan ChildrenEvent, error) {
 	if err := ValidateKey(key); err != nil {

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -192,21 +193,40 @@ func (m *Master) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
 
 func (m *Master) listJobs(w http.ResponseWriter, r *http.Request) {
 	p := principalOf(r.Context())
-	v, assigned := m.current()
-	unplaced := m.unplaced(v, assigned)
-	out := []api.JobSummary{}
-	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
-		if mayUse(p, v.jobs[name].rec.Spec.Tenant) == nil {
-			out = append(out, summarize(v, v.jobs[name].rec, assigned, unplaced))
+	st := m.readState()
+	jobs, gen := m.currentJobsGen()
+	body := st.list(p, gen, func() []byte {
+		out := []api.JobSummary{}
+		for _, name := range slices.Sorted(maps.Keys(jobs)) {
+			if mayUse(p, jobs[name].rec.Spec.Tenant) == nil {
+				out = append(out, st.summary(jobs[name]))
+			}
 		}
-	}
-	reply(w, http.StatusOK, out)
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(out)
+		return b.Bytes()
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
 }
 
+// getJob answers a job's status; with ?workers=false only its record and summary, which is
+// what `--wait` polls: the same cost for a job of one worker and of a hundred thousand.
 func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	v, assigned := m.current()
-	j, ok := v.jobs[name]
+	withWorkers := true
+	switch q := r.URL.Query().Get("workers"); q {
+	case "", "true":
+	case "false":
+		withWorkers = false
+	default:
+		fail(w, api.ErrBadInput, "workers=%q: want true or false", q)
+		return
+	}
+	j, ok := m.currentJobs()[name]
 	if !ok {
 		fail(w, api.ErrNotFound, "no job %q (see `stormdock job list`)", name)
 		return
@@ -215,54 +235,41 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
-	unplaced := m.unplaced(v, assigned)
-	st := api.JobStatus{Job: j.rec, Summary: summarize(v, j.rec, assigned, unplaced), Workers: []api.WorkerView{}}
-	for _, k := range j.rec.Spec.Keys() {
-		wv := api.WorkerView{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.WorkerPending}
-		if reason, ok := unplaced[k]; ok {
-			wv.State, wv.Reason = api.WorkerUnplaced, reason
-		} else if node, ok := assigned[k]; ok {
-			wv.Node = node
-			if rec, ok := v.nodes[node]; ok {
-				wv.DC, wv.Rack = rec.Node.DC, rec.Node.Rack
+	st := m.readState()
+	assigned, _ := st.where()
+	v, unplaced := st.v, st.unplaced
+	out := api.JobStatus{Job: j.rec, Summary: st.summary(j), Workers: []api.WorkerView{}}
+	if withWorkers {
+		for _, k := range j.rec.Spec.Keys() {
+			wv := api.WorkerView{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.WorkerPending}
+			if reason, ok := unplaced[k]; ok {
+				wv.State, wv.Reason = api.WorkerUnplaced, reason
+			} else if node, ok := assigned[k]; ok {
+				wv.Node = node
+				if rec, ok := v.nodes[node]; ok {
+					wv.DC, wv.Rack = rec.Node.DC, rec.Node.Rack
+				}
 			}
-		}
-		if s, ok := v.statuses[k]; ok && (wv.Node == "" || s.node == wv.Node) {
-			wv.State, wv.PID, wv.Restarts, wv.LastExit, wv.Memory = s.status.State, s.status.PID, s.status.Restarts, s.status.LastExit, s.status.Memory
-			wv.Generation = s.status.Generation
-			if wv.Node == "" {
-				wv.Node = s.node
+			if s, ok := v.statuses[k]; ok && (wv.Node == "" || s.node == wv.Node) {
+				wv.State, wv.PID, wv.Restarts, wv.LastExit, wv.Memory = s.status.State, s.status.PID, s.status.Restarts, s.status.LastExit, s.status.Memory
+				wv.Generation = s.status.Generation
+				if wv.Node == "" {
+					wv.Node = s.node
+				}
 			}
+			out.Workers = append(out.Workers, wv)
 		}
-		st.Workers = append(st.Workers, wv)
 	}
 	if j.rec.Spec.Mirrored() {
-		st.Sink = m.sinkView(r.Context(), v, j.rec.Spec.Name)
+		out.Sink = m.sinkView(r.Context(), v, j.rec.Spec.Name)
 	}
-	reply(w, http.StatusOK, st)
-}
-
-// current returns the mirrored view and where each worker is assigned.
-func (m *Master) current() (*view, map[cluster.WorkerKey]string) {
-	v := m.view()
-	assigned := map[cluster.WorkerKey]string{}
-	for node, e := range m.assigns.snapshot() {
-		var a cluster.NodeAssignment
-		if json.Unmarshal(e.Value, &a) != nil {
-			continue
-		}
-		for _, w := range a.Workers {
-			if !w.Stop {
-				assigned[w.Key] = node
-			}
-		}
-	}
-	return v, assigned
+	reply(w, http.StatusOK, out)
 }
 
 // unplaced explains the workers no node takes, by planning over the same view the leader
 // plans from. Placement is pure, so any master can give the leader's reasons. When every
-// worker of every job is assigned there is nothing to explain, and no plan is made.
+// worker of every job is assigned there is nothing to explain, and no plan is made. Only a
+// master that does not lead plans for this (see readState); the leader's reconcile says why.
 func (m *Master) unplaced(v *view, assigned map[cluster.WorkerKey]string) map[cluster.WorkerKey]string {
 	missing := false
 	for _, j := range v.jobs {
@@ -290,11 +297,8 @@ func (m *Master) unplaced(v *view, assigned map[cluster.WorkerKey]string) map[cl
 		}
 	}
 	r := &reconciler{m: m, assign: map[string]assignState{}}
-	for node, e := range m.assigns.snapshot() {
-		var a cluster.NodeAssignment
-		if json.Unmarshal(e.Value, &a) == nil {
-			r.assign[node] = assignState{a: a, exists: true}
-		}
+	for node, a := range m.decodedAssigns() {
+		r.assign[node] = assignState{a: a, exists: true}
 	}
 	res, _, err := r.planWhole(v, placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: cur, Avoid: v.avoid()})
 	out := map[cluster.WorkerKey]string{}
@@ -336,11 +340,9 @@ func summarize(v *view, rec cluster.JobRecord, assigned map[cluster.WorkerKey]st
 }
 
 func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
-	v, assigned := m.current()
-	perNode := map[string]int{}
-	for _, node := range assigned {
-		perNode[node]++
-	}
+	st := m.readState()
+	v := st.v
+	_, perNode := st.where()
 	out := []api.NodeView{}
 	for _, id := range slices.Sorted(maps.Keys(v.nodes)) {
 		rec := v.nodes[id]
@@ -369,9 +371,8 @@ func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
 func (m *Master) drainNode(drain bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
-		v, _ := m.current()
-		if _, ok := v.nodes[id]; !ok {
-			if _, known := v.confs[id]; !known || drain {
+		if !m.nodes.has(id) {
+			if !m.confs.has(id) || drain {
 				fail(w, api.ErrNotFound, "no live node %q (see `stormdock node list`)", id)
 				return
 			}
@@ -395,7 +396,7 @@ func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
-	v, _ := m.current()
+	jobs := m.currentJobs()
 	p := principalOf(r.Context())
 	out := []api.TenantView{}
 	for _, name := range names {
@@ -406,7 +407,7 @@ func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			continue
 		}
-		out = append(out, v.tenantView(t.Tenant))
+		out = append(out, tenantView(jobs, t.Tenant))
 	}
 	reply(w, http.StatusOK, out)
 }
@@ -434,12 +435,10 @@ func (m *Master) tenantToken(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *Master) listDCs(w http.ResponseWriter, _ *http.Request) {
-	v, assigned := m.current()
+	st := m.readState()
+	v := st.v
+	_, perNode := st.where()
 	out := []api.DCView{}
-	perNode := map[string]int{}
-	for _, node := range assigned {
-		perNode[node]++
-	}
 	for _, name := range slices.Sorted(maps.Keys(v.dcs)) {
 		d := api.DCView{Name: name, State: v.dcState(name), Since: v.dcs[name].Since}
 		for id, rec := range v.nodes {

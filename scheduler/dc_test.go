@@ -68,8 +68,8 @@ func TestDCLossMovesWholeJobs(t *testing.T) {
 			t.Errorf("worker %s moved from %s to %s though its data center stayed", k, n, after[k])
 		}
 	}
-	v, assigned := m.current()
-	reasons := m.unplaced(v, assigned)
+	st := m.readState()
+	v, reasons := st.v, st.unplaced
 	held := 0
 	for k, why := range reasons {
 		if k.Job != "a-big" || !strings.Contains(why, "data center dc-0 is lost and job a-big moves only whole: 3 of its 3 workers there find no room elsewhere") {

@@ -23,8 +23,14 @@ func busy(err error, what string) error {
 }
 
 // tenantUsage reads, fresh from the store, what the tenant's jobs ask for, leaving out the
-// job named except (the one being scaled).
-func tenantUsage(ctx context.Context, s coord.KV, tenant, except string) (workers int, memory cluster.Bytes, err error) {
+// job named except (the one being scaled). A tenant without caps has no quota to check: its
+// usage is not read, which would cost a read of every job for every submission (minutes for
+// a thousand jobs).
+func tenantUsage(ctx context.Context, s coord.KV, t cluster.TenantRecord, except string) (workers int, memory cluster.Bytes, err error) {
+	if t.MaxWorkers <= 0 && t.MaxMemory <= 0 {
+		return 0, 0, nil
+	}
+	tenant := t.Name
 	names, err := s.Children(ctx, cluster.JobsKey)
 	if err != nil {
 		return 0, 0, fmt.Errorf("list jobs: %w", err)
@@ -91,6 +97,18 @@ func checkQuota(t cluster.TenantRecord, usedW int, usedM cluster.Bytes, spec *cl
 	return nil
 }
 
+// quotaOp is the transaction's guard on the tenant a job change was checked against. With
+// caps, the tenant's version is bumped, so that two changes cannot both pass the quota on
+// one reading of it; without caps there is no usage to count, and the record is only
+// checked unchanged (its caps not set meanwhile): submissions of one tenant then do not
+// conflict with each other, which made eight clients submitting at once fail with busy.
+func quotaOp(t cluster.TenantRecord, key string, e coord.Entry) coord.Op {
+	if t.MaxWorkers <= 0 && t.MaxMemory <= 0 {
+		return coord.CheckOp(key, e.Version)
+	}
+	return coord.PutOp(key, e.Value, e.Version)
+}
+
 // SubmitJob stores a new job after checking its tenant's quota. The tenant record's
 // version is bumped in the same transaction, so two submits for one tenant cannot both
 // pass the quota on the same reading.
@@ -129,7 +147,7 @@ func SubmitJobAs(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cl
 		if _, err := s.Get(ctx, jobKey); err == nil {
 			return fmt.Errorf("%w: job %q already exists: scale it with `stormdock job scale` or kill it first", api.ErrExists, spec.Name)
 		}
-		usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, "")
+		usedW, usedM, err := tenantUsage(ctx, s, t, "")
 		if err != nil {
 			return err
 		}
@@ -146,7 +164,7 @@ func SubmitJobAs(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cl
 		val, _ := json.Marshal(rec)
 		hist, _ := json.Marshal(cluster.JobHistory{Job: spec.Name, Generations: []cluster.GenerationRecord{
 			{Generation: 1, Spec: *spec, Image: pin, At: now, Who: who, Kind: "submit"}}})
-		ops := []coord.Op{coord.PutOp(tenantKey, te.Value, te.Version), coord.CreateOp(jobKey, val, coord.Persistent)}
+		ops := []coord.Op{quotaOp(t, tenantKey, te), coord.CreateOp(jobKey, val, coord.Persistent)}
 		// A history left by an earlier job of this name (its record removed by hand) is
 		// replaced: the new job's starts afresh.
 		if he, err := s.Get(ctx, historyKey); err == nil {
@@ -220,7 +238,7 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 		spec := rec.Spec
 		spec.Workers = workers
 		if workers > rec.Spec.Workers {
-			usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, name)
+			usedW, usedM, err := tenantUsage(ctx, s, t, name)
 			if err != nil {
 				return err
 			}
@@ -244,9 +262,7 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 		if err != nil {
 			return err
 		}
-		_, err = s.Txn(ctx,
-			coord.PutOp(tenantKey, te.Value, te.Version),
-			coord.PutOp(jobKey, val, je.Version))
+		_, err = s.Txn(ctx, quotaOp(t, tenantKey, te), coord.PutOp(jobKey, val, je.Version))
 		if errors.Is(err, coord.ErrNotFound) {
 			// The job or its tenant went since the read: the next read says which.
 			err = fmt.Errorf("%w: %w", coord.ErrConflict, err)

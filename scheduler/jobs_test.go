@@ -112,6 +112,44 @@ func TestConcurrentSubmitsKeepTheQuota(t *testing.T) {
 	}
 }
 
+// TestConcurrentSubmitsWithoutCaps: submits of a tenant without caps have no quota to share:
+// they leave its record as it is, so that many at once do not conflict on it (over
+// ZooKeeper, eight clients submitting at once were answered busy).
+func TestConcurrentSubmitsWithoutCaps(t *testing.T) {
+	tc := newTestCluster(t)
+	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+		t.Fatal(err)
+	}
+	tenantKey, _ := cluster.TenantKey("search")
+	before, err := tc.admin.Get(tc.ctx, tenantKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const submits = 16
+	var wg sync.WaitGroup
+	for i := range submits {
+		c := tc.connect(-1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range 20 {
+				if _, err := SubmitJob(tc.ctx, c, testSpec(fmt.Sprintf("job-%d-%d", i, r), 2)); err != nil {
+					t.Errorf("submit %d: %v", i, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	names, err := tc.admin.Children(tc.ctx, cluster.JobsKey)
+	if err != nil || len(names) != submits*20 {
+		t.Fatalf("%d jobs stored (%v), want %d", len(names), err, submits*20)
+	}
+	if after, err := tc.admin.Get(tc.ctx, tenantKey); err != nil || after.Version != before.Version {
+		t.Fatalf("tenant record went from version %d to %d (%v): submits without caps changed it", before.Version, after.Version, err)
+	}
+}
+
 // TestConcurrentNodeConfUpdates: operators and the master changing one node's settings at
 // once, starting with no settings at all, lose none of the changes.
 func TestConcurrentNodeConfUpdates(t *testing.T) {

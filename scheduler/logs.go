@@ -107,8 +107,10 @@ func (c *logKeyCache) transport(addr string, ep *cluster.LogsEndpoint) *http.Tra
 // jobLogs relays a worker's log from its agent.
 func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	v, assigned := m.current()
-	j, ok := v.jobs[name]
+	st := m.readState()
+	v := st.v
+	assigned, _ := st.where()
+	j, ok := m.currentJobs()[name]
 	if !ok {
 		fail(w, api.ErrNotFound, "no job %q (see `stormdock job list`)", name)
 		return

@@ -11,21 +11,14 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 )
 
-// stamp tells whether the mirrors changed: for each one the number of entries and the
-// largest and the sum of their store revisions. Every write gives an entry a revision above
-// all earlier ones, and a removal changes the count.
-type stamp [6][3]int64
+// stamp tells whether the mirrors changed: each one's count of changes. It costs the same
+// however large the cluster: every watch stream asks for it every api.WatchInterval.
+type stamp [6]uint64
 
 func (m *Master) stamp() stamp {
 	var s stamp
 	for i, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
-		mr.mu.Lock()
-		s[i][0] = int64(len(mr.entries))
-		for _, e := range mr.entries {
-			s[i][1] = max(s[i][1], e.ModRev)
-			s[i][2] += e.ModRev
-		}
-		mr.mu.Unlock()
+		s[i] = mr.generation()
 	}
 	return s
 }
@@ -97,7 +90,7 @@ func jobsDigest(v *view) uint64 {
 
 // impactKey is everything the data-center checks depend on.
 type impactKey struct {
-	jobs, confs, assigns, dcs [3]int64
+	jobs, confs, assigns, dcs uint64
 	nodes                     int
 	plans                     uint64
 }
@@ -181,7 +174,7 @@ func (c *mapCache) build(m *Master, st stamp) *mapBase {
 	}
 	b := &mapBase{stamp: st, v: v}
 	b.nodes = c.drawNodes(v)
-	b.jobs = mapJobs(v, assigned, m.unplaced(v, assigned))
+	b.jobs = mapJobs(v, assigned, m.readState().unplaced)
 	b.dcs = mapDCs(v, assigned, c.dcImpacts(m, v, assigns, st))
 	b.impacts = c.impacts.gen
 	b.tenants = mapTenants(v, m.tenants.snapshot())

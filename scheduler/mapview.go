@@ -187,7 +187,7 @@ func mapTenants(v *view, entries map[string]coord.Entry) []api.TenantView {
 		if json.Unmarshal(entries[name].Value, &t) != nil || t.Name != name {
 			continue
 		}
-		out = append(out, v.tenantView(t.Tenant))
+		out = append(out, tenantView(v.jobs, t.Tenant))
 	}
 	return out
 }

@@ -103,6 +103,8 @@ type Master struct {
 	quitOnce sync.Once
 	// logKey signs this master's requests for workers' logs to agents (logs.go).
 	logKey *logKeyCache
+	vc     viewCache // records decoded by earlier views
+	reads  reads     // what the API answers from
 
 	mu     sync.Mutex
 	leader bool
@@ -123,7 +125,7 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m.logKey = &logKeyCache{store: store}
 	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
 	m.nodes = newMirror(store, cluster.NodesKey, m.poke)
-	m.nodes.relevant = nodeRelevant
+	m.nodes.decode = m.nodeDecoder
 	m.confs = newMirror(store, cluster.NodeConfsKey, m.poke)
 	m.assigns = newMirror(store, cluster.AssignmentsKey, func() {})
 	m.tenants = newMirror(store, cluster.TenantsKey, func() {})
@@ -152,6 +154,7 @@ func (m *Master) setLeader(v bool) {
 		m.metrics.jobRunning.Reset()
 		m.metrics.jobUnplaced.Reset()
 		m.metrics.unplaced.Set(0)
+		m.unpublish()
 	}
 }
 

@@ -16,19 +16,25 @@ type mirror struct {
 	dir   string
 	store coord.Watcher
 	poke  func()
-	// relevant, when set, tells whether a changed value is worth a poke: node records
-	// change with every worker's memory reading, and planning does not care.
-	relevant func(old, new []byte) bool
+	// decode, when set, decodes each value as it arrives, once: readers take the decoded
+	// values (decodedSnapshot), and the digest says whether the change is worth a poke:
+	// node records change with every worker's memory reading, and planning does not care.
+	// A value that does not decode is nil.
+	decode func(name string, value []byte) (v any, digest uint64)
 
 	mu      sync.Mutex
 	entries map[string]coord.Entry
+	decoded map[string]decodedValue // with decode set
+	// gen grows with every change of entries: whoever keeps something made from them
+	// tells in O(1) whether it is still current.
+	gen     uint64
 	ready   chan struct{} // closed once the first listing and its values are in
 	readied sync.Once
 	wg      sync.WaitGroup
 }
 
 func newMirror(s coord.Watcher, dir string, poke func()) *mirror {
-	return &mirror{dir: dir, store: s, poke: poke, entries: map[string]coord.Entry{}, ready: make(chan struct{})}
+	return &mirror{dir: dir, store: s, poke: poke, entries: map[string]coord.Entry{}, decoded: map[string]decodedValue{}, ready: make(chan struct{})}
 }
 
 // run watches until ctx is done; it returns once every watch goroutine has stopped.
@@ -60,6 +66,8 @@ func (m *mirror) run(ctx context.Context) error {
 		for name := range m.entries {
 			if !want[name] {
 				delete(m.entries, name) // also what vanished while a previous run was down
+				delete(m.decoded, name)
+				m.gen++
 			}
 		}
 		m.mu.Unlock()
@@ -96,42 +104,99 @@ func (m *mirror) run(ctx context.Context) error {
 }
 
 func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) error {
-	ch, err := m.store.Watch(ctx, path.Join(m.dir, name))
+	key := path.Join(m.dir, name)
+	once := false
+	handle := func(ev coord.Event) {
+		var d decodedValue
+		if m.decode != nil && ev.Exists {
+			d.v, d.digest = m.decode(name, ev.Entry.Value)
+			d.owner = ev.Entry.Owner
+		}
+		m.mu.Lock()
+		if ctx.Err() != nil {
+			m.mu.Unlock()
+			return // the child is gone; run has dropped its entry
+		}
+		old, had := m.entries[name]
+		oldDigest := m.decoded[name].digest
+		if ev.Exists {
+			m.entries[name] = ev.Entry
+			if m.decode != nil {
+				m.decoded[name] = d
+			}
+		} else {
+			delete(m.entries, name)
+			delete(m.decoded, name)
+		}
+		m.gen++
+		m.mu.Unlock()
+		if !once {
+			close(got)
+			once = true
+		}
+		// A re-created entry (a new session's) always matters: the master stamps the
+		// node's assignment with the session that now owns it.
+		if !had || !ev.Exists || m.decode == nil || old.Owner != ev.Entry.Owner || oldDigest != d.digest {
+			m.poke()
+		}
+	}
+	finish := func() {
+		if !once {
+			close(got)
+		}
+		m.wg.Done()
+	}
+	// A store that hands states to a function spares a goroutine per child: two per node
+	// of ten thousand were a fifth of the master's memory.
+	if fw, ok := m.store.(coord.FuncWatcher); ok {
+		m.wg.Add(1)
+		if err := fw.WatchFunc(ctx, key, handle, finish); err != nil {
+			m.wg.Done()
+			return err
+		}
+		return nil
+	}
+	ch, err := m.store.Watch(ctx, key)
 	if err != nil {
 		return err
 	}
 	m.wg.Add(1)
 	go func() {
-		defer m.wg.Done()
-		once := false
+		defer finish()
 		for ev := range ch {
-			m.mu.Lock()
-			if ctx.Err() != nil {
-				m.mu.Unlock()
-				continue // the child is gone; run has dropped its entry
-			}
-			old, had := m.entries[name]
-			if ev.Exists {
-				m.entries[name] = ev.Entry
-			} else {
-				delete(m.entries, name)
-			}
-			m.mu.Unlock()
-			if !once {
-				close(got)
-				once = true
-			}
-			// A re-created entry (a new session's) always matters: the master stamps the
-			// node's assignment with the session that now owns it.
-			if !had || !ev.Exists || m.relevant == nil || old.Owner != ev.Entry.Owner || m.relevant(old.Value, ev.Entry.Value) {
-				m.poke()
-			}
-		}
-		if !once {
-			close(got)
+			handle(ev)
 		}
 	}()
 	return nil
+}
+
+// generation returns the number of changes so far.
+func (m *mirror) generation() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.gen
+}
+
+// has reports whether the directory has the child name.
+func (m *mirror) has(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.entries[name]
+	return ok
+}
+
+// decodedValue is an entry's value as decode made it, with its owning session.
+type decodedValue struct {
+	v      any
+	digest uint64
+	owner  int64
+}
+
+// decodedSnapshot returns a copy of the decoded values by child name.
+func (m *mirror) decodedSnapshot() map[string]decodedValue {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.decoded)
 }
 
 // snapshot returns a copy of the entries by child name.

@@ -134,6 +134,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	if err := r.collectKilled(ctx, v); err != nil {
 		return err
 	}
+	r.m.publish(v, r.assign, res)
 	r.observe(v, current, res, writes, time.Since(start))
 	return nil
 }
@@ -250,11 +251,6 @@ func workerAssignment(v *view, j cluster.JobRecord, k cluster.WorkerKey, outputK
 // nodes that lost everything first so that stops go out before starts. It returns how many
 // keys it wrote.
 func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssignment) (int, error) {
-	type change struct {
-		node  string
-		value []byte
-		fewer bool
-	}
 	var changes []change
 	for _, node := range slices.Sorted(maps.Keys(mergeKeys(want, r.assign))) {
 		a, ok := want[node]
@@ -265,15 +261,18 @@ func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssi
 		if a.Workers == nil {
 			a.Workers = []cluster.WorkerAssignment{}
 		}
+		st := r.assign[node]
+		if st.exists && unchanged(st.a, a) {
+			continue
+		}
 		val, err := json.Marshal(a)
 		if err != nil {
 			return 0, fmt.Errorf("scheduler: encode assignment of %s: %w", node, err)
 		}
-		st := r.assign[node]
 		if st.exists && bytes.Equal(st.raw, val) {
 			continue
 		}
-		changes = append(changes, change{node: node, value: val, fewer: len(a.Workers) < len(st.a.Workers)})
+		changes = append(changes, change{node: node, a: a, value: val, fewer: len(a.Workers) < len(st.a.Workers)})
 	}
 	slices.SortStableFunc(changes, func(x, y change) int {
 		switch {
@@ -284,29 +283,8 @@ func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssi
 		}
 		return 1
 	})
-	for _, c := range changes {
-		st := r.assign[c.node]
-		key, err := cluster.AssignmentKey(c.node)
-		if err != nil {
-			return 0, fmt.Errorf("scheduler: %w", err)
-		}
-		var ver int64
-		if st.exists {
-			ver, err = r.m.store.Put(ctx, key, c.value, st.version)
-		} else {
-			_, err = r.m.store.Create(ctx, key, c.value, coord.Persistent)
-		}
-		r.m.metrics.storeWrites.Inc()
-		if err != nil {
-			if errors.Is(err, coord.ErrConflict) || errors.Is(err, coord.ErrExists) || errors.Is(err, coord.ErrNotFound) {
-				// Someone else wrote it (an old leader still finishing): read and plan again.
-				_ = r.reload(ctx, c.node)
-			}
-			return 0, fmt.Errorf("scheduler: write assignment of %s: %w", c.node, err)
-		}
-		var a cluster.NodeAssignment
-		_ = json.Unmarshal(c.value, &a)
-		r.assign[c.node] = assignState{a: a, raw: c.value, version: ver, exists: true}
+	if err := r.commit(ctx, changes); err != nil {
+		return 0, err
 	}
 	return len(changes), nil
 }
@@ -367,23 +345,14 @@ func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
 // not collect one key per node that ever lived. An agent that comes back with the same id
 // finds no assignment, which it reads as "run nothing".
 func (r *reconciler) forgetLost(ctx context.Context, v *view) error {
+	var gone []change
 	for node, st := range r.assign {
 		if _, alive := v.nodes[node]; alive || !st.exists || len(st.a.Workers) > 0 {
 			continue
 		}
-		key, err := cluster.AssignmentKey(node)
-		if err != nil {
-			return fmt.Errorf("scheduler: %w", err)
-		}
-		err = r.m.store.Delete(ctx, key, st.version)
-		r.m.metrics.storeWrites.Inc()
-		if err != nil && !errors.Is(err, coord.ErrNotFound) {
-			_ = r.reload(ctx, node)
-			return fmt.Errorf("scheduler: forget assignment of lost node %s: %w", node, err)
-		}
-		delete(r.assign, node)
+		gone = append(gone, change{node: node, remove: true})
 	}
-	return nil
+	return r.commit(ctx, gone)
 }
 
 // noteCrashLoops records on a node the jobs whose workers keep crashing there, so that

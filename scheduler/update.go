@@ -182,7 +182,7 @@ func changeJob(ctx context.Context, s coord.KV, name, kind string, c Change,
 			return err
 		}
 		if spec.Workers > rec.Spec.Workers {
-			usedW, usedM, err := tenantUsage(ctx, s, spec.Tenant, name)
+			usedW, usedM, err := tenantUsage(ctx, s, t, name)
 			if err != nil {
 				return err
 			}
@@ -219,7 +219,7 @@ func changeJob(ctx context.Context, s coord.KV, name, kind string, c Change,
 		if err != nil {
 			return err
 		}
-		_, err = s.Txn(ctx, coord.PutOp(tenantKey, te.Value, te.Version), coord.PutOp(jobKey, val, je.Version), hop)
+		_, err = s.Txn(ctx, quotaOp(t, tenantKey, te), coord.PutOp(jobKey, val, je.Version), hop)
 		if errors.Is(err, coord.ErrNotFound) || errors.Is(err, coord.ErrExists) {
 			err = fmt.Errorf("%w: %w", coord.ErrConflict, err)
 		}

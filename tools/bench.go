@@ -2,8 +2,10 @@ package tools
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -14,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/clusterbench"
 	"github.com/stormdock/stormdock/placement"
 	"github.com/stormdock/stormdock/placement/placementtest"
 )
@@ -43,7 +46,141 @@ var BenchCommand = &cli.Command{
 			&cli.IntFlag{Name: "procs", Usage: "GOMAXPROCS while measuring (the planner uses one core)", Value: 1},
 		},
 		Action: runBenchPlacement,
+	}, {
+		Name:  "cluster",
+		Usage: "measure a real master and ZooKeeper with thousands of simulated agents: submit, steady state, API latency, rack and dc loss",
+		UsageText: "stormdock bench cluster --nodes N --workers W --store zk://HOST:PORT [--jobs J] [--dcs D --racks R --slots S] [-o json]\n" +
+			"   stormdock bench cluster --nodes 10000 --workers 100000 --store zk://127.0.0.1:2181",
+		Description: "Runs a master (a process of this binary, or in this process with --master in-process) on a fresh\n" +
+			"chroot of the given ZooKeeper, and --nodes simulated agents as goroutines of this process, each\n" +
+			"with its own ZooKeeper session: they register session-bound node entries, watch their\n" +
+			"assignments, start workers at once (no processes) and write one record per heartbeat when it\n" +
+			"changed. ZooKeeper must allow that many connections from one address (maxClientCnxns=0 in\n" +
+			"zoo.cfg) and answer mntr and conf (4lw.commands.whitelist=mntr,conf,srvr). It reports submit to\n" +
+			"every worker assigned and acknowledged running, ZooKeeper's writes at steady state and in each\n" +
+			"event (from mntr), what the store holds, job list and job status latency under --pollers\n" +
+			"clients, the loss of one rack and of one dc (their agents' sessions closed) until their workers\n" +
+			"run elsewhere, and the master's peak RSS and cpu seconds.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "store", Usage: "ZooKeeper `URL` (zk://HOST:PORT[/CHROOT]); the run works under a fresh chroot below it and removes it", Required: true},
+			&cli.IntFlag{Name: "nodes", Usage: "simulated nodes", Value: 10000},
+			&cli.IntFlag{Name: "workers", Usage: "workers over all jobs", Value: 100000},
+			&cli.IntFlag{Name: "jobs", Usage: "jobs (default: one per 100 workers)"},
+			&cli.IntFlag{Name: "dcs", Usage: "data centers", Value: 4},
+			&cli.IntFlag{Name: "racks", Usage: "racks per data center", Value: 25},
+			&cli.IntFlag{Name: "slots", Usage: "slots per node (memory is 4Gi and cpu 2 per slot)", Value: 16},
+			&cli.DurationFlag{Name: "heartbeat", Usage: "simulated agents' heartbeat", Value: time.Second},
+			&cli.Float64Flag{Name: "churn", Usage: "share of heartbeats on which a node's record changes (a memory reading): 0.2 is a real agent sampling memory every 5th heartbeat with every sample changed", Value: 0.2},
+			&cli.DurationFlag{Name: "session-timeout", Usage: "the master's and the agents' store session timeout", Value: 10 * time.Second},
+			&cli.DurationFlag{Name: "steady", Usage: "how long steady state is measured", Value: 10 * time.Second},
+			&cli.IntFlag{Name: "pollers", Usage: "clients polling job list and job status", Value: 10},
+			&cli.DurationFlag{Name: "poll", Usage: "how long the pollers poll", Value: 10 * time.Second},
+			&cli.DurationFlag{Name: "settle", Usage: "how long each phase may take before the run reports what is left", Value: 5 * time.Minute},
+			&cli.StringFlag{Name: "master", Usage: "run the master as a `process` of its own (its memory and cpu alone) or in-process", Value: "process"},
+			&cli.BoolFlag{Name: "no-dc-loss", Usage: "skip the loss of a data center"},
+			&cli.StringFlag{Name: "log", Usage: "write the simulated agents' and their store clients' warnings to `FILE` (sessions lost, writes failed)"},
+			&cli.Uint64Flag{Name: "seed", Usage: "random seed for the jobs", Value: 1},
+			outputFlag,
+		},
+		Action: runBenchCluster,
 	}},
+}
+
+func runBenchCluster(c *cli.Context) error {
+	const cmd = "stormdock bench cluster"
+	if c.NArg() > 0 {
+		return cli.Exit(fmt.Sprintf("%s: unexpected argument %q (flags go first)", cmd, c.Args().First()), 2)
+	}
+	out := c.String("output")
+	if out != "table" && out != "json" {
+		return cli.Exit(fmt.Sprintf("%s: -o must be table or json, not %q", cmd, out), 2)
+	}
+	cfg := clusterbench.Config{
+		Store: c.String("store"), Nodes: c.Int("nodes"), Workers: c.Int("workers"), Jobs: c.Int("jobs"),
+		DCs: c.Int("dcs"), Racks: c.Int("racks"), Slots: c.Int("slots"), Heartbeat: c.Duration("heartbeat"),
+		Churn: c.Float64("churn"), SessionTimeout: c.Duration("session-timeout"), Steady: c.Duration("steady"),
+		Pollers: c.Int("pollers"), Poll: c.Duration("poll"), Settle: c.Duration("settle"),
+		SkipDC: c.Bool("no-dc-loss"), Seed: c.Uint64("seed"), Progress: c.App.ErrWriter,
+	}
+	switch c.String("master") {
+	case "process":
+		self, err := os.Executable()
+		if err != nil {
+			return cli.Exit(fmt.Sprintf("%s: find this binary to run the master: %v (use --master in-process)", cmd, err), 1)
+		}
+		cfg.MasterBinary = self
+	case "in-process":
+	default:
+		return cli.Exit(fmt.Sprintf("%s: --master must be process or in-process, not %q", cmd, c.String("master")), 2)
+	}
+	if cfg.Churn < 0 || cfg.Churn > 1 {
+		return cli.Exit(cmd+": --churn must be between 0 and 1", 2)
+	}
+	if f := c.String("log"); f != "" {
+		lf, err := os.Create(f)
+		if err != nil {
+			return cli.Exit(fmt.Sprintf("%s: --log: %v", cmd, err), 2)
+		}
+		defer lf.Close()
+		cfg.Logger = slog.New(slog.NewTextHandler(lf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	if err := clusterbench.Check(cfg); err != nil {
+		return cli.Exit(cmd+": "+strings.ReplaceAll(err.Error(), "\n", "\n"+cmd+": "), 2)
+	}
+	rep, err := clusterbench.Run(c.Context, cfg)
+	if err != nil {
+		return cli.Exit(cmd+": "+err.Error(), 1)
+	}
+	if out == "json" {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printClusterReport(c.App.Writer, rep)
+	return nil
+}
+
+// printClusterReport writes the report as text.
+func printClusterReport(w io.Writer, r *clusterbench.Report) {
+	fmt.Fprintf(w, "cluster: %d nodes (%d dcs x %d racks, %d slots each), %d jobs, %d workers; master %s\n",
+		r.Nodes, r.DCs, r.Racks, r.Slots, r.Jobs, r.Workers, r.Master)
+	fmt.Fprintf(w, "agents: %s; registered in %.1fs; bench process peak RSS %s, cpu %.0fs over the run\n", r.Hosting, r.Register, mib(r.BenchRSS), r.BenchCPU)
+	phase := func(p clusterbench.Phase) {
+		fmt.Fprintf(w, "%s: %d workers assigned after %.2fs, acknowledged running after %.2fs", p.What, p.Workers-p.Left, p.Assigned, p.Acked)
+		if p.Acked > 0 {
+			fmt.Fprintf(w, " (%.0f workers/s)", float64(p.Workers-p.Left)/p.Acked)
+		}
+		fmt.Fprintln(w)
+		if p.Left > 0 {
+			fmt.Fprintf(w, "  %d of its %d workers not running elsewhere: %d reported unplaced by the master (no capacity)\n", p.Left, p.Workers, p.Unplaced)
+		}
+		fmt.Fprintf(w, "  master cpu %.1fs, %d reconciles of %.0fms on average; ZooKeeper %.0f write requests/s (%.0f writes under the chroot, %.0f KiB/s)",
+			p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ZK.WritesPerSecond, p.ZK.NamespaceWritesPerSecond, p.ZK.NamespaceBytesPerSecond/1024)
+		if p.What != "submit" {
+			fmt.Fprintf(w, "; other workers moved %d, restarted %d", p.OthersMoved, p.OthersRestarted)
+		}
+		fmt.Fprintln(w)
+	}
+	phase(r.Submit)
+	fmt.Fprintf(w, "  job list reports every worker running after %.2fs; workers started twice: %d\n", r.APIRunning, r.StartedTwice)
+	s := r.Steady
+	fmt.Fprintf(w, "steady state (%.0fs, heartbeat %.1fs): ZooKeeper %.0f writes/s, %.3f per node per heartbeat (agents' own %.3f); master cpu %.2fs\n",
+		s.ZK.Seconds, r.Heartbeat, s.ZK.WritesPerSecond, s.WritesPerNodePerHeartbeat, s.AgentWritesPerNodePerHeartbeat, s.MasterCPU)
+	st := r.Store
+	fmt.Fprintf(w, "store: %d znodes, %s (%s of assignments); %d watches, %d connections, %d ephemerals; largest assignment %d B, node record %d B, job record %d B\n",
+		st.Znodes, mib(st.DataBytes), mib(st.AssignmentBytes), st.Watches, st.Connections, st.Ephemerals, st.LargestAssign, st.LargestNode, st.LargestJob)
+	p := r.Poll
+	fmt.Fprintf(w, "API under %d pollers (%.0fs, %d requests, %d errors): job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms; master cpu %.1fs\n",
+		p.Clients, p.Seconds, p.Requests, p.Errors, p.ListP50, p.ListP99, p.StatusP50, p.StatusP99, p.MasterCPU)
+	phase(r.Rack)
+	if r.DC != nil {
+		phase(*r.DC)
+	}
+	fmt.Fprintf(w, "master: peak RSS %s, cpu %.1fs over the run (%.0fs)\n", mib(r.MasterPeakRSS), r.MasterCPU, r.Total)
+	if r.AgentSessionsExpired > 0 {
+		fmt.Fprintf(w, "WARNING: %d simulated agents' sessions expired during the run: this machine could not hold %d agents; nodes came and went\n",
+			r.AgentSessionsExpired, r.Nodes)
+	}
 }
 
 func runBenchPlacement(c *cli.Context) error {

@@ -40,6 +40,10 @@ func TestRefusedInput(t *testing.T) {
 		{[]string{"events", "-o", "yaml", "--master", "http://127.0.0.1:1"}, "-o must be"},
 		{[]string{"job", "logs", "wc", "--previous", "-f", "--master", "http://127.0.0.1:1"}, "cannot be followed"},
 		{[]string{"master", "--store", "mem://", "--events-max", "0"}, "--events-max"},
+		{[]string{"bench", "cluster", "--store", "mem://", "--nodes", "200", "--workers", "2000", "--dcs", "4", "--racks", "5"}, "must be a ZooKeeper URL"},
+		{[]string{"bench", "cluster", "--store", "zk://127.0.0.1:1", "--nodes", "100", "--workers", "20000", "--dcs", "4", "--racks", "5"}, "must fit in --nodes x --slots"},
+		{[]string{"bench", "cluster", "--store", "zk://127.0.0.1:1", "--nodes", "200", "--workers", "2000", "--dcs", "4", "--racks", "5", "--master", "remote"}, "--master must be"},
+		{[]string{"bench", "cluster", "--store", "zk://127.0.0.1:1", "--nodes", "200", "--workers", "2000", "--dcs", "4", "--racks", "5", "-o", "yaml"}, "-o must be"},
 	} {
 		app := App()
 		var out bytes.Buffer

@@ -216,7 +216,9 @@ func waitSettled(c *cli.Context, cl *api.Client, name string) error {
 	last := ""
 	var poll pollInterval
 	for {
-		st, err := cl.Job(ctx, name)
+		// The summary alone, whatever the job's size; the workers are read once, to say
+		// what holds the rest when it gives up.
+		st, err := cl.JobSummary(ctx, name)
 		if err == nil {
 			s := st.Summary
 			line := fmt.Sprintf("%s: %d/%d running", name, s.Running, s.Workers)
@@ -234,7 +236,7 @@ func waitSettled(c *cli.Context, cl *api.Client, name string) error {
 				}
 				last = line
 			}
-			if s.Running == s.Workers && settled(st) {
+			if s.Running == s.Workers && s.Stopping == 0 {
 				if tty {
 					fmt.Fprintln(c.App.Writer)
 				}
@@ -246,6 +248,11 @@ func waitSettled(c *cli.Context, cl *api.Client, name string) error {
 		case <-ctx.Done():
 			if tty {
 				fmt.Fprintln(c.App.Writer)
+			}
+			if err == nil {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), 10*time.Second)
+				st, err = cl.Job(rctx, name)
+				cancel()
 			}
 			return cli.Exit("stormdock: "+notReady(st, err, c.Duration("timeout")), 1)
 		case <-time.After(poll.next()):

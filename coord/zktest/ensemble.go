@@ -25,10 +25,10 @@ func StartEnsemble(t testing.TB, n int, opts Options) *Ensemble {
 	if n < 1 {
 		t.Fatalf("zktest: ensemble of %d servers", n)
 	}
-	opts = opts.withDefaults(250 * time.Millisecond)
+	opts = opts.withDefaults(250*time.Millisecond, "128m")
 	// 128 MiB each: three JVMs must fit beside the tests on a small machine, and a test
 	// ensemble holds little data.
-	e := &Ensemble{t: t, servers: launch(t, n, opts, "128m"), opts: opts}
+	e := &Ensemble{t: t, servers: launch(t, n, opts), opts: opts}
 	ctx, cancel := context.WithTimeout(context.Background(), opts.StartTimeout)
 	defer cancel()
 	if err := e.waitServing(ctx, n); err != nil {

@@ -39,6 +39,16 @@ type Options struct {
 	// Dial connects the test to its servers (the four-letter words); nil: this machine's
 	// network. A lab's hosts are reached through the lab (netlab.Lab.DialContext).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// MaxClientCnxns caps connections from one client address (ZooKeeper's default is 60);
+	// 0 means no cap, which a benchmark that runs thousands of simulated agents in one
+	// process needs: each holds a session of its own.
+	MaxClientCnxns int
+	// Heap is the server's JVM heap ("256m", "2g"). Default 256m for a standalone server,
+	// 128m for an ensemble member.
+	Heap string
+	// SyncTxnLog makes the server sync its transaction log to disk before it answers, as a
+	// production server does (forceSync=yes). Off by default: see writeConfig.
+	SyncTxnLog bool
 }
 
 // Host is a machine of a test network that a server can run on (netlab.Host is one).
@@ -56,9 +66,12 @@ const (
 	electionPort = 3888
 )
 
-func (o Options) withDefaults(tick time.Duration) Options {
+func (o Options) withDefaults(tick time.Duration, heap string) Options {
 	if o.TickTime <= 0 {
 		o.TickTime = tick
+	}
+	if o.Heap == "" {
+		o.Heap = heap
 	}
 	if o.StartTimeout <= 0 {
 		o.StartTimeout = 30 * time.Second
@@ -89,9 +102,9 @@ type Server struct {
 // missing ZooKeeper skips the test, or fails it under CI=true (internal/testenv).
 func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
-	opts = opts.withDefaults(200 * time.Millisecond)
 	// 256 MiB: a standalone server holds a whole local cluster's state in e2e tests.
-	servers := launch(t, 1, opts, "256m")
+	opts = opts.withDefaults(200*time.Millisecond, "256m")
+	servers := launch(t, 1, opts)
 	return servers[0]
 }
 
@@ -99,7 +112,7 @@ func Start(t testing.TB, opts Options) *Server {
 // starts them all at once (members must find each other to elect a leader) and waits until
 // each answers: a standalone server must serve, an ensemble member only answer imok (it
 // serves once a quorum has formed; StartEnsemble waits for that).
-func launch(t testing.TB, n int, opts Options, heap string) []*Server {
+func launch(t testing.TB, n int, opts Options) []*Server {
 	t.Helper()
 	script := testenv.ZKServerScript(t)
 	// Each server's address and client, quorum and election ports.
@@ -140,7 +153,7 @@ func launch(t testing.TB, n int, opts Options, heap string) []*Server {
 			cfg:     filepath.Join(dir, "zoo.cfg"),
 			logFile: filepath.Join(dir, "server.out"),
 			addr:    net.JoinHostPort(at[i].ip, strconv.Itoa(at[i].client)),
-			heap:    heap,
+			heap:    opts.Heap,
 			opts:    opts,
 		}
 		if opts.Hosts != nil {
@@ -184,6 +197,10 @@ func (s *Server) writeConfig(clientIP string, clientPort int, peers string) erro
 			return fmt.Errorf("write myid: %w", err)
 		}
 	}
+	forceSync := "no"
+	if s.opts.SyncTxnLog {
+		forceSync = "yes"
+	}
 	cfg := fmt.Sprintf(`tickTime=%d
 initLimit=10
 syncLimit=5
@@ -192,9 +209,9 @@ clientPort=%d
 clientPortAddress=%s
 admin.enableServer=false
 4lw.commands.whitelist=*
-maxClientCnxns=0
-forceSync=no
-%s`, s.opts.TickTime.Milliseconds(), data, clientPort, clientIP, peers)
+maxClientCnxns=%d
+forceSync=%s
+%s`, s.opts.TickTime.Milliseconds(), data, clientPort, clientIP, max(s.opts.MaxClientCnxns, 0), forceSync, peers)
 	if err := os.WriteFile(s.cfg, []byte(cfg), 0o644); err != nil {
 		return fmt.Errorf("write zoo.cfg: %w", err)
 	}

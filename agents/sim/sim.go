@@ -1,0 +1,432 @@
+// Package sim runs simulated node agents for benchmarks: each speaks the real agent's store
+// protocol and "starts" its workers at once, without processes. A test double only.
+//
+// A simulated agent holds a store session of its own, registers its node as a session-bound
+// entry (cluster.NodeKey) holding a cluster.NodeRecord, watches its assignment
+// (cluster.AssignmentKey), acts only on an assignment stamped with its current session (as
+// the real agent's gate does), and writes its record at most once per heartbeat, only when it
+// changed. Closing it ends its session, and its entry vanishes as a dead node's does. The real
+// agent and this one pass the same conformance checks (package agents/agenttest).
+//
+// Simulated agents are goroutines: a benchmark runs thousands in one process, each with its
+// own ZooKeeper connection (see Config.Store.BufferSize and ZooKeeper's maxClientCnxns).
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+)
+
+// Defaults for Config.
+const (
+	DefaultHeartbeat = time.Second
+	// DefaultBufferSize is each simulated agent's ZooKeeper client buffer: its assignment and
+	// its record must fit (a node's compact assignment of 16 workers is about 2 KiB). Ten
+	// thousand agents hold two buffers each.
+	DefaultBufferSize = 32 << 10
+	// memoryQuantum is the step of a worker's memory reading, as the real agent rounds it.
+	memoryQuantum = 4 << 20
+)
+
+// Config configures simulated agents.
+type Config struct {
+	// Store is the coordination store's URL; Options its client options, one client per
+	// agent. A zero Options.BufferSize becomes DefaultBufferSize.
+	Store   string
+	Options coord.Options
+	// Open, when set, opens each agent's client instead of coord.Open(Store, Options).
+	Open func(ctx context.Context) (coord.Store, error)
+	// Heartbeat is how often an agent writes its record when it changed. Default
+	// DefaultHeartbeat.
+	Heartbeat time.Duration
+	// Churn is the share of heartbeats on which one of the node's workers reports a new
+	// memory reading, as a busy worker's crossing a rounding step does: 0.2 models a node
+	// whose readings change at every sample of the real agent (every fifth heartbeat).
+	Churn float64
+	// Isolation lists the drivers the agents claim (default process).
+	Isolation []string
+	// Events, when set, hears what the agents do (for a benchmark's clocks).
+	Events Events
+	Logger *slog.Logger
+}
+
+// Events hears what simulated agents do. Its methods are called from every agent's goroutine
+// at once and must not block.
+type Events interface {
+	// Assigned: node acts on an assignment stamped with its session, which lists these
+	// workers to run (workers marked Stop excluded).
+	Assigned(node string, workers []cluster.WorkerKey)
+	// Acked: node's record, as the store now holds it, reports these workers running for
+	// the first time since they started there.
+	Acked(node string, workers []cluster.WorkerKey)
+}
+
+func (c *Config) defaults() {
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.Options.BufferSize == 0 {
+		c.Options.BufferSize = DefaultBufferSize
+	}
+	if len(c.Isolation) == 0 {
+		c.Isolation = []string{cluster.IsolationProcess}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Options.Logger == nil {
+		c.Options.Logger = c.Logger
+	}
+}
+
+// Agent is one simulated node agent.
+type Agent struct {
+	cfg      Config
+	node     cluster.Node
+	store    coord.Store
+	key      string
+	assign   string
+	instance string
+	started  time.Time
+	log      *slog.Logger
+
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu      sync.Mutex
+	status  Status
+	workers map[cluster.WorkerKey]*cluster.WorkerStatus // the loop's; read under mu
+	// dirty says the workers changed since the record was last written (the loop's): a
+	// heartbeat with nothing changed costs no encoding, which ten thousand agents in one
+	// process would otherwise pay every second.
+	dirty bool
+}
+
+// Status is what an agent has done so far.
+type Status struct {
+	Session int64 // the session its entry was last written under
+	Writes  int   // record writes
+	Running int   // workers it runs
+	Stamped int64 // the session of the assignment it last acted on
+	// Expired counts sessions the agent lost to expiry (its process too slow to keep them,
+	// or cut off): a simulated agent never loses one otherwise.
+	Expired  int
+	LastErr  string
+	Register time.Duration // from Start to its entry's first write
+}
+
+// Start opens the agent's store session, registers its node and runs it until Close. The
+// node's labels get isolation/<mode>=true for each driver in cfg.Isolation, as a real
+// agent's do.
+func Start(ctx context.Context, cfg Config, node cluster.Node) (*Agent, error) {
+	cfg.defaults()
+	key, err := cluster.NodeKey(node.ID)
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	assign, _ := cluster.AssignmentKey(node.ID)
+	labels := make(map[string]string, len(node.Labels)+len(cfg.Isolation))
+	for k, v := range node.Labels {
+		labels[k] = v
+	}
+	for _, m := range cfg.Isolation {
+		labels["isolation/"+m] = "true"
+	}
+	node.Labels = labels
+	a := &Agent{cfg: cfg, node: node, key: key, assign: assign, instance: fmt.Sprintf("sim-%x", rand.Uint64()),
+		started: time.Now().UTC().Truncate(time.Millisecond), log: cfg.Logger.With("node", node.ID, "component", "sim"),
+		done: make(chan struct{}), workers: map[cluster.WorkerKey]*cluster.WorkerStatus{}}
+	begin := time.Now()
+	if cfg.Open != nil {
+		a.store, err = cfg.Open(ctx)
+	} else {
+		a.store, err = coord.Open(ctx, cfg.Store, cfg.Options)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sim: node %s: %w", node.ID, err)
+	}
+	w := &writer{store: a.store, key: key, host: node.Host, version: -1}
+	rec, _ := a.record()
+	if err := w.write(ctx, rec); err != nil {
+		a.store.Close()
+		return nil, fmt.Errorf("sim: register node %s: %w", node.ID, err)
+	}
+	a.status.Session, a.status.Writes, a.status.Register = a.store.SessionID(), 1, time.Since(begin)
+	// The watches are armed before Start returns: whatever the master writes from now on
+	// reaches the agent.
+	lctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	assignments, err := a.store.Watch(lctx, assign)
+	if err != nil {
+		cancel()
+		a.store.Close()
+		return nil, fmt.Errorf("sim: node %s: watch assignment: %w", node.ID, err)
+	}
+	sessions := a.store.SessionEvents(lctx)
+	go a.loop(lctx, w, rec, assignments, sessions)
+	return a, nil
+}
+
+// Node is the node the agent registered.
+func (a *Agent) Node() cluster.Node { return a.node }
+
+// Status reports what the agent has done.
+func (a *Agent) Status() Status {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.status
+	st.Running = len(a.workers)
+	return st
+}
+
+// Close stops the agent and ends its session: its node entry vanishes at once.
+func (a *Agent) Close() error {
+	a.cancel()
+	<-a.done
+	return a.store.Close()
+}
+
+// loop handles assignments, session changes and heartbeats until ctx is done.
+func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-chan coord.Event, sessions <-chan coord.SessionEvent) {
+	defer close(a.done)
+	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	// Heartbeats of many agents spread over the interval rather than beating together.
+	first := time.NewTimer(time.Duration(r.Int64N(int64(a.cfg.Heartbeat))))
+	defer first.Stop()
+	var beat <-chan time.Time
+	var ticker *time.Ticker
+	defer func() {
+		if ticker != nil {
+			ticker.Stop()
+		}
+	}()
+	var unacked []cluster.WorkerKey // started since the last write
+	force := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-assignments:
+			if !ok {
+				return
+			}
+			unacked = a.apply(ev, unacked)
+			continue
+		case ev, ok := <-sessions:
+			if !ok {
+				return
+			}
+			if ev.Type == coord.SessionExpired {
+				a.mu.Lock()
+				a.status.Expired++
+				a.mu.Unlock()
+			}
+			if ev.Type == coord.SessionNew {
+				// The store client re-created the entry under the new session with the
+				// record last written; write it anew so the master sees this session's.
+				w.version, force = -1, true
+			}
+			continue
+		case <-first.C:
+			ticker = time.NewTicker(a.cfg.Heartbeat)
+			beat = ticker.C
+		case <-beat:
+		}
+		if a.cfg.Churn > 0 && r.Float64() < a.cfg.Churn {
+			a.churn(r)
+		}
+		if !force && !a.dirty {
+			continue
+		}
+		rec, _ := a.record()
+		if !force && bytes.Equal(rec, last) {
+			a.dirty = false
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, a.cfg.Heartbeat)
+		err := w.write(wctx, rec)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				a.log.Warn("write node record", "err", err)
+				a.mu.Lock()
+				a.status.LastErr = err.Error()
+				a.mu.Unlock()
+			}
+			continue
+		}
+		last, force, a.dirty = rec, false, false
+		a.mu.Lock()
+		a.status.Writes++
+		a.status.Session = a.store.SessionID()
+		a.mu.Unlock()
+		if len(unacked) > 0 {
+			if a.cfg.Events != nil {
+				a.cfg.Events.Acked(a.node.ID, unacked)
+			}
+			unacked = nil
+		}
+	}
+}
+
+// apply takes a new version of the node's assignment: on one stamped with the agent's
+// session it starts the workers it lists and stops the others, at once. It returns the
+// workers started and not yet reported.
+func (a *Agent) apply(ev coord.Event, unacked []cluster.WorkerKey) []cluster.WorkerKey {
+	var na cluster.NodeAssignment
+	if ev.Exists && len(ev.Entry.Value) > 0 {
+		if err := json.Unmarshal(ev.Entry.Value, &na); err != nil {
+			a.log.Error("ignoring unreadable assignment", "err", err)
+			return unacked
+		}
+	}
+	// No assignment, or one written before the master saw this session (the real agent's
+	// gate): change nothing until the master stamps one with this session.
+	if na.Session == 0 || na.Session != a.store.SessionID() {
+		return unacked
+	}
+	want := make(map[cluster.WorkerKey]cluster.WorkerAssignment, len(na.Workers))
+	keys := make([]cluster.WorkerKey, 0, len(na.Workers))
+	for _, wa := range na.Workers {
+		if !wa.Stop {
+			want[wa.Key] = wa
+			keys = append(keys, wa.Key)
+		}
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	a.mu.Lock()
+	a.status.Stamped = na.Session
+	for k := range a.workers {
+		if _, ok := want[k]; !ok {
+			delete(a.workers, k)
+			a.dirty = true
+		}
+	}
+	for k, wa := range want {
+		if s, ok := a.workers[k]; ok {
+			if s.Generation != wa.Generation {
+				s.Generation, a.dirty = wa.Generation, true
+			}
+			continue
+		}
+		a.dirty = true
+		a.workers[k] = &cluster.WorkerStatus{Key: k, Generation: wa.Generation, State: cluster.WorkerRunning,
+			PID: 1, Memory: cluster.Bytes(min(wa.Resources.Memory/2, 64<<20)) / memoryQuantum * memoryQuantum, Since: now}
+		unacked = append(unacked, k)
+	}
+	a.mu.Unlock()
+	unacked = slices.DeleteFunc(unacked, func(k cluster.WorkerKey) bool { _, ok := want[k]; return !ok })
+	if a.cfg.Events != nil {
+		a.cfg.Events.Assigned(a.node.ID, keys)
+	}
+	return unacked
+}
+
+// churn moves one worker's memory reading by a step.
+func (a *Agent) churn(r *rand.Rand) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.workers) == 0 {
+		return
+	}
+	i := r.IntN(len(a.workers))
+	for _, s := range a.workers {
+		if i == 0 {
+			if s.Memory > memoryQuantum && r.IntN(2) == 0 {
+				s.Memory -= memoryQuantum
+			} else {
+				s.Memory += memoryQuantum
+			}
+			a.dirty = true
+			return
+		}
+		i--
+	}
+}
+
+// record encodes the node record as the agent would write it now.
+func (a *Agent) record() ([]byte, error) {
+	a.mu.Lock()
+	ws := make([]cluster.WorkerStatus, 0, len(a.workers))
+	for _, s := range a.workers {
+		ws = append(ws, *s)
+	}
+	a.mu.Unlock()
+	slices.SortFunc(ws, func(x, y cluster.WorkerStatus) int { return x.Key.Compare(y.Key) })
+	return json.Marshal(cluster.NodeRecord{
+		Node:      a.node,
+		Health:    cluster.NodeHealth{State: cluster.HealthHealthy},
+		Workers:   ws,
+		Isolation: a.cfg.Isolation,
+		Agent:     a.instance,
+		Started:   a.started,
+	})
+}
+
+// writer keeps the node's session-bound entry, as the real agent's keeper does: it creates
+// it under the agent's session and rewrites it at its version, never unconditionally (an
+// unconditional write while the entry is gone would make it persistent).
+type writer struct {
+	store   coord.Store
+	key     string
+	host    string
+	version int64 // -1: unknown
+}
+
+var errTaken = errors.New("node entry held by another agent's session")
+
+func (w *writer) write(ctx context.Context, b []byte) error {
+	for range 5 {
+		if w.version >= 0 {
+			v, err := w.store.Put(ctx, w.key, b, w.version)
+			switch {
+			case err == nil:
+				w.version = v
+				return nil
+			case errors.Is(err, coord.ErrNotFound), errors.Is(err, coord.ErrConflict):
+				w.version = -1
+			default:
+				return err
+			}
+		}
+		_, err := w.store.Create(ctx, w.key, b, coord.Ephemeral)
+		if err == nil {
+			w.version = 0
+			return nil
+		}
+		if !errors.Is(err, coord.ErrExists) {
+			return err
+		}
+		e, err := w.store.Get(ctx, w.key)
+		switch {
+		case errors.Is(err, coord.ErrNotFound):
+			continue
+		case err != nil:
+			return err
+		case e.Owner == w.store.SessionID():
+			w.version = e.Version
+			continue
+		}
+		var old cluster.NodeRecord
+		_ = json.Unmarshal(e.Value, &old)
+		if old.Node.Host != w.host {
+			return fmt.Errorf("%w: %s (host %q)", errTaken, w.key, old.Node.Host)
+		}
+		// An earlier agent of this host whose session has not timed out: take over.
+		if err := w.store.Delete(ctx, w.key, e.Version); err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrConflict) {
+			return err
+		}
+	}
+	return fmt.Errorf("write %s: gave up after repeated conflicts", w.key)
+}

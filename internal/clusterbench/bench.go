@@ -1,0 +1,876 @@
+// Package clusterbench measures the control plane at cluster scale: a real master and a real
+// ZooKeeper with thousands of simulated agents (package agents/sim), for `stormdock bench cluster`.
+package clusterbench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/stormdock/stormdock/agents/sim"
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/placement/placementtest"
+)
+
+// Config describes one benchmark run.
+type Config struct {
+	// Store is the ZooKeeper to measure (zk://HOST:PORT[/CHROOT]); the run works under a
+	// fresh chroot below it and removes it at the end.
+	Store string
+	// Nodes, spread evenly over DCs x Racks (per dc); Slots per node (memory 4Gi and cpu 2
+	// per slot).
+	Nodes, DCs, Racks, Slots int
+	// Workers over Jobs jobs (sizes vary around the mean, spread over dc and rack).
+	Workers, Jobs int
+	// Heartbeat and Churn of the simulated agents (see sim.Config).
+	Heartbeat time.Duration
+	Churn     float64
+	// SessionTimeout of the master's and the agents' sessions.
+	SessionTimeout time.Duration
+	// Steady is how long steady state is measured; Poll how long the API pollers run.
+	Steady, Poll time.Duration
+	// Pollers is how many clients poll `job list` and `job status` at once.
+	Pollers int
+	// Settle bounds the wait for each phase to complete.
+	Settle time.Duration
+	// MasterBinary, when set, runs the master as `MasterBinary master ...`, a process of its
+	// own; otherwise it runs in this process (its memory and cpu then include the agents').
+	MasterBinary string
+	// SkipDC skips the data-center loss.
+	SkipDC bool
+	Seed   uint64
+	// Progress receives a line per step; nil for none.
+	Progress io.Writer
+	Logger   *slog.Logger
+}
+
+// Report is what a run measured. Durations are in seconds.
+type Report struct {
+	Nodes   int    `json:"nodes"`
+	Workers int    `json:"workers"`
+	Jobs    int    `json:"jobs"`
+	DCs     int    `json:"dcs"`
+	Racks   int    `json:"racksPerDC"`
+	Slots   int    `json:"slots"`
+	Master  string `json:"master"` // "process" or "in-process"
+	// Hosting says how the simulated agents ran.
+	Hosting string `json:"hosting"`
+	// Register is from the first agent's start to every node registered; AgentsRSS the bench
+	// process's resident memory high-water mark after it (agents and, in process, master).
+	Register float64 `json:"registerSeconds"`
+	BenchRSS int64   `json:"benchPeakRSSBytes"`
+	// BenchCPU is the bench process's cpu seconds over the run: the agents' (and, in
+	// process, the master's).
+	BenchCPU  float64 `json:"benchCPUSeconds"`
+	Heartbeat float64 `json:"heartbeatSeconds"`
+
+	Submit Phase `json:"submit"`
+	// APIRunning is from the first submission to `job list` reporting every worker running.
+	APIRunning float64 `json:"apiAllRunningSeconds"`
+	// StartedTwice counts workers started more than once (0 is correct).
+	StartedTwice int `json:"startedTwice"`
+
+	Steady Steady `json:"steady"`
+	Store  Store  `json:"store"`
+	Poll   Poll   `json:"poll"`
+	Rack   Phase  `json:"rackLoss"`
+	DC     *Phase `json:"dcLoss,omitempty"`
+
+	// AgentSessionsExpired counts simulated agents' sessions that expired over the run
+	// (the bench process too slow to keep them): not 0 means the machine could not hold
+	// this many agents, and the figures are of a cluster whose nodes came and went.
+	AgentSessionsExpired int `json:"agentSessionsExpired"`
+
+	MasterPeakRSS int64   `json:"masterPeakRSSBytes"`
+	MasterCPU     float64 `json:"masterCPUSeconds"`
+	Total         float64 `json:"totalSeconds"`
+}
+
+// Phase is one event: a submission or a loss, from its start to its workers assigned and
+// acknowledged running by their agents.
+type Phase struct {
+	What     string  `json:"what"`
+	Workers  int     `json:"workers"`  // workers it concerns
+	Assigned float64 `json:"assigned"` // seconds to the last of them assigned
+	Acked    float64 `json:"acked"`    // seconds to the last of them acknowledged running
+	// Left counts workers still not assigned and acknowledged when the phase ended;
+	// Unplaced of them the master reported it could not place (no capacity left).
+	Left     int `json:"left"`
+	Unplaced int `json:"unplaced"`
+	// OthersMoved and OthersRestarted count workers outside the loss that were assigned
+	// elsewhere or started again (0 is what a loss of spare capacity should do).
+	OthersMoved     int     `json:"othersMoved"`
+	OthersRestarted int     `json:"othersRestarted"`
+	MasterCPU       float64 `json:"masterCPUSeconds"`
+	ZK              Rates   `json:"zookeeper"`
+	// Reconciles the leader ran meanwhile, and their mean duration.
+	Reconciles      int     `json:"reconciles"`
+	ReconcileMeanMs float64 `json:"reconcileMeanMs"`
+}
+
+// Steady is the cluster left alone.
+type Steady struct {
+	ZK Rates `json:"zookeeper"`
+	// AgentWrites counts the simulated agents' record writes per node per heartbeat.
+	AgentWritesPerNodePerHeartbeat float64 `json:"agentWritesPerNodePerHeartbeat"`
+	// WritesPerNodePerHeartbeat is every ZooKeeper write under the chroot, per node per
+	// heartbeat: the master's included.
+	WritesPerNodePerHeartbeat float64 `json:"writesPerNodePerHeartbeat"`
+	MasterCPU                 float64 `json:"masterCPUSeconds"`
+}
+
+// Store is what ZooKeeper holds at steady state.
+type Store struct {
+	Znodes          int64 `json:"znodes"`
+	DataBytes       int64 `json:"dataBytes"`
+	Watches         int64 `json:"watches"`
+	Connections     int64 `json:"connections"`
+	Ephemerals      int64 `json:"ephemerals"`
+	LargestAssign   int   `json:"largestAssignmentBytes"`
+	LargestNode     int   `json:"largestNodeRecordBytes"`
+	LargestJob      int   `json:"largestJobRecordBytes"`
+	AssignmentBytes int64 `json:"assignmentBytes"` // all assignments together
+}
+
+// Poll is the API's latency while Pollers clients poll.
+type Poll struct {
+	Clients   int     `json:"clients"`
+	Seconds   float64 `json:"seconds"`
+	ListP50   float64 `json:"jobListP50Ms"`
+	ListP99   float64 `json:"jobListP99Ms"`
+	StatusP50 float64 `json:"jobStatusP50Ms"`
+	StatusP99 float64 `json:"jobStatusP99Ms"`
+	Requests  int     `json:"requests"`
+	Errors    int     `json:"errors"`
+	MasterCPU float64 `json:"masterCPUSeconds"`
+}
+
+func (c *Config) defaults() error {
+	var bad []string
+	for name, v := range map[string]int{"nodes": c.Nodes, "workers": c.Workers, "dcs": c.DCs, "racks": c.Racks, "slots": c.Slots} {
+		if v < 1 {
+			bad = append(bad, fmt.Sprintf("--%s must be at least 1", name))
+		}
+	}
+	if c.Jobs <= 0 {
+		c.Jobs = max(1, c.Workers/100)
+	}
+	if c.Workers < c.Jobs {
+		bad = append(bad, "--workers must be at least --jobs")
+	}
+	if c.Nodes < c.DCs*c.Racks {
+		bad = append(bad, fmt.Sprintf("--nodes must be at least --dcs x --racks (%d)", c.DCs*c.Racks))
+	}
+	if c.Nodes > 0 && c.Slots > 0 && c.Workers > c.Nodes*c.Slots {
+		bad = append(bad, fmt.Sprintf("--workers (%d) must fit in --nodes x --slots (%d)", c.Workers, c.Nodes*c.Slots))
+	}
+	t, err := coord.ParseURL(c.Store)
+	if err != nil {
+		bad = append(bad, fmt.Sprintf("--store: %v", err))
+	} else if t.Scheme != "zk" {
+		bad = append(bad, "--store must be a ZooKeeper URL (zk://HOST:PORT): the benchmark measures ZooKeeper")
+	}
+	if len(bad) > 0 {
+		return errors.New(strings.Join(bad, "\n"))
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = sim.DefaultHeartbeat
+	}
+	if c.SessionTimeout <= 0 {
+		c.SessionTimeout = 10 * time.Second
+	}
+	if c.Steady <= 0 {
+		c.Steady = 10 * time.Second
+	}
+	if c.Poll <= 0 {
+		c.Poll = 10 * time.Second
+	}
+	if c.Pollers <= 0 {
+		c.Pollers = 10
+	}
+	if c.Settle <= 0 {
+		c.Settle = 5 * time.Minute
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return nil
+}
+
+// Check validates cfg as Run would, without running anything.
+func Check(cfg Config) error { return cfg.defaults() }
+
+// run is one benchmark in progress.
+type run struct {
+	cfg     Config
+	rep     *Report
+	zkAddr  string
+	ns      string // the chroot's first segment: ZooKeeper counts writes per namespace
+	url     string // the store URL with the run's chroot
+	admin   coord.Store
+	master  *master
+	cl      *api.Client
+	tr      *tracker
+	nodes   []cluster.Node
+	jobs    []cluster.JobSpec
+	keys    []cluster.WorkerKey
+	agentMu sync.Mutex
+	agents  map[string]*sim.Agent
+}
+
+func (r *run) logf(format string, args ...any) {
+	if r.cfg.Progress != nil {
+		fmt.Fprintf(r.cfg.Progress, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+	}
+}
+
+// Run runs the benchmark and returns what it measured.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	began := time.Now()
+	t, _ := coord.ParseURL(cfg.Store)
+	r := &run{cfg: cfg, zkAddr: t.Servers[0], tr: newTracker(), agents: map[string]*sim.Agent{}}
+	if err := checkServer(ctx, r.zkAddr, cfg.Nodes+8); err != nil {
+		return nil, err
+	}
+	chroot := fmt.Sprintf("%s/stormdock-bench-%x", t.Chroot, rand.Uint32())
+	r.ns = strings.SplitN(strings.TrimPrefix(chroot, "/"), "/", 2)[0]
+	t.Chroot = chroot
+	r.url = t.String()
+	if t.Credentials != "" {
+		return nil, errors.New("--store: the benchmark runs without ZooKeeper credentials; give a server without ACLs")
+	}
+	r.rep = &Report{Nodes: cfg.Nodes, Workers: cfg.Workers, Jobs: cfg.Jobs, DCs: cfg.DCs, Racks: cfg.Racks, Slots: cfg.Slots,
+		Heartbeat: cfg.Heartbeat.Seconds(), Master: "in-process",
+		Hosting: fmt.Sprintf("%d goroutine agents in one process, one ZooKeeper connection and session each (%d KiB client buffers)", cfg.Nodes, sim.DefaultBufferSize>>10)}
+	if cfg.MasterBinary != "" {
+		r.rep.Master = "process"
+	}
+	var err error
+	r.admin, err = coord.Open(ctx, r.url, coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", r.url, err)
+	}
+	defer r.cleanup()
+	dir, err := os.MkdirTemp("", "stormdock-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	r.logf("store %s; master (%s) data in %s", r.url, r.rep.Master, dir)
+	if r.master, err = startMaster(ctx, cfg, r.url, dir); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if r.master != nil {
+			_ = r.master.stop()
+		}
+	}()
+	if r.cl, err = api.NewClient(r.master.url, r.master.token); err != nil {
+		return nil, err
+	}
+	r.workload()
+	if err := r.register(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.submit(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.steady(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.poll(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.loseRack(ctx); err != nil {
+		return nil, err
+	}
+	if !cfg.SkipDC && cfg.DCs > 1 {
+		if err := r.loseDC(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if u, err := procUsage(r.master.pid); err == nil {
+		r.rep.MasterPeakRSS, r.rep.MasterCPU = u.peakRSS, round(u.cpu.Seconds(), 2)
+	}
+	r.rep.AgentSessionsExpired += r.expired()
+	if u, err := procUsage(0); err == nil {
+		r.rep.BenchRSS, r.rep.BenchCPU = u.peakRSS, round(u.cpu.Seconds(), 1)
+	}
+	r.rep.Total = round(time.Since(began).Seconds(), 1)
+	return r.rep, nil
+}
+
+// workload makes the cluster's nodes and the jobs.
+func (r *run) workload() {
+	c := r.cfg
+	pc := placementtest.Config{DCs: c.DCs, RacksPerDC: c.Racks, NodesPerRack: max(1, c.Nodes/(c.DCs*c.Racks)), Slots: c.Slots,
+		Memory: cluster.Bytes(c.Slots) * 4 << 30, CPU: cluster.CPU(c.Slots * 2000), Jobs: c.Jobs, Workers: c.Workers,
+		Spread: []string{cluster.DomainDC, cluster.DomainRack}, Seed: c.Seed}
+	all := pc.Nodes()
+	// Nodes that do not divide evenly: the first racks get one more.
+	for i := len(all); i < c.Nodes; i++ {
+		d, rk := (i/c.Racks)%c.DCs, i%c.Racks
+		all = append(all, cluster.Node{ID: placementtest.NodeID(d, rk, pc.NodesPerRack+i/(c.DCs*c.Racks)), DC: placementtest.DCName(d),
+			Rack: placementtest.RackName(rk), Slots: c.Slots, Memory: pc.Memory, CPU: pc.CPU})
+	}
+	r.nodes = all[:c.Nodes]
+	for i := range r.nodes {
+		r.nodes[i].Host = r.nodes[i].ID
+	}
+	r.jobs = pc.JobSpecs()
+	for i := range r.jobs {
+		r.jobs[i].Command = []string{"true"}
+		r.jobs[i].GracePeriod = cluster.Duration(time.Second)
+		r.keys = append(r.keys, r.jobs[i].Keys()...)
+	}
+}
+
+// register starts every simulated agent and waits until the master lists every node.
+func (r *run) register(ctx context.Context) error {
+	start := time.Now()
+	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, Logger: r.cfg.Logger},
+		Heartbeat: r.cfg.Heartbeat, Churn: r.cfg.Churn, Events: r.tr, Logger: r.cfg.Logger}
+	r.logf("starting %d simulated agents", len(r.nodes))
+	if err := parallel(ctx, len(r.nodes), 32, func(i int) error {
+		a, err := sim.Start(ctx, scfg, r.nodes[i])
+		if err != nil {
+			return err
+		}
+		r.agentMu.Lock()
+		r.agents[r.nodes[i].ID] = a
+		r.agentMu.Unlock()
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := r.until(ctx, "the master lists every node", func() (bool, error) {
+		ns, err := r.cl.Nodes(ctx)
+		return len(ns) == len(r.nodes), err
+	}); err != nil {
+		return err
+	}
+	r.rep.Register = round(time.Since(start).Seconds(), 2)
+	if u, err := procUsage(0); err == nil {
+		r.rep.BenchRSS = u.peakRSS
+	}
+	r.logf("%d nodes registered in %.1fs; bench process peak RSS %s", len(r.nodes), r.rep.Register, mib(r.rep.BenchRSS))
+	// Tenants the jobs belong to.
+	seen := map[string]bool{}
+	for _, j := range r.jobs {
+		if !seen[j.Tenant] {
+			seen[j.Tenant] = true
+			if err := r.cl.CreateTenant(ctx, cluster.Tenant{Name: j.Tenant}); err != nil && !errors.Is(err, api.ErrExists) {
+				return fmt.Errorf("create tenant %s: %w", j.Tenant, err)
+			}
+		}
+	}
+	return nil
+}
+
+// submit submits every job and waits for every worker to be assigned and acknowledged.
+func (r *run) submit(ctx context.Context) error {
+	before, err := r.mark(ctx)
+	if err != nil {
+		return err
+	}
+	r.logf("submitting %d jobs, %d workers", len(r.jobs), len(r.keys))
+	start := time.Now()
+	if err := parallel(ctx, len(r.jobs), 8, func(i int) error {
+		b, _ := json.Marshal(r.jobs[i])
+		_, err := r.cl.SubmitJob(ctx, b)
+		return err
+	}); err != nil {
+		return fmt.Errorf("submit: %w", err)
+	}
+	r.logf("submitted in %.1fs", time.Since(start).Seconds())
+	p, err := r.settle(ctx, "submit", start, r.keys, before)
+	if err != nil {
+		return err
+	}
+	r.rep.Submit = p
+	r.rep.StartedTwice = r.tr.startedTwice()
+	if err := r.until(ctx, "job list reports every worker running", func() (bool, error) {
+		js, err := r.cl.Jobs(ctx)
+		running := 0
+		for _, j := range js {
+			running += j.Running
+		}
+		return running == len(r.keys), err
+	}); err != nil {
+		return err
+	}
+	r.rep.APIRunning = round(time.Since(start).Seconds(), 2)
+	r.logf("job list: all %d running after %.1fs", len(r.keys), r.rep.APIRunning)
+	return nil
+}
+
+// steady measures the cluster left alone, then what the store holds.
+func (r *run) steady(ctx context.Context) error {
+	// Let the submission's last writes drain first.
+	time.Sleep(2 * r.cfg.Heartbeat)
+	a, err := r.mark(ctx)
+	if err != nil {
+		return err
+	}
+	w0 := r.agentWrites()
+	r.logf("steady state for %s", r.cfg.Steady)
+	time.Sleep(r.cfg.Steady)
+	b, err := r.mark(ctx)
+	if err != nil {
+		return err
+	}
+	w1 := r.agentWrites()
+	rt := rates(a.zk, b.zk)
+	beats := rt.Seconds / r.cfg.Heartbeat.Seconds()
+	n := float64(len(r.nodes))
+	r.rep.Steady = Steady{ZK: rt, MasterCPU: round((b.cpu - a.cpu).Seconds(), 2),
+		AgentWritesPerNodePerHeartbeat: round(float64(w1-w0)/n/beats, 3),
+		WritesPerNodePerHeartbeat:      round(float64(b.zk.nsWrites-a.zk.nsWrites)/n/beats, 3)}
+	r.rep.Store = Store{Znodes: b.zk.znodes, DataBytes: b.zk.dataBytes, Watches: b.zk.watches, Connections: b.zk.conns, Ephemerals: b.zk.ephemerals}
+	r.logf("steady: %.0f ZooKeeper writes/s, %.3f per node per heartbeat; %d znodes, %s", rt.WritesPerSecond,
+		r.rep.Steady.WritesPerNodePerHeartbeat, b.zk.znodes, mib(b.zk.dataBytes))
+	return r.recordSizes(ctx)
+}
+
+// recordSizes reads every assignment and the job and node records: the largest of each, and
+// every worker assigned exactly once.
+func (r *run) recordSizes(ctx context.Context) error {
+	names, err := r.admin.Children(ctx, cluster.AssignmentsKey)
+	if err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	seen := map[cluster.WorkerKey]string{}
+	var dup []string
+	err = parallel(ctx, len(names), 16, func(i int) error {
+		e, err := r.admin.Get(ctx, cluster.AssignmentsKey+"/"+names[i])
+		if err != nil {
+			return err
+		}
+		var a cluster.NodeAssignment
+		if err := json.Unmarshal(e.Value, &a); err != nil {
+			return fmt.Errorf("assignment of %s: %w", names[i], err)
+		}
+		n, _ := r.admin.Get(ctx, cluster.NodesKey+"/"+names[i])
+		mu.Lock()
+		defer mu.Unlock()
+		r.rep.Store.LargestAssign = max(r.rep.Store.LargestAssign, len(e.Value))
+		r.rep.Store.LargestNode = max(r.rep.Store.LargestNode, len(n.Value))
+		r.rep.Store.AssignmentBytes += int64(len(e.Value))
+		for _, w := range a.Workers {
+			if w.Stop {
+				continue
+			}
+			if other, ok := seen[w.Key]; ok {
+				dup = append(dup, fmt.Sprintf("%s on %s and %s", w.Key, other, names[i]))
+			}
+			seen[w.Key] = names[i]
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(dup) > 0 {
+		return fmt.Errorf("workers assigned twice: %s", strings.Join(dup[:min(len(dup), 5)], "; "))
+	}
+	jobs, err := r.admin.Children(ctx, cluster.JobsKey)
+	if err != nil {
+		return err
+	}
+	for _, j := range jobs {
+		e, err := r.admin.Get(ctx, cluster.JobsKey+"/"+j)
+		if err == nil {
+			r.rep.Store.LargestJob = max(r.rep.Store.LargestJob, len(e.Value))
+		}
+	}
+	return nil
+}
+
+// poll measures `job list` and `job status` while Pollers clients poll them.
+func (r *run) poll(ctx context.Context) error {
+	a, err := r.mark(ctx)
+	if err != nil {
+		return err
+	}
+	r.logf("%d clients polling job list and job status for %s", r.cfg.Pollers, r.cfg.Poll)
+	var mu sync.Mutex
+	var list, status []time.Duration
+	errs := 0
+	deadline := time.Now().Add(r.cfg.Poll)
+	var wg sync.WaitGroup
+	for i := range r.cfg.Pollers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl, _ := api.NewClient(r.master.url, r.master.token)
+			rng := rand.New(rand.NewPCG(r.cfg.Seed, uint64(i)))
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				t0 := time.Now()
+				_, err := cl.Jobs(ctx)
+				d := time.Since(t0)
+				t1 := time.Now()
+				_, err2 := cl.Job(ctx, r.jobs[rng.IntN(len(r.jobs))].Name)
+				d2 := time.Since(t1)
+				mu.Lock()
+				list, status = append(list, d), append(status, d2)
+				if err != nil {
+					errs++
+				}
+				if err2 != nil {
+					errs++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	b, err := r.mark(ctx)
+	if err != nil {
+		return err
+	}
+	r.rep.Poll = Poll{Clients: r.cfg.Pollers, Seconds: round(b.at.Sub(a.at).Seconds(), 2), ListP50: ms(pct(list, 50)), ListP99: ms(pct(list, 99)),
+		StatusP50: ms(pct(status, 50)), StatusP99: ms(pct(status, 99)), Requests: len(list) + len(status), Errors: errs,
+		MasterCPU: round((b.cpu - a.cpu).Seconds(), 2)}
+	r.logf("job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms; %d requests, %d errors",
+		r.rep.Poll.ListP50, r.rep.Poll.ListP99, r.rep.Poll.StatusP50, r.rep.Poll.StatusP99, r.rep.Poll.Requests, errs)
+	return nil
+}
+
+// loseRack closes the sessions of one rack's nodes.
+func (r *run) loseRack(ctx context.Context) error {
+	dc, rack := placementtest.DCName(min(1, r.cfg.DCs-1)), placementtest.RackName(min(1, r.cfg.Racks-1))
+	p, err := r.lose(ctx, fmt.Sprintf("rack %s/%s", dc, rack), func(n cluster.Node) bool { return n.DC == dc && n.Rack == rack })
+	if err != nil {
+		return err
+	}
+	r.rep.Rack = p
+	return nil
+}
+
+// loseDC closes the sessions of one data center's nodes (not the one that lost a rack).
+func (r *run) loseDC(ctx context.Context) error {
+	dc := placementtest.DCName(r.cfg.DCs - 1)
+	p, err := r.lose(ctx, "dc "+dc, func(n cluster.Node) bool { return n.DC == dc })
+	if err != nil {
+		return err
+	}
+	r.rep.DC = &p
+	return nil
+}
+
+// lose closes the sessions of the live nodes in, and measures until their workers run
+// elsewhere.
+func (r *run) lose(ctx context.Context, what string, in func(cluster.Node) bool) (Phase, error) {
+	r.agentMu.Lock()
+	var gone []*sim.Agent
+	var ids []string
+	lost := map[string]bool{}
+	for _, n := range r.nodes {
+		if a, ok := r.agents[n.ID]; ok && in(n) {
+			gone = append(gone, a)
+			ids = append(ids, n.ID)
+			lost[n.ID] = true
+			delete(r.agents, n.ID)
+		}
+	}
+	r.agentMu.Unlock()
+	where, acks := r.tr.snapshot()
+	var moved []cluster.WorkerKey
+	for _, k := range r.keys {
+		if lost[where[k]] {
+			moved = append(moved, k)
+		}
+	}
+	before, err := r.mark(ctx)
+	if err != nil {
+		return Phase{}, err
+	}
+	r.logf("losing %s: %d nodes, %d workers", what, len(ids), len(moved))
+	start := time.Now()
+	r.tr.kill(ids)
+	for _, a := range gone {
+		r.rep.AgentSessionsExpired += a.Status().Expired
+	}
+	_ = parallel(ctx, len(gone), 64, func(i int) error { return gone[i].Close() })
+	p, err := r.settle(ctx, what, start, moved, before)
+	if err != nil {
+		return p, err
+	}
+	after, acksAfter := r.tr.snapshot()
+	for _, k := range r.keys {
+		if lost[where[k]] {
+			continue
+		}
+		if after[k] != where[k] {
+			p.OthersMoved++
+		}
+		if acksAfter[k] != acks[k] {
+			p.OthersRestarted++
+		}
+	}
+	r.logf("%s: others moved %d, restarted %d", what, p.OthersMoved, p.OthersRestarted)
+	return p, nil
+}
+
+// sample is the store's and the master's state at one moment.
+type sample struct {
+	at  time.Time
+	zk  zkSample
+	cpu time.Duration
+	// reconciles and reconcileSecs are the leader's reconcile count and total duration.
+	reconciles    int
+	reconcileSecs float64
+}
+
+func (r *run) mark(ctx context.Context) (sample, error) {
+	z, err := sampleZK(ctx, r.zkAddr, r.ns)
+	if err != nil {
+		return sample{}, fmt.Errorf("read ZooKeeper's counters: %w", err)
+	}
+	u, _ := procUsage(r.master.pid)
+	n, secs := reconcileMetrics(ctx, r.master.url)
+	return sample{at: time.Now(), zk: z, cpu: u.cpu, reconciles: n, reconcileSecs: secs}, nil
+}
+
+// settle waits until keys are all assigned and acknowledged, and returns the phase's times.
+func (r *run) settle(ctx context.Context, what string, start time.Time, keys []cluster.WorkerKey, before sample) (Phase, error) {
+	p := Phase{What: what, Workers: len(keys)}
+	deadline := time.Now().Add(r.cfg.Settle)
+	lastLog, lastChange, lastAcked := time.Now(), time.Now(), -1
+	for {
+		assigned, acked, lastA, lastK := r.tr.progress(keys)
+		p.Assigned, p.Acked = round(lastA.Sub(start).Seconds(), 3), round(lastK.Sub(start).Seconds(), 3)
+		if acked == len(keys) {
+			break
+		}
+		if acked != lastAcked {
+			lastAcked, lastChange = acked, time.Now()
+		}
+		// No progress for a while: if the master says the rest cannot be placed (the
+		// loss took more capacity than was spare), the phase is over.
+		if time.Since(lastChange) > 5*time.Second+5*r.cfg.Heartbeat {
+			lastChange = time.Now()
+			if js, err := r.cl.Jobs(ctx); err == nil {
+				unplaced := 0
+				for _, j := range js {
+					unplaced += j.Unplaced
+				}
+				if unplaced >= len(keys)-acked {
+					p.Left, p.Unplaced = len(keys)-acked, unplaced
+					r.logf("%s: %d workers cannot be placed (the master reports %d unplaced): phase over", what, p.Left, unplaced)
+					break
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			p.Left = len(keys) - acked
+			r.logf("%s: gave up after %s with %d of %d workers assigned, %d acknowledged", what, r.cfg.Settle, assigned, len(keys), acked)
+			break
+		}
+		if time.Since(lastLog) > 5*time.Second {
+			r.logf("%s: %d/%d assigned, %d acknowledged; agent sessions expired so far: %d", what, assigned, len(keys), acked, r.rep.AgentSessionsExpired+r.expired())
+			lastLog = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return p, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	after, err := r.mark(ctx)
+	if err != nil {
+		return p, err
+	}
+	p.MasterCPU = round((after.cpu - before.cpu).Seconds(), 2)
+	p.ZK = rates(before.zk, after.zk)
+	if p.Reconciles = after.reconciles - before.reconciles; p.Reconciles > 0 {
+		p.ReconcileMeanMs = round((after.reconcileSecs-before.reconcileSecs)/float64(p.Reconciles)*1000, 1)
+	}
+	r.logf("%s: %d workers assigned after %.2fs, acknowledged after %.2fs; master cpu %.1fs, %d reconciles of %.0fms on average; ZooKeeper %.0f writes/s",
+		what, len(keys)-p.Left, p.Assigned, p.Acked, p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ZK.WritesPerSecond)
+	return p, nil
+}
+
+// until polls cond every 250ms until it holds or Settle passes.
+func (r *run) until(ctx context.Context, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(r.cfg.Settle)
+	var last error
+	for {
+		ok, err := cond()
+		if ok && err == nil {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not after %s (last error: %v)", what, r.cfg.Settle, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// expired counts the live agents' expired sessions.
+func (r *run) expired() int {
+	r.agentMu.Lock()
+	defer r.agentMu.Unlock()
+	n := 0
+	for _, a := range r.agents {
+		n += a.Status().Expired
+	}
+	return n
+}
+
+func (r *run) agentWrites() int {
+	r.agentMu.Lock()
+	defer r.agentMu.Unlock()
+	n := 0
+	for _, a := range r.agents {
+		n += a.Status().Writes
+	}
+	return n
+}
+
+// cleanup closes the agents and removes the run's chroot.
+func (r *run) cleanup() {
+	r.agentMu.Lock()
+	agents := make([]*sim.Agent, 0, len(r.agents))
+	for _, a := range r.agents {
+		agents = append(agents, a)
+	}
+	r.agents = map[string]*sim.Agent{}
+	r.agentMu.Unlock()
+	_ = parallel(context.Background(), len(agents), 64, func(i int) error { return agents[i].Close() })
+	if r.master != nil {
+		_ = r.master.stop()
+		r.master = nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := deleteTree(ctx, r.admin, "/"); err != nil {
+		r.logf("cleanup: %v", err)
+	}
+	r.admin.Close()
+}
+
+// deleteTree removes everything under key, the children of each directory in batches.
+func deleteTree(ctx context.Context, s coord.Store, key string) error {
+	kids, err := s.Children(ctx, key)
+	if errors.Is(err, coord.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var leaves []coord.Op
+	for _, k := range kids {
+		child := strings.TrimSuffix(key, "/") + "/" + k
+		sub, err := s.Children(ctx, child)
+		if err == nil && len(sub) > 0 {
+			if err := deleteTree(ctx, s, child); err != nil {
+				return err
+			}
+			continue
+		}
+		leaves = append(leaves, coord.DeleteOp(child, coord.AnyVersion))
+	}
+	for _, b := range coord.SplitOps(leaves, 0) {
+		if _, err := s.Txn(ctx, b...); err != nil {
+			// An entry gone meanwhile (an ephemeral one) fails the batch: delete one by one.
+			for _, op := range b {
+				if err := s.Delete(ctx, op.Key, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrNotEmpty) {
+					return err
+				}
+			}
+		}
+	}
+	if key != "/" {
+		if err := s.Delete(ctx, key, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
+// parallel runs fn(0..n-1) on at most width goroutines and returns the first error.
+func parallel(ctx context.Context, n, width int, fn func(i int) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		next  int
+	)
+	for range min(width, n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				stop := first != nil || ctx.Err() != nil
+				mu.Unlock()
+				if i >= n || stop {
+					return
+				}
+				if err := fn(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if first == nil {
+		first = ctx.Err()
+	}
+	return first
+}
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
+
+func ms(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond), 2) }
+
+func round(v float64, digits int) float64 {
+	p := 1.0
+	for range digits {
+		p *= 10
+	}
+	return float64(int64(v*p+0.5)) / p
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }

@@ -1,0 +1,202 @@
+package clusterbench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/daemon"
+)
+
+// master is the master under test: in this process, or a process of its own whose memory
+// and cpu time are its alone.
+type master struct {
+	url   string
+	token string
+	pid   int // 0 for a master in this process
+	once  sync.Once
+	halt  func() error
+}
+
+// stop stops the master; later calls do nothing.
+func (m *master) stop() error {
+	var err error
+	m.once.Do(func() { err = m.halt() })
+	return err
+}
+
+// startMaster runs a master on the store at storeURL with its data in dir.
+func startMaster(ctx context.Context, cfg Config, storeURL, dir string) (*master, error) {
+	if cfg.MasterBinary == "" {
+		return startInProcess(ctx, cfg, storeURL, dir)
+	}
+	logFile, err := os.Create(filepath.Join(dir, "master.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(cfg.MasterBinary, "master", "--store", storeURL, "--api", "127.0.0.1:0", "--data", dir,
+		"--session-timeout", cfg.SessionTimeout.String(), "--reregister-grace", masterGrace.String())
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = append(os.Environ(), "STORMDOCK_STORE=")
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start master %s: %w", cfg.MasterBinary, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait(); logFile.Close() }()
+	m := &master{pid: cmd.Process.Pid}
+	m.halt = func() error {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		return nil
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		u, uerr := os.ReadFile(filepath.Join(dir, api.URLFile))
+		t, terr := os.ReadFile(filepath.Join(dir, api.AdminTokenFile))
+		if uerr == nil && terr == nil && len(u) > 0 && len(t) > 0 {
+			m.url, m.token = strings.TrimSpace(string(u)), strings.TrimSpace(string(t))
+			return m, nil
+		}
+		select {
+		case err := <-exited:
+			return nil, fmt.Errorf("master exited: %v (see %s)", err, filepath.Join(dir, "master.log"))
+		case <-ctx.Done():
+			m.stop()
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			m.stop()
+			return nil, fmt.Errorf("master wrote no %s within a minute (see %s)", api.URLFile, filepath.Join(dir, "master.log"))
+		}
+	}
+}
+
+// masterGrace is the master's re-register grace: it waits this long after it starts
+// leading before it moves the workers of nodes it does not see. The benchmark's cluster is
+// new; the grace only delays the first plan.
+const masterGrace = time.Second
+
+func startInProcess(ctx context.Context, cfg Config, storeURL, dir string) (*master, error) {
+	logFile, err := os.Create(filepath.Join(dir, "master.log"))
+	if err != nil {
+		return nil, err
+	}
+	log := slog.New(slog.NewTextHandler(logFile, nil))
+	dm, err := daemon.NewMaster(ctx, daemon.MasterConfig{Store: storeURL, StoreOptions: coord.Options{SessionTimeout: cfg.SessionTimeout},
+		Listen: "127.0.0.1:0", DataDir: dir, ReregisterGrace: masterGrace, Logger: log})
+	if err != nil {
+		logFile.Close()
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- dm.Run(rctx) }()
+	token, err := os.ReadFile(dm.TokenPath())
+	if err != nil {
+		cancel()
+		<-done
+		dm.Close()
+		logFile.Close()
+		return nil, err
+	}
+	return &master{url: dm.URL(), token: strings.TrimSpace(string(token)), halt: func() error {
+		cancel()
+		err := <-done
+		dm.Close()
+		logFile.Close()
+		return err
+	}}, nil
+}
+
+// usage is a process's resident memory high-water mark and cpu time so far.
+type usage struct {
+	peakRSS int64 // bytes
+	cpu     time.Duration
+}
+
+// procUsage reads pid's usage (0: this process) from /proc.
+func procUsage(pid int) (usage, error) {
+	dir := "/proc/self"
+	if pid != 0 {
+		dir = "/proc/" + strconv.Itoa(pid)
+	}
+	var u usage
+	f, err := os.Open(filepath.Join(dir, "status"))
+	if err != nil {
+		return u, err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			u.peakRSS = kb << 10
+		}
+	}
+	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return u, err
+	}
+	// Fields after the command's closing parenthesis; utime and stime are the 14th and 15th
+	// of the line, in clock ticks (100 per second on Linux).
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return u, errors.New("unreadable " + dir + "/stat")
+	}
+	f2 := strings.Fields(string(stat)[i+1:])
+	if len(f2) < 13 {
+		return u, errors.New("short " + dir + "/stat")
+	}
+	ut, _ := strconv.ParseInt(f2[11], 10, 64)
+	st, _ := strconv.ParseInt(f2[12], 10, 64)
+	u.cpu = time.Duration(ut+st) * 10 * time.Millisecond
+	return u, nil
+}
+
+// reconcileMetrics reads the leader's reconcile count and total duration from its /metrics.
+func reconcileMetrics(ctx context.Context, base string) (int, float64) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0, 0
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	var n int
+	var sum float64
+	s := bufio.NewScanner(resp.Body)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "stormdock_master_reconcile_duration_seconds_count "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			n = int(f)
+		}
+		if v, ok := strings.CutPrefix(s.Text(), "stormdock_master_reconcile_duration_seconds_sum "); ok {
+			sum, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return n, sum
+}
