@@ -162,8 +162,8 @@ func (c *chaos) allRunning() bool {
 	}
 	if m := c.mirror; m != nil {
 		ps, all := procsOf(m.name), workerProcs(m.name)
-		rs := workerProcs(m.name + routerJobSuffix)
-		return len(ps) == 2*m.workers && len(all) == 2*m.workers && len(rs) == 1 && len(rs["0"]) == 1
+		ok, _ := routersRunning(m)
+		return len(ps) == 2*m.workers && len(all) == 2*m.workers && ok
 	}
 	return true
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/internal/netlab"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
@@ -98,24 +100,60 @@ func (m *mirrorJob) stop() int64 {
 }
 
 // router returns the node the job's router runs on (from /proc), or "".
-func (m *mirrorJob) router() string {
-	for _, p := range procsOf(m.name + routerJobSuffix) {
-		return p.node
+// leadingRouter is the node of the router that writes the sink, as the masters report it
+// (job status, sink.leader): the routers elect it among themselves.
+func (m *mirrorJob) leadingRouter(t testing.TB, lc *labCluster) string {
+	t.Helper()
+	var node string
+	lc.anyMaster(t, m.name+": the leading router", func(ctx context.Context, cl *api.Client) error {
+		st, err := cl.Job(ctx, m.name)
+		if err != nil {
+			return err
+		}
+		if st.Sink == nil || st.Sink.Leader == "" || !st.Sink.Fed {
+			return fmt.Errorf("sink %+v", st.Sink)
+		}
+		u, err := url.Parse(st.Sink.Leader)
+		if err != nil {
+			return err
+		}
+		for _, n := range lc.nodes {
+			if n.host.IP() == u.Hostname() {
+				node = n.id
+				return nil
+			}
+		}
+		return fmt.Errorf("leading router %s: on no node of the lab", st.Sink.Leader)
+	})
+	return node
+}
+
+// routersRunning reports whether the mirrored job's routers (a leader and a standby in
+// another data center) run, once each.
+func routersRunning(m *mirrorJob) (bool, string) {
+	rs := workerProcs(m.name + routerJobSuffix)
+	if len(rs) != 2 || len(rs["0"]) != 1 || len(rs["1"]) != 1 {
+		return false, fmt.Sprintf("routers %v", rs)
 	}
-	return ""
+	if a, b := rs["0"][0].node, rs["1"][0].node; a[:1] == b[:1] {
+		return false, fmt.Sprintf("both routers in one data center (%s, %s)", a, b)
+	}
+	return true, ""
 }
 
 const routerJobSuffix = ".router"
 
-// waitMirrorRunning waits until every link worker and the router run, once each, each link's
-// workers in their link's data center and the router outside both.
+// waitMirrorRunning waits until every link worker and both routers run, once each, each
+// link's workers in their link's data center and the routers in two data centers.
 func waitMirrorRunning(t testing.TB, m *mirrorJob) {
 	t.Helper()
 	testenv.EventuallyWith(t, m.name+": link workers and router running", 90*time.Second, func() (bool, string) {
 		ps, all := procsOf(m.name), workerProcs(m.name)
-		rs := workerProcs(m.name + routerJobSuffix)
-		if len(ps) != 2*m.workers || len(all) != 2*m.workers || len(rs) != 1 || len(rs["0"]) != 1 {
-			return false, fmt.Sprintf("%d link workers (%d with a process), routers %v", len(ps), len(all), rs)
+		if len(ps) != 2*m.workers || len(all) != 2*m.workers {
+			return false, fmt.Sprintf("%d link workers (%d with a process)", len(ps), len(all))
+		}
+		if ok, why := routersRunning(m); !ok {
+			return false, why
 		}
 		for k, p := range ps {
 			link, _, _ := strings.Cut(k, "/")
@@ -131,8 +169,8 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 	lc := newLabCluster(t, plainLabSpec())
 	m := startMirror(t, lc, "mirror", 100)
 	waitMirrorRunning(t, m)
-	if r := m.router(); !strings.HasPrefix(r, "c") {
-		t.Errorf("router runs on %s; want dc-c, outside both links", r)
+	if rs := workerProcs(m.name + routerJobSuffix); !strings.HasPrefix(rs["0"][0].node, "c") && !strings.HasPrefix(rs["1"][0].node, "c") {
+		t.Errorf("routers run on %s and %s; want one in dc-c, outside both links", rs["0"][0].node, rs["1"][0].node)
 	}
 	sink := watchSink(t, m.sink)
 	fence := watchFence(t, m.name, fencingBound(lc.session, labJobGrace))
@@ -204,14 +242,14 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 		waitMirrorRunning(t, m)
 	})
 	t.Run("router-host-cut", func(t *testing.T) {
-		r := m.router()
-		cutUntilFed(t, "the router's host "+r+" cut", hostsOf(func(n labNode) bool { return n.id == r }), false)
+		r := m.leadingRouter(t, lc)
+		cutUntilFed(t, "the leading router's host "+r+" cut", hostsOf(func(n labNode) bool { return n.id == r }), false)
 		waitMirrorRunning(t, m)
 	})
 	t.Run("router-dc-cut", func(t *testing.T) {
-		r := m.router()
+		r := m.leadingRouter(t, lc)
 		dc := lc.node(r).dc
-		cutUntilFed(t, "the router's data center "+dc+" cut", hostsOf(func(n labNode) bool { return n.dc == dc }), false)
+		cutUntilFed(t, "the leading router's data center "+dc+" cut", hostsOf(func(n labNode) bool { return n.dc == dc }), false)
 		waitMirrorRunning(t, m)
 	})
 	t.Run("master-host-cut", func(t *testing.T) {

@@ -85,11 +85,23 @@ func (d *Driver) Logs(ctx context.Context, id string, opts isolation.LogOptions)
 			return nil, err
 		}
 	}
+	// A read that does not follow ends where the files end now: a worker writing on while
+	// the reader copies would otherwise make a tail of n lines longer than n.
+	var ends []int64
+	if !opts.Follow {
+		ends = make([]int64, len(files))
+		for i, f := range files {
+			ends[i] = -1
+			if st, err := os.Stat(f); err == nil {
+				ends[i] = st.Size()
+			}
+		}
+	}
 	pr, pw := io.Pipe()
 	ctx, cancel := context.WithCancel(ctx)
 	go func() {
 		defer cancel()
-		err := copyFrom(ctx, pw, files, fi, off)
+		err := copyFrom(ctx, pw, files, fi, off, ends)
 		if err == nil && opts.Follow {
 			err = followFile(ctx, pw, p)
 		}
@@ -164,9 +176,18 @@ func tailStart(files []string, n int) (int, int64, error) {
 	return 0, 0, nil
 }
 
-// copyFrom writes the files from file i at offset off to their current ends.
-func copyFrom(ctx context.Context, w io.Writer, files []string, i int, off int64) error {
+// copyFrom writes the files from file i at offset off to ends (nil: their current ends; an
+// end below 0: a file that was missing).
+func copyFrom(ctx context.Context, w io.Writer, files []string, i int, off int64, ends []int64) error {
 	for ; i < len(files); i++ {
+		n := int64(1 << 62)
+		if ends != nil {
+			if ends[i] < 0 {
+				off = 0
+				continue
+			}
+			n = max(ends[i]-off, 0)
+		}
 		f, err := os.Open(files[i])
 		if errors.Is(err, os.ErrNotExist) {
 			off = 0
@@ -175,7 +196,7 @@ func copyFrom(ctx context.Context, w io.Writer, files []string, i int, off int64
 		if err != nil {
 			return err
 		}
-		_, err = io.Copy(w, io.NewSectionReader(f, off, 1<<62))
+		_, err = io.Copy(w, io.NewSectionReader(f, off, n))
 		f.Close()
 		if err != nil {
 			return err

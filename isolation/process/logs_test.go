@@ -28,7 +28,7 @@ func TestTailStart(t *testing.T) {
 	files := []string{old, cur}
 	read := func(i int, off int64) string {
 		var b strings.Builder
-		if err := copyFrom(context.Background(), &b, files, i, off); err != nil {
+		if err := copyFrom(context.Background(), &b, files, i, off, nil); err != nil {
 			t.Fatal(err)
 		}
 		return b.String()
@@ -46,6 +46,28 @@ func TestTailStart(t *testing.T) {
 		if got := read(i, off); got != tc.want {
 			t.Errorf("tail %d = %q, want %q", tc.n, got, tc.want)
 		}
+	}
+	// A tail ends where the files ended when it was asked for, however much the worker
+	// writes before the reader gets to copy (the driver suite's tail of 2 once read 3).
+	i, off, err := tailStart(files, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends := []int64{4, 5}
+	f, err := os.OpenFile(cur, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("\nf\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var b strings.Builder
+	if err := copyFrom(context.Background(), &b, files, i, off, ends); err != nil {
+		t.Fatal(err)
+	}
+	if b.String() != "d\ne" {
+		t.Errorf("tail 2 as of before a write = %q, want %q", b.String(), "d\ne")
 	}
 }
 
