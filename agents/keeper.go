@@ -60,6 +60,7 @@ const (
 	KeeperStoreDown    = "store-down"   // no quorum anywhere: leases are kept
 	KeeperSilent       = "silent"       // no server answers: leases are kept for StoreSilence
 	KeeperRejoining    = "rejoining"    // back from a store outage, the session not yet: leases kept for RejoinGrace
+	KeeperLeaderless   = "leaderless"   // the ensemble's leader lost, an election due: leases kept for twice the session timeout
 	KeeperRetiring     = "retiring"     // the agent is gone for good: leases lapse, the node goes
 )
 
@@ -85,7 +86,7 @@ type KeeperStatus struct {
 // lapsing.
 func (s KeeperStatus) canRun() bool {
 	switch s.State {
-	case KeeperLive, KeeperStoreDown, KeeperRejoining:
+	case KeeperLive, KeeperStoreDown, KeeperRejoining, KeeperLeaderless:
 		return s.Session != 0
 	case KeeperSilent:
 		// A silent keeper holds the stamp at the last answer: past it the leases have lapsed
@@ -169,6 +170,9 @@ type Keeper struct {
 	retireCh  chan struct{}                // closed by Retire
 	lastProbe map[string]coord.ServerState // the Run loop's alone
 	lastDown  time.Time                    // the last probe that found the store down, the Run loop's
+	// leaderless is when probes started finding the store leaderless (zero: they do not),
+	// the Run loop's.
+	leaderless time.Time
 
 	mu      sync.Mutex
 	status  KeeperStatus
@@ -442,6 +446,9 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 	k.stickHung(probes)
 	detail := probeSummary(probes)
 	verdict := coord.Judge(probes)
+	if verdict != coord.StoreLeaderless {
+		k.leaderless = time.Time{}
+	}
 	if verdict == coord.StoreDown {
 		k.lastDown = time.Now()
 	} else if !k.lastDown.IsZero() && time.Since(k.lastDown) < k.cfg.RejoinGrace {
@@ -455,6 +462,22 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 	switch verdict {
 	case coord.StoreDown:
 		k.setState(KeeperStoreDown, detail, k.aheadStamp(), lease)
+	case coord.StoreLeaderless:
+		// The leader's host is lost and its followers have not noticed yet: nobody's
+		// session expires across the election that follows, so the workers run on, as
+		// when the store is down. Should this node alone be cut off from a leader the
+		// others still follow, its client reconnects through a follower within the
+		// session, or learns that the session expired; the leases lapse LeaderlessHold
+		// after the first such verdict in any case.
+		now := time.Now()
+		if k.leaderless.IsZero() {
+			k.leaderless = now
+		}
+		stamp := k.aheadStamp()
+		if end := k.leaderless.Add(k.cfg.leaderlessHold() - k.cfg.SessionTimeout); stamp.After(end) {
+			stamp = end
+		}
+		k.setState(KeeperLeaderless, detail, stamp, lease)
 	case coord.StoreSilent:
 		// Held back: run on for StoreSilence after the last answer, then lapse.
 		stamp := lastOK.Add(k.cfg.StoreSilence - k.cfg.SessionTimeout)
@@ -670,4 +693,12 @@ func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// leaderlessHold is how long after the first leaderless verdict the leases are kept: twice
+// the session timeout, or StoreSilence when that is longer. ZooKeeper's followers notice a
+// lost leader within syncLimit ticks (then they stop serving, and the store is down for
+// everyone); a hold past that only matters to a node cut off from the leader alone.
+func (c *KeeperConfig) leaderlessHold() time.Duration {
+	return max(2*c.SessionTimeout, c.StoreSilence)
 }

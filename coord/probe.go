@@ -216,6 +216,12 @@ const (
 	// StoreSilent: neither: some servers could not be reached at all, a partition of ours
 	// or dead hosts; ambiguous.
 	StoreSilent
+	// StoreLeaderless: the servers that answer all say they follow, and the others cannot
+	// be reached, hung or refuse connections: the leader is among those, and (unless this node alone is cut off
+	// from it) the followers will find it gone within ZooKeeper's syncLimit and elect
+	// another. A new leader starts every session's timeout afresh, so no session expires
+	// across the election.
+	StoreLeaderless
 )
 
 func (v StoreVerdict) String() string {
@@ -226,6 +232,8 @@ func (v StoreVerdict) String() string {
 		return "down"
 	case StoreSilent:
 		return "silent"
+	case StoreLeaderless:
+		return "leaderless"
 	}
 	return "StoreVerdict(" + strconv.Itoa(int(v)) + ")"
 }
@@ -240,21 +248,41 @@ func (v StoreVerdict) String() string {
 // (workers kept running while the store re-places them) costs more than a wrong Silent.
 // Everything else is Silent. No probes at all are Silent too.
 //
+// One case of Up is told apart: when every server that serves answers "Mode: follower"
+// and the rest are silent, hung or refuse connections, the store is Leaderless (a leader's host lost: its
+// followers go on answering as followers for up to syncLimit ticks, serving nobody's writes
+// and expiring nobody's session).
+//
 // The verdict is only as good as the server list: it must name every voting member of the
 // ensemble. A connect string listing some of them would let Judge call Down a store whose
 // unlisted members still have a quorum.
 func Judge(probes []ServerProbe) StoreVerdict {
-	down := 0
+	down, followers, lost := 0, 0, 0
+	up := false
 	for _, p := range probes {
 		switch p.State {
-		case ServerRefused, ServerNotServing, ServerHung:
+		case ServerNotServing:
 			down++
+		case ServerRefused, ServerHung:
+			down++
+			lost++
 		case ServerSilent:
-		default: // serving, unknown, or a state Judge does not know: it may serve
-			return StoreUp
+			lost++
+		case ServerServing:
+			up = true
+			if p.Detail == "follower" {
+				followers++
+			}
+		default: // unknown, or a state Judge does not know: it may serve
+			up = true
 		}
 	}
-	if 2*down > len(probes) {
+	switch {
+	case up && followers > 0 && lost > 0 && followers+lost == len(probes):
+		return StoreLeaderless
+	case up:
+		return StoreUp
+	case 2*down > len(probes):
 		return StoreDown
 	}
 	return StoreSilent

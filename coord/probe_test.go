@@ -73,6 +73,37 @@ func TestJudge(t *testing.T) {
 	}
 }
 
+// TestJudgeLeaderless: serving servers' modes tell a lost leader from a partition of ours.
+func TestJudgeLeaderless(t *testing.T) {
+	p := func(state coord.ServerState, mode string) coord.ServerProbe {
+		return coord.ServerProbe{Addr: "zk:2181", State: state, Detail: mode}
+	}
+	serving, silent, hung, refused := coord.ServerServing, coord.ServerSilent, coord.ServerHung, coord.ServerRefused
+	tests := []struct {
+		name   string
+		probes []coord.ServerProbe
+		want   coord.StoreVerdict
+	}{
+		{"leader's host cut: two followers, one silent", []coord.ServerProbe{p(serving, "follower"), p(silent, ""), p(serving, "follower")}, coord.StoreLeaderless},
+		{"leader stopped: two followers, one hung", []coord.ServerProbe{p(hung, ""), p(serving, "follower"), p(serving, "follower")}, coord.StoreLeaderless},
+		{"five servers, leader and a follower cut", []coord.ServerProbe{p(serving, "follower"), p(silent, ""), p(serving, "follower"), p(silent, ""), p(serving, "follower")}, coord.StoreLeaderless},
+		{"a follower cut: the leader answers", []coord.ServerProbe{p(serving, "leader"), p(silent, ""), p(serving, "follower")}, coord.StoreUp},
+		{"followers only, nobody unreached: the leader is elsewhere", []coord.ServerProbe{p(serving, "follower"), p(serving, "follower")}, coord.StoreUp},
+		{"leader killed: a follower that has not noticed, the leader refusing", []coord.ServerProbe{p(serving, "follower"), p(refused, ""), p(serving, "follower")}, coord.StoreLeaderless},
+		{"a follower, a server not serving: that one follows nobody", []coord.ServerProbe{p(serving, "follower"), p(coord.ServerNotServing, ""), p(silent, "")}, coord.StoreUp},
+		{"a standalone server", []coord.ServerProbe{p(serving, "standalone")}, coord.StoreUp},
+		{"a serving server of unknown mode", []coord.ServerProbe{p(serving, ""), p(silent, ""), p(serving, "follower")}, coord.StoreUp},
+		{"an unknown answer", []coord.ServerProbe{p(coord.ServerUnknown, ""), p(silent, ""), p(serving, "follower")}, coord.StoreUp},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := coord.Judge(tc.probes); got != tc.want {
+				t.Fatalf("Judge(%v) = %s, want %s", tc.probes, got, tc.want)
+			}
+		})
+	}
+}
+
 func TestProbeStrings(t *testing.T) {
 	tests := []struct{ got, want string }{
 		{coord.ServerServing.String(), "serving"},
@@ -85,6 +116,7 @@ func TestProbeStrings(t *testing.T) {
 		{coord.StoreUp.String(), "up"},
 		{coord.StoreDown.String(), "down"},
 		{coord.StoreSilent.String(), "silent"},
+		{coord.StoreLeaderless.String(), "leaderless"},
 		{coord.StoreVerdict(9).String(), "StoreVerdict(9)"},
 	}
 	for _, tc := range tests {
@@ -391,8 +423,14 @@ func TestProbeServersEnsemble(t *testing.T) {
 	if p[2].Took < timeout*9/10 {
 		t.Fatalf("hung after %s, before the %s timeout", p[2].Took, timeout)
 	}
-	if v := coord.Judge(p); v != coord.StoreUp {
-		t.Fatalf("one paused server: judged %s, want up (two still serve)", v)
+	// Two still serve; had the paused one led, the others answer "follower" until they
+	// notice (syncLimit ticks) and elect another leader: leaderless until then.
+	want := coord.StoreUp
+	if p[0].Detail == "follower" && p[1].Detail == "follower" {
+		want = coord.StoreLeaderless
+	}
+	if v := coord.Judge(p); v != want {
+		t.Fatalf("one paused server (%v): judged %s, want %s", p, v, want)
 	}
 
 	// Server 1 killed too: server 2 alone has no quorum and says so.
