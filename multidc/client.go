@@ -156,12 +156,19 @@ type Sender struct {
 	rewind   int64    // -1, or where to rewind after a router restart not yet reported
 }
 
+// sendTimeout bounds one request of a sender. A router answers at once (it never holds a
+// request: a full buffer is a 429), so a request without an answer within it went to a
+// router whose host is lost or cut off: a partition drops packets, and only a timeout ends
+// the request. The next request goes to the next router. With 10 s here a lost router's
+// host held a mirrored job's output for 11 s (network lab, 2 s sessions).
+const sendTimeout = 2 * time.Second
+
 // NewSender returns a sender for worker (of workers) of link, to the routers at bases (a
 // comma-separated list of http://HOST:PORT).
 func NewSender(bases, link string, worker, workers int) *Sender {
 	s := &Sender{
 		link: link, worker: worker, workers: workers,
-		hc:         &http.Client{Timeout: 10 * time.Second},
+		hc:         &http.Client{Timeout: sendTimeout},
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: time.Second,
 		rewind: -1,
 	}
