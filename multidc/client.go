@@ -152,6 +152,10 @@ type Sender struct {
 	mu       sync.Mutex
 	bases    []string // the routers' URLs
 	cur      int      // the one requests go to
+	// unreachable holds until when a router that did not answer is passed over, so that a
+	// standby answering "not leading" is asked again before a lost router's host costs
+	// another request timeout.
+	unreachable map[string]time.Time
 	instance string   // the router instance that answered last
 	rewind   int64    // -1, or where to rewind after a router restart not yet reported
 }
@@ -209,13 +213,35 @@ func (s *Sender) base() string {
 	return s.bases[s.cur%len(s.bases)]
 }
 
-// next moves to the next router after base failed or stood by.
-func (s *Sender) next(base string) {
+// unreachableFor is how long a router that did not answer is passed over while another
+// router answers: about the time a standby takes to lead once the leader's session expired.
+const unreachableFor = 5 * time.Second
+
+// next moves to the next router after base failed or stood by (answered is false when base
+// did not answer at all). Routers that did not answer lately are passed over while one
+// that did is left.
+func (s *Sender) next(base string, answered bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.bases) > 0 && s.bases[s.cur%len(s.bases)] == base {
-		s.cur = (s.cur + 1) % len(s.bases)
+	now := time.Now()
+	if !answered {
+		if s.unreachable == nil {
+			s.unreachable = map[string]time.Time{}
+		}
+		s.unreachable[base] = now.Add(unreachableFor)
 	}
+	n := len(s.bases)
+	if n == 0 || s.bases[s.cur%n] != base {
+		return
+	}
+	for i := 1; i <= n; i++ {
+		c := (s.cur + i) % n
+		if until, ok := s.unreachable[s.bases[c]]; !ok || now.After(until) {
+			s.cur = c
+			return
+		}
+	}
+	s.cur = (s.cur + 1) % n // none answered lately: go round
 }
 
 // errNoRouter: the worker's configuration names no router yet (the job's routers are
@@ -271,14 +297,14 @@ func (s *Sender) Heartbeat(ctx context.Context) (HeartbeatResult, error) {
 	s.authorize(req)
 	resp, err := s.hc.Do(req)
 	if err != nil {
-		s.next(base)
+		s.next(base, false)
 		return HeartbeatResult{}, err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
 		if resp.StatusCode >= 500 {
-			s.next(base)
+			s.next(base, true)
 		}
 		return HeartbeatResult{}, apiError(resp.StatusCode, b)
 	}
@@ -320,8 +346,10 @@ func (s *Sender) Send(ctx context.Context, batch []byte) error {
 		if base := s.base(); base != "" {
 			if err = s.post(ctx, base+q, batch); err != nil {
 				var ae *APIError
-				if !errors.As(err, &ae) || ae.Code >= 500 {
-					s.next(base) // down, or standing by: try the next router
+				if !errors.As(err, &ae) {
+					s.next(base, false) // no answer: down or cut off
+				} else if ae.Code >= 500 {
+					s.next(base, true) // standing by, or not ready: try the next router
 				}
 			}
 		}
