@@ -149,15 +149,15 @@ type Sender struct {
 	// MinBackoff and MaxBackoff bound the wait between retries (defaults 10 ms, 1 s).
 	MinBackoff, MaxBackoff time.Duration
 
-	mu       sync.Mutex
-	bases    []string // the routers' URLs
-	cur      int      // the one requests go to
+	mu    sync.Mutex
+	bases []string // the routers' URLs
+	cur   int      // the one requests go to
 	// unreachable holds until when a router that did not answer is passed over, so that a
 	// standby answering "not leading" is asked again before a lost router's host costs
 	// another request timeout.
 	unreachable map[string]time.Time
-	instance string   // the router instance that answered last
-	rewind   int64    // -1, or where to rewind after a router restart not yet reported
+	instance    string // the router instance that answered last
+	rewind      int64  // -1, or where to rewind after a router restart not yet reported
 }
 
 // sendTimeout bounds one request of a sender. A router answers at once (it never holds a
