@@ -28,8 +28,8 @@ func fencingBound(session, grace time.Duration) time.Duration {
 }
 
 // fenceWatch samples a job's worker processes (/proc) until stopped and records every time a
-// worker index ran as two or more processes for longer than the bound, and the longest such
-// overlap.
+// worker index ran as two or more processes for longer than the bound (bound 0: at all), and
+// the longest such overlap.
 type fenceWatch struct {
 	job   string
 	bound time.Duration
@@ -84,15 +84,14 @@ func (w *fenceWatch) sample(procs map[string][]procWorker, now time.Time) {
 		}
 		first, ok := w.since[k]
 		if !ok {
-			w.since[k] = now
-			continue
+			w.since[k], first = now, now
 		}
 		d := now.Sub(first)
 		if d > w.longest {
 			w.longest, w.longestKey = d, k
 			w.longestAt = fmt.Sprintf("from %s: %v", first.Format("15:04:05.000"), ps)
 		}
-		if d > w.bound && !w.flagged[k] {
+		if (d > w.bound || w.bound == 0) && !w.flagged[k] { // bound 0: no copy may ever run twice
 			w.flagged[k] = true
 			w.violations = append(w.violations, fmt.Sprintf("%s: worker %s of %s ran as %d processes for more than %s (since %s): %v",
 				now.Format("15:04:05.000"), k, w.job, len(ps), w.bound, first.Format("15:04:05.000"), ps))

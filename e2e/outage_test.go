@@ -29,7 +29,7 @@ type outageCluster struct {
 	masters []string // API URLs
 	job     string
 	workers int
-	watch   *twiceWatch
+	watch   *fenceWatch
 }
 
 func startOutageCluster(t *testing.T, h *harness, workers int) *outageCluster {
@@ -52,7 +52,7 @@ func startOutageCluster(t *testing.T, h *harness, workers int) *outageCluster {
 		t.Fatal(err)
 	}
 	oc.waitWorkers(t, workers)
-	oc.watch = watchTwice(t, oc.job, 0) // nothing is fenced in these outages
+	oc.watch = watchFence(t, oc.job, 0) // nothing is fenced in these outages
 	return oc
 }
 
@@ -305,7 +305,7 @@ func TestNodeCutOffAndAgentGone(t *testing.T) {
 	oc.waitWorkers(t, 8)
 	// A cut-off node's copy stops when its lease lapses, about when the master starts its
 	// replacement; it may outlive that by the launcher's check and the worker's exit.
-	watch := watchTwice(t, "wc", 500*time.Millisecond)
+	watch := watchFence(t, "wc", 500*time.Millisecond)
 
 	// n1 loses its work to the others and stops its own copies by itself.
 	moveOff := func(name, node string, act func()) {

@@ -7,9 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"testing"
-	"time"
 )
 
 // procWorker is one worker process found in /proc.
@@ -85,90 +82,6 @@ func cgroupPIDs(parent string) []int {
 		return nil
 	})
 	return pids
-}
-
-// twiceWatch samples a job's worker processes until stopped and remembers every time a
-// worker index ran as two processes at once for longer than the bound: the fencing bound of
-// a node cut off (its copies stop when their lease lapses, about when the master starts
-// replacements), 0 where no fencing may happen at all.
-type twiceWatch struct {
-	job   string
-	bound time.Duration
-	stop  chan struct{}
-	done  chan struct{}
-
-	mu         sync.Mutex
-	violations []string
-	samples    int
-	since      map[string]time.Time // worker index -> first sample that saw it twice
-	longest    time.Duration
-}
-
-func watchTwice(t *testing.T, job string, bound time.Duration) *twiceWatch {
-	w := &twiceWatch{job: job, bound: bound, stop: make(chan struct{}), done: make(chan struct{}), since: map[string]time.Time{}}
-	go func() {
-		defer close(w.done)
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-w.stop:
-				return
-			case <-tick.C:
-			}
-			procs := workerProcs(job)
-			now := time.Now()
-			w.mu.Lock()
-			w.samples++
-			for k, from := range w.since {
-				if len(procs[k]) < 2 {
-					delete(w.since, k)
-					w.longest = max(w.longest, now.Sub(from))
-				}
-			}
-			for k, ps := range procs {
-				if len(ps) < 2 {
-					continue
-				}
-				from, ok := w.since[k]
-				if !ok {
-					w.since[k] = now
-					from = now
-				}
-				if d := now.Sub(from); d >= w.bound {
-					w.violations = append(w.violations, fmt.Sprintf("%s: worker %s ran as %v for %s (bound %s)", now.Format("15:04:05.000"), k, ps, d, w.bound))
-				}
-			}
-			w.mu.Unlock()
-		}
-	}()
-	t.Cleanup(w.end)
-	return w
-}
-
-func (w *twiceWatch) end() {
-	select {
-	case <-w.stop:
-	default:
-		close(w.stop)
-	}
-	<-w.done
-}
-
-// check fails the test for every time a worker ran twice beyond the bound.
-func (w *twiceWatch) check(t *testing.T) {
-	t.Helper()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.samples == 0 {
-		t.Errorf("no sample of %s's processes was taken", w.job)
-	}
-	if w.longest > 0 {
-		t.Logf("figure: longest time a worker of %s ran twice (a cut-off node's copy and its replacement): %s", w.job, w.longest)
-	}
-	for _, v := range w.violations {
-		t.Error("ran twice: " + v)
-	}
 }
 
 // procsOf maps each worker of a job to its one process, from /proc.

@@ -165,6 +165,20 @@ func (f *apiFixture) raw(t testing.TB, method, target, token string, body []byte
 		t.Fatalf("%s %s: %v", method, target, err)
 	}
 	defer resp.Body.Close()
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		// A stream runs until the connection's deadline: its first event with data (the
+		// snapshot, after the stream's retry setting) is the answer.
+		var ev strings.Builder
+		br := bufio.NewReader(resp.Body)
+		for {
+			line, err := br.ReadString('\n')
+			ev.WriteString(line)
+			if err != nil || (line == "\n" && strings.Contains(ev.String(), "data: ")) {
+				conn.Close() // or closing the body reads the stream to its end
+				return resp.StatusCode, ev.String(), resp.Header
+			}
+		}
+	}
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), resp.Header
 }
