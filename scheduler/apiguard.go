@@ -57,7 +57,11 @@ func (m *Master) secure(pattern string, need role, h http.HandlerFunc) http.Hand
 	action := pattern
 	return func(w http.ResponseWriter, r *http.Request) {
 		e := &auditEntry{principal: "-"}
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &statusWriter{ResponseWriter: w, before: func(status int) {
+			if status < 300 {
+				m.readYourWrite(r.Context(), e.object)
+			}
+		}}
 		checked(sw, r.WithContext(context.WithValue(r.Context(), auditKey{}, e)))
 		status := sw.status
 		if status == 0 {
@@ -140,18 +144,23 @@ func (p principal) String() string {
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	// before runs once, with the status, before anything of the answer is written.
+	before func(status int)
 }
 
 func (s *statusWriter) WriteHeader(code int) {
 	if s.status == 0 {
 		s.status = code
+		if s.before != nil {
+			s.before(code)
+		}
 	}
 	s.ResponseWriter.WriteHeader(code)
 }
 
 func (s *statusWriter) Write(b []byte) (int, error) {
 	if s.status == 0 {
-		s.status = http.StatusOK
+		s.WriteHeader(http.StatusOK)
 	}
 	return s.ResponseWriter.Write(b)
 }

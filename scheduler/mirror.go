@@ -27,14 +27,20 @@ type mirror struct {
 	decoded map[string]decodedValue // with decode set
 	// gen grows with every change of entries: whoever keeps something made from them
 	// tells in O(1) whether it is still current.
-	gen     uint64
+	gen uint64
+	// members grows when an entry comes, goes or changes owner (a node that re-registered),
+	// not when a value changes: a read state stays current through memory readings.
+	members uint64
+	// changed is closed, and replaced, at every change: waitFor's wake-up.
+	changed chan struct{}
 	ready   chan struct{} // closed once the first listing and its values are in
 	readied sync.Once
 	wg      sync.WaitGroup
 }
 
 func newMirror(s coord.Watcher, dir string, poke func()) *mirror {
-	return &mirror{dir: dir, store: s, poke: poke, entries: map[string]coord.Entry{}, decoded: map[string]decodedValue{}, ready: make(chan struct{})}
+	return &mirror{dir: dir, store: s, poke: poke, entries: map[string]coord.Entry{}, decoded: map[string]decodedValue{},
+		changed: make(chan struct{}), ready: make(chan struct{})}
 }
 
 // run watches until ctx is done; it returns once every watch goroutine has stopped.
@@ -67,7 +73,8 @@ func (m *mirror) run(ctx context.Context) error {
 			if !want[name] {
 				delete(m.entries, name) // also what vanished while a previous run was down
 				delete(m.decoded, name)
-				m.gen++
+				m.members++
+				m.bump()
 			}
 		}
 		m.mu.Unlock()
@@ -128,7 +135,10 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 			delete(m.entries, name)
 			delete(m.decoded, name)
 		}
-		m.gen++
+		if had != ev.Exists || old.Owner != ev.Entry.Owner {
+			m.members++
+		}
+		m.bump()
 		m.mu.Unlock()
 		if !once {
 			close(got)
@@ -168,6 +178,39 @@ func (m *mirror) watchOne(ctx context.Context, name string, got chan struct{}) e
 		}
 	}()
 	return nil
+}
+
+// bump counts a change and wakes waitFor's callers. m.mu is held.
+func (m *mirror) bump() {
+	m.gen++
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+// waitFor waits until ok holds for the child name as the mirror has it (exists false when
+// it has none), or ctx ends.
+func (m *mirror) waitFor(ctx context.Context, name string, ok func(e coord.Entry, exists bool) bool) error {
+	for {
+		m.mu.Lock()
+		e, exists := m.entries[name]
+		ch := m.changed
+		m.mu.Unlock()
+		if ok(e, exists) {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// membership returns how many times entries came, went or changed owner.
+func (m *mirror) membership() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.members
 }
 
 // generation returns the number of changes so far.

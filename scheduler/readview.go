@@ -1,7 +1,11 @@
 package scheduler
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"path"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +33,8 @@ type readState struct {
 	v        *view
 	assigns  map[string]cluster.NodeAssignment
 	unplaced map[cluster.WorkerKey]string
-	stamp    stamp // a state built from the mirrors: what they were then
+	stamp    stamp     // the mirrors' generations it reflects (at least)
+	fresh    readStamp // what must not have changed since for it to be served
 	at       time.Time
 
 	once     sync.Once
@@ -130,12 +135,36 @@ type reads struct {
 	mu        sync.Mutex
 	published *readState // the leader's last reconcile's
 	built     *readState // made from the mirrors
+	// need is what a state must reflect: the mirrors as they were once the changes this
+	// master's API made had reached them (read-your-writes).
+	need stamp
 }
 
-// publish makes what a reconcile saw and left the state the API answers from.
-func (m *Master) publish(v *view, assign map[string]assignState, res *placement.Result) {
+// readStamp is what a read state must still match to be served: which nodes are
+// registered (and in which session), node settings, data centers and tenants. Node
+// records' other changes (memory readings, each worker's state) and the leader's own
+// assignments do not make it stale: they are what the state is for.
+type readStamp struct{ nodes, confs, dcs, tenants uint64 }
+
+func (m *Master) readStamp() readStamp {
+	return readStamp{m.nodes.membership(), m.confs.generation(), m.dcs.generation(), m.tenants.generation()}
+}
+
+// covers reports whether s reflects at least what n does.
+func (s stamp) covers(n stamp) bool {
+	for i := range s {
+		if s[i] < n[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// publish makes what a reconcile saw and left the state the API answers from; s and rs were
+// taken before v was made from the mirrors.
+func (m *Master) publish(s stamp, rs readStamp, v *view, assign map[string]assignState, res *placement.Result) {
 	st := &readState{v: v, assigns: make(map[string]cluster.NodeAssignment, len(assign)), at: time.Now(),
-		unplaced: make(map[cluster.WorkerKey]string, len(res.Unplaced))}
+		stamp: s, fresh: rs, unplaced: make(map[cluster.WorkerKey]string, len(res.Unplaced))}
 	for node, a := range assign {
 		st.assigns[node] = a.a
 	}
@@ -158,15 +187,16 @@ func (m *Master) unpublish() {
 func (m *Master) readState() *readState {
 	m.reads.mu.Lock()
 	defer m.reads.mu.Unlock()
-	if p := m.reads.published; p != nil {
+	rs, need := m.readStamp(), m.reads.need
+	if p := m.reads.published; p != nil && p.fresh == rs && p.stamp.covers(need) {
 		return p
 	}
 	s := m.stamp()
-	if b := m.reads.built; b != nil && (b.stamp == s || time.Since(b.at) < readRefresh) {
+	if b := m.reads.built; b != nil && b.fresh == rs && b.stamp.covers(need) && (b.stamp == s || time.Since(b.at) < readRefresh) {
 		return b
 	}
 	v := m.view()
-	st := &readState{v: v, assigns: m.decodedAssigns(), stamp: s, at: time.Now()}
+	st := &readState{v: v, assigns: m.decodedAssigns(), stamp: s, fresh: rs, at: time.Now()}
 	assigned, _ := st.where()
 	st.unplaced = m.unplaced(v, assigned)
 	m.reads.built = st
@@ -211,4 +241,42 @@ func (m *Master) currentJobsGen() (map[string]jobEntry, uint64) {
 	refresh(c.jobs, entries, m.decodeJob, func(name string, _ int64, j jobEntry) { out[name] = j })
 	c.current, c.currentGen = out, gen
 	return out, gen
+}
+
+// writeVisibleWait bounds how long an answer to a change waits for the change to reach
+// this master's mirrors: milliseconds, unless the store is slow to tell its watchers.
+const writeVisibleWait = 2 * time.Second
+
+// readYourWrite waits, before a change's answer goes out, until the changed object (as
+// the API's audit names it: job/NAME, node/ID, dc/NAME, tenant/NAME) is in this master's
+// mirrors as the store has it now, and makes every later read reflect at least the mirrors
+// as they are then. A client that submits a job, or undrains a node, and reads it back
+// sees its change, though the leader may not have planned since.
+func (m *Master) readYourWrite(ctx context.Context, object string) {
+	kind, name, ok := strings.Cut(object, "/")
+	if !ok {
+		return
+	}
+	mr := map[string]*mirror{"job": m.jobs, "node": m.confs, "dc": m.dcs, "tenant": m.tenants}[kind]
+	if mr == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, writeVisibleWait)
+	defer cancel()
+	e, err := m.store.Get(ctx, path.Join(mr.dir, name))
+	switch {
+	case err == nil:
+		err = mr.waitFor(ctx, name, func(cur coord.Entry, exists bool) bool { return exists && cur.ModRev >= e.ModRev })
+	case errors.Is(err, coord.ErrNotFound):
+		err = mr.waitFor(ctx, name, func(_ coord.Entry, exists bool) bool { return !exists })
+	}
+	if err != nil {
+		m.log.Debug("a change not yet in the mirrors when answered", "object", object, "err", err)
+	}
+	s := m.stamp()
+	m.reads.mu.Lock()
+	for i := range s {
+		m.reads.need[i] = max(m.reads.need[i], s[i])
+	}
+	m.reads.mu.Unlock()
 }

@@ -81,6 +81,7 @@ func (r *reconciler) reload(ctx context.Context, node string) error {
 // reconcile plans once and writes the assignments that changed.
 func (r *reconciler) reconcile(ctx context.Context) error {
 	start := time.Now()
+	s, rs := r.m.stamp(), r.m.readStamp() // before the view: it reflects at least these
 	v := r.m.view()
 	r.observeEvents(v)
 	if err := r.recordDCs(ctx, v); err != nil {
@@ -134,7 +135,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	if err := r.collectKilled(ctx, v); err != nil {
 		return err
 	}
-	r.m.publish(v, r.assign, res)
+	r.m.publish(s, rs, v, r.assign, res)
 	r.observe(v, current, res, writes, time.Since(start))
 	return nil
 }
