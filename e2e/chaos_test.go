@@ -214,8 +214,13 @@ func (c *chaos) recover(what string) (time.Duration, bool) {
 		d := time.Since(start)
 		if d > c.recovery && !flagged {
 			flagged = true
-			c.violation(fmt.Sprintf("%s: %d of %d workers running once (%d with a process) %s after the heal, beyond the recovery bound %s%s",
-				what, len(ps), c.workers, len(all), d.Round(time.Millisecond), c.recovery, c.unplaced()))
+			mirror := ""
+			if m := c.mirror; m != nil {
+				_, why := routersRunning(m)
+				mirror = fmt.Sprintf("; mirrored job: %d of %d link workers running once, %s", len(procsOf(m.name)), 2*m.workers, why)
+			}
+			c.violation(fmt.Sprintf("%s: %d of %d workers running once (%d with a process)%s %s after the heal, beyond the recovery bound %s%s",
+				what, len(ps), c.workers, len(all), mirror, d.Round(time.Millisecond), c.recovery, c.unplaced()))
 		}
 		if d > 5*c.recovery {
 			c.violation(fmt.Sprintf("%s: the cluster did not recover in %s: run stopped", what, d.Round(time.Second)))
@@ -253,23 +258,36 @@ func (c *chaos) vouch() {
 // unplaced says, for a violation's message, why the masters leave workers unplaced (their
 // API is asked only to explain, never to judge).
 func (c *chaos) unplaced() string {
-	for _, id := range c.lc.spec.masters {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		js, err := c.lc.client(id).Job(ctx, c.job)
-		cancel()
-		if err != nil {
-			continue
-		}
-		var why []string
-		for _, w := range js.Workers {
-			if w.State == "unplaced" {
-				why = append(why, fmt.Sprintf("worker %d: %s", w.Worker, w.Reason))
+	jobs := []string{c.job}
+	if c.mirror != nil {
+		jobs = append(jobs, c.mirror.name)
+	}
+	var why []string
+	for _, job := range jobs {
+		for _, id := range c.lc.spec.masters {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			js, err := c.lc.client(id).Job(ctx, job)
+			cancel()
+			if err != nil {
+				continue
 			}
+			for _, w := range js.Workers {
+				if w.State == "unplaced" {
+					key := fmt.Sprint(w.Worker)
+					if w.Link != "" {
+						key = w.Link + "/" + key
+					}
+					why = append(why, fmt.Sprintf("%s worker %s: %s", job, key, w.Reason))
+				}
+			}
+			if js.Sink != nil && js.Sink.Problem != "" {
+				why = append(why, fmt.Sprintf("%s sink: %s", job, js.Sink.Problem))
+			}
+			break
 		}
-		if len(why) > 0 {
-			return " (the master says: " + strings.Join(why, "; ") + ")"
-		}
-		return ""
+	}
+	if len(why) > 0 {
+		return " (the master says: " + strings.Join(why, "; ") + ")"
 	}
 	return ""
 }
