@@ -242,12 +242,20 @@ func (c *chaos) vouch() {
 			cancel()
 			continue
 		}
+		jobs := []string{c.job}
+		if c.mirror != nil {
+			jobs = append(jobs, c.mirror.name, c.mirror.name+routerJobSuffix)
+		}
 		for _, n := range ns {
-			if slices.Contains(n.Avoid, c.job) {
-				if err := cl.DrainNode(ctx, n.ID, false); err == nil {
-					c.rep.note(fmt.Sprintf("node avoided for %s after a crash loop, undrained by the run (-chaos.vouch)", c.job))
-					c.t.Logf("chaos: node %s avoided for %s after a crash loop: undrained", n.ID, c.job)
+			for _, job := range jobs {
+				if !slices.Contains(n.Avoid, job) {
+					continue
 				}
+				if err := cl.DrainNode(ctx, n.ID, false); err == nil {
+					c.rep.note(fmt.Sprintf("node avoided for %s after a crash loop, undrained by the run (-chaos.vouch)", job))
+					c.t.Logf("chaos: node %s avoided for %s after a crash loop: undrained", n.ID, job)
+				}
+				break // an undrain vouches for the node for every job
 			}
 		}
 		cancel()
