@@ -206,9 +206,16 @@ func (c *chaos) finishMirror() {
 func (c *chaos) recover(what string) (time.Duration, bool) {
 	start := time.Now()
 	flagged := false
+	var vouched time.Time
 	for {
 		if c.allRunning() {
 			return time.Since(start), !flagged
+		}
+		// Crash loops a fault caused can be counted after its heal (a worker stopped at its
+		// lease's lapse, started again, stopped): the operator vouches while waiting too.
+		if *chaosVouch && time.Since(vouched) > time.Second {
+			c.vouch()
+			vouched = time.Now()
 		}
 		ps, all := procsOf(c.job), workerProcs(c.job)
 		d := time.Since(start)

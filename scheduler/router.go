@@ -51,11 +51,21 @@ func routerRecord(rec cluster.JobRecord, store string, nodes int) cluster.JobRec
 		// "stormdock" is the agent's own binary (agents.SelfCommand).
 		Command:     append([]string{"stormdock", multidc.RouterCommand}, args.Args()...),
 		Priority:    j.Priority,
-		GracePeriod: cluster.Duration(cluster.DefaultGracePeriod),
+		// The job's own grace: a router copy fenced off with its node stops within it, as
+		// the job's workers do, and a router flushes in far less than the default.
+		GracePeriod: routerGrace(j.GracePeriod),
 		Placement: cluster.PlacementSpec{Spread: []string{"dc", "node"}, MaxPerNode: 1,
 			DCs: j.Placement.DCs, NodeLabels: maps.Clone(j.Placement.NodeLabels)},
 	}
 	return cluster.JobRecord{Spec: r, Generation: rec.Generation, State: rec.State, Submitted: rec.Submitted, Updated: rec.Updated}
+}
+
+// routerGrace is a router's grace period: the mirrored job's, or the default.
+func routerGrace(job cluster.Duration) cluster.Duration {
+	if job > 0 {
+		return job
+	}
+	return cluster.Duration(cluster.DefaultGracePeriod)
 }
 
 // addRouters adds the router job of every mirrored job to the view.
