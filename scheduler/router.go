@@ -49,8 +49,8 @@ func routerRecord(rec cluster.JobRecord, store string, nodes int) cluster.JobRec
 		Resources: routerResources,
 		Isolation: cluster.IsolationProcess,
 		// "stormdock" is the agent's own binary (agents.SelfCommand).
-		Command:     append([]string{"stormdock", multidc.RouterCommand}, args.Args()...),
-		Priority:    j.Priority,
+		Command:  append([]string{"stormdock", multidc.RouterCommand}, args.Args()...),
+		Priority: j.Priority,
 		// The job's own grace: a router copy fenced off with its node stops within it, as
 		// the job's workers do, and a router flushes in far less than the default.
 		GracePeriod: routerGrace(j.GracePeriod),
