@@ -166,7 +166,9 @@ func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	host := rec.Node.Addr
 	if host == "" {
-		host = "127.0.0.1" // an agent from before advertised addresses: one host
+		// Guessing would reach the master's own host, not the node's.
+		fail(w, api.ErrNotFound, "node %s advertises no address its logs can be read at: restart its agent with --advertise-addr (agents set one by default)", node)
+		return
 	}
 	scheme := "http"
 	if rec.Logs.TLS {
