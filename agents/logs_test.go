@@ -3,6 +3,7 @@ package agents_test
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // TestLogsHandler serves a running worker's log to a request signed with the cluster's agent
@@ -49,18 +51,11 @@ func TestLogsHandler(t *testing.T) {
 		return api.SignAgentRequest(k, http.MethodGet, u, time.Now(), api.AgentTokenTTL)
 	}
 	var body string
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.EventuallyWith(t, "the worker's log through a signed request", 10*time.Second, func() (bool, string) {
 		code, b := get(uri, sign(key, uri))
-		if code == http.StatusOK && strings.Contains(b, "helper pid") {
-			body = b
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("signed request: %d %q", code, b)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		body = b
+		return code == http.StatusOK && strings.Contains(b, "helper pid"), fmt.Sprintf("%d %q", code, b)
+	})
 	t.Logf("log: %q", body)
 	for _, tc := range []struct {
 		name, uri, token string

@@ -14,6 +14,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/coord/coordtest"
 	"github.com/stormdock/stormdock/coord/zktest"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // The ensemble tests start three JVMs each: they do not run in parallel with each other or
@@ -186,18 +187,19 @@ func entryOwner(t *testing.T, ctx context.Context, s coord.Store, key string) in
 // reader, is owned by that session (re-created by the client if the session was new).
 func (c *ensembleClient) settle(t *testing.T, ctx context.Context, reader coord.Store) {
 	t.Helper()
-	for {
+	timeout := time.Minute
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	testenv.EventuallyWith(t, c.name+" settled", timeout, func() (bool, string) {
 		evs := c.log.events()
 		if n := len(evs); n == 0 || evs[n-1].Type == coord.SessionReconnected || evs[n-1].Type == coord.SessionNew {
 			if owner := entryOwner(t, ctx, reader, c.key); owner != 0 && owner == c.s.SessionID() {
-				return
+				return true, ""
 			}
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("%s never settled: events %v, session %x", c.name, c.log.types(), c.s.SessionID())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("events %v, session %x", c.log.types(), c.s.SessionID())
+	})
 }
 
 // checkKept fails unless the client kept its session through the outage.

@@ -38,7 +38,9 @@ func (m *master) stop() error {
 	return err
 }
 
-// startMaster runs a master on the store at storeURL with its data in dir.
+// startMaster runs a master on the store at storeURL with its data in dir. Its API is on
+// loopback on purpose: the bench's pollers and simulated agents are in this process, and the
+// agents reach the master only through the store, which may be anywhere.
 func startMaster(ctx context.Context, cfg Config, storeURL, dir string) (*master, error) {
 	if cfg.MasterBinary == "" {
 		return startInProcess(ctx, cfg, storeURL, dir)
