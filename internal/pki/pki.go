@@ -180,21 +180,7 @@ func IssueCert(ca *x509.Certificate, caKey *ecdsa.PrivateKey, hosts []string, li
 	if err != nil {
 		return nil, nil, fmt.Errorf("tls: server key: %w", err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "stormdock master", Organization: []string{"stormdock"}},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(lifetime),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
-			tmpl.DNSNames = append(tmpl.DNSNames, h)
-		}
-	}
+	tmpl := serverTemplate("stormdock master", lifetime, hosts)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
 		return nil, nil, fmt.Errorf("tls: server certificate: %w", err)
@@ -273,21 +259,7 @@ func EnsureSelfSigned(dir, certFile, keyFile string, hosts []string) (tls.Certif
 	if err != nil {
 		return tls.Certificate{}, "", fmt.Errorf("tls: key: %w", err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "stormdock agent", Organization: []string{"stormdock"}},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(certLifetime),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
-			tmpl.DNSNames = append(tmpl.DNSNames, h)
-		}
-	}
+	tmpl := serverTemplate("stormdock agent", certLifetime, hosts)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		return tls.Certificate{}, "", fmt.Errorf("tls: certificate: %w", err)
@@ -317,4 +289,25 @@ func covers(cert *x509.Certificate, hosts []string) bool {
 		}
 	}
 	return true
+}
+
+// serverTemplate is the template of a server certificate named name, valid for lifetime
+// (from an hour ago: clocks differ), for the hosts given as IP addresses or DNS names.
+func serverTemplate(name string, lifetime time.Duration, hosts []string) *x509.Certificate {
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: name, Organization: []string{"stormdock"}},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(lifetime),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	return tmpl
 }
