@@ -219,24 +219,42 @@ func encode(der []byte, key *ecdsa.PrivateKey) (certPEM, keyPEM []byte, err erro
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), nil
 }
 
-// WriteFiles writes each file atomically (a temporary file renamed over it) with mode.
+// WriteFiles writes each file atomically (a temporary file renamed over it) with mode. The
+// temporary file's name is unique: masters sharing a data directory (a local cluster's, a
+// test's) write its api.url at the same moment, and a shared name let one rename the other's
+// file away between its write and its chmod.
 func WriteFiles(files map[string][]byte, mode os.FileMode) error {
 	for path, b := range files {
 		if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, b) {
 			continue
 		}
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, b, mode); err != nil {
-			return fmt.Errorf("write %s: %w", path, err)
-		}
-		if err := os.Chmod(tmp, mode); err != nil { // WriteFile's mode passes the umask
-			return fmt.Errorf("write %s: %w", path, err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
+		if err := writeAtomic(path, b, mode); err != nil {
 			return fmt.Errorf("write %s: %w", path, err)
 		}
 	}
 	return nil
+}
+
+func writeAtomic(path string, b []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, mode) // CreateTemp makes it 0600
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
 }
 
 // EnsureSelfSigned makes, in dir, a self-signed server certificate and key (certFile,

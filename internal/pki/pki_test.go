@@ -1,8 +1,10 @@
 package pki
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -39,5 +41,35 @@ func TestEnsureCerts(t *testing.T) {
 	caAgain, _ := os.ReadFile(filepath.Join(dir, CACertFile))
 	if string(renewed) == string(first) || string(caAgain) != string(ca) {
 		t.Error("new hosts: want a new certificate from the same CA")
+	}
+}
+
+// TestWriteFilesConcurrently: writers of the same file at the same moment (two masters of one
+// local cluster writing its api.url) all succeed, the file holds one of their contents whole,
+// with the mode asked for, and no temporary file is left behind.
+func TestWriteFilesConcurrently(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "api.url")
+	const writers = 16
+	errs := make(chan error, writers)
+	for i := range writers {
+		go func() {
+			errs <- WriteFiles(map[string][]byte{path: []byte(fmt.Sprintf("http://10.0.0.%d:7070\n", i))}, 0o644)
+		}()
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || !strings.HasPrefix(string(b), "http://10.0.0.") || !strings.HasSuffix(string(b), ":7070\n") {
+		t.Errorf("api.url holds %q (%v)", b, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("api.url mode: %v, %v", fi.Mode().Perm(), err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("%d files left in the directory, want only api.url", len(ents))
 	}
 }
