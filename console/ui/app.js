@@ -20,7 +20,7 @@ let stopWatch = null;
 let map = null;
 let route = { view: 'map', arg: '' };
 let pending = null; // changes not drawn yet
-let jobState = { name: '', status: null, links: null, timer: 0, loading: false, again: false };
+let jobState = { name: '', status: null, links: null, timer: 0, loading: false, again: false, loaded: 0 };
 let nodeFilter = '';
 
 function emptyChanges() {
@@ -187,9 +187,29 @@ async function loadJob() {
   } catch (e) {
     if (route.view === 'job' && route.arg === name) jobState.status = { error: e.message };
   }
+  jobState.loaded = Date.now();
   jobState.loading = false;
   if (route.view === 'job' && route.arg === name) renderJob();
   if (jobState.again) { jobState.again = false; loadJob(); }
+}
+
+// jobBehind reports whether the workers shown are due a new fetch. The map's stream is built
+// from the store as it changes; a job's workers come from the leader's last reconcile, a
+// moment behind. A fetch in that moment shows what the map no longer does, and nothing on
+// the stream would fetch again: so the page asks again while the two disagree, and every
+// few seconds anyway (memory and restarts change without a word on the stream).
+function jobBehind() {
+  const j = S.jobs.get(route.arg);
+  const st = jobState.status;
+  if (!j || !st || jobState.loading) return false;
+  if (st.error || !st.summary) return true;
+  if (st.summary.running !== j.running || st.summary.workers !== j.workers || st.summary.generation !== j.generation) return true;
+  return Date.now() - jobState.loaded >= 5000;
+}
+
+function jobTick() {
+  pollLinks();
+  if (jobBehind()) loadJob();
 }
 
 // pollLinks asks the router every second: lag and heartbeat ages change all the time.
@@ -218,8 +238,8 @@ function go() {
   }
   clearInterval(jobState.timer);
   if (route.view === 'job') {
-    if (jobState.name !== route.arg) jobState = { name: route.arg, status: null, links: null, timer: 0, loading: false, again: false };
-    jobState.timer = setInterval(pollLinks, 1000);
+    if (jobState.name !== route.arg) jobState = { name: route.arg, status: null, links: null, timer: 0, loading: false, again: false, loaded: 0 };
+    jobState.timer = setInterval(jobTick, 1000);
     pollLinks();
     loadJob();
   }
