@@ -43,6 +43,16 @@ type slot interface {
 	remove() error
 }
 
+// pauser is a slot whose processes can be paused and resumed as one (the freezer: v1's
+// freezer controller, v2's cgroup.freeze). capLog pauses a worker for the instant between
+// its last copy and the truncation, so that no output falls in between.
+type pauser interface {
+	// pause freezes the cgroup and waits until every process in it stopped, or ctx is done
+	// (the cgroup is then thawed again and the error returned).
+	pause(ctx context.Context) error
+	resume() error
+}
+
 // cloneTarget is a slot a process can be started in directly (cgroup v2: clone3 with
 // CLONE_INTO_CGROUP), instead of being moved there after the fork. Moving a process takes the
 // kernel's cgroup threadgroup lock for writing, which waits for an RCU grace period: several

@@ -230,6 +230,10 @@ func procsBelow(dir string) ([]int, error) {
 // freeze sets the cgroup's freezer state and waits until the kernel reports it: freezing
 // takes effect asynchronously (FREEZING until every task stopped).
 func (s *v1slot) freeze(state string) error {
+	return s.freezeCtx(context.Background(), state)
+}
+
+func (s *v1slot) freezeCtx(ctx context.Context, state string) error {
 	f := s.file(cgroup1.Freezer, "freezer.state")
 	for {
 		if err := os.WriteFile(f, []byte(state), 0); err != nil {
@@ -242,9 +246,26 @@ func (s *v1slot) freeze(state string) error {
 		if strings.TrimSpace(string(b)) == state {
 			return nil
 		}
-		time.Sleep(time.Millisecond)
+		select {
+		case <-time.After(time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
+
+func (s *v1slot) pause(ctx context.Context) error {
+	if _, ok := s.h.dirs[cgroup1.Freezer]; !ok {
+		return errors.New("no freezer hierarchy")
+	}
+	if err := s.freezeCtx(ctx, "FROZEN"); err != nil {
+		_ = s.freeze("THAWED")
+		return fmt.Errorf("freeze cgroup %s: %w", s.name, err)
+	}
+	return nil
+}
+
+func (s *v1slot) resume() error { return s.freeze("THAWED") }
 
 func (s *v1slot) killAll(ctx context.Context) error {
 	_, hasFreezer := s.h.dirs[cgroup1.Freezer]

@@ -268,6 +268,31 @@ func (s *v2slot) killAll(ctx context.Context) error {
 	return waitEmpty(ctx, s)
 }
 
+func (s *v2slot) pause(ctx context.Context) error {
+	if err := os.WriteFile(s.file("cgroup.freeze"), []byte("1"), 0); err != nil {
+		return fmt.Errorf("freeze cgroup %s: %w", s.name, err)
+	}
+	// Freezing is asynchronous: cgroup.events says "frozen 1" once every process stopped.
+	for {
+		n, err := readKey(s.file("cgroup.events"), "frozen")
+		if err == nil && n == 1 {
+			return nil
+		}
+		if err == nil {
+			select {
+			case <-time.After(time.Millisecond):
+				continue
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		_ = s.resume()
+		return fmt.Errorf("freeze cgroup %s: %w", s.name, err)
+	}
+}
+
+func (s *v2slot) resume() error { return os.WriteFile(s.file("cgroup.freeze"), []byte("0"), 0) }
+
 func (s *v2slot) oomKills() (uint64, error) {
 	// oom_kill, not oom: oom counts limit hits that reclaim may have resolved.
 	return readKey(s.file("memory.events"), "oom_kill")

@@ -455,8 +455,9 @@ func (d *Driver) housekeep() {
 			for _, w := range d.running(false) {
 				d.mu.Lock()
 				p, max := w.st.LogPath, w.st.Spec.LogLimit()
+				pz, _ := w.slot.(pauser)
 				d.mu.Unlock()
-				if err := capLog(p, max); err != nil {
+				if err := capLog(p, max, pz); err != nil {
 					d.log.Warn("cap log", "path", p, "err", err)
 				}
 			}

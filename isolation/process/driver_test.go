@@ -360,7 +360,7 @@ func TestLogCapped(t *testing.T) {
 		// The rotated file holds what was written up to the check that rotated it, which on a
 		// loaded machine can be well past the cap; the live log is what the cap bounds.
 		if err1 == nil && err2 == nil && cur.Size() <= spec.LogMaxBytes && old.Size() >= spec.LogMaxBytes {
-			// "ready" comes after the 600 KiB: it must be in the kept log or its rotation.
+			// "ready" comes after the 600 lines: it must be in the kept log or its rotation.
 			b1, _ := os.ReadFile(w.LogPath)
 			b2, _ := os.ReadFile(w.LogPath + ".1")
 			if strings.Contains(string(b1)+string(b2), "ready") {
@@ -369,6 +369,25 @@ func TestLogCapped(t *testing.T) {
 		}
 		return false, fmt.Sprintf("log not capped: %v %v / %v %v", cur, err1, old, err2)
 	})
+	// Nothing written between the rotation's last copy and its truncation is lost (the
+	// worker is frozen for that instant): the rotated part and the live log hold numbered
+	// lines that run on without a gap up to the last, then "ready".
+	b1, _ := os.ReadFile(w.LogPath + ".1")
+	b2, _ := os.ReadFile(w.LogPath)
+	next := -1
+	for line := range strings.Lines(string(b1) + string(b2)) {
+		var n int
+		if _, err := fmt.Sscanf(line, "%d ", &n); err != nil {
+			continue // "ready", or the partial first line of the rotated part
+		}
+		if next >= 0 && n != next {
+			t.Errorf("line %d follows line %d: %d lines lost", n, next-1, n-next)
+		}
+		next = n + 1
+	}
+	if next != 600 {
+		t.Errorf("the last numbered line kept is %d, want 599", next-1)
+	}
 }
 
 // A worker that ended while no driver watched is reported ended, and its cgroup cleaned up.

@@ -1,10 +1,12 @@
 package process
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"time"
 )
 
 // openLog opens a worker's log for appending. The worker writes to it directly, not through a
@@ -20,10 +22,11 @@ func openLog(path string) (*os.File, error) {
 
 // capLog keeps a log near max bytes: once it is larger, its newest max bytes move to path.1
 // (replacing the previous one) and path is truncated. The worker holds path with O_APPEND, so
-// its next write lands at the new end of file. Output written in the instant between the last
-// copy and the truncation is lost, as with logrotate's copytruncate; the cap holds to within
-// what the worker writes between two checks.
-func capLog(path string, max int64) error {
+// its next write lands at the new end of file. What it writes while the log is copied is
+// copied too; for the last copy and the truncation it is paused (p, the worker's cgroup
+// freezer), so nothing it writes is lost. Without a freezer, output written in the instant
+// between the last copy and the truncation is lost, as with logrotate's copytruncate.
+func capLog(path string, max int64, p pauser) error {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -41,33 +44,64 @@ func capLog(path string, max int64) error {
 	if err != nil {
 		return err
 	}
+	fail := func(err error) error {
+		old.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("rotate %s: %w", path, err)
+	}
 	// Keep the newest max bytes of the old content, plus whatever the worker writes while
-	// they are copied: the loop ends when a stat finds nothing new, which leaves only the gap
-	// between that stat and the truncation to lose.
+	// they are copied: the loop ends when a stat finds nothing new.
 	copied := fi.Size() - max
-	for {
-		fi, err := f.Stat()
-		if err != nil {
-			old.Close()
-			os.Remove(tmp)
-			return err
+	catchUp := func() error {
+		for {
+			fi, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			if fi.Size() <= copied {
+				return nil
+			}
+			if _, err := io.Copy(old, io.NewSectionReader(f, copied, fi.Size()-copied)); err != nil {
+				return err
+			}
+			copied = fi.Size()
 		}
-		if fi.Size() <= copied {
-			break
+	}
+	if err := catchUp(); err != nil {
+		return fail(err)
+	}
+	// A worker that writes fast, or one the machine starved for a moment, writes again
+	// between the last stat and the truncation: paused, it cannot.
+	if p != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), pauseTimeout)
+		err := p.pause(ctx)
+		cancel()
+		if err == nil {
+			defer p.resume()
 		}
-		if _, err := io.Copy(old, io.NewSectionReader(f, copied, fi.Size()-copied)); err != nil {
-			old.Close()
-			os.Remove(tmp)
-			return fmt.Errorf("rotate %s: %w", path, err)
-		}
-		copied = fi.Size()
+	}
+	// path.1 is in place before the truncation: a follower that sees the file shrink reads
+	// the rest there (followFile). The copy goes on through the open descriptor, so the
+	// unpaused gap is one stat to one truncate.
+	if err := os.Rename(tmp, path+".1"); err != nil {
+		old.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("rotate %s: %w", path, err)
+	}
+	if err := catchUp(); err != nil {
+		old.Close()
+		return fmt.Errorf("rotate %s: %w", path, err)
+	}
+	if err := f.Truncate(0); err != nil {
+		old.Close()
+		return fmt.Errorf("rotate %s: %w", path, err)
 	}
 	if err := old.Close(); err != nil {
-		os.Remove(tmp)
-		return err
+		return fmt.Errorf("rotate %s: %w", path, err)
 	}
-	if err := os.Rename(tmp, path+".1"); err != nil {
-		return err
-	}
-	return f.Truncate(0)
+	return nil
 }
+
+// pauseTimeout bounds how long capLog waits for a worker to freeze: a process in an
+// uninterruptible sleep holds the freezer up, and the log is then rotated unpaused.
+const pauseTimeout = time.Second

@@ -105,7 +105,7 @@ func TestFollowAcrossRotations(t *testing.T) {
 		switch {
 		case i%50 == 49:
 			time.Sleep(2 * followPoll) // read, then rotated
-			if err := capLog(p, 500); err != nil {
+			if err := capLog(p, 500, nil); err != nil {
 				t.Fatal(err)
 			}
 		case i == 220:

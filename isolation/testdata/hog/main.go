@@ -115,9 +115,10 @@ func main() {
 	case "exit":
 		os.Exit(arg(2, 0))
 	case "spew":
-		line := strings.Repeat("x", 1023) + "\n"
+		// Numbered lines of 1 KiB: a test can tell whether any was lost.
+		pad := strings.Repeat("x", 1024-9)
 		for i := 0; i < arg(2, 0); i++ {
-			os.Stdout.WriteString(line)
+			fmt.Fprintf(os.Stdout, "%07d %s\n", i, pad)
 		}
 		ready()
 		sleep()
