@@ -21,6 +21,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Files of a master's TLS material in its data directory. The CA signs the server
@@ -80,6 +82,13 @@ func EnsureCerts(dir string, hosts []string) (certFile, keyFile string, err erro
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", "", fmt.Errorf("tls: make %s: %w", dir, err)
 	}
+	// Masters that share a data directory (on one host) and start at once would each make
+	// a CA, and one's key could end up beside the other's certificate: one at a time.
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return "", "", err
+	}
+	defer unlock()
 	ca, caKey, err := ensureCA(dir)
 	if err != nil {
 		return "", "", err
@@ -100,6 +109,22 @@ func EnsureCerts(dir string, hosts []string) (certFile, keyFile string, err erro
 	}
 	return certFile, keyFile, nil
 }
+
+// lockDir takes an exclusive lock on dir's TLS material (a lock file beside it), held until
+// the returned function is called.
+func lockDir(dir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("tls: lock %s: %w", dir, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("tls: lock %s: %w", dir, err)
+	}
+	return func() { f.Close() }, nil // closing the descriptor releases the lock
+}
+
+const lockFile = "tls.lock"
 
 // ensureCA reads the CA in dir, making it first when there is none.
 func ensureCA(dir string) (*x509.Certificate, *ecdsa.PrivateKey, error) {

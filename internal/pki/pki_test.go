@@ -73,3 +73,29 @@ func TestWriteFilesConcurrently(t *testing.T) {
 		t.Errorf("%d files left in the directory, want only api.url", len(ents))
 	}
 }
+
+// TestEnsureCertsConcurrently: masters sharing a data directory that start at once end with
+// one CA, whose key matches its certificate, and certificates it signed.
+func TestEnsureCertsConcurrently(t *testing.T) {
+	dir := t.TempDir()
+	const masters = 8
+	errs := make(chan error, masters)
+	for i := range masters {
+		go func() {
+			_, _, err := EnsureCerts(dir, CertHosts(fmt.Sprintf("10.0.0.%d:7070", i+1)))
+			errs <- err
+		}()
+	}
+	for range masters {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	ca, _, err := ensureCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !certValid(filepath.Join(dir, MasterCertFile), filepath.Join(dir, MasterKeyFile), ca, nil) {
+		t.Error("the master certificate left is not the CA's, or its key does not match")
+	}
+}
