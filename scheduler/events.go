@@ -318,12 +318,13 @@ func (r *reconciler) moveReason(v *view, k cluster.WorkerKey, old string) string
 
 // watchRouters records the failovers of mirrored jobs' links as their routers record them,
 // while this master leads. A router rewrites its record often (every checkpoint): only the
-// leader watches them.
-func (m *Master) watchRouters(ctx context.Context) {
+// leader watches them. A failover from before since (when this term began) is the last
+// leader's to record. The line is drawn by time, not by the first listing: a failover made
+// while the listing was still under way was taken for an old one and never recorded.
+func (m *Master) watchRouters(ctx context.Context, since time.Time) {
 	routers := newMirror(m.store, cluster.RoutersKey, func() {})
 	var mu sync.Mutex // check runs from the mirror's watch goroutines
 	last := map[string]time.Time{}
-	first := true
 	check := func() {
 		mu.Lock()
 		defer mu.Unlock()
@@ -336,18 +337,14 @@ func (m *Master) watchRouters(ctx context.Context) {
 				continue
 			}
 			f := rec.LastFailover
-			if !f.At.After(last[job]) {
+			if !f.At.After(last[job]) || !f.At.After(since) {
 				continue
 			}
 			last[job] = f.At
-			if first {
-				continue // the baseline: failovers from before this term
-			}
 			m.events.emit(api.Event{Kind: api.EventLinkFailover, Object: "link/" + job + "@" + f.To, Job: job, Link: f.To,
 				Tenant: m.jobTenant(job), DC: f.To, Time: f.At,
 				Reason: fmt.Sprintf("from %s to %s (%s), delivering from offset %d", f.From, f.To, f.Reason, f.NextOffset)})
 		}
-		first = false
 	}
 	routers.poke = func() {
 		select {

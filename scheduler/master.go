@@ -229,6 +229,7 @@ func (m *Master) Run(ctx context.Context) error {
 			}
 		}
 		m.log.Info("leading")
+		since := time.Now()
 		m.setLeader(true)
 		lctx, cancel := context.WithCancel(ctx)
 		go func() {
@@ -238,7 +239,7 @@ func (m *Master) Run(ctx context.Context) error {
 			}
 			cancel()
 		}()
-		err = m.lead(lctx)
+		err = m.lead(lctx, since)
 		cancel()
 		m.setLeader(false)
 		// Give the candidate entry up whatever ended the term: one left behind would be the
@@ -265,7 +266,7 @@ func ensureDirs(ctx context.Context, s coord.KV) error {
 }
 
 // lead runs the reconcile loop until ctx is done.
-func (m *Master) lead(ctx context.Context) error {
+func (m *Master) lead(ctx context.Context, since time.Time) error {
 	if m.cfg.API != "" {
 		info, _ := json.Marshal(cluster.MasterInfo{ID: m.cfg.ID, API: m.cfg.API})
 		_ = m.store.Delete(ctx, cluster.MasterKey, coord.AnyVersion)
@@ -284,7 +285,7 @@ func (m *Master) lead(ctx context.Context) error {
 	routersDone := make(chan struct{})
 	go func() {
 		defer close(routersDone)
-		m.watchRouters(rctx)
+		m.watchRouters(rctx, since)
 	}()
 	defer func() {
 		stopRouters()
