@@ -38,7 +38,13 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data}}
 	tag := fmt.Sprintf("%s/stormdock-e2e/wc-%d:1", reg, os.Getpid())
 
-	out := c.ok("image", "build", "--tag", tag, "--push")
+	// Each image gets a label of its own: the builder is reproducible, so the same binaries
+	// make the same image ID as another package's test that runs a container of it, and
+	// removing this test's image from the engine would then be refused.
+	label := func(what string) string {
+		return fmt.Sprintf("io.example.e2e=%d-%s-%d", os.Getpid(), what, time.Now().UnixNano())
+	}
+	out := c.ok("image", "build", "--tag", tag, "--push", "--label", label("first"))
 	firstID, pinned := builtID(out), lastLine(out)
 	if !strings.HasPrefix(pinned, strings.TrimSuffix(tag, ":1")+"@sha256:") || !strings.Contains(out, "pushed "+tag) {
 		t.Fatalf("image build --push printed %q; want the pushed tag and its pinned reference", out)
@@ -100,7 +106,7 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	}
 
 	// Move the tag to another image; a restarted worker still runs the pinned digest.
-	moveOut := c.ok("image", "build", "--tag", tag, "--push", "--job", allocBinary)
+	moveOut := c.ok("image", "build", "--tag", tag, "--push", "--job", allocBinary, "--label", label("moved"))
 	moved = builtID(moveOut)
 	if moved == firstID {
 		t.Fatal("the moved tag names the same image")
@@ -125,7 +131,7 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	// A rollout to a new image: pinned for generation 2, pulled ahead on the nodes of the
 	// workers it replaces, then every worker replaced onto it, one at a time.
 	tag2 := strings.TrimSuffix(tag, ":1") + ":2"
-	out2 := c.ok("image", "build", "--tag", tag2, "--push", "--job", allocBinary)
+	out2 := c.ok("image", "build", "--tag", tag2, "--push", "--job", allocBinary, "--label", label("second"))
 	secondID, pinned2 := builtID(out2), lastLine(out2)
 	t.Cleanup(func() { _ = exec.Command("docker", "rmi", "--force", secondID).Run() })
 	rmi(t, secondID) // so the agents have to pull it

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/moby/term"
@@ -31,13 +32,14 @@ var ImageCommand = &cli.Command{
 		{
 			Name:      "build",
 			Usage:     "build a worker image, and push it with --push",
-			UsageText: "stormdock image build [--tag REGISTRY/NAME:TAG] [--push] [--binary PATH] [--shim PATH] [--job PATH] [--registry-auth FILE]",
+			UsageText: "stormdock image build [--tag REGISTRY/NAME:TAG] [--push] [--binary PATH] [--shim PATH] [--job PATH] [--label KEY=VALUE ...] [--registry-auth FILE]",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "tag", Usage: "image `NAME:TAG` (REGISTRY/NAME:TAG to push it)", Value: images.DefaultTag},
 				&cli.StringFlag{Name: "binary", Usage: "static stormdock binary to embed at " + images.StormdockPath + " (default: this one)"},
 				&cli.StringFlag{Name: "job", Usage: "a job's own static binary to embed at " + images.JobPath},
 				&cli.StringFlag{Name: "shim", Usage: "static stormdock-shim to embed at " + images.ShimPath + " (default: the one beside --binary)"},
 				&cli.BoolFlag{Name: "push", Usage: "push the image to the registry its tag names"},
+				&cli.StringSliceFlag{Name: "label", Usage: "`KEY=VALUE` label on the image (repeatable; io.stormdock.* keys are the builder's own)"},
 				registryAuthFlag,
 			},
 			Action: imageBuild,
@@ -119,6 +121,10 @@ func imageBuild(c *cli.Context) error {
 	if c.NArg() > 0 {
 		return usageErr("image build takes no arguments (got %q): use --tag, --binary and --job, flags first", c.Args().First())
 	}
+	labels, err := parseLabels(c.StringSlice("label"))
+	if err != nil {
+		return err
+	}
 	tag := c.String("tag")
 	if c.Bool("push") {
 		if err := pushable(tag); err != nil {
@@ -130,7 +136,7 @@ func imageBuild(c *cli.Context) error {
 		return err
 	}
 	defer closer.Close()
-	img, err := m.Build(c.Context, images.BuildOptions{Tag: tag, Binary: c.String("binary"), Job: c.String("job"), Shim: c.String("shim")})
+	img, err := m.Build(c.Context, images.BuildOptions{Tag: tag, Binary: c.String("binary"), Job: c.String("job"), Shim: c.String("shim"), Labels: labels})
 	if err != nil {
 		code := 1
 		if errors.Is(err, images.ErrNotStatic) {
@@ -236,4 +242,31 @@ func imagePrune(c *cli.Context) error {
 func shortID(id string) string {
 	id = strings.TrimPrefix(id, "sha256:")
 	return id[:min(12, len(id))]
+}
+
+// labelKey is what a label's key may be: Docker's reverse-DNS convention (io.example.key),
+// without anything a Dockerfile's LABEL line would read otherwise.
+var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
+
+// parseLabels reads --label KEY=VALUE flags. Keys under io.stormdock. are the builder's (which
+// binary, which shim, managed by stormdock): an image that lied about them would be pruned or
+// trusted wrongly.
+func parseLabels(flags []string) (map[string]string, error) {
+	if len(flags) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(flags))
+	for _, f := range flags {
+		k, v, ok := strings.Cut(f, "=")
+		switch {
+		case !ok || !labelKey.MatchString(k):
+			return nil, usageErr("--label %q: want KEY=VALUE, the key 1-128 letters, digits, '.', '_', '/' or '-' (like io.example.team=streams)", f)
+		case strings.HasPrefix(k, "io.stormdock."):
+			return nil, usageErr("--label %q: io.stormdock.* labels are set by the builder; use a key of your own", f)
+		case len(v) > 1024 || strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+			return nil, usageErr("--label %q: the value must be at most 1024 bytes without control characters", f)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
