@@ -38,8 +38,8 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data}}
 	tag := fmt.Sprintf("%s/stormdock-e2e/wc-%d:1", reg, os.Getpid())
 
-	// Each image gets a label of its own: the builder is reproducible, so the same binaries
-	// make the same image ID as another package's test that runs a container of it, and
+	// Each image gets a label of its own: the engine's build cache gives the same binaries
+	// the image another package's test built, maybe with a container of it running, and
 	// removing this test's image from the engine would then be refused.
 	label := func(what string) string {
 		return fmt.Sprintf("io.example.e2e=%d-%s-%d", os.Getpid(), what, time.Now().UnixNano())
