@@ -452,9 +452,10 @@ func fourLetter(ctx context.Context, dial func(context.Context, string, string) 
 }
 
 // SessionLive reports whether the server at addr holds session sid, from the session list of
-// its four-letter command "dump": a session that left it was expired or closed. It is an
-// error when the server lists no sessions (dump not in 4lw.commands.whitelist, or the server
-// not serving yet).
+// its four-letter command "dump": a session that left it was expired or closed. A leader or
+// a standalone server lists the ids alone ("Session Sets"), a follower each with its timeout
+// ("Global Sessions": "0x... 2000ms"). It is an error when the server lists no sessions (dump
+// not in 4lw.commands.whitelist, or the server not serving yet).
 func SessionLive(ctx context.Context, addr string, sid int64) (bool, error) {
 	out, err := FourLetter(ctx, addr, "dump")
 	if err != nil {
@@ -466,7 +467,7 @@ func SessionLive(ctx context.Context, addr string, sid int64) (bool, error) {
 	}
 	id := fmt.Sprintf("0x%x", uint64(sid))
 	for _, line := range strings.Split(sessions, "\n") {
-		if strings.TrimSpace(line) == id {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == id {
 			return true, nil
 		}
 	}
