@@ -101,11 +101,11 @@ func (d *Driver) Logs(ctx context.Context, id string, opts isolation.LogOptions)
 	ctx, cancel := context.WithCancel(ctx)
 	go func() {
 		defer cancel()
-		err := copyFrom(ctx, pw, files, fi, off, ends)
-		if err == nil && opts.Follow {
-			err = followFile(ctx, pw, p)
+		if opts.Follow {
+			pw.CloseWithError(follow(ctx, pw, files, fi, off))
+			return
 		}
-		pw.CloseWithError(err)
+		pw.CloseWithError(copyFrom(ctx, pw, files, fi, off, ends))
 	}()
 	return &cancelReader{ReadCloser: pr, cancel: cancel}, nil
 }
@@ -209,14 +209,43 @@ func copyFrom(ctx context.Context, w io.Writer, files []string, i int, off int64
 	return nil
 }
 
+// follow writes the files from file i at offset off, then what the worker appends to the
+// last one. The last is copied and then followed through one descriptor, from where the copy
+// ended: a line written between the copy and the follow is neither lost nor sent twice (a
+// follow that began at the file's end then lost it, and the driver suite waited in vain for
+// a worker's first line in the cgroup v2 VM).
+func follow(ctx context.Context, w io.Writer, files []string, i int, off int64) error {
+	live := files[len(files)-1]
+	if i < len(files)-1 {
+		if err := copyFrom(ctx, w, files[:len(files)-1], i, off, nil); err != nil {
+			return err
+		}
+		off = 0
+	}
+	f, err := os.Open(live)
+	if errors.Is(err, os.ErrNotExist) {
+		return followFile(ctx, w, live, nil, 0) // the worker has not written yet
+	}
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(w, io.NewSectionReader(f, off, 1<<62))
+	if err != nil {
+		f.Close()
+		return err
+	}
+	return followFile(ctx, w, live, f, off+n)
+}
+
 // followPoll is how often a followed log is checked for what the worker wrote.
 const followPoll = 100 * time.Millisecond
 
-// followFile writes what is appended to path, from its current end, until ctx is done. A
-// restart of the worker moves the file away (rotatePrevious): the rest of the old one is
-// written, then the new one from its start. When capLog truncates the file, what was
+// followFile writes what is appended to path until ctx is done: from offset from of start,
+// path opened by the caller (which followFile closes), or with start nil (path did not
+// exist) from the start of path once it does. A restart of the worker moves the file away (rotatePrevious): the rest of the old one
+// is written, then the new one from its start. When capLog truncates the file, what was
 // written after the last read is found again in path.1, after the last bytes sent.
-func followFile(ctx context.Context, w io.Writer, path string) error {
+func followFile(ctx context.Context, w io.Writer, path string, start *os.File, from int64) error {
 	var f *os.File
 	var ino uint64
 	var off int64
@@ -239,7 +268,7 @@ func followFile(ctx context.Context, w io.Writer, path string) error {
 		}
 		return nil
 	}
-	open := func(atEnd bool) {
+	open := func() {
 		nf, err := os.Open(path)
 		if err != nil {
 			return
@@ -253,11 +282,22 @@ func followFile(ctx context.Context, w io.Writer, path string) error {
 			f.Close()
 		}
 		f, ino, off = nf, st.Sys().(*syscall.Stat_t).Ino, 0
-		if atEnd {
-			off = st.Size()
-		}
 	}
-	open(true)
+	if start != nil {
+		st, err := start.Stat()
+		if err != nil {
+			start.Close()
+			return err
+		}
+		f, ino, off = start, st.Sys().(*syscall.Stat_t).Ino, from
+		// What the caller sent before from is where a rotation finds our place again.
+		last = make([]byte, min(from, 4096))
+		if _, err := f.ReadAt(last, from-int64(len(last))); err != nil {
+			last = nil
+		}
+	} else {
+		open()
+	}
 	buf := make([]byte, 64<<10)
 	readMore := func() error {
 		for f != nil {
@@ -293,7 +333,7 @@ func followFile(ctx context.Context, w io.Writer, path string) error {
 			if err := readMore(); err != nil { // the end of the run that ended
 				return err
 			}
-			open(false)
+			open()
 		case st.Size() < off || !continues(f, off, last):
 			// capLog moved the file's content to path.1 and truncated it (and the worker
 			// may have written past our offset since: the bytes before it tell).
