@@ -12,16 +12,15 @@ import (
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
-// A worker's reaper removes its cgroup while Stop may still be killing what is in it: on a
-// removed cgroup, kill and the process list find nothing left rather than fail (v2 reads
-// ENOENT, or ENODEV from a file opened before the removal; v1 its own errors).
-func TestSlotRemovedUnderneath(t *testing.T) {
+// testSlot creates a worker cgroup under a parent of the test's own, removed at its end.
+func testSlot(t *testing.T, name string) (hierarchy, slot) {
+	t.Helper()
 	testenv.Cgroups(t)
 	h, err := detect("/sys/fs/cgroup")
 	if err != nil {
 		t.Fatal(err)
 	}
-	parent := fmt.Sprintf("/stormdock-slot-test-%d", os.Getpid())
+	parent := fmt.Sprintf("/stormdock-slot-%s-%d", name, os.Getpid())
 	if err := h.ensure(parent); err != nil {
 		t.Fatal(err)
 	}
@@ -30,6 +29,14 @@ func TestSlotRemovedUnderneath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return h, sl
+}
+
+// A worker's reaper removes its cgroup while Stop may still be killing what is in it: on a
+// removed cgroup, kill and the process list find nothing left rather than fail (v2 reads
+// ENOENT, or ENODEV from a file opened before the removal; v1 its own errors).
+func TestSlotRemovedUnderneath(t *testing.T) {
+	h, sl := testSlot(t, "test")
 	if err := sl.remove(); err != nil {
 		t.Fatal(err)
 	}
@@ -46,20 +53,7 @@ func TestSlotRemovedUnderneath(t *testing.T) {
 // pause freezes a cgroup with a running process in it until the kernel says every process
 // stopped, and resume lets them run again: capLog rotates a worker's log in that pause.
 func TestSlotPause(t *testing.T) {
-	testenv.Cgroups(t)
-	h, err := detect("/sys/fs/cgroup")
-	if err != nil {
-		t.Fatal(err)
-	}
-	parent := fmt.Sprintf("/stormdock-slot-pause-%d", os.Getpid())
-	if err := h.ensure(parent); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { testenv.RemoveCgroupTree(parent) })
-	sl, err := h.create(parent+"/w", limits{memory: 64 << 20, milliCPU: 500, pids: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, sl := testSlot(t, "pause")
 	p, ok := sl.(pauser)
 	if !ok {
 		t.Fatalf("the v%d slot cannot pause", h.version())
