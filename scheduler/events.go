@@ -60,8 +60,17 @@ func workerEvent(v *view, kind string, k cluster.WorkerKey, node, reason string)
 	return e
 }
 
+// submitted is the event of j's submission.
+func submitted(j cluster.JobRecord) api.Event {
+	return api.Event{Object: "job/" + j.Spec.Name, Job: j.Spec.Name, Tenant: j.Spec.Tenant, Kind: api.EventJobSubmitted, Time: j.Submitted,
+		Reason: fmt.Sprintf("%d workers for tenant %s, priority %d, %s isolation",
+			j.Spec.TotalWorkers(), j.Spec.Tenant, j.Spec.Priority, j.Spec.IsolationMode())}
+}
+
 // observeEvents records what changed since the previous view. The first call of a term
-// only takes the baseline.
+// takes the baseline, and records only the jobs submitted since the term began: one
+// submitted in the instant between the election and the first view was otherwise in the
+// baseline, and its submission recorded by no master.
 func (r *reconciler) observeEvents(v *view) {
 	cur := &seen{jobs: map[string]cluster.JobRecord{}, nodes: v.nodes, confs: v.confs, dcs: map[string]string{},
 		workers: map[nodeKey]cluster.WorkerStatus{}}
@@ -75,22 +84,26 @@ func (r *reconciler) observeEvents(v *view) {
 		cur.workers[nodeKey{c.node, c.status.Key}] = c.status
 	}
 	prev := r.seen
+	emit := r.m.events.emit
 	if prev == nil {
 		cur.lost, cur.unplaced = map[string]time.Time{}, map[cluster.WorkerKey]string{}
 		r.seen = cur
+		for _, name := range slices.Sorted(maps.Keys(cur.jobs)) {
+			if j := cur.jobs[name]; j.Submitted.After(r.since) {
+				emit(submitted(j))
+			}
+		}
 		return
 	}
 	cur.lost, cur.unplaced = prev.lost, prev.unplaced
 	r.seen = cur
-	emit := r.m.events.emit
 
 	for _, name := range slices.Sorted(maps.Keys(cur.jobs)) {
 		j, was := cur.jobs[name], prev.jobs[name]
 		e := api.Event{Object: "job/" + name, Job: name, Tenant: j.Spec.Tenant}
 		switch {
 		case was.Spec.Name == "":
-			e.Kind, e.Reason, e.Time = api.EventJobSubmitted, fmt.Sprintf("%d workers for tenant %s, priority %d, %s isolation",
-				j.Spec.TotalWorkers(), j.Spec.Tenant, j.Spec.Priority, j.Spec.IsolationMode()), j.Submitted
+			e = submitted(j)
 		case j.State == cluster.JobKilled && was.State != cluster.JobKilled:
 			e.Kind, e.Reason, e.Time = api.EventJobKilled, fmt.Sprintf("its workers stop within %s", j.Spec.Grace()), j.Updated
 		case j.Generation > was.Generation:

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -453,5 +454,37 @@ func TestFailoverEvents(t *testing.T) {
 		ok := e.Object == "link/mj@dc-b" && e.Link == "dc-b" && e.Tenant == "search" && e.Time.Equal(at) &&
 			e.Reason == "from dc-a to dc-b (manual), delivering from offset 1234"
 		return ok, fmt.Sprintf("%+v", e)
+	})
+}
+
+// A job submitted between a master's election and its first view of the cluster is in that
+// view's baseline; its submission is still recorded, by the time it was made, while a job
+// submitted before the term began is the last leader's to record.
+func TestSubmittedAtTermStart(t *testing.T) {
+	tc := newTestCluster(t)
+	m, _, _ := tc.master("m1")
+	testenv.Eventually(t, "leading", 5*time.Second, m.Leader)
+	since := time.Now()
+	job := func(name string, submitted time.Time) jobEntry {
+		spec := testSpec(name, 1)
+		return jobEntry{rec: cluster.JobRecord{Spec: *spec, State: cluster.JobRunning, Submitted: submitted}}
+	}
+	// The reconciler of a term whose first view holds both jobs.
+	r := &reconciler{m: m, since: since}
+	r.observeEvents(&view{jobs: map[string]jobEntry{
+		"before": job("before", since.Add(-time.Second)),
+		"after":  job("after", since.Add(time.Millisecond)),
+	}})
+	testenv.EventuallyWith(t, "the submission after the term began recorded", 5*time.Second, func() (bool, string) {
+		var got []string
+		for _, job := range []string{"before", "after"} {
+			evs, _ := m.events.query(api.EventFilter{Job: job}, 0)
+			for _, e := range evs {
+				if e.Kind == api.EventJobSubmitted {
+					got = append(got, e.Job)
+				}
+			}
+		}
+		return slices.Equal(got, []string{"after"}), fmt.Sprintf("submitted events for %v", got)
 	})
 }

@@ -291,7 +291,7 @@ func (m *Master) lead(ctx context.Context, since time.Time) error {
 		stopRouters()
 		<-routersDone
 	}()
-	r := &reconciler{m: m}
+	r := &reconciler{m: m, since: since}
 	defer r.stopWake()
 	if err := r.loadAssignments(ctx); err != nil {
 		return err

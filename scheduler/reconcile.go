@@ -38,6 +38,9 @@ type reconciler struct {
 	ro   *rolloutPlan
 	wake *time.Timer
 	seen *seen // what the previous reconcile saw, for events (events.go)
+	// since is when this term began: a job submitted after it, before the term's first
+	// view, is this term's to record.
+	since time.Time
 }
 
 func (r *reconciler) loadAssignments(ctx context.Context) error {
