@@ -75,7 +75,9 @@ func (e *Ensemble) Leader() *Server {
 }
 
 // WaitServing waits until a quorum (a majority of the servers) answers srvr with a Mode
-// line, that is until the ensemble has a leader and serves clients, or ctx is done.
+// line and one of them leads, that is until the ensemble has a leader and serves clients,
+// or ctx is done. A quorum of Mode lines alone is not evidence: for syncLimit ticks after
+// its leader dies, a follower still answers "Mode: follower".
 func (e *Ensemble) WaitServing(ctx context.Context) error {
 	return e.waitServing(ctx, len(e.servers)/2+1)
 }
@@ -86,6 +88,7 @@ func (e *Ensemble) waitServing(ctx context.Context, want int) error {
 		// and must not delay seeing the others serve.
 		states := make([]string, len(e.servers))
 		ok := make([]bool, len(e.servers))
+		leads := make([]bool, len(e.servers))
 		var wg sync.WaitGroup
 		for i, s := range e.servers {
 			wg.Add(1)
@@ -95,6 +98,7 @@ func (e *Ensemble) waitServing(ctx context.Context, want int) error {
 				defer cancel()
 				m, err := s.Mode(actx)
 				ok[i] = err == nil
+				leads[i] = err == nil && (m == "leader" || m == "standalone")
 				if err == nil {
 					states[i] = fmt.Sprintf("%s: %s", s, m)
 				} else {
@@ -103,19 +107,22 @@ func (e *Ensemble) waitServing(ctx context.Context, want int) error {
 			}()
 		}
 		wg.Wait()
-		serving := 0
-		for _, o := range ok {
-			if o {
+		serving, leaders := 0, 0
+		for i := range ok {
+			if ok[i] {
 				serving++
 			}
+			if leads[i] {
+				leaders++
+			}
 		}
-		if serving >= want {
+		if serving >= want && leaders > 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%d of %d servers serving, want %d: %s: %w",
-				serving, len(e.servers), want, strings.Join(states, "; "), ctx.Err())
+			return fmt.Errorf("%d of %d servers serving (%d leading), want %d and a leader: %s: %w",
+				serving, len(e.servers), leaders, want, strings.Join(states, "; "), ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
