@@ -16,7 +16,7 @@ import (
 )
 
 // An agent serves its workers' logs to the masters, which relay them to the CLI (see
-// scheduler/logs.go): GET /v1/logs?job=J&worker=N[&link=L][&follow=true][&tail=N]
+// master/logs.go): GET /v1/logs?job=J&worker=N[&link=L][&follow=true][&tail=N]
 // [&previous=true], signed by a master with the cluster's agent key
 // (api.VerifyAgentRequest). The agent answers with the worker's output as plain text,
 // streamed while it follows.

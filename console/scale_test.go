@@ -27,7 +27,7 @@ import (
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/placement/placementtest"
-	"github.com/stormdock/stormdock/scheduler"
+	"github.com/stormdock/stormdock/master"
 )
 
 // fixture is a simulated cluster: a real master on an embedded store, and stand-in
@@ -96,11 +96,11 @@ func newFixture(b testing.TB, cfg placementtest.Config) *fixture {
 	for _, spec := range cfg.JobSpecs() {
 		if !tenants[spec.Tenant] {
 			tenants[spec.Tenant] = true
-			if err := scheduler.CreateTenant(ctx, mc, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
+			if err := master.CreateTenant(ctx, mc, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
 				b.Fatal(err)
 			}
 		}
-		if _, err := scheduler.SubmitJob(ctx, mc, &spec); err != nil {
+		if _, err := master.SubmitJob(ctx, mc, &spec); err != nil {
 			b.Fatal(err)
 		}
 	}

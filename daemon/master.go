@@ -20,7 +20,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/pki"
-	"github.com/stormdock/stormdock/scheduler"
+	"github.com/stormdock/stormdock/master"
 )
 
 // MasterConfig is everything a master process is built from.
@@ -47,13 +47,13 @@ type MasterConfig struct {
 	// RouterStore is the store URL the master's output routers open (default: Store when it
 	// is ZooKeeper).
 	RouterStore string
-	// ReregisterGrace: see scheduler.Config.
+	// ReregisterGrace: see master.Config.
 	ReregisterGrace time.Duration
 	// RegistryAuth is Docker's config.json with the credentials the master resolves image
 	// tags to digests with; "" resolves anonymously.
 	RegistryAuth string
-	// Events bounds and paces the cluster's events (see scheduler.EventsConfig).
-	Events scheduler.EventsConfig
+	// Events bounds and paces the cluster's events (see master.EventsConfig).
+	Events master.EventsConfig
 	Logger *slog.Logger
 }
 
@@ -63,7 +63,7 @@ type Master struct {
 	ln        net.Listener
 	store     coord.Store
 	ownStore  bool
-	sched     *scheduler.Master
+	sched     *master.Master
 	registry  *prometheus.Registry
 	srv       *http.Server
 	tokenPath string
@@ -128,7 +128,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 			return nil, err
 		}
 	}
-	m.sched, err = scheduler.New(m.store, scheduler.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore,
+	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore,
 		ReregisterGrace: cfg.ReregisterGrace, Resolver: res, Events: cfg.Events, Logger: cfg.Logger, Registry: m.registry})
 	if err != nil {
 		return nil, err
@@ -162,7 +162,7 @@ func (m *Master) TokenPath() string { return m.tokenPath }
 func (m *Master) Registry() *prometheus.Registry { return m.registry }
 
 // Scheduler is the master's scheduler.
-func (m *Master) Scheduler() *scheduler.Master { return m.sched }
+func (m *Master) Scheduler() *master.Master { return m.sched }
 
 // Run serves the API and runs the scheduler until ctx is done, then shuts the server down.
 func (m *Master) Run(ctx context.Context) error {

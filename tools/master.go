@@ -10,7 +10,7 @@ import (
 
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
-	"github.com/stormdock/stormdock/scheduler"
+	"github.com/stormdock/stormdock/master"
 )
 
 // storeFlags are the flags of every process that opens the coordination store.
@@ -100,7 +100,7 @@ var MasterCommand = &cli.Command{
 		&cli.StringFlag{Name: "advertise-api", Aliases: []string{"advertise"}, Usage: "`ADDR` (HOST:PORT) clients on other hosts reach the API at, published in the store; the TLS certificate covers it (default: --api; when that is every interface, the address that reaches the store)"},
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600), api.url and, with --tls, ca.crt, ca.key, master.crt and master.key", Value: defaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
-		&cli.DurationFlag{Name: "reregister-grace", Usage: "after this master starts leading or its store comes back, how long nodes missing from the store are waited for before their workers move", Value: scheduler.DefaultReregisterGrace},
+		&cli.DurationFlag{Name: "reregister-grace", Usage: "after this master starts leading or its store comes back, how long nodes missing from the store are waited for before their workers move", Value: master.DefaultReregisterGrace},
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin docker jobs' image tags to digests with"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS: a CA and a server certificate are made in --data at the first start"},
 		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
@@ -154,14 +154,14 @@ var MasterCommand = &cli.Command{
 // eventsFlags bound the cluster's events, on every master (and up).
 func eventsFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.IntFlag{Name: "events-max", Usage: "cluster events kept (in the store, and by every master); give every master the same", Value: scheduler.DefaultEventsMax},
-		&cli.DurationFlag{Name: "events-max-age", Usage: "how long a cluster event is kept", Value: scheduler.DefaultEventsMaxAge},
-		&cli.DurationFlag{Name: "events-flush", Usage: "how often a master appends the events it recorded to the store (one write each time)", Value: scheduler.DefaultEventsFlush},
+		&cli.IntFlag{Name: "events-max", Usage: "cluster events kept (in the store, and by every master); give every master the same", Value: master.DefaultEventsMax},
+		&cli.DurationFlag{Name: "events-max-age", Usage: "how long a cluster event is kept", Value: master.DefaultEventsMaxAge},
+		&cli.DurationFlag{Name: "events-flush", Usage: "how often a master appends the events it recorded to the store (one write each time)", Value: master.DefaultEventsFlush},
 	}
 }
 
-func eventsConfig(c *cli.Context) (scheduler.EventsConfig, error) {
-	cfg := scheduler.EventsConfig{Max: c.Int("events-max"), MaxAge: c.Duration("events-max-age"), Flush: c.Duration("events-flush")}
+func eventsConfig(c *cli.Context) (master.EventsConfig, error) {
+	cfg := master.EventsConfig{Max: c.Int("events-max"), MaxAge: c.Duration("events-max-age"), Flush: c.Duration("events-flush")}
 	switch {
 	case cfg.Max < 1 || cfg.Max > 1_000_000:
 		return cfg, usageErr("--events-max must be between 1 and 1000000, not %d", cfg.Max)

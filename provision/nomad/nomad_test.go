@@ -22,7 +22,7 @@ import (
 	"github.com/stormdock/stormdock/provision"
 	"github.com/stormdock/stormdock/provision/nomad"
 	"github.com/stormdock/stormdock/provision/provisiontest"
-	"github.com/stormdock/stormdock/scheduler"
+	"github.com/stormdock/stormdock/master"
 )
 
 // env is a provider on a recorded Nomad, with a real master and stand-in agents on the
@@ -289,7 +289,7 @@ func (f *fakeCluster) startMaster() {
 	if s == nil {
 		return
 	}
-	var m *scheduler.Master
+	var m *master.Master
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			f.events.add("master POST " + r.URL.Path)
@@ -297,7 +297,7 @@ func (f *fakeCluster) startMaster() {
 		m.Handler(prometheus.NewRegistry()).ServeHTTP(w, r)
 	}))
 	var err error
-	m, err = scheduler.New(s, scheduler.Config{ID: "m1", API: f.srv.URL, Logger: slog.Default()})
+	m, err = master.New(s, master.Config{ID: "m1", API: f.srv.URL, Logger: slog.Default()})
 	if err != nil {
 		f.t.Errorf("fake master: %v", err)
 		return

@@ -1,0 +1,475 @@
+package master
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/console"
+	"github.com/stormdock/stormdock/placement"
+)
+
+// Handler returns the master's HTTP API and the web console (at /ui/, package console).
+// Every master serves them, leader or not: reads come from the store's mirror and writes go
+// to the store, where the leader picks them up. gatherer, when not nil, is served at /metrics.
+func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
+	mux := &routeMux{ServeMux: http.NewServeMux()}
+	route := func(pattern string, need role, h http.HandlerFunc) {
+		mux.HandleFunc(pattern, m.secure(pattern, need, h))
+		mux.patterns = append(mux.patterns, pattern)
+	}
+	route("GET /v1/health", roleNone, m.getHealth)
+	route("GET /v1/jobs", roleTenant, m.listJobs)
+	route("POST /v1/jobs", roleTenant, m.submitJob)
+	route("GET /v1/jobs/{name}", roleTenant, m.getJob)
+	route("POST /v1/jobs/{name}/scale", roleTenant, m.scaleJob)
+	route("POST /v1/jobs/{name}/kill", roleTenant, m.killJob)
+	route("POST /v1/jobs/{name}/update", roleTenant, m.updateJob)
+	route("POST /v1/jobs/{name}/rollback", roleTenant, m.rollbackJob)
+	route("POST /v1/jobs/{name}/restart", roleTenant, m.restartJob)
+	route("POST /v1/jobs/{name}/pause", roleTenant, m.rolloutAction(ActionPause))
+	route("POST /v1/jobs/{name}/resume", roleTenant, m.rolloutAction(ActionResume))
+	route("POST /v1/jobs/{name}/promote", roleTenant, m.rolloutAction(ActionPromote))
+	route("GET /v1/jobs/{name}/history", roleTenant, m.jobHistory)
+	route("GET /v1/jobs/{name}/logs", roleTenant, m.jobLogs)
+	route("GET /v1/events", roleTenant, m.listEvents)
+	route("GET /v1/nodes", roleTenant, m.listNodes)
+	route("POST /v1/nodes/{id}/drain", roleAdmin, m.drainNode(true))
+	route("POST /v1/nodes/{id}/undrain", roleAdmin, m.drainNode(false))
+	route("GET /v1/dcs", roleTenant, m.listDCs)
+	route("POST /v1/dcs/{dc}/fail", roleAdmin, m.setDC(cluster.DCFailed))
+	route("POST /v1/dcs/{dc}/restore", roleAdmin, m.setDC(cluster.DCActive))
+	route("GET /v1/tenants", roleTenant, m.listTenants)
+	route("POST /v1/tenants", roleAdmin, m.createTenant)
+	route("POST /v1/tenants/{name}/token", roleAdmin, m.tenantToken)
+	route("GET /v1/watch", roleTenant, newWatchHub(m).serve)
+	route("GET /v1/jobs/{name}/links", roleTenant, m.getLinks)
+	route("POST /v1/jobs/{name}/failover", roleTenant, m.failover)
+	mux.Handle("GET "+console.Prefix, console.Handler())
+	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
+	if gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", notFound(mux.ServeMux))
+	return mux
+}
+
+// routeMux is the API's mux with the patterns of its routes, so that tests can probe every
+// one of them.
+type routeMux struct {
+	*http.ServeMux
+	patterns []string
+}
+
+func fail(w http.ResponseWriter, sentinel error, format string, args ...any) {
+	api.Errorf(w, sentinel, fmt.Sprintf(format, args...))
+}
+
+func failErr(w http.ResponseWriter, err error) { api.WriteError(w, err) }
+
+func reply(w http.ResponseWriter, status int, v any) { api.WriteJSON(w, status, v) }
+
+// readBody reads a bounded request body.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, api.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			fail(w, api.ErrTooLarge, "request body over %d bytes", api.MaxBodyBytes)
+		} else {
+			fail(w, api.ErrBadInput, "read request body: %v", err)
+		}
+		return nil, false
+	}
+	return data, true
+}
+
+// decodeJSON reads a JSON body strictly (see decodeStrict); optional bodies may be empty.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any, optional ...bool) bool {
+	data, ok := readBody(w, r)
+	if !ok {
+		return false
+	}
+	if err := decodeStrict(data, v, len(optional) > 0 && optional[0]); err != nil {
+		fail(w, api.ErrBadInput, "bad request body: %v", err)
+		return false
+	}
+	return true
+}
+
+func (m *Master) getHealth(w http.ResponseWriter, _ *http.Request) {
+	reply(w, http.StatusOK, api.Health{ID: m.cfg.ID, Leader: m.Leader()})
+}
+
+func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
+	data, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	spec, err := cluster.ParseJobSpec(data)
+	if err != nil {
+		fail(w, api.ErrBadInput, "%v", err)
+		return
+	}
+	noteObject(r, "job/"+spec.Name)
+	noteTenant(r, spec.Tenant)
+	if err := mayUse(principalOf(r.Context()), spec.Tenant); err != nil {
+		failErr(w, err)
+		return
+	}
+	// The registry is asked before the store, outside its retries: a slow registry delays
+	// this submit only.
+	pin := pinImage(r.Context(), m.cfg.Resolver, spec, 1)
+	rec, err := SubmitJobAs(r.Context(), m.store, spec, pin, principalOf(r.Context()).String())
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	m.log.Info("job submitted", "job", spec.Name, "tenant", spec.Tenant, "workers", spec.TotalWorkers())
+	if pin != nil && pin.Ref != "" {
+		m.log.Info("image pinned", "job", spec.Name, "generation", pin.Generation, "ref", pin.Ref)
+	} else if pin != nil {
+		m.log.Warn("image not pinned yet; workers pull the tag meanwhile", "job", spec.Name, "image", pin.Image, "err", pin.Error)
+	}
+	reply(w, http.StatusCreated, rec)
+}
+
+func (m *Master) scaleJob(w http.ResponseWriter, r *http.Request) {
+	var req api.ScaleRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	if !m.mayUseJob(w, r) {
+		return
+	}
+	rec, err := ScaleJob(r.Context(), m.store, r.PathValue("name"), req.Workers)
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	reply(w, http.StatusOK, rec)
+}
+
+func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
+	var req api.KillRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	if !m.mayUseJob(w, r) {
+		return
+	}
+	rec, err := KillJob(r.Context(), m.store, r.PathValue("name"), req.Grace.Std())
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	reply(w, http.StatusOK, rec)
+}
+
+// mayUseJob answers 404 or 403 unless the caller may act on the job named in the path.
+func (m *Master) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
+	rec, _, err := readJob(r.Context(), m.store, r.PathValue("name"))
+	if err == nil {
+		noteTenant(r, rec.Spec.Tenant)
+		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
+	}
+	if err != nil {
+		failErr(w, err)
+		return false
+	}
+	return true
+}
+
+func (m *Master) listJobs(w http.ResponseWriter, r *http.Request) {
+	p := principalOf(r.Context())
+	st := m.readState()
+	jobs, gen := m.currentJobsGen()
+	body := st.list(p, gen, func() []byte {
+		out := []api.JobSummary{}
+		for _, name := range slices.Sorted(maps.Keys(jobs)) {
+			if mayUse(p, jobs[name].rec.Spec.Tenant) == nil {
+				out = append(out, st.summary(jobs[name]))
+			}
+		}
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(out)
+		return b.Bytes()
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+}
+
+// getJob answers a job's status; with ?workers=false only its record and summary, which is
+// what `--wait` polls: the same cost for a job of one worker and of a hundred thousand.
+func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	withWorkers := true
+	switch q := r.URL.Query().Get("workers"); q {
+	case "", "true":
+	case "false":
+		withWorkers = false
+	default:
+		fail(w, api.ErrBadInput, "workers=%q: want true or false", q)
+		return
+	}
+	j, ok := m.currentJobs()[name]
+	if !ok {
+		fail(w, api.ErrNotFound, "no job %q (see `stormdock job list`)", name)
+		return
+	}
+	if err := mayUse(principalOf(r.Context()), j.rec.Spec.Tenant); err != nil {
+		failErr(w, err)
+		return
+	}
+	st := m.readState()
+	assigned, _ := st.where()
+	v, unplaced := st.v, st.unplaced
+	out := api.JobStatus{Job: j.rec, Summary: st.summary(j), Workers: []api.WorkerView{}}
+	if withWorkers {
+		for _, k := range j.rec.Spec.Keys() {
+			wv := api.WorkerView{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.WorkerPending}
+			if reason, ok := unplaced[k]; ok {
+				wv.State, wv.Reason = api.WorkerUnplaced, reason
+			} else if node, ok := assigned[k]; ok {
+				wv.Node = node
+				if rec, ok := v.nodes[node]; ok {
+					wv.DC, wv.Rack = rec.Node.DC, rec.Node.Rack
+				}
+			}
+			if s, ok := v.statuses[k]; ok && (wv.Node == "" || s.node == wv.Node) {
+				wv.State, wv.PID, wv.Restarts, wv.LastExit, wv.Memory = s.status.State, s.status.PID, s.status.Restarts, s.status.LastExit, s.status.Memory
+				wv.Generation = s.status.Generation
+				if wv.Node == "" {
+					wv.Node = s.node
+				}
+			}
+			out.Workers = append(out.Workers, wv)
+		}
+	}
+	if j.rec.Spec.Mirrored() {
+		out.Sink = m.sinkView(r.Context(), v, j.rec.Spec.Name)
+	}
+	reply(w, http.StatusOK, out)
+}
+
+// unplaced explains the workers no node takes, by planning over the same view the leader
+// plans from. Placement is pure, so any master can give the leader's reasons. When every
+// worker of every job is assigned there is nothing to explain, and no plan is made. Only a
+// master that does not lead plans for this (see readState); the leader's reconcile says why.
+func (m *Master) unplaced(v *view, assigned map[cluster.WorkerKey]string) map[cluster.WorkerKey]string {
+	missing := false
+	for _, j := range v.jobs {
+		if j.rec.State != cluster.JobRunning {
+			continue
+		}
+		for _, k := range j.rec.Spec.Keys() {
+			node, ok := assigned[k]
+			if _, alive := v.nodes[node]; !ok || !alive {
+				missing = true // unassigned, or held on a lost node
+				break
+			}
+		}
+		if missing {
+			break
+		}
+	}
+	if !missing {
+		return map[cluster.WorkerKey]string{}
+	}
+	var cur []cluster.Placement
+	for k, node := range assigned {
+		if rec, ok := v.record(k.Job); ok && rec.State == cluster.JobRunning {
+			cur = append(cur, cluster.Placement{Job: k.Job, Link: k.Link, Worker: k.Worker, Node: node})
+		}
+	}
+	r := &reconciler{m: m, assign: map[string]assignState{}}
+	for node, a := range m.decodedAssigns() {
+		r.assign[node] = assignState{a: a, exists: true}
+	}
+	res, _, err := r.planWhole(v, placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: cur, Avoid: v.avoid()})
+	out := map[cluster.WorkerKey]string{}
+	if err != nil {
+		return out
+	}
+	for _, u := range res.Unplaced {
+		out[u.Key()] = u.Reason
+	}
+	return out
+}
+
+func summarize(v *view, rec cluster.JobRecord, assigned map[cluster.WorkerKey]string, unplaced map[cluster.WorkerKey]string) api.JobSummary {
+	s := api.JobSummary{Name: rec.Spec.Name, Tenant: rec.Spec.Tenant, State: rec.State, Workers: rec.Spec.TotalWorkers(),
+		Priority: rec.Spec.Priority, Generation: rec.Generation}
+	if rec.Rollout.Active() {
+		s.Rollout = rec.Rollout.State
+	}
+	for _, k := range rec.Spec.Keys() {
+		if st, ok := v.statuses[k]; ok && st.status.State == cluster.WorkerRunning && st.node == assigned[k] {
+			s.Running++
+		}
+		if _, ok := unplaced[k]; ok {
+			s.Unplaced++
+		}
+	}
+	inSpec := func(k cluster.WorkerKey) bool {
+		if k.Worker >= rec.Spec.Workers {
+			return false
+		}
+		return k.Link == "" && !rec.Spec.Mirrored() || slices.Contains(rec.Spec.Links, k.Link)
+	}
+	for _, c := range v.copies {
+		if k := c.status.Key; k.Job == rec.Spec.Name && (!inSpec(k) || assigned[k] != c.node || rec.State != cluster.JobRunning) {
+			s.Stopping++
+		}
+	}
+	return s
+}
+
+func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
+	st := m.readState()
+	v := st.v
+	_, perNode := st.where()
+	out := []api.NodeView{}
+	for _, id := range slices.Sorted(maps.Keys(v.nodes)) {
+		rec := v.nodes[id]
+		n := rec.Node
+		used := perNode[id]
+		health := rec.Health.State
+		if health == "" {
+			health = cluster.HealthHealthy
+		}
+		nv := api.NodeView{ID: id, Host: n.Host, DC: n.DC, Rack: n.Rack, Slots: n.Slots, SlotsUsed: used,
+			SlotsThrottled: rec.Health.Throttled, SlotsFree: max(n.Slots-used-rec.Health.Throttled, 0),
+			Memory: n.Memory, CPU: n.CPU, Health: health, Reason: rec.Health.Reason, Labels: n.Labels,
+			Workers: len(rec.Workers), Isolation: rec.Isolation, Started: rec.Started}
+		if c, ok := v.confs[id]; ok {
+			nv.Draining = c.Draining
+			nv.Avoid = c.Avoid
+		}
+		if nv.Draining {
+			nv.SlotsFree = 0
+		}
+		out = append(out, nv)
+	}
+	reply(w, http.StatusOK, out)
+}
+
+func (m *Master) drainNode(drain bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if !m.nodes.has(id) {
+			if !m.confs.has(id) || drain {
+				fail(w, api.ErrNotFound, "no live node %q (see `stormdock node list`)", id)
+				return
+			}
+		}
+		if err := UpdateNodeConf(r.Context(), m.store, id, func(c *cluster.NodeConf) {
+			c.Draining = drain
+			if !drain {
+				c.Avoid = nil // an operator who undrains a node vouches for it again
+			}
+		}); err != nil {
+			failErr(w, err)
+			return
+		}
+		reply(w, http.StatusOK, map[string]any{"node": id, "draining": drain, "at": time.Now().UTC()})
+	}
+}
+
+func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
+	names, err := m.store.Children(r.Context(), cluster.TenantsKey)
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	jobs := m.currentJobs()
+	p := principalOf(r.Context())
+	out := []api.TenantView{}
+	for _, name := range names {
+		if !p.admin && p.tenant != name {
+			continue
+		}
+		t, _, err := readTenant(r.Context(), m.store, name)
+		if err != nil {
+			continue
+		}
+		out = append(out, tenantView(jobs, t.Tenant))
+	}
+	reply(w, http.StatusOK, out)
+}
+
+func (m *Master) createTenant(w http.ResponseWriter, r *http.Request) {
+	var t cluster.Tenant
+	if !decodeJSON(w, r, &t) {
+		return
+	}
+	noteObject(r, "tenant/"+t.Name)
+	if err := CreateTenant(r.Context(), m.store, cluster.TenantRecord{Tenant: t}); err != nil {
+		failErr(w, err)
+		return
+	}
+	reply(w, http.StatusCreated, t)
+}
+
+func (m *Master) tenantToken(w http.ResponseWriter, r *http.Request) {
+	token, err := SetTenantToken(r.Context(), m.store, r.PathValue("name"))
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	reply(w, http.StatusOK, api.TokenReply{Tenant: r.PathValue("name"), Token: token})
+}
+
+func (m *Master) listDCs(w http.ResponseWriter, _ *http.Request) {
+	st := m.readState()
+	v := st.v
+	_, perNode := st.where()
+	out := []api.DCView{}
+	for _, name := range slices.Sorted(maps.Keys(v.dcs)) {
+		d := api.DCView{Name: name, State: v.dcState(name), Since: v.dcs[name].Since}
+		for id, rec := range v.nodes {
+			if rec.Node.DC != name {
+				continue
+			}
+			d.Nodes++
+			d.Slots += rec.Node.Slots
+			d.Workers += perNode[id]
+			d.SlotsFree += max(rec.Node.Slots-perNode[id]-rec.Health.Throttled, 0)
+		}
+		out = append(out, d)
+	}
+	reply(w, http.StatusOK, out)
+}
+
+func (m *Master) setDC(state string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req api.DCRequest
+		if !decodeJSON(w, r, &req, true) {
+			return
+		}
+		if req.Rebalance && state != cluster.DCActive {
+			fail(w, api.ErrBadInput, "--rebalance goes with restore only")
+			return
+		}
+		rec, err := SetDCState(r.Context(), m.store, r.PathValue("dc"), state, req.Rebalance)
+		if err != nil {
+			failErr(w, err)
+			return
+		}
+		reply(w, http.StatusOK, rec)
+	}
+}

@@ -1,0 +1,182 @@
+package master
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
+)
+
+// The API of rollouts: update, rollback, restart, pause, resume, promote and history.
+
+func (m *Master) updateJob(w http.ResponseWriter, r *http.Request) {
+	var req api.UpdateRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	name := r.PathValue("name")
+	rec, _, err := readJob(r.Context(), m.store, name)
+	if err == nil {
+		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
+	}
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	spec, err := cluster.ParseJobSpec([]byte(req.Spec))
+	if err != nil {
+		fail(w, api.ErrBadInput, "%v", err)
+		return
+	}
+	// Only a changed image is resolved: the registry is asked outside the store's retries,
+	// and an update that keeps the image keeps its digest.
+	var pin *cluster.ImagePin
+	if spec.Image != rec.Spec.Image || spec.IsolationMode() != rec.Spec.IsolationMode() {
+		pin = pinImage(r.Context(), m.cfg.Resolver, spec, 0)
+	}
+	out, changed, err := UpdateJob(r.Context(), m.store, name, Change{Spec: spec, Pin: pin, Policy: req.Policy, Who: principalOf(r.Context()).String()})
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	if changed {
+		m.log.Info("job updated", "job", name, "generation", out.Generation, "rollout", out.Rollout.ID, "by", out.Rollout.Policy.By,
+			"maxParallel", out.Rollout.Policy.MaxParallel)
+	}
+	reply(w, http.StatusOK, api.UpdateReply{Job: out, Changed: changed})
+}
+
+func (m *Master) rollbackJob(w http.ResponseWriter, r *http.Request) {
+	var req api.RollbackRequest
+	if !decodeJSON(w, r, &req, true) {
+		return
+	}
+	if req.To < 0 {
+		fail(w, api.ErrBadInput, "--to must be a generation (1 or more)")
+		return
+	}
+	if !m.mayUseJob(w, r) {
+		return
+	}
+	name := r.PathValue("name")
+	out, changed, err := RollbackJob(r.Context(), m.store, name, Change{To: req.To, Policy: req.Policy, Who: principalOf(r.Context()).String()})
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	if changed {
+		m.log.Info("job rolled back", "job", name, "generation", out.Generation, "rollout", out.Rollout.ID)
+	}
+	reply(w, http.StatusOK, api.UpdateReply{Job: out, Changed: changed})
+}
+
+func (m *Master) restartJob(w http.ResponseWriter, r *http.Request) {
+	var req api.RestartRequest
+	if !decodeJSON(w, r, &req, true) {
+		return
+	}
+	if !m.mayUseJob(w, r) {
+		return
+	}
+	rec, err := RestartJob(r.Context(), m.store, r.PathValue("name"), req.Workers, req.By, req.MaxParallel, principalOf(r.Context()).String())
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	reply(w, http.StatusOK, rec)
+}
+
+// rolloutAction serves pause, resume and promote.
+func (m *Master) rolloutAction(action string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req struct{}
+		if !decodeJSON(w, r, &req, true) {
+			return
+		}
+		if !m.mayUseJob(w, r) {
+			return
+		}
+		rec, err := RolloutAction(r.Context(), m.store, r.PathValue("name"), action)
+		if err != nil {
+			failErr(w, err)
+			return
+		}
+		m.log.Info("rollout "+action, "job", rec.Spec.Name, "rollout", rec.Rollout.ID, "state", rec.Rollout.State)
+		reply(w, http.StatusOK, rec)
+	}
+}
+
+func (m *Master) jobHistory(w http.ResponseWriter, r *http.Request) {
+	rec, h, err := ReadHistory(r.Context(), m.store, r.PathValue("name"))
+	if err == nil {
+		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
+	}
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	out := api.JobHistory{Job: rec.Spec.Name, Current: rec.Generation, Generations: []api.GenerationView{}}
+	var prev *cluster.GenerationRecord
+	for i, g := range h.Generations {
+		gv := api.GenerationView{Generation: g.Generation, At: g.At, Who: g.Who, Kind: g.Kind}
+		if g.Image != nil {
+			gv.Image = g.Image.Ref
+		}
+		if prev != nil {
+			gv.Changes = specDiff(prev.Spec, g.Spec)
+		}
+		out.Generations = append(out.Generations, gv)
+		prev = &h.Generations[i]
+	}
+	reply(w, http.StatusOK, out)
+}
+
+// specDiff lists the fields that differ between two specs, by path, in path order.
+func specDiff(a, b cluster.JobSpec) []api.SpecChange {
+	fa, fb := flatten(a), flatten(b)
+	var out []api.SpecChange
+	for _, k := range slices.Sorted(maps.Keys(mergeKeys(fa, fb))) {
+		if fa[k] != fb[k] {
+			out = append(out, api.SpecChange{Field: k, From: fa[k], To: fb[k]})
+		}
+	}
+	return out
+}
+
+// flatten writes a spec as field path -> value, through its JSON form: objects by key
+// (env.LEVEL), lists by index (command[1]).
+func flatten(spec cluster.JobSpec) map[string]string {
+	b, _ := json.Marshal(spec)
+	var v any
+	_ = json.Unmarshal(b, &v)
+	out := map[string]string{}
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				p := k
+				if path != "" {
+					p = path + "." + k
+				}
+				walk(p, e)
+			}
+		case []any:
+			for i, e := range x {
+				walk(path+"["+strconv.Itoa(i)+"]", e)
+			}
+		case nil:
+		case string:
+			out[path] = x
+		default:
+			out[path] = fmt.Sprint(x)
+		}
+	}
+	walk("", v)
+	return out
+}

@@ -1,0 +1,175 @@
+package master
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/placement"
+)
+
+// metrics are the master's Prometheus series. Every name is stormdock_master_* (agents
+// report stormdock_agent_*, output routers stormdock_router_*), in base units, with
+// _total on counters.
+type metrics struct {
+	leader       prometheus.Gauge
+	nodes        prometheus.Gauge
+	slots        *prometheus.GaugeVec // by kind: total, used, free, throttled (as the agents')
+	workers      *prometheus.GaugeVec // by state as agents report it: cluster.WorkerStates
+	unplaced     prometheus.Gauge
+	placements   prometheus.Counter
+	replacements prometheus.Counter
+	reconcile    prometheus.Histogram
+	storeWrites  prometheus.Counter
+	authFailures *prometheus.CounterVec // by reason: missing, invalid, limited
+
+	// Per job (output routers included, as JOB.router), set by the leader.
+	jobDesired, jobRunning, jobUnplaced *prometheus.GaugeVec
+
+	events        *prometheus.CounterVec // recorded by this master, by kind
+	eventsDropped prometheus.Counter
+	eventsKept    prometheus.Gauge
+	eventBatches  prometheus.Counter
+
+	storeConnected prometheus.Gauge
+	sessionsLost   prometheus.Counter
+	logStreams     prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	const ns, sub = "stormdock", "master"
+	m := &metrics{
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "leader",
+			Help: "1 while this master leads."}),
+		nodes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "nodes",
+			Help: "Live nodes."}),
+		slots: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "slots",
+			Help: "Worker slots of live nodes by kind: total, used, free, throttled."}, []string{"kind"}),
+		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "workers",
+			Help: "Workers by state as agents report them."}, []string{"state"}),
+		unplaced: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "workers_unplaced",
+			Help: "Workers no node can take."}),
+		placements: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "placements_total",
+			Help: "Workers assigned to a node."}),
+		replacements: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "replacements_total",
+			Help: "Workers moved from one node to another."}),
+		reconcile: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "reconcile_duration_seconds",
+			Help: "Time to plan and write assignments.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_writes_total",
+			Help: "Writes the master made to the coordination store."}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "api_auth_failures_total",
+			Help: "API requests refused for their token: missing, invalid, or limited (too many failures from the address)."}, []string{"reason"}),
+		jobDesired: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_desired",
+			Help: "Workers a job asks for, over all its links (set by the leader)."}, []string{"job", "tenant"}),
+		jobRunning: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_running",
+			Help: "Workers of a job running where they are assigned (set by the leader)."}, []string{"job", "tenant"}),
+		jobUnplaced: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_unplaced",
+			Help: "Workers of a job no node can take (set by the leader)."}, []string{"job", "tenant"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "events_total",
+			Help: "Cluster events this master recorded, by kind."}, []string{"kind"}),
+		eventsDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "events_dropped_total",
+			Help: "Events this master dropped because more were queued than the store keeps."}),
+		eventsKept: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "events_kept",
+			Help: "Events this master holds and serves (at most --events-max, one slot more)."}),
+		eventBatches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "event_batches_total",
+			Help: "Appends of events to the store (one transaction each)."}),
+		storeConnected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "store_connected",
+			Help: "1 while this master reaches the coordination store."}),
+		sessionsLost: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_sessions_lost_total",
+			Help: "Store sessions of this master that expired (its ephemeral entries were lost)."}),
+		logStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "log_streams",
+			Help: "Worker logs this master is relaying from agents now."}),
+	}
+	m.storeConnected.Set(1)
+	for _, r := range []string{"missing", "invalid", "limited"} {
+		m.authFailures.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites, m.authFailures,
+			m.jobDesired, m.jobRunning, m.jobUnplaced, m.events, m.eventsDropped, m.eventsKept, m.eventBatches,
+			m.storeConnected, m.sessionsLost, m.logStreams)
+	}
+	return m
+}
+
+// observe records what one reconcile saw and did.
+func (r *reconciler) observe(v *view, cur []cluster.Placement, res *placement.Result, writes int, took time.Duration) {
+	m := r.m.metrics
+	m.reconcile.Observe(took.Seconds())
+	m.nodes.Set(float64(len(v.nodes)))
+	var total, used, throttled int
+	for _, rec := range v.nodes {
+		total += rec.Node.Slots
+		throttled += rec.Health.Throttled
+	}
+	for _, st := range r.assign {
+		used += len(st.a.Workers)
+	}
+	m.slots.WithLabelValues("total").Set(float64(total))
+	m.slots.WithLabelValues("used").Set(float64(used))
+	m.slots.WithLabelValues("throttled").Set(float64(throttled))
+	m.slots.WithLabelValues("free").Set(float64(max(total-used-throttled, 0)))
+	counts := map[string]int{}
+	for _, s := range v.statuses {
+		counts[s.status.State]++
+	}
+	for _, state := range cluster.WorkerStates() {
+		m.workers.WithLabelValues(state).Set(float64(counts[state]))
+	}
+	m.unplaced.Set(float64(len(res.Unplaced)))
+	r.observeJobs(v, res)
+	was := make(map[cluster.WorkerKey]string, len(cur))
+	for _, p := range cur {
+		was[p.Key()] = p.Node
+	}
+	for _, p := range res.Placements {
+		if was[p.Key()] != p.Node {
+			m.placements.Inc()
+		}
+	}
+	for _, mv := range res.Moves {
+		if mv.To != "" {
+			m.replacements.Inc()
+		}
+	}
+	if len(res.Unplaced) != r.lastUnplaced || writes > 0 {
+		r.m.log.Info("reconciled", "placed", len(res.Placements), "unplaced", len(res.Unplaced),
+			"moves", len(res.Moves), "writes", writes, "took", took.Round(time.Microsecond))
+		if len(res.Unplaced) > 0 {
+			r.m.log.Warn("workers unplaced", "first", res.Unplaced[0].Reason, "count", len(res.Unplaced))
+		}
+	}
+	r.lastUnplaced = len(res.Unplaced)
+}
+
+// observeJobs sets the per-job gauges: desired, running where assigned, unplaced.
+func (r *reconciler) observeJobs(v *view, res *placement.Result) {
+	m := r.m.metrics
+	assigned := map[cluster.WorkerKey]string{}
+	for node, st := range r.assign {
+		for _, w := range st.a.Workers {
+			if !w.Stop {
+				assigned[w.Key] = node
+			}
+		}
+	}
+	unplaced := map[string]int{}
+	for _, u := range res.Unplaced {
+		unplaced[u.Job]++
+	}
+	m.jobDesired.Reset()
+	m.jobRunning.Reset()
+	m.jobUnplaced.Reset()
+	for _, spec := range v.runningJobs() {
+		running := 0
+		for _, k := range spec.Keys() {
+			if s, ok := v.statuses[k]; ok && s.status.State == cluster.WorkerRunning && s.node == assigned[k] {
+				running++
+			}
+		}
+		m.jobDesired.WithLabelValues(spec.Name, spec.Tenant).Set(float64(spec.TotalWorkers()))
+		m.jobRunning.WithLabelValues(spec.Name, spec.Tenant).Set(float64(running))
+		m.jobUnplaced.WithLabelValues(spec.Name, spec.Tenant).Set(float64(unplaced[spec.Name]))
+	}
+}

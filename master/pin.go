@@ -1,0 +1,118 @@
+package master
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/images"
+)
+
+// Resolver turns an image tag into the digest its registry serves now (images.Resolver,
+// through the registry's HTTP API).
+type Resolver interface {
+	Resolve(ctx context.Context, ref string) (string, error)
+}
+
+// Pinning: the master resolves a docker job's image tag to a digest when the job is
+// submitted, through the registry's HTTP API, rather than letting the first agent's pull
+// decide. So the digest is known before any worker starts; workers started at once on many
+// nodes cannot see different images when the tag moves meanwhile; job status shows it at
+// once; and a rollout can have the new generation's image pre-pulled before it stops a
+// worker. It costs the master a route to the registry and its credentials (--registry-auth).
+// A job is accepted when its image cannot be resolved yet (registry down, tag not pushed
+// yet): its workers pull the tag, the reason is shown, and the leader tries again every
+// PinRetry until the image is pinned.
+
+// pinTimeout bounds the registry round trip of a submit.
+const pinTimeout = 10 * time.Second
+
+// DefaultPinRetry is how often the leader retries images it could not pin.
+const DefaultPinRetry = 5 * time.Second
+
+// pinImage resolves the image of spec for generation gen. It returns nil for a job that has
+// no image to pin: not docker, or an image that names no registry (built on the nodes, or
+// from Docker Hub by short name).
+func pinImage(ctx context.Context, res Resolver, spec *cluster.JobSpec, gen int64) *cluster.ImagePin {
+	if res == nil || spec.IsolationMode() != cluster.IsolationDocker || spec.Image == "" {
+		return nil
+	}
+	ref, err := images.ParseRef(spec.Image)
+	if err != nil || !ref.Explicit {
+		return nil
+	}
+	pin := &cluster.ImagePin{Generation: gen, Image: spec.Image}
+	ctx, cancel := context.WithTimeout(ctx, pinTimeout)
+	defer cancel()
+	dgst, err := res.Resolve(ctx, spec.Image)
+	if err == nil {
+		pin.Ref, err = ref.WithDigest(dgst)
+	}
+	if err != nil {
+		pin.Error = err.Error()
+		return pin
+	}
+	pin.Digest, pin.Resolved = dgst, time.Now().UTC()
+	return pin
+}
+
+// repin retries, while this master leads, the images of running jobs that are not pinned
+// yet, every PinRetry, until ctx is done.
+func (m *Master) repin(ctx context.Context) {
+	t := time.NewTicker(m.cfg.PinRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !m.Leader() {
+			continue
+		}
+		snap := m.jobs.snapshot()
+		for _, name := range slices.Sorted(maps.Keys(snap)) {
+			var rec cluster.JobRecord
+			if json.Unmarshal(snap[name].Value, &rec) != nil || !unpinned(rec) {
+				continue
+			}
+			pin := pinImage(ctx, m.cfg.Resolver, &rec.Spec, rec.Generation)
+			if pin == nil || (pin.Ref == "" && pin.Error == rec.Image.Error) {
+				continue
+			}
+			key, err := cluster.JobKey(name)
+			if err != nil {
+				continue // a name the store holds but no job may have: not ours to touch
+			}
+			_, err = coord.Update(ctx, m.store, key, func(cur []byte, exists bool) ([]byte, error) {
+				var now cluster.JobRecord
+				if !exists || json.Unmarshal(cur, &now) != nil || !unpinned(now) || now.Generation != pin.Generation {
+					return nil, errUnchanged
+				}
+				now.Image = pin
+				return json.Marshal(now)
+			})
+			switch {
+			case err == nil && pin.Ref != "":
+				m.log.Info("image pinned", "job", name, "generation", pin.Generation, "ref", pin.Ref)
+			case err == nil:
+				m.log.Warn("image not pinned yet", "job", name, "image", pin.Image, "err", pin.Error)
+			case !errors.Is(err, errUnchanged) && ctx.Err() == nil:
+				m.log.Warn("record image pin", "job", name, "err", err)
+			}
+		}
+	}
+}
+
+// errUnchanged ends an update that finds nothing to do any more.
+var errUnchanged = errors.New("unchanged")
+
+// unpinned reports a running job whose current generation's image is still to be pinned.
+func unpinned(rec cluster.JobRecord) bool {
+	return rec.State == cluster.JobRunning && rec.Image != nil && rec.Image.Ref == "" && rec.Image.Generation == rec.Generation
+}

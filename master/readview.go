@@ -1,0 +1,286 @@
+package master
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/placement"
+)
+
+// The API answers reads from a readState: the cluster as the leader's last reconcile saw it
+// and left it, with what requests read worked out once per state (where each worker is
+// assigned, why the unplaced ones are, each job's reported copies and summary). A request
+// then costs what it returns, not the cluster's size, and no request plans: at ten thousand
+// nodes, decoding every record and planning for each `job status` took a core per poller.
+//
+// A standby master, and the leader before its first reconcile, build the state from the
+// mirrors instead, at most once per readRefresh while they change, planning only when some
+// worker is unassigned (to say why).
+
+// readRefresh bounds how often a master that does not lead rebuilds its read state.
+const readRefresh = time.Second
+
+// readState is one state the API answers from. Its fields are not changed once published.
+type readState struct {
+	v        *view
+	assigns  map[string]cluster.NodeAssignment
+	unplaced map[cluster.WorkerKey]string
+	stamp    stamp     // the mirrors' generations it reflects (at least)
+	fresh    readStamp // what must not have changed since for it to be served
+	at       time.Time
+
+	once     sync.Once
+	assigned map[cluster.WorkerKey]string // worker -> node, workers being stopped excluded
+	perNode  map[string]int
+	byJob    map[string][]nodeWorker // reported copies by job
+
+	mu        sync.Mutex
+	summaries map[string]cachedSummary
+	// lists caches `job list` as each viewer got it, for the jobs of one generation: ten
+	// clients polling a thousand jobs would otherwise encode the same list over and over.
+	lists map[principal]cachedList
+}
+
+type cachedList struct {
+	jobs uint64 // the jobs mirror's generation it was made from
+	body []byte
+}
+
+// cachedSummary is a job's summary made from its record at version.
+type cachedSummary struct {
+	version int64
+	s       api.JobSummary
+}
+
+// index works out, once, what requests look up.
+func (st *readState) index() {
+	st.once.Do(func() {
+		n := 0
+		for _, a := range st.assigns {
+			n += len(a.Workers)
+		}
+		st.assigned, st.perNode = make(map[cluster.WorkerKey]string, n), make(map[string]int, len(st.assigns))
+		for node, a := range st.assigns {
+			for _, w := range a.Workers {
+				if !w.Stop {
+					st.assigned[w.Key] = node
+					st.perNode[node]++
+				}
+			}
+		}
+		st.byJob = make(map[string][]nodeWorker, len(st.v.jobs))
+		for _, c := range st.v.copies {
+			st.byJob[c.status.Key.Job] = append(st.byJob[c.status.Key.Job], c)
+		}
+	})
+}
+
+// where returns the assignments by worker and the count per node.
+func (st *readState) where() (map[cluster.WorkerKey]string, map[string]int) {
+	st.index()
+	return st.assigned, st.perNode
+}
+
+// summary is the job's summary, j being its current record (which may be newer than the
+// state: a job just submitted shows its workers pending).
+func (st *readState) summary(j jobEntry) api.JobSummary {
+	st.index()
+	name := j.rec.Spec.Name
+	st.mu.Lock()
+	if c, ok := st.summaries[name]; ok && c.version == j.version {
+		st.mu.Unlock()
+		return c.s
+	}
+	st.mu.Unlock()
+	sv := &view{statuses: st.v.statuses, copies: st.byJob[name]}
+	s := summarize(sv, j.rec, st.assigned, st.unplaced)
+	st.mu.Lock()
+	if st.summaries == nil {
+		st.summaries = map[string]cachedSummary{}
+	}
+	st.summaries[name] = cachedSummary{version: j.version, s: s}
+	st.mu.Unlock()
+	return s
+}
+
+// list returns the encoded `job list` of p for the jobs of generation gen, making it with
+// make when this state has none.
+func (st *readState) list(p principal, gen uint64, make func() []byte) []byte {
+	st.mu.Lock()
+	if c, ok := st.lists[p]; ok && c.jobs == gen {
+		st.mu.Unlock()
+		return c.body
+	}
+	st.mu.Unlock()
+	body := make()
+	st.mu.Lock()
+	if st.lists == nil {
+		st.lists = map[principal]cachedList{}
+	}
+	st.lists[p] = cachedList{jobs: gen, body: body}
+	st.mu.Unlock()
+	return body
+}
+
+// reads is the master's read states.
+type reads struct {
+	mu        sync.Mutex
+	published *readState // the leader's last reconcile's
+	built     *readState // made from the mirrors
+	// need is what a state must reflect: the mirrors as they were once the changes this
+	// master's API made had reached them (read-your-writes).
+	need stamp
+}
+
+// readStamp is what a read state must still match to be served: which nodes are
+// registered (and in which session), node settings, data centers and tenants. Node
+// records' other changes (memory readings, each worker's state) and the leader's own
+// assignments do not make it stale: they are what the state is for.
+type readStamp struct{ nodes, confs, dcs, tenants uint64 }
+
+func (m *Master) readStamp() readStamp {
+	return readStamp{m.nodes.membership(), m.confs.generation(), m.dcs.generation(), m.tenants.generation()}
+}
+
+// covers reports whether s reflects at least what n does.
+func (s stamp) covers(n stamp) bool {
+	for i := range s {
+		if s[i] < n[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// publish makes what a reconcile saw and left the state the API answers from; s and rs were
+// taken before v was made from the mirrors.
+func (m *Master) publish(s stamp, rs readStamp, v *view, assign map[string]assignState, res *placement.Result) {
+	st := &readState{v: v, assigns: make(map[string]cluster.NodeAssignment, len(assign)), at: time.Now(),
+		stamp: s, fresh: rs, unplaced: make(map[cluster.WorkerKey]string, len(res.Unplaced))}
+	for node, a := range assign {
+		st.assigns[node] = a.a
+	}
+	for _, u := range res.Unplaced {
+		st.unplaced[u.Key()] = u.Reason
+	}
+	m.reads.mu.Lock()
+	m.reads.published = st
+	m.reads.mu.Unlock()
+}
+
+// unpublish drops the leader's state when it stops leading: another master plans now.
+func (m *Master) unpublish() {
+	m.reads.mu.Lock()
+	m.reads.published = nil
+	m.reads.mu.Unlock()
+}
+
+// readState returns the state the API answers from now.
+func (m *Master) readState() *readState {
+	m.reads.mu.Lock()
+	defer m.reads.mu.Unlock()
+	rs, need := m.readStamp(), m.reads.need
+	if p := m.reads.published; p != nil && p.fresh == rs && p.stamp.covers(need) {
+		// What was built while the published state was stale is not needed again: a
+		// state holds the cluster's decoded assignments, a third of the master's memory
+		// at ten thousand nodes.
+		m.reads.built = nil
+		return p
+	}
+	s := m.stamp()
+	if b := m.reads.built; b != nil && b.fresh == rs && b.stamp.covers(need) && (b.stamp == s || time.Since(b.at) < readRefresh) {
+		return b
+	}
+	v := m.view()
+	st := &readState{v: v, assigns: m.decodedAssigns(), stamp: s, fresh: rs, at: time.Now()}
+	assigned, _ := st.where()
+	st.unplaced = m.unplaced(v, assigned)
+	m.reads.built = st
+	return st
+}
+
+// decodedAssigns decodes the assignments mirror, reusing what earlier calls decoded.
+func (m *Master) decodedAssigns() map[string]cluster.NodeAssignment {
+	c := &m.vc
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.init()
+	entries := m.assigns.snapshot()
+	out := make(map[string]cluster.NodeAssignment, len(entries))
+	refresh(c.assigns, entries, func(node string, e coord.Entry) (cluster.NodeAssignment, bool) {
+		var a cluster.NodeAssignment
+		return a, json.Unmarshal(e.Value, &a) == nil
+	}, func(node string, _ int64, a cluster.NodeAssignment) { out[node] = a })
+	return out
+}
+
+// currentJobs returns the job records as the store has them now (an API read sees a job
+// the moment it is submitted, not one reconcile later), decoded once per version. The map
+// is shared until the jobs change: callers must not modify it.
+func (m *Master) currentJobs() map[string]jobEntry {
+	jobs, _ := m.currentJobsGen()
+	return jobs
+}
+
+// currentJobsGen is currentJobs with the generation of the jobs mirror it is of.
+func (m *Master) currentJobsGen() (map[string]jobEntry, uint64) {
+	c := &m.vc
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.init()
+	gen := m.jobs.generation()
+	if c.current != nil && c.currentGen == gen {
+		return c.current, gen
+	}
+	entries := m.jobs.snapshot()
+	out := make(map[string]jobEntry, len(entries))
+	refresh(c.jobs, entries, m.decodeJob, func(name string, _ int64, j jobEntry) { out[name] = j })
+	c.current, c.currentGen = out, gen
+	return out, gen
+}
+
+// writeVisibleWait bounds how long an answer to a change waits for the change to reach
+// this master's mirrors: milliseconds, unless the store is slow to tell its watchers.
+const writeVisibleWait = 2 * time.Second
+
+// readYourWrite waits, before a change's answer goes out, until the changed object (as
+// the API's audit names it: job/NAME, node/ID, dc/NAME, tenant/NAME) is in this master's
+// mirrors as the store has it now, and makes every later read reflect at least the mirrors
+// as they are then. A client that submits a job, or undrains a node, and reads it back
+// sees its change, though the leader may not have planned since.
+func (m *Master) readYourWrite(ctx context.Context, object string) {
+	kind, name, ok := strings.Cut(object, "/")
+	if !ok {
+		return
+	}
+	mr := map[string]*mirror{"job": m.jobs, "node": m.confs, "dc": m.dcs, "tenant": m.tenants}[kind]
+	if mr == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, writeVisibleWait)
+	defer cancel()
+	e, err := m.store.Get(ctx, path.Join(mr.dir, name))
+	switch {
+	case err == nil:
+		err = mr.waitFor(ctx, name, func(cur coord.Entry, exists bool) bool { return exists && cur.ModRev >= e.ModRev })
+	case errors.Is(err, coord.ErrNotFound):
+		err = mr.waitFor(ctx, name, func(_ coord.Entry, exists bool) bool { return !exists })
+	}
+	if err != nil {
+		m.log.Debug("a change not yet in the mirrors when answered", "object", object, "err", err)
+	}
+	s := m.stamp()
+	m.reads.mu.Lock()
+	for i := range s {
+		m.reads.need[i] = max(m.reads.need[i], s[i])
+	}
+	m.reads.mu.Unlock()
+}

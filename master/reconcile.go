@@ -1,0 +1,394 @@
+package master
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/multidc"
+	"github.com/stormdock/stormdock/placement"
+)
+
+// assignState is a node's assignment as last read or written by this leader.
+type assignState struct {
+	a       cluster.NodeAssignment
+	raw     []byte
+	version int64
+	exists  bool
+}
+
+// reconciler is the leader's loop state. Only the leader writes assignments, so it keeps
+// them in memory after reading them once at the start of its term.
+type reconciler struct {
+	m            *Master
+	assign       map[string]assignState
+	lastUnplaced int
+	outputKey    []byte // sender tokens are made with it (see output.go)
+	// ro is this reconcile's rollout decisions (rollout.go); wake reconciles again when
+	// a rollout waits for time to pass.
+	ro   *rolloutPlan
+	wake *time.Timer
+	seen *seen // what the previous reconcile saw, for events (events.go)
+	// since is when this term began: a job submitted after it, before the term's first
+	// view, is this term's to record.
+	since time.Time
+}
+
+func (r *reconciler) loadAssignments(ctx context.Context) error {
+	names, err := r.m.store.Children(ctx, cluster.AssignmentsKey)
+	if err != nil {
+		return fmt.Errorf("scheduler: list assignments: %w", err)
+	}
+	r.assign = make(map[string]assignState, len(names))
+	for _, name := range names {
+		if err := r.reload(ctx, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reload reads one node's assignment from the store, after a conflict or at the start.
+func (r *reconciler) reload(ctx context.Context, node string) error {
+	key, err := cluster.AssignmentKey(node)
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	e, err := r.m.store.Get(ctx, key)
+	if errors.Is(err, coord.ErrNotFound) {
+		delete(r.assign, node)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("scheduler: read assignment of %s: %w", node, err)
+	}
+	var a cluster.NodeAssignment
+	if len(e.Value) > 0 {
+		if err := json.Unmarshal(e.Value, &a); err != nil {
+			r.m.log.Warn("replacing unreadable assignment", "node", node, "err", err)
+		}
+	}
+	r.assign[node] = assignState{a: a, raw: e.Value, version: e.Version, exists: true}
+	return nil
+}
+
+// reconcile plans once and writes the assignments that changed.
+func (r *reconciler) reconcile(ctx context.Context) error {
+	start := time.Now()
+	s, rs := r.m.stamp(), r.m.readStamp() // before the view: it reflects at least these
+	v := r.m.view()
+	r.observeEvents(v)
+	if err := r.recordDCs(ctx, v); err != nil {
+		return err
+	}
+	if err := r.ensureOutputKey(ctx, v); err != nil {
+		return err
+	}
+	if err := r.noteCrashLoops(ctx, v); err != nil {
+		return err
+	}
+	current, stopping := r.current(v)
+	keep, err := r.rebalance(ctx, v, current)
+	if err != nil {
+		return err
+	}
+	in := placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: keep, Avoid: v.avoid(),
+		Hold: r.m.holdAbsent(v, keep)}
+	res, held, err := r.planWhole(v, in)
+	if err != nil {
+		return fmt.Errorf("scheduler: plan: %w", err)
+	}
+	placements := res.Placements
+	for _, p := range keep {
+		if _, ok := held[p.Key()]; ok {
+			placements = append(placements, p) // stays on its lost node until it can move whole
+		}
+	}
+	// Rollouts decide which workers take their job's new generation now; moves wait for
+	// the old copy to stop.
+	if placements, err = r.rollouts(ctx, v, placements); err != nil {
+		return err
+	}
+	want := r.desired(v, placements, stopping)
+	before := map[cluster.WorkerKey]string{}
+	for node, st := range r.assign {
+		for _, w := range st.a.Workers {
+			if !w.Stop {
+				before[w.Key] = node
+			}
+		}
+	}
+	writes, err := r.write(ctx, want)
+	if err != nil {
+		return err
+	}
+	r.planEvents(v, before, placements, res)
+	if err := r.forgetLost(ctx, v); err != nil {
+		return err
+	}
+	if err := r.collectKilled(ctx, v); err != nil {
+		return err
+	}
+	r.m.publish(s, rs, v, r.assign, res)
+	r.observe(v, current, res, writes, time.Since(start))
+	return nil
+}
+
+// current lists the placements the plan should keep if still valid, and the workers of
+// killed jobs that are still being stopped.
+func (r *reconciler) current(v *view) ([]cluster.Placement, map[string][]cluster.WorkerAssignment) {
+	var cur []cluster.Placement
+	stopping := map[string][]cluster.WorkerAssignment{}
+	for node, st := range r.assign {
+		for _, w := range st.a.Workers {
+			rec, ok := v.record(w.Key.Job)
+			switch {
+			case ok && rec.State == cluster.JobRunning && !w.Stop:
+				if s, reported := v.statuses[w.Key]; reported && s.node == node && s.status.State == cluster.WorkerEvicted {
+					continue // its node evicted it under memory pressure: place it elsewhere
+				}
+				cur = append(cur, cluster.Placement{Job: w.Key.Job, Worker: w.Key.Worker, Link: w.Key.Link, Node: node})
+			case ok && rec.State == cluster.JobKilled:
+				if _, alive := v.nodes[node]; !alive {
+					continue // nobody left to stop it there
+				}
+				if s, reported := v.statuses[w.Key]; !reported || s.node != node {
+					continue // the agent has stopped it
+				}
+				w.Stop = true
+				w.Grace = cluster.Duration(rec.Spec.Grace())
+				stopping[node] = append(stopping[node], w)
+			}
+		}
+	}
+	return cur, stopping
+}
+
+// desired builds every node's assignment from the plan.
+func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping map[string][]cluster.WorkerAssignment) map[string]cluster.NodeAssignment {
+	want := map[string]cluster.NodeAssignment{}
+	for _, p := range placements {
+		j, _ := v.record(p.Job)
+		a := want[p.Node]
+		a.Node = p.Node
+		a.Workers = append(a.Workers, r.assignmentOf(v, j, p.Key()))
+		want[p.Node] = a
+	}
+	for node, ws := range stopping {
+		a := want[node]
+		a.Node = node
+		a.Workers = append(a.Workers, ws...)
+		want[node] = a
+	}
+	// Every live node gets an assignment stamped with the session its entry belongs to,
+	// an empty one included: its agent acts only on that (see cluster.NodeAssignment).
+	for node := range v.nodes {
+		if _, ok := want[node]; !ok {
+			want[node] = cluster.NodeAssignment{Node: node}
+		}
+	}
+	for node, a := range want {
+		if rec, ok := v.nodes[node]; ok {
+			a.DC, a.Rack, a.Session = rec.Node.DC, rec.Node.Rack, v.sessions[node]
+			if r.ro != nil {
+				a.Prepull = r.ro.prepull[node]
+			}
+		} else {
+			old := r.assign[node].a
+			a.DC, a.Rack, a.Session = old.DC, old.Rack, old.Session
+		}
+		slices.SortFunc(a.Workers, func(x, y cluster.WorkerAssignment) int {
+			if c := x.Key.Compare(y.Key); c != 0 {
+				return c
+			}
+			return cmp.Compare(fmt.Sprint(x.Stop), fmt.Sprint(y.Stop))
+		})
+		want[node] = a
+	}
+	return want
+}
+
+func workerAssignment(v *view, j cluster.JobRecord, k cluster.WorkerKey, outputKey []byte) cluster.WorkerAssignment {
+	s := j.Spec
+	env, live := s.SplitEnv()
+	wa := cluster.WorkerAssignment{
+		Key:        k,
+		Generation: j.Generation,
+		Tenant:     s.Tenant,
+		Workers:    s.Workers,
+		Epoch:      j.Epoch,
+		LiveEnv:    live,
+		Isolation:  s.IsolationMode(),
+		Command:    s.Command,
+		Image:      s.Image,
+		Pinned:     j.Image.PinnedFor(j.Generation),
+		Env:        env,
+		Resources:  s.Resources,
+		Priority:   s.Priority,
+		Grace:      cluster.Duration(s.Grace()),
+		Output:     s.Output,
+	}
+	if s.Mirrored() {
+		// Link workers send to the job's routers, whose leader alone writes to the job's
+		// output. Where the routers run reaches running workers through their live
+		// configuration: a router moving restarts no link worker.
+		wa.Output = ""
+		wa.Routers = v.routerURLs(s.Name)
+		if outputKey != nil {
+			wa.OutputToken = multidc.SenderToken(outputKey, s.Name, j.Submitted)
+		}
+	}
+	wa.System = isRouterJob(s.Name)
+	return wa
+}
+
+// write stores the assignments that differ from what the nodes have, emptying those of
+// nodes that lost everything first so that stops go out before starts. It returns how many
+// keys it wrote.
+func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssignment) (int, error) {
+	var changes []change
+	for _, node := range slices.Sorted(maps.Keys(mergeKeys(want, r.assign))) {
+		a, ok := want[node]
+		if !ok {
+			old := r.assign[node].a
+			a = cluster.NodeAssignment{Node: node, DC: old.DC, Rack: old.Rack, Workers: []cluster.WorkerAssignment{}}
+		}
+		if a.Workers == nil {
+			a.Workers = []cluster.WorkerAssignment{}
+		}
+		st := r.assign[node]
+		if st.exists && unchanged(st.a, a) {
+			continue
+		}
+		val, err := json.Marshal(a)
+		if err != nil {
+			return 0, fmt.Errorf("scheduler: encode assignment of %s: %w", node, err)
+		}
+		if st.exists && bytes.Equal(st.raw, val) {
+			continue
+		}
+		changes = append(changes, change{node: node, a: a, value: val, fewer: len(a.Workers) < len(st.a.Workers)})
+	}
+	slices.SortStableFunc(changes, func(x, y change) int {
+		switch {
+		case x.fewer == y.fewer:
+			return 0
+		case x.fewer:
+			return -1
+		}
+		return 1
+	})
+	if err := r.commit(ctx, changes); err != nil {
+		return 0, err
+	}
+	return len(changes), nil
+}
+
+func mergeKeys[A, B any](a map[string]A, b map[string]B) map[string]bool {
+	out := make(map[string]bool, len(a)+len(b))
+	for k := range a {
+		out[k] = true
+	}
+	for k := range b {
+		out[k] = true
+	}
+	return out
+}
+
+// collectKilled deletes the records of killed jobs once no worker of theirs is assigned.
+func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
+	left := map[string]bool{}
+	for _, st := range r.assign {
+		for _, w := range st.a.Workers {
+			left[w.Key.Job] = true
+		}
+	}
+	for name, j := range v.jobs {
+		if j.rec.State != cluster.JobKilled || left[name] {
+			continue
+		}
+		jobKey, err := cluster.JobKey(name)
+		if err != nil {
+			return fmt.Errorf("scheduler: %w", err)
+		}
+		if j.rec.Spec.Mirrored() {
+			// The router's checkpoint and election go with the job.
+			routerKey, err := cluster.RouterKey(name)
+			if err != nil {
+				return fmt.Errorf("scheduler: %w", err)
+			}
+			if err := coord.DeleteTree(ctx, r.m.store, routerKey); err != nil && !errors.Is(err, coord.ErrNotFound) {
+				return fmt.Errorf("scheduler: remove the router record of %s: %w", name, err)
+			}
+		}
+		if historyKey, err := cluster.JobHistoryKey(name); err == nil {
+			if err := r.m.store.Delete(ctx, historyKey, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
+				return fmt.Errorf("scheduler: remove the history of %s: %w", name, err)
+			}
+		}
+		err = r.m.store.Delete(ctx, jobKey, j.version)
+		r.m.metrics.storeWrites.Inc()
+		if err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrConflict) {
+			return fmt.Errorf("scheduler: remove killed job %s: %w", name, err)
+		}
+		r.m.log.Info("job removed", "job", name)
+	}
+	return nil
+}
+
+// forgetLost deletes the emptied assignments of nodes that are gone, so that the store does
+// not collect one key per node that ever lived. An agent that comes back with the same id
+// finds no assignment, which it reads as "run nothing".
+func (r *reconciler) forgetLost(ctx context.Context, v *view) error {
+	var gone []change
+	for node, st := range r.assign {
+		if _, alive := v.nodes[node]; alive || !st.exists || len(st.a.Workers) > 0 {
+			continue
+		}
+		gone = append(gone, change{node: node, remove: true})
+	}
+	return r.commit(ctx, gone)
+}
+
+// noteCrashLoops records on a node the jobs whose workers keep crashing there, so that
+// placement moves them elsewhere; the note shows in `stormdock node list` and goes with
+// `stormdock node undrain`.
+func (r *reconciler) noteCrashLoops(ctx context.Context, v *view) error {
+	for node, rec := range v.nodes {
+		for _, w := range rec.Workers {
+			if w.RecentRestarts < r.m.cfg.CrashLoopRestarts || slices.Contains(v.confs[node].Avoid, w.Key.Job) {
+				continue
+			}
+			if j, ok := v.jobs[w.Key.Job]; !ok || judgedByRollout(j.rec, w) {
+				continue
+			}
+			job := w.Key.Job
+			err := UpdateNodeConf(ctx, r.m.store, node, func(c *cluster.NodeConf) {
+				if !slices.Contains(c.Avoid, job) {
+					c.Avoid = append(c.Avoid, job)
+				}
+			})
+			r.m.metrics.storeWrites.Inc()
+			if err != nil {
+				return err
+			}
+			r.m.log.Warn("worker crash-looping; moving the job's workers off the node", "node", node, "worker", w.Key.String(),
+				"restarts", w.RecentRestarts, "lastExit", w.LastExit)
+			r.m.events.emit(workerEvent(v, api.EventWorkerCrashLoop, w.Key, node, fmt.Sprintf(
+				"%d restarts within the crash-loop window, last: %s; job %s's workers move off node %s", w.RecentRestarts, w.LastExit, job, node)))
+			c := v.confs[node]
+			c.Avoid = append(c.Avoid, job)
+			v.confs[node] = c
+		}
+	}
+	return nil
+}

@@ -1,0 +1,139 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/multidc"
+)
+
+// routerSuffix names a mirrored job's routers as a job of their own ("wordcount.router"):
+// job names never hold a dot, so it cannot clash with a user's job.
+const routerSuffix = ".router"
+
+// Router resources: it holds bounded per-link buffers and little else.
+var routerResources = cluster.Resources{Memory: 128 << 20, CPU: 200}
+
+// routerListen is where a router listens: its node's advertised address and the port its
+// agent gave it. The router expands it from its environment; a router can be placed on any
+// node, so no address is known when the command line is written.
+const routerListen = "$" + "STORMDOCK_ADDR:$" + "STORMDOCK_PORT"
+
+// routerRecord is the job the master runs for a mirrored job's output routers: supervised
+// workers placed like any other, spread over data centers (and nodes) so that the output
+// survives the loss of any one of them. They elect one leader, which alone writes the job's
+// output; the other stands by, ready. With one node there is one router.
+func routerRecord(rec cluster.JobRecord, store string, nodes int) cluster.JobRecord {
+	j := rec.Spec
+	routers := min(2, max(nodes, 1))
+	if strings.HasPrefix(store, "mem:") {
+		// Routers that cannot share their store (a local cluster's, held by one process)
+		// cannot elect one leader among them: one router, no standby.
+		routers = 1
+	}
+	args := multidc.DefaultRouterArgs()
+	args.Store, args.Job, args.Links, args.Sink, args.Listen = store, j.Name, j.Links, j.Output, routerListen
+	args.TokenHash = rec.OutputTokenHash
+	r := cluster.JobSpec{
+		Name:      j.Name + routerSuffix,
+		Tenant:    j.Tenant,
+		Workers:   routers,
+		Resources: routerResources,
+		Isolation: cluster.IsolationProcess,
+		// "stormdock" is the agent's own binary (agents.SelfCommand).
+		Command:  append([]string{"stormdock", multidc.RouterCommand}, args.Args()...),
+		Priority: j.Priority,
+		// The job's own grace: a router copy fenced off with its node stops within it, as
+		// the job's workers do, and a router flushes in far less than the default.
+		GracePeriod: routerGrace(j.GracePeriod),
+		Placement: cluster.PlacementSpec{Spread: []string{"dc", "node"}, MaxPerNode: 1,
+			DCs: j.Placement.DCs, NodeLabels: maps.Clone(j.Placement.NodeLabels)},
+	}
+	return cluster.JobRecord{Spec: r, Generation: rec.Generation, State: rec.State, Submitted: rec.Submitted, Updated: rec.Updated}
+}
+
+// routerGrace is a router's grace period: the mirrored job's, or the default.
+func routerGrace(job cluster.Duration) cluster.Duration {
+	if job > 0 {
+		return job
+	}
+	return cluster.Duration(cluster.DefaultGracePeriod)
+}
+
+// addRouters adds the router job of every mirrored job to the view.
+func (v *view) addRouters(store string) {
+	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
+		rec := v.jobs[name].rec
+		if rec.Spec.Mirrored() {
+			rr := routerRecord(rec, store, len(v.nodes))
+			v.routers[rr.Spec.Name] = rr
+		}
+	}
+}
+
+// routerURLs are where a mirrored job's routers serve, as their agents report them running,
+// in worker order: what the job's link workers send to.
+func (v *view) routerURLs(job string) []string {
+	rr, ok := v.routers[job+routerSuffix]
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, k := range rr.Spec.Keys() {
+		s, ok := v.statuses[k]
+		if !ok || s.status.State != cluster.WorkerRunning || s.status.Port == 0 {
+			continue
+		}
+		addr := v.nodes[s.node].Node.Addr
+		if addr == "" {
+			addr = "127.0.0.1" // an agent from before advertised addresses: one host
+		}
+		out = append(out, fmt.Sprintf("http://%s", net.JoinHostPort(addr, strconv.Itoa(s.status.Port))))
+	}
+	return out
+}
+
+// staleRouter is how old a router's record may be before the sink counts as not fed: a
+// leading router rewrites it at least every second (multidc.Config.StatusInterval).
+const staleRouter = 5 * time.Second
+
+// sinkView says where a mirrored job's output stands, from its routers' record.
+func (m *Master) sinkView(ctx context.Context, v *view, job string) *api.SinkView {
+	sv := &api.SinkView{Routers: v.routerURLs(job)}
+	rec, ok, err := multidc.ReadRecord(ctx, m.store, job)
+	switch {
+	case err != nil:
+		sv.Problem = fmt.Sprintf("cannot read the router's record: %v", err)
+	case !ok:
+		sv.Problem = "no router has led yet"
+	default:
+		sv.Leader, sv.Active, sv.Delivered, sv.Updated = rec.Router, rec.Active, rec.Delivered, rec.Updated
+		switch age := time.Since(rec.Updated); {
+		case age > staleRouter:
+			sv.Problem = fmt.Sprintf("the leading router (%s) has not recorded anything for %s: it is down or cut off", rec.Router, age.Round(time.Second))
+		case rec.Active == "":
+			sv.Problem = "no link is active: no link's workers heartbeat to the router"
+		case len(sv.Routers) == 0:
+			sv.Problem = "no router of the job runs"
+		}
+	}
+	sv.Fed = sv.Problem == ""
+	return sv
+}
+
+// record finds a job, or a router job, by name.
+func (v *view) record(name string) (cluster.JobRecord, bool) {
+	if j, ok := v.jobs[name]; ok {
+		return j.rec, true
+	}
+	r, ok := v.routers[name]
+	return r, ok
+}

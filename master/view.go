@@ -1,0 +1,378 @@
+package master
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+)
+
+// view is the cluster as one reconcile sees it, decoded from the mirrors.
+type view struct {
+	jobs     map[string]jobEntry
+	routers  map[string]cluster.JobRecord // output routers of mirrored jobs, by router job name
+	nodes    map[string]cluster.NodeRecord
+	sessions map[string]int64 // the store session owning each node's entry
+	confs    map[string]cluster.NodeConf
+	dcs      map[string]cluster.DCRecord
+	statuses map[cluster.WorkerKey]nodeWorker // what agents report, by worker
+	copies   []nodeWorker                     // every worker every agent reports
+}
+
+type jobEntry struct {
+	rec     cluster.JobRecord
+	version int64
+}
+
+// nodeWorker is a worker status with the node that reports it.
+type nodeWorker struct {
+	node   string
+	status cluster.WorkerStatus
+}
+
+func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry) *view {
+	v := newView(len(jobs), len(nodes), len(confs), len(dcs))
+	for name, e := range jobs {
+		if j, err := decodeJobEntry(name, e); err != nil {
+			log.Warn("ignoring unreadable job record", "job", name, "err", err)
+		} else {
+			v.jobs[name] = j
+		}
+	}
+	for id, e := range nodes {
+		if rec, err := decodeNodeEntry(id, e); err != nil {
+			log.Warn("ignoring unreadable node record", "node", id, "err", err)
+		} else {
+			v.addNode(id, e.Owner, rec)
+		}
+	}
+	for name, e := range dcs {
+		if d, err := decodeDCEntry(name, e); err != nil {
+			log.Warn("ignoring unreadable data-center record", "dc", name, "err", err)
+		} else {
+			v.dcs[name] = d
+		}
+	}
+	for id, e := range confs {
+		if c, ok, err := decodeConfEntry(e); err != nil {
+			log.Warn("ignoring unreadable node settings", "node", id, "err", err)
+		} else if ok {
+			v.confs[id] = c
+		}
+	}
+	return v
+}
+
+func newView(jobs, nodes, confs, dcs int) *view {
+	return &view{
+		dcs:      make(map[string]cluster.DCRecord, dcs),
+		jobs:     make(map[string]jobEntry, jobs),
+		routers:  map[string]cluster.JobRecord{},
+		nodes:    make(map[string]cluster.NodeRecord, nodes),
+		sessions: make(map[string]int64, nodes),
+		confs:    make(map[string]cluster.NodeConf, confs),
+		statuses: map[cluster.WorkerKey]nodeWorker{},
+	}
+}
+
+func decodeJobEntry(name string, e coord.Entry) (jobEntry, error) {
+	var rec cluster.JobRecord
+	if err := json.Unmarshal(e.Value, &rec); err != nil {
+		return jobEntry{}, err
+	}
+	if rec.Spec.Name != name {
+		return jobEntry{}, fmt.Errorf("record names job %q", rec.Spec.Name)
+	}
+	return jobEntry{rec: rec, version: e.Version}, nil
+}
+
+func decodeNodeEntry(id string, e coord.Entry) (cluster.NodeRecord, error) {
+	var rec cluster.NodeRecord
+	if err := json.Unmarshal(e.Value, &rec); err != nil {
+		return rec, err
+	}
+	if rec.Node.ID != id {
+		return rec, fmt.Errorf("record names node %q", rec.Node.ID)
+	}
+	return rec, nil
+}
+
+func decodeDCEntry(name string, e coord.Entry) (cluster.DCRecord, error) {
+	var d cluster.DCRecord
+	if err := json.Unmarshal(e.Value, &d); err != nil {
+		return d, err
+	}
+	if d.Name != name {
+		return d, fmt.Errorf("record names data center %q", d.Name)
+	}
+	return d, nil
+}
+
+// decodeConfEntry decodes a node's settings; ok is false for an empty entry.
+func decodeConfEntry(e coord.Entry) (c cluster.NodeConf, ok bool, err error) {
+	if len(e.Value) == 0 {
+		return c, false, nil
+	}
+	if err := json.Unmarshal(e.Value, &c); err != nil {
+		return c, false, err
+	}
+	return c, true, nil
+}
+
+// viewCache keeps every record the last view decoded, with the store revision it was
+// decoded at: a view decodes only the records written since. Node records are decoded by
+// their mirror as they arrive (nodeDecoder): rewritten with every memory reading, decoding
+// ten thousand of them for every plan and every API read was most of the master's cpu at
+// that size.
+type viewCache struct {
+	mu    sync.Mutex
+	jobs  map[string]cached[jobEntry]
+	confs map[string]cached[cluster.NodeConf]
+	dcs   map[string]cached[cluster.DCRecord]
+	// assigns is for the API of a master that does not lead (see readState).
+	assigns map[string]cached[cluster.NodeAssignment]
+	// current is the jobs as of the jobs mirror's generation currentGen (currentJobs).
+	current    map[string]jobEntry
+	currentGen uint64
+}
+
+// init makes the maps; mu is held.
+func (c *viewCache) init() {
+	if c.jobs == nil {
+		c.jobs = map[string]cached[jobEntry]{}
+		c.confs, c.dcs = map[string]cached[cluster.NodeConf]{}, map[string]cached[cluster.DCRecord]{}
+		c.assigns = map[string]cached[cluster.NodeAssignment]{}
+	}
+}
+
+// decodeJob decodes a job record for the cache, logging one that does not decode.
+func (m *Master) decodeJob(name string, e coord.Entry) (jobEntry, bool) {
+	j, err := decodeJobEntry(name, e)
+	if err != nil {
+		m.log.Warn("ignoring unreadable job record", "job", name, "err", err)
+	}
+	return j, err == nil
+}
+
+// cached is one decoded record; ok is false for a record that did not decode (it is logged
+// once, when read).
+type cached[T any] struct {
+	rev, owner int64
+	v          T
+	ok         bool
+}
+
+// refresh brings c in line with entries, decoding only what is new or changed, and calls
+// use for every record that decodes.
+func refresh[T any](c map[string]cached[T], entries map[string]coord.Entry, decode func(string, coord.Entry) (T, bool), use func(string, int64, T)) {
+	for name := range c {
+		if _, ok := entries[name]; !ok {
+			delete(c, name)
+		}
+	}
+	for name, e := range entries {
+		d, ok := c[name]
+		if !ok || d.rev != e.ModRev || d.owner != e.Owner {
+			d = cached[T]{rev: e.ModRev, owner: e.Owner}
+			d.v, d.ok = decode(name, e)
+			c[name] = d
+		}
+		if d.ok {
+			use(name, d.owner, d.v)
+		}
+	}
+}
+
+// view returns the mirrors decoded, reusing the records decoded by earlier views.
+func (m *Master) view() *view {
+	c := &m.vc
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.init()
+	jobs, nodes, confs, dcs := m.jobs.snapshot(), m.nodes.decodedSnapshot(), m.confs.snapshot(), m.dcs.snapshot()
+	v := newView(len(jobs), len(nodes), len(confs), len(dcs))
+	workers := 0
+	refresh(c.jobs, jobs, m.decodeJob, func(name string, _ int64, j jobEntry) { v.jobs[name] = j })
+	var ids []string
+	for id, d := range nodes {
+		if rec, ok := d.v.(cluster.NodeRecord); ok {
+			ids = append(ids, id)
+			workers += len(rec.Workers)
+		}
+	}
+	v.statuses, v.copies = make(map[cluster.WorkerKey]nodeWorker, workers), make([]nodeWorker, 0, workers)
+	for _, id := range ids {
+		d := nodes[id]
+		v.addNode(id, d.owner, d.v.(cluster.NodeRecord))
+	}
+	refresh(c.dcs, dcs, func(name string, e coord.Entry) (cluster.DCRecord, bool) {
+		d, err := decodeDCEntry(name, e)
+		if err != nil {
+			m.log.Warn("ignoring unreadable data-center record", "dc", name, "err", err)
+		}
+		return d, err == nil
+	}, func(name string, _ int64, d cluster.DCRecord) { v.dcs[name] = d })
+	refresh(c.confs, confs, func(id string, e coord.Entry) (cluster.NodeConf, bool) {
+		conf, ok, err := decodeConfEntry(e)
+		if err != nil {
+			m.log.Warn("ignoring unreadable node settings", "node", id, "err", err)
+		}
+		return conf, ok
+	}, func(id string, _ int64, conf cluster.NodeConf) { v.confs[id] = conf })
+	v.addRouters(m.cfg.RouterStore)
+	return v
+}
+
+// addNode adds a node's live record to the view: the node and every worker it reports.
+func (v *view) addNode(id string, owner int64, rec cluster.NodeRecord) {
+	v.nodes[id] = rec
+	v.sessions[id] = owner
+	for _, w := range rec.Workers {
+		nw := nodeWorker{node: id, status: w}
+		// Where two agents report one worker (an old copy still stopping), the one in
+		// a running state wins.
+		if old, ok := v.statuses[w.Key]; !ok || old.status.State != cluster.WorkerRunning {
+			v.statuses[w.Key] = nw
+		}
+		v.copies = append(v.copies, nw)
+	}
+}
+
+// isolationLabel is the node label an agent sets for each driver it offers.
+func isolationLabel(mode string) string { return "isolation/" + mode }
+
+// schedulable returns the nodes as placement sees them: health throttling and operator
+// settings folded into the node.
+func (v *view) schedulable() []cluster.Node {
+	out := make([]cluster.Node, 0, len(v.nodes))
+	for _, id := range slices.Sorted(maps.Keys(v.nodes)) {
+		rec := v.nodes[id]
+		n := rec.Node
+		n.Labels = maps.Clone(n.Labels)
+		n.Throttled = rec.Health.Throttled
+		n.Unschedulable = rec.Health.State == cluster.HealthUnhealthy
+		if v.dcs[n.DC].State == cluster.DCFailed {
+			n.Draining = true // an operator failed its data center: everything moves out
+		}
+		if c, ok := v.confs[id]; ok {
+			n.Draining = n.Draining || c.Draining
+			if c.Pool != "" {
+				n.Pool = c.Pool
+			}
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// runningJobs returns the specs placement must place, routers included, each requiring a
+// node that offers its isolation.
+func (v *view) runningJobs() []cluster.JobSpec {
+	recs := make(map[string]cluster.JobRecord, len(v.jobs)+len(v.routers))
+	for name, j := range v.jobs {
+		recs[name] = j.rec
+	}
+	maps.Copy(recs, v.routers)
+	out := make([]cluster.JobSpec, 0, len(recs))
+	for _, name := range slices.Sorted(maps.Keys(recs)) {
+		rec := recs[name]
+		if rec.State != cluster.JobRunning {
+			continue
+		}
+		spec := rec.Spec
+		labels := maps.Clone(spec.Placement.NodeLabels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[isolationLabel(spec.IsolationMode())] = "true"
+		spec.Placement.NodeLabels = labels
+		out = append(out, spec)
+	}
+	return out
+}
+
+// avoid maps each job to the nodes noted for its crash loops.
+func (v *view) avoid() map[string][]string {
+	out := map[string][]string{}
+	for id, c := range v.confs {
+		for _, job := range c.Avoid {
+			out[job] = append(out[job], id)
+		}
+	}
+	return out
+}
+
+// nodeDecoder decodes a node record as it arrives, once (see mirror.decode), and digests
+// what planning reads of it: the node, its health, its agent instance, and which workers it
+// runs in which state. Memory readings, pids and timestamps change all the time and do not
+// matter: a record whose digest did not change wakes no plan. Ten thousand agents' memory
+// readings are a thousand changes a second; each costs one decode, not one per plan.
+func (m *Master) nodeDecoder(id string, value []byte) (any, uint64) {
+	rec, err := decodeNodeEntry(id, coord.Entry{Value: value})
+	if err != nil {
+		m.log.Warn("ignoring unreadable node record", "node", id, "err", err)
+		return nil, 0 // every unreadable record digests alike, and the change of a good one to it shows
+	}
+	ws := make([]digestWorker, len(rec.Workers))
+	for i, w := range rec.Workers {
+		ws[i] = digestWorker{Key: w.Key, State: w.State, RecentRestarts: w.RecentRestarts, Generation: w.Generation, Restart: w.Restart}
+	}
+	// Images a node holds or pulls: a pinned job waits for its image on the node.
+	imgs := make([]cluster.ImageStatus, len(rec.Images))
+	for i, im := range rec.Images {
+		imgs[i] = cluster.ImageStatus{Ref: im.Ref, State: im.State}
+	}
+	slices.SortFunc(imgs, func(a, b cluster.ImageStatus) int {
+		return cmp.Or(cmp.Compare(a.Ref, b.Ref), cmp.Compare(a.State, b.State))
+	})
+	slices.SortFunc(ws, func(a, b digestWorker) int {
+		if c := a.Key.Compare(b.Key); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.State, b.State); c != 0 {
+			return c
+		}
+		return cmp.Or(cmp.Compare(a.RecentRestarts, b.RecentRestarts), cmp.Compare(a.Generation, b.Generation), cmp.Compare(a.Restart, b.Restart))
+	})
+	b, _ := json.Marshal(struct {
+		Node    cluster.Node
+		Health  cluster.NodeHealth
+		Agent   string
+		Workers []digestWorker
+		Images  []cluster.ImageStatus
+	}{rec.Node, rec.Health, rec.Agent, ws, imgs})
+	h := fnv.New64a()
+	_, _ = h.Write(b)
+	return rec, h.Sum64() | 1 // never 0, the digest of an unreadable record
+}
+
+// digestWorker is what planning reads of a worker's status.
+type digestWorker struct {
+	Key            cluster.WorkerKey
+	State          string
+	RecentRestarts int
+	Generation     int64
+	Restart        int64
+}
+
+// tenantView is a tenant with what its jobs ask for.
+func tenantView(jobs map[string]jobEntry, t cluster.Tenant) api.TenantView {
+	tv := api.TenantView{Tenant: t}
+	for _, j := range jobs {
+		if j.rec.Spec.Tenant == t.Name {
+			n := j.rec.Spec.TotalWorkers()
+			tv.Jobs++
+			tv.UsedWorkers += n
+			tv.UsedMemory += cluster.Bytes(n) * j.rec.Spec.Resources.Memory
+		}
+	}
+	return tv
+}
