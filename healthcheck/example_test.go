@@ -13,7 +13,7 @@ import (
 // eviction to its driver, and publish every change of state at once.
 func ExampleMonitor() {
 	ctx := context.Background()
-	cfg := healthcheck.DefaultConfig() // in the agent: healthcheck.ConfigFromCLI(c) with healthcheck.Flags()
+	cfg := healthcheck.DefaultConfig() // in the agent: filled from the CLI's flags
 	if err := healthcheck.ProtectAgent(""); err != nil {
 		slog.Warn("agent not protected from the OOM killer", "err", err)
 	}

@@ -21,7 +21,6 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
-	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/isolation"
 )
@@ -68,7 +67,7 @@ var AgentCommand = &cli.Command{
 		&cli.StringFlag{Name: "logs-listen", Usage: "`ADDR` (HOST:PORT) where the masters read this node's workers' logs (default: --advertise-addr, any free port, published in the node record; \"off\" serves none)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the workers' logs over TLS, with a certificate made in --state-dir that the masters trust by its hash (use it when the masters serve TLS)"},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
-	}, healthcheck.Flags()...),
+	}, healthFlags()...),
 	Action: runAgent,
 }
 
@@ -120,7 +119,7 @@ func runAgent(c *cli.Context) error {
 	if runAs == nil && os.Geteuid() == 0 {
 		log.Warn("process workers run as root (--run-as root)")
 	}
-	hcfg, err := healthcheck.ConfigFromCLI(c)
+	hcfg, err := healthConfig(c)
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/daemon"
-	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -34,7 +33,7 @@ var UpCommand = &cli.Command{
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
 		&cli.StringFlag{Name: "cgroup-parent", Usage: "cgroup `PATH` below which each node's workers go (PATH/NODE; default /stormdock-local/<name of --data>); a memory limit on it bounds the whole cluster, and in a subtree delegated to you workers run in cgroups without root"},
-	}, append(eventsFlags(), healthcheck.LocalFlags()...)...),
+	}, append(eventsFlags(), localHealthFlags()...)...),
 	Action: runUp,
 }
 
@@ -64,7 +63,7 @@ func runUp(c *cli.Context) error {
 			dcs = append(dcs, dc)
 		}
 	}
-	health, err := healthcheck.ConfigFromCLI(c)
+	health, err := healthConfig(c)
 	if err != nil {
 		return usageErr("%v", err)
 	}

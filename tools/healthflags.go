@@ -1,85 +1,18 @@
-package healthcheck
+package tools
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/healthcheck"
 )
 
-// Config is the agent's health-check configuration, one field per flag.
-type Config struct {
-	// HealthDir holds the health scripts (--health-dir); empty runs none.
-	HealthDir string
-	// HealthInterval is the memory probe period (--health-interval). It bounds how late a
-	// crossing of the high mark is seen, so it is short; a probe costs microseconds.
-	HealthInterval time.Duration
-	// ScriptInterval and ScriptTimeout: how often each health script runs and how long it
-	// may take before its process group is killed.
-	ScriptInterval time.Duration
-	ScriptTimeout  time.Duration
-	// MemHigh, MemLow, MemCritical, ThrottleHold: see Thresholds.
-	MemHigh      float64
-	MemLow       float64
-	MemCritical  float64
-	ThrottleHold time.Duration
-	// CgroupParent is the cgroup holding the workers' cgroups (--cgroup-parent); a memory
-	// limit on it counts as the node's memory. It must be the isolation driver's parent.
-	CgroupParent string
-	// EvictCooldown is the wait after each eviction before probing again.
-	EvictCooldown time.Duration
-	// WarnWithhold is the share of slots a WARN line from a script withholds.
-	WarnWithhold float64
-	// KillWorkersOnUnhealthy asks the agent to stop running workers when a script fails the
-	// node. Off by default: a broken health script should not take the jobs down with it.
-	KillWorkersOnUnhealthy bool
-}
-
-// DefaultConfig returns the defaults the flags have.
-func DefaultConfig() Config {
-	return Config{
-		HealthInterval: 250 * time.Millisecond,
-		ScriptInterval: 10 * time.Second,
-		ScriptTimeout:  5 * time.Second,
-		MemHigh:        0.85,
-		MemLow:         0.75,
-		MemCritical:    0.95,
-		ThrottleHold:   30 * time.Second,
-		CgroupParent:   "/stormdock",
-		EvictCooldown:  time.Second,
-		WarnWithhold:   0.5,
-	}
-}
-
-// Thresholds returns the memory marks of the configuration.
-func (c Config) Thresholds() Thresholds {
-	return Thresholds{High: c.MemHigh, Low: c.MemLow, Critical: c.MemCritical, Hold: c.ThrottleHold}
-}
-
-// Validate reports the first problem in one line naming the flag.
-func (c Config) Validate() error {
-	if err := c.Thresholds().Validate(); err != nil {
-		return fmt.Errorf("healthcheck: %w", err)
-	}
-	switch {
-	case c.HealthInterval < time.Millisecond:
-		return fmt.Errorf("healthcheck: --health-interval %v must be at least 1ms", c.HealthInterval)
-	case c.ScriptInterval <= 0:
-		return fmt.Errorf("healthcheck: --health-script-interval %v must be positive", c.ScriptInterval)
-	case c.ScriptTimeout <= 0:
-		return fmt.Errorf("healthcheck: --health-script-timeout %v must be positive", c.ScriptTimeout)
-	case c.EvictCooldown < 0:
-		return fmt.Errorf("healthcheck: --evict-cooldown %v must not be negative", c.EvictCooldown)
-	case !(c.WarnWithhold > 0 && c.WarnWithhold <= 1):
-		return fmt.Errorf("healthcheck: --health-warn-withhold %v must be in (0, 1]", c.WarnWithhold)
-	}
-	return nil
-}
-
-// Flags returns the agent's health-check flags with DefaultConfig's values.
-func Flags() []cli.Flag {
-	d := DefaultConfig()
+// healthFlags returns the agent's health-check flags (package healthcheck's Config) with
+// healthcheck.DefaultConfig's values.
+func healthFlags() []cli.Flag {
+	d := healthcheck.DefaultConfig()
 	const cat = "health checks"
 	return []cli.Flag{
 		&cli.StringFlag{Name: "health-dir", Category: cat, Value: d.HealthDir,
@@ -109,11 +42,11 @@ func Flags() []cli.Flag {
 	}
 }
 
-// LocalFlags are the health-check flags of a local cluster (`stormdock up`): applied to
-// every node, whose cgroup parent the cluster chooses itself.
-func LocalFlags() []cli.Flag {
+// localHealthFlags are the health-check flags of a local cluster (`stormdock up`): applied
+// to every node, whose cgroup parent the cluster chooses itself.
+func localHealthFlags() []cli.Flag {
 	var out []cli.Flag
-	for _, f := range Flags() {
+	for _, f := range healthFlags() {
 		switch f.Names()[0] {
 		case "health-dir", "health-interval", "health-script-interval", "health-script-timeout",
 			"mem-high", "mem-low", "mem-critical", "throttle-hold":
@@ -123,11 +56,12 @@ func LocalFlags() []cli.Flag {
 	return out
 }
 
-// ConfigFromCLI reads the values of the command's health-check flags (Flags, or a subset
-// of them such as LocalFlags: the others keep DefaultConfig's values) and validates them.
-func ConfigFromCLI(c *cli.Context) (Config, error) {
+// healthConfig reads the values of the command's health-check flags (healthFlags, or a
+// subset of them such as localHealthFlags: the others keep healthcheck.DefaultConfig's
+// values) and validates them.
+func healthConfig(c *cli.Context) (healthcheck.Config, error) {
 	if c == nil {
-		return Config{}, errors.New("healthcheck: no command-line context")
+		return healthcheck.Config{}, errors.New("healthcheck: no command-line context")
 	}
 	defined := map[string]bool{}
 	if c.Command != nil {
@@ -137,7 +71,7 @@ func ConfigFromCLI(c *cli.Context) (Config, error) {
 			}
 		}
 	}
-	cfg := DefaultConfig()
+	cfg := healthcheck.DefaultConfig()
 	str := func(name string, v *string) {
 		if defined[name] {
 			*v = c.String(name)
@@ -168,7 +102,7 @@ func ConfigFromCLI(c *cli.Context) (Config, error) {
 		cfg.KillWorkersOnUnhealthy = c.Bool("health-kill-workers")
 	}
 	if err := cfg.Validate(); err != nil {
-		return Config{}, err
+		return healthcheck.Config{}, err
 	}
 	return cfg, nil
 }

@@ -1,4 +1,4 @@
-package healthcheck
+package tools
 
 import (
 	"strings"
@@ -6,15 +6,18 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/healthcheck"
 )
 
-// parseFlags runs a tiny cli app with Flags() and returns what ConfigFromCLI made of args.
-func parseFlags(t *testing.T, args ...string) (Config, error) {
+// parseHealthFlags runs a tiny cli app with healthFlags() and returns what healthConfig made
+// of args.
+func parseHealthFlags(t *testing.T, args ...string) (healthcheck.Config, error) {
 	t.Helper()
-	var cfg Config
+	var cfg healthcheck.Config
 	var cfgErr error
-	app := &cli.App{Name: "agent", Flags: Flags(), Action: func(c *cli.Context) error {
-		cfg, cfgErr = ConfigFromCLI(c)
+	app := &cli.App{Name: "agent", Flags: healthFlags(), Action: func(c *cli.Context) error {
+		cfg, cfgErr = healthConfig(c)
 		return nil
 	}}
 	if err := app.Run(append([]string{"agent"}, args...)); err != nil {
@@ -23,27 +26,27 @@ func parseFlags(t *testing.T, args ...string) (Config, error) {
 	return cfg, cfgErr
 }
 
-func TestFlagsDefaults(t *testing.T) {
-	cfg, err := parseFlags(t)
+func TestHealthFlagsDefaults(t *testing.T) {
+	cfg, err := parseHealthFlags(t)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg != DefaultConfig() {
-		t.Errorf("defaults from flags %+v\nwant %+v", cfg, DefaultConfig())
+	if cfg != healthcheck.DefaultConfig() {
+		t.Errorf("defaults from flags %+v\nwant %+v", cfg, healthcheck.DefaultConfig())
 	}
 	if cfg.HealthInterval > 250*time.Millisecond {
 		t.Errorf("default probe interval %v is too slow for the 1 s goal", cfg.HealthInterval)
 	}
 }
 
-func TestFlagsParse(t *testing.T) {
-	cfg, err := parseFlags(t, "--health-dir", "/etc/stormdock/health", "--health-interval", "100ms",
+func TestHealthFlagsParse(t *testing.T) {
+	cfg, err := parseHealthFlags(t, "--health-dir", "/etc/stormdock/health", "--health-interval", "100ms",
 		"--mem-high", "0.8", "--mem-low", "0.6", "--mem-critical", "0.9", "--throttle-hold", "1m",
 		"--cgroup-parent", "/stormdock-node1", "--health-kill-workers", "--health-script-timeout", "2s")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := DefaultConfig()
+	want := healthcheck.DefaultConfig()
 	want.HealthDir, want.HealthInterval = "/etc/stormdock/health", 100*time.Millisecond
 	want.MemHigh, want.MemLow, want.MemCritical, want.ThrottleHold = 0.8, 0.6, 0.9, time.Minute
 	want.CgroupParent, want.KillWorkersOnUnhealthy, want.ScriptTimeout = "/stormdock-node1", true, 2*time.Second
@@ -52,7 +55,7 @@ func TestFlagsParse(t *testing.T) {
 	}
 }
 
-func TestFlagsValidate(t *testing.T) {
+func TestHealthFlagsValidate(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -66,12 +69,12 @@ func TestFlagsValidate(t *testing.T) {
 		{[]string{"--health-script-timeout", "0s"}, "--health-script-timeout 0s must be positive"},
 		{[]string{"--health-warn-withhold", "0"}, "--health-warn-withhold 0 must be in (0, 1]"},
 	} {
-		_, err := parseFlags(t, tc.args...)
+		_, err := parseHealthFlags(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%v: err %v, want one line containing %q", tc.args, err, tc.want)
 		}
 	}
-	if cfg := DefaultConfig(); cfg.Validate() != nil {
+	if cfg := healthcheck.DefaultConfig(); cfg.Validate() != nil {
 		t.Errorf("defaults invalid: %v", cfg.Validate())
 	}
 }
