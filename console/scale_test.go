@@ -26,8 +26,8 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/internal/testenv"
-	"github.com/stormdock/stormdock/placement/placementtest"
 	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/placement/synth"
 )
 
 // fixture is a simulated cluster: a real master on an embedded store, and stand-in
@@ -48,7 +48,7 @@ type fixture struct {
 	ctx      context.Context
 }
 
-func newFixture(b testing.TB, cfg placementtest.Config) *fixture {
+func newFixture(b testing.TB, cfg synth.Config) *fixture {
 	b.Helper()
 	srv, err := coord.NewServer(coord.ServerOptions{Logger: testLogger(b)})
 	if err != nil {
@@ -213,7 +213,7 @@ func (f *fixture) histogramCount(name string) float64 {
 // to first render, time for a change to appear, browser memory, bytes per update. Run it
 // once: go test -run '^$' -bench Console1000 -benchtime 1x ./console
 func BenchmarkConsole1000Nodes(b *testing.B) {
-	cfg := placementtest.Config{DCs: 4, RacksPerDC: 5, NodesPerRack: 50, Slots: 16, Memory: 64 << 30, CPU: 32000,
+	cfg := synth.Config{DCs: 4, RacksPerDC: 5, NodesPerRack: 50, Slots: 16, Memory: 64 << 30, CPU: 32000,
 		Jobs: 100, Workers: 10000, Spread: []string{cluster.DomainDC, cluster.DomainRack}, Seed: 1}
 	br := newBrowser(b)
 	f := newFixture(b, cfg)

@@ -21,7 +21,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
-	"github.com/stormdock/stormdock/placement/placementtest"
+	"github.com/stormdock/stormdock/placement/synth"
 )
 
 // watcher follows a watch stream in the background and keeps the latest map.
@@ -514,7 +514,7 @@ func (c *countingReader) count() int64 {
 // BenchmarkWatchMap builds the console's map of 1,000 stand-in nodes and 10,000 workers of
 // 100 jobs (the base once per change, then one viewer's encoding).
 func BenchmarkWatchMap(b *testing.B) {
-	cfg := placementtest.Config{DCs: 4, RacksPerDC: 5, NodesPerRack: 50, Slots: 16, Memory: 64 << 30, CPU: 32000,
+	cfg := synth.Config{DCs: 4, RacksPerDC: 5, NodesPerRack: 50, Slots: 16, Memory: 64 << 30, CPU: 32000,
 		Jobs: 100, Workers: 10000, Spread: []string{cluster.DomainDC, cluster.DomainRack}, Seed: 1}
 	tc := newTestCluster(b)
 	m, _, _ := tc.master("m1")

@@ -5,12 +5,12 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/placement"
-	"github.com/stormdock/stormdock/placement/placementtest"
+	"github.com/stormdock/stormdock/placement/synth"
 )
 
 // Run with GOMAXPROCS=1: go test -run '^$' -bench . -benchmem ./placement/
 
-func benchFull(b *testing.B, c placementtest.Config) {
+func benchFull(b *testing.B, c synth.Config) {
 	nodes, jobs := c.Nodes(), c.JobSpecs()
 	b.ReportAllocs()
 	var r *placement.Result
@@ -33,21 +33,21 @@ func benchFull(b *testing.B, c placementtest.Config) {
 }
 
 // BenchmarkPlanFull is the acceptance scenario: 10,000 nodes, 1,000 jobs, 100,000 workers.
-func BenchmarkPlanFull(b *testing.B) { benchFull(b, placementtest.Default()) }
+func BenchmarkPlanFull(b *testing.B) { benchFull(b, synth.Default()) }
 
 // BenchmarkPlanRackLost re-plans the full scenario after one rack is gone.
-func BenchmarkPlanRackLost(b *testing.B) { benchRackLost(b, placementtest.Default()) }
+func BenchmarkPlanRackLost(b *testing.B) { benchRackLost(b, synth.Default()) }
 
 // BenchmarkPlanMillionRackLost re-plans the million-worker scenario after one rack is gone.
 func BenchmarkPlanMillionRackLost(b *testing.B) { benchRackLost(b, million()) }
 
-func benchRackLost(b *testing.B, c placementtest.Config) {
+func benchRackLost(b *testing.B, c synth.Config) {
 	nodes, jobs := c.Nodes(), c.JobSpecs()
 	full, err := placement.Plan(placement.Input{Nodes: nodes, Jobs: jobs})
 	if err != nil {
 		b.Fatal(err)
 	}
-	lostDC, lostRack := placementtest.DCName(1), placementtest.RackName(7)
+	lostDC, lostRack := synth.DCName(1), synth.RackName(7)
 	var left []cluster.Node
 	lost := map[string]bool{}
 	for _, n := range nodes {
@@ -91,8 +91,8 @@ func benchRackLost(b *testing.B, c placementtest.Config) {
 // BenchmarkPlanMillion places 1,000,000 workers of 10,000 jobs on 50,000 nodes of 32 slots.
 func BenchmarkPlanMillion(b *testing.B) { benchFull(b, million()) }
 
-func million() placementtest.Config {
-	c := placementtest.Default()
+func million() synth.Config {
+	c := synth.Default()
 	c.NodesPerRack, c.Slots, c.Memory, c.CPU = 500, 32, 128<<30, 64000
 	c.Jobs, c.Workers = 10000, 1000000
 	return c
@@ -101,7 +101,7 @@ func million() placementtest.Config {
 // BenchmarkPlanOverloaded asks for 25% more workers than the cluster has slots, so many
 // jobs are cut short and the preemption search runs for each of them.
 func BenchmarkPlanOverloaded(b *testing.B) {
-	c := placementtest.Default()
+	c := synth.Default()
 	c.Workers = 200000
 	nodes, jobs := c.Nodes(), c.JobSpecs()
 	b.ReportAllocs()

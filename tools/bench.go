@@ -18,7 +18,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/internal/clusterbench"
 	"github.com/stormdock/stormdock/placement"
-	"github.com/stormdock/stormdock/placement/placementtest"
+	"github.com/stormdock/stormdock/placement/synth"
 )
 
 // BenchCommand measures parts of stormdock on synthetic input.
@@ -187,7 +187,7 @@ func runBenchPlacement(c *cli.Context) error {
 	if c.NArg() > 0 {
 		return cli.Exit(fmt.Sprintf("stormdock bench placement: unexpected argument %q (flags go first)", c.Args().First()), 2)
 	}
-	cfg := placementtest.Config{
+	cfg := synth.Config{
 		DCs: c.Int("dcs"), RacksPerDC: c.Int("racks"), Slots: c.Int("slots"),
 		Jobs: c.Int("jobs"), Workers: c.Int("workers"), Seed: c.Uint64("seed"),
 		Spread: []string{cluster.DomainDC, cluster.DomainRack},
@@ -221,7 +221,7 @@ func runBenchPlacement(c *cli.Context) error {
 	}
 
 	// Lose one rack: the second rack of the second dc (or the first there is).
-	lostDC, lostRack := placementtest.DCName(min(1, cfg.DCs-1)), placementtest.RackName(min(1, cfg.RacksPerDC-1))
+	lostDC, lostRack := synth.DCName(min(1, cfg.DCs-1)), synth.RackName(min(1, cfg.RacksPerDC-1))
 	lost := map[string]bool{}
 	var left []cluster.Node
 	for _, n := range nodes {

@@ -21,7 +21,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
-	"github.com/stormdock/stormdock/placement/placementtest"
+	"github.com/stormdock/stormdock/placement/synth"
 )
 
 // Config describes one benchmark run.
@@ -321,15 +321,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 // workload makes the cluster's nodes and the jobs.
 func (r *run) workload() {
 	c := r.cfg
-	pc := placementtest.Config{DCs: c.DCs, RacksPerDC: c.Racks, NodesPerRack: max(1, c.Nodes/(c.DCs*c.Racks)), Slots: c.Slots,
+	pc := synth.Config{DCs: c.DCs, RacksPerDC: c.Racks, NodesPerRack: max(1, c.Nodes/(c.DCs*c.Racks)), Slots: c.Slots,
 		Memory: cluster.Bytes(c.Slots) * 4 << 30, CPU: cluster.CPU(c.Slots * 2000), Jobs: c.Jobs, Workers: c.Workers,
 		Spread: []string{cluster.DomainDC, cluster.DomainRack}, Seed: c.Seed}
 	all := pc.Nodes()
 	// Nodes that do not divide evenly: the first racks get one more.
 	for i := len(all); i < c.Nodes; i++ {
 		d, rk := (i/c.Racks)%c.DCs, i%c.Racks
-		all = append(all, cluster.Node{ID: placementtest.NodeID(d, rk, pc.NodesPerRack+i/(c.DCs*c.Racks)), DC: placementtest.DCName(d),
-			Rack: placementtest.RackName(rk), Slots: c.Slots, Memory: pc.Memory, CPU: pc.CPU})
+		all = append(all, cluster.Node{ID: synth.NodeID(d, rk, pc.NodesPerRack+i/(c.DCs*c.Racks)), DC: synth.DCName(d),
+			Rack: synth.RackName(rk), Slots: c.Slots, Memory: pc.Memory, CPU: pc.CPU})
 	}
 	r.nodes = all[:c.Nodes]
 	for i := range r.nodes {
@@ -557,7 +557,7 @@ func (r *run) poll(ctx context.Context) error {
 
 // loseRack closes the sessions of one rack's nodes.
 func (r *run) loseRack(ctx context.Context) error {
-	dc, rack := placementtest.DCName(min(1, r.cfg.DCs-1)), placementtest.RackName(min(1, r.cfg.Racks-1))
+	dc, rack := synth.DCName(min(1, r.cfg.DCs-1)), synth.RackName(min(1, r.cfg.Racks-1))
 	p, err := r.lose(ctx, fmt.Sprintf("rack %s/%s", dc, rack), func(n cluster.Node) bool { return n.DC == dc && n.Rack == rack })
 	if err != nil {
 		return err
@@ -568,7 +568,7 @@ func (r *run) loseRack(ctx context.Context) error {
 
 // loseDC closes the sessions of one data center's nodes (not the one that lost a rack).
 func (r *run) loseDC(ctx context.Context) error {
-	dc := placementtest.DCName(r.cfg.DCs - 1)
+	dc := synth.DCName(r.cfg.DCs - 1)
 	p, err := r.lose(ctx, "dc "+dc, func(n cluster.Node) bool { return n.DC == dc })
 	if err != nil {
 		return err

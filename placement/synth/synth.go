@@ -1,6 +1,7 @@
-// Package placementtest makes synthetic clusters and jobs for the placement engine's
-// tests, benchmarks and the `stormdock bench placement` command.
-package placementtest
+// Package synth makes synthetic clusters and jobs: deterministic node sets and workloads
+// for the placement engine's tests and benchmarks, and for `stormdock bench placement` and
+// `stormdock bench cluster`, which ship it in the binary.
+package synth
 
 import (
 	"fmt"
