@@ -6,7 +6,7 @@ import (
 )
 
 // Config is the agent's health-check configuration. The command line fills it, one flag
-// per field (the flags are declared by the CLI, in tools/, not here).
+// per field (the flags are declared by the CLI, in tools/daemons, not here).
 type Config struct {
 	// HealthDir holds the health scripts (--health-dir); empty runs none.
 	HealthDir string

@@ -1,5 +1,6 @@
-// Package tools holds stormdock's command-line interface: one file per noun, each exporting
-// its *cli.Command, gathered here into the one application.
+// Package tools is stormdock's command-line application: the commands of its sub-packages
+// gathered into one app. The client commands are in commands/<noun>, the daemons' entry
+// points in daemons, and bench, demo and the example worker in packages of their own.
 package tools
 
 import (
@@ -7,6 +8,21 @@ import (
 	"runtime/debug"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/tools/bench"
+	"github.com/stormdock/stormdock/tools/commands/cluster"
+	"github.com/stormdock/stormdock/tools/commands/dc"
+	"github.com/stormdock/stormdock/tools/commands/events"
+	"github.com/stormdock/stormdock/tools/commands/image"
+	"github.com/stormdock/stormdock/tools/commands/job"
+	"github.com/stormdock/stormdock/tools/commands/link"
+	"github.com/stormdock/stormdock/tools/commands/node"
+	"github.com/stormdock/stormdock/tools/commands/plan"
+	"github.com/stormdock/stormdock/tools/commands/run"
+	"github.com/stormdock/stormdock/tools/commands/tenant"
+	"github.com/stormdock/stormdock/tools/daemons"
+	"github.com/stormdock/stormdock/tools/demo"
+	"github.com/stormdock/stormdock/tools/worker"
 )
 
 // Version is set at build time with -ldflags "-X github.com/stormdock/stormdock/tools.Version=...".
@@ -23,26 +39,26 @@ func App() *cli.App {
 		Description: "Flags go before positional arguments: `stormdock job submit --wait FILE`.\n" +
 			"Exit codes: 0 ok, 1 failed, 2 bad usage or input.",
 		Commands: []*cli.Command{
-			UpCommand,
-			DemoCommand,
-			MasterCommand,
-			JobCommand,
-			NodeCommand,
-			TenantCommand,
-			DCCommand,
-			EventsCommand,
+			daemons.UpCommand,
+			demo.Command,
+			daemons.MasterCommand,
+			job.Command,
+			node.Command,
+			tenant.Command,
+			dc.Command,
+			events.Command,
 			VersionCommand,
-			AgentCommand,
-			LaunchCommand,
-			KeeperCommand,
-			WorkerCommand,
-			PlanCommand,
-			BenchCommand,
-			RunCommand,
-			ImageCommand,
-			RouterCommand,
-			LinkCommand,
-			ClusterCommand,
+			daemons.AgentCommand,
+			daemons.LaunchCommand,
+			daemons.KeeperCommand,
+			worker.Command,
+			plan.Command,
+			bench.Command,
+			run.Command,
+			image.Command,
+			daemons.RouterCommand,
+			link.Command,
+			cluster.Command,
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {

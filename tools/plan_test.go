@@ -9,17 +9,20 @@ import (
 	"testing"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/tools/bench"
+	"github.com/stormdock/stormdock/tools/commands/plan"
 )
 
 var fixtures = filepath.Join("..", "placement", "testdata")
 
-// runCmd runs one of this file's commands as the binary would and returns its output and
-// exit code.
+// runCmd runs one of the commands this file tests (plan, bench) as the binary would and
+// returns its output and exit code.
 func runCmd(t *testing.T, args ...string) (string, int) {
 	t.Helper()
 	var out bytes.Buffer
 	app := &cli.App{Name: "stormdock", Writer: &out, ErrWriter: &out,
-		Commands: []*cli.Command{PlanCommand, BenchCommand}, ExitErrHandler: func(*cli.Context, error) {}}
+		Commands: []*cli.Command{plan.Command, bench.Command}, ExitErrHandler: func(*cli.Context, error) {}}
 	err := app.Run(append([]string{"stormdock"}, args...))
 	code := 0
 	var ec cli.ExitCoder
@@ -64,8 +67,8 @@ func TestPlanTable(t *testing.T) {
 		}
 	}
 	for _, line := range strings.Split(got, "\n") {
-		if len(line) > planWidth {
-			t.Errorf("line longer than %d: %q", planWidth, line)
+		if len(line) > plan.Width {
+			t.Errorf("line longer than %d: %q", plan.Width, line)
 		}
 	}
 }

@@ -1,0 +1,75 @@
+package daemons
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/coord"
+)
+
+// KeeperCommand is the process that holds a node's liveness and its workers' leases while
+// the agent restarts (see agents.Keeper). It is hidden: the agent starts it.
+var KeeperCommand = &cli.Command{
+	Name:            "keeper",
+	Hidden:          true,
+	Usage:           "hold a node's store session and its workers' leases across agent restarts",
+	UsageText:       "stormdock keeper --store URL --node-id ID --state-dir DIR --session-timeout D [--restart-grace D] [--store-silence D]",
+	SkipFlagParsing: true,
+	Action: func(c *cli.Context) error {
+		args, err := agents.ParseKeeperArgs(c.Args().Slice())
+		if err != nil {
+			return cli.Exit("stormdock "+err.Error(), 2)
+		}
+		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+		opts := coord.Options{SessionTimeout: args.SessionTimeout, Logger: log}
+		if args.Credentials != "" {
+			b, err := os.ReadFile(args.Credentials)
+			if err != nil {
+				return cli.Exit("stormdock keeper: store credentials: "+err.Error(), 2)
+			}
+			opts.Credentials = strings.TrimSpace(string(b))
+		}
+		// SIGTERM retires the node (its workers stop, then it leaves the store); SIGUSR1 says
+		// the agent wrote a new node record.
+		sigs := make(chan os.Signal, 4)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		store, err := coord.Open(ctx, args.Store, opts)
+		if err != nil {
+			return cli.Exit(fmt.Sprintf("stormdock keeper: open store: %v", err), 1)
+		}
+		defer store.Close()
+		k, err := agents.NewKeeper(agents.KeeperConfig{Node: args.Node, Host: args.Host, StateDir: args.StateDir, Store: args.Store,
+			SessionTimeout: args.SessionTimeout, RestartGrace: args.RestartGrace, StoreSilence: args.StoreSilence, Logger: log}, store)
+		if err != nil {
+			return cli.Exit("stormdock keeper: "+err.Error(), 2)
+		}
+		go func() {
+			terms := 0
+			for s := range sigs {
+				if s == syscall.SIGUSR1 {
+					k.Notify()
+					continue
+				}
+				if terms++; terms > 1 {
+					cancel() // asked twice: leave now, the leases lapse by themselves
+					continue
+				}
+				k.Retire()
+			}
+		}()
+		if err := k.Run(ctx); err != nil {
+			return cli.Exit("stormdock keeper: "+err.Error(), 1)
+		}
+		return nil
+	},
+}

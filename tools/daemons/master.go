@@ -1,0 +1,149 @@
+package daemons
+
+import (
+	"crypto/tls"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/tools/commands"
+)
+
+// storeFlags are the flags of every process that opens the coordination store.
+func storeFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "store", Usage: "coordination store `URL`: zk://HOST:PORT[,HOST:PORT]/CHROOT, file:///PATH or mem://NAME",
+			EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
+		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout: how fast a lost process is noticed", Value: 2 * time.Second},
+		commands.StoreCredentialsFlag,
+	}
+}
+
+// storeOptions are the store flags' options.
+func storeOptions(c *cli.Context) (coord.Options, error) {
+	creds, err := commands.StoreCredentials(c)
+	return coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: creds}, err
+}
+
+// Environment that gives a master its certificate and key as PEM text, for a container
+// whose file system holds no files of its own (see provision/docker).
+const (
+	envTLSCertPEM = "STORMDOCK_TLS_CERT_PEM"
+	envTLSKeyPEM  = "STORMDOCK_TLS_KEY_PEM"
+)
+
+// masterTLS is the master's TLS configuration from its flags: nil without TLS.
+func masterTLS(c *cli.Context) (*tls.Config, error) {
+	cert, key := c.String("tls-cert"), c.String("tls-key")
+	certPEM, keyPEM := os.Getenv(envTLSCertPEM), os.Getenv(envTLSKeyPEM)
+	switch {
+	case (cert == "") != (key == ""):
+		return nil, commands.UsageErr("--tls-cert and --tls-key go together")
+	case cert != "":
+		conf, err := daemon.ServerTLS(cert, key)
+		if err != nil {
+			return nil, commands.UsageErr("--tls-cert, --tls-key: %v", err)
+		}
+		return conf, nil
+	case certPEM != "" && keyPEM != "":
+		conf, err := daemon.ServerTLSPEM([]byte(certPEM), []byte(keyPEM))
+		if err != nil {
+			return nil, commands.UsageErr("%s, %s: %v", envTLSCertPEM, envTLSKeyPEM, err)
+		}
+		return conf, nil
+	case c.Bool("tls"):
+		conf, err := daemon.MasterTLS(c.String("data"), c.String("api"), c.String("advertise-api"))
+		if err != nil {
+			return nil, cli.Exit("stormdock master: "+err.Error(), 1)
+		}
+		return conf, nil
+	}
+	return nil, nil
+}
+
+// MasterCommand runs a master.
+var MasterCommand = &cli.Command{
+	Name:  "master",
+	Usage: "run a master: leader election, placement, failure handling and the HTTP API",
+	Flags: append(append(storeFlags(),
+		&cli.StringFlag{Name: "api", Usage: "`ADDR` the HTTP API and /metrics listen on", Value: "127.0.0.1:7070"},
+		&cli.StringFlag{Name: "advertise-api", Aliases: []string{"advertise"}, Usage: "`ADDR` (HOST:PORT) clients on other hosts reach the API at, published in the store; the TLS certificate covers it (default: --api; when that is every interface, the address that reaches the store)"},
+		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
+		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600), api.url and, with --tls, ca.crt, ca.key, master.crt and master.key", Value: commands.DefaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
+		&cli.DurationFlag{Name: "reregister-grace", Usage: "after this master starts leading or its store comes back, how long nodes missing from the store are waited for before their workers move", Value: master.DefaultReregisterGrace},
+		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin docker jobs' image tags to digests with"},
+		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS: a CA and a server certificate are made in --data at the first start"},
+		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
+	), eventsFlags()...),
+	Action: func(c *cli.Context) error {
+		if c.NArg() != 0 {
+			return commands.UsageErr("master takes no arguments, got %q", c.Args().First())
+		}
+		if _, err := coord.ParseURL(c.String("store")); err != nil {
+			return commands.UsageErr("--store: %v", err)
+		}
+		log := slog.Default()
+		tlsConf, err := masterTLS(c)
+		if err != nil {
+			return err
+		}
+		opts, err := storeOptions(c)
+		if err != nil {
+			return err
+		}
+		events, err := eventsConfig(c)
+		if err != nil {
+			return err
+		}
+		m, err := daemon.NewMaster(c.Context, daemon.MasterConfig{
+			Events:          events,
+			Store:           c.String("store"),
+			StoreOptions:    opts,
+			Listen:          c.String("api"),
+			Advertise:       c.String("advertise-api"),
+			TLS:             tlsConf,
+			ID:              c.String("id"),
+			DataDir:         c.String("data"),
+			ReregisterGrace: c.Duration("reregister-grace"),
+			RegistryAuth:    c.String("registry-auth"),
+			Logger:          log,
+		})
+		if err != nil {
+			return cli.Exit("stormdock master: "+err.Error(), 1)
+		}
+		defer m.Close()
+		if m.TokenPath() != "" {
+			log.Info("admin token", "path", m.TokenPath())
+		} else {
+			log.Info("admin token was made by another master; this data directory has none", "data", c.String("data"))
+		}
+		return m.Run(c.Context)
+	},
+}
+
+// eventsFlags bound the cluster's events, on every master (and up).
+func eventsFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "events-max", Usage: "cluster events kept (in the store, and by every master); give every master the same", Value: master.DefaultEventsMax},
+		&cli.DurationFlag{Name: "events-max-age", Usage: "how long a cluster event is kept", Value: master.DefaultEventsMaxAge},
+		&cli.DurationFlag{Name: "events-flush", Usage: "how often a master appends the events it recorded to the store (one write each time)", Value: master.DefaultEventsFlush},
+	}
+}
+
+func eventsConfig(c *cli.Context) (master.EventsConfig, error) {
+	cfg := master.EventsConfig{Max: c.Int("events-max"), MaxAge: c.Duration("events-max-age"), Flush: c.Duration("events-flush")}
+	switch {
+	case cfg.Max < 1 || cfg.Max > 1_000_000:
+		return cfg, commands.UsageErr("--events-max must be between 1 and 1000000, not %d", cfg.Max)
+	case cfg.MaxAge <= 0:
+		return cfg, commands.UsageErr("--events-max-age must be positive")
+	case cfg.Flush < time.Millisecond || cfg.Flush > time.Minute:
+		return cfg, commands.UsageErr("--events-flush must be between 1ms and 1m, not %s", cfg.Flush)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,109 @@
+package daemons
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
+
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/multidc"
+	"github.com/stormdock/stormdock/tools/commands"
+)
+
+// RouterCommand runs the output router of a mirrored job. The master writes its command line
+// with multidc.RouterArgs.Args and routerRun reads it with multidc.RouterArgs.Parse, so the
+// two cannot drift apart; its flags are listed in the description for the same reason.
+var RouterCommand = &cli.Command{
+	Name:  multidc.RouterCommand,
+	Usage: "run the output router of a mirrored job: one link's output to the sink, exactly once, with failover",
+	UsageText: "stormdock router --store URL --job JOB --links dc-a,dc-b --sink file:///PATH|http://HOST/PATH " +
+		"--listen 127.0.0.1:PORT [--heartbeat-timeout D]",
+	Description: "Workers post their records to http://LISTEN/v1/records and heartbeat at /v1/heartbeat\n" +
+		"(protocol: go doc github.com/stormdock/stormdock/multidc). Status: GET /v1/status, metrics: /metrics.\n\n" +
+		"Flags:\n" + multidc.RouterUsage(),
+	SkipFlagParsing: true,
+	// No help subcommand: every argument is the command line's own.
+	HideHelpCommand: true,
+	Action:          routerRun,
+}
+
+func routerRun(c *cli.Context) error {
+	// A router is one of its job's workers: its agent sends SIGHUP when its live
+	// configuration changes, which tells a router nothing (it finds its peers in the store).
+	signal.Ignore(syscall.SIGHUP)
+	// The environment gives defaults that flags on the command line override (the flag
+	// package keeps the last value).
+	var env []string
+	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"}} {
+		if v, ok := os.LookupEnv(fe[1]); ok {
+			env = append(env, "--"+fe[0]+"="+v)
+		}
+	}
+	var a multidc.RouterArgs
+	switch err := a.Parse(append(env, c.Args().Slice()...)); {
+	case errors.Is(err, flag.ErrHelp):
+		return cli.ShowCommandHelp(c, c.Command.Name)
+	case errors.Is(err, multidc.ErrRouterArgs):
+		return commands.UsageErr("%v", err)
+	case err != nil:
+		return cli.Exit(fmt.Sprintf("stormdock router: %v (see --help)", err), 1)
+	}
+	log := slog.Default()
+	// Checked now, opened once this router leads: a standby holds no sink.
+	if _, err := multidc.CheckSink(a.Sink); err != nil {
+		return commands.UsageErr("--sink: %v", err)
+	}
+	if _, err := coord.ParseURL(a.Store); err != nil {
+		return commands.UsageErr("--store: %v", err)
+	}
+	creds := os.Getenv(commands.EnvStoreCredentials)
+	if a.StoreCredentialsFile != "" {
+		var err error
+		if creds, err = daemon.ReadStoreCredentials(a.StoreCredentialsFile); err != nil {
+			return commands.UsageErr("--store-credentials-file: %v", err)
+		}
+	}
+	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: creds, Logger: log})
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
+	}
+	defer store.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r, err := multidc.New(multidc.Config{
+		Job:   a.Job,
+		Links: a.Links,
+		Store: store,
+		OpenSink: func() (multidc.Sink, error) {
+			return multidc.OpenSink(a.Sink, multidc.SinkOptions{Job: a.Job, Logger: log})
+		},
+		// The master writes $STORMDOCK_ADDR:$STORMDOCK_PORT: the node's advertised address
+		// and the port its agent gave the router.
+		Listen:             os.ExpandEnv(a.Listen),
+		TokenHash:          a.TokenHash,
+		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		HeartbeatTimeout:   a.HeartbeatTimeout,
+		CloseGrace:         a.CloseGrace,
+		CheckpointInterval: a.CheckpointInterval,
+		Limits:             multidc.Limits{Window: a.BufferRecords, Bytes: a.BufferBytes},
+		Registerer:         reg,
+		Logger:             log,
+	})
+	if err != nil {
+		return commands.UsageErr("%v", err)
+	}
+	if err := r.Run(c.Context); err != nil {
+		return cli.Exit(fmt.Sprintf("stormdock router: %v", err), 1)
+	}
+	return nil
+}
