@@ -18,6 +18,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/healthcheck"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -83,19 +84,19 @@ func TestConsole(t *testing.T) {
 	lc := startLocal(t, daemon.LocalConfig{Nodes: 12})
 	ctx := context.Background()
 	for _, tenant := range []string{"demo", "ads"} {
-		if err := lc.cl.CreateTenant(ctx, cluster.Tenant{Name: tenant, MaxWorkers: 40, MaxMemory: 8 << 30}); err != nil {
+		if err := lc.Client.CreateTenant(ctx, cluster.Tenant{Name: tenant, MaxWorkers: 40, MaxMemory: 8 << 30}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	input := inputFile(t)
-	lc.submit(wordcountSpec(input))
-	lc.submit(clicksSpec(input))
-	lc.submit(mirrorSpec(input, filepath.Join(t.TempDir(), "out.jsonl")))
-	lc.running("wordcount", 4)
-	lc.running("clicks", 3)
-	lc.running("mirror", 4)
+	lc.Submit(wordcountSpec(input))
+	lc.Submit(clicksSpec(input))
+	lc.Submit(mirrorSpec(input, filepath.Join(t.TempDir(), "out.jsonl")))
+	lc.WaitRunning("wordcount", 4)
+	lc.WaitRunning("clicks", 3)
+	lc.WaitRunning("mirror", 4)
 	testenv.EventuallyWith(t, "the mirrored job's router answering with an active link", 60*time.Second, func() (bool, string) {
-		l, err := lc.cl.Links(ctx, "mirror")
+		l, err := lc.Client.Links(ctx, "mirror")
 		if err != nil {
 			return false, err.Error()
 		}
@@ -104,7 +105,7 @@ func TestConsole(t *testing.T) {
 
 	admin := b.tab(t)
 	t.Log("the admin logs in")
-	admin.login(lc.API(), lc.token)
+	admin.login(lc.API(), lc.Token)
 	admin.until("the map with 12 nodes", 20*time.Second, `document.querySelectorAll('#map .node').length === 12`,
 		`document.querySelectorAll('#map .node').length + ' nodes; ' + document.getElementById('login-error').textContent`)
 	if v := admin.str(`document.getElementById('viewer').textContent`); v != "admin" {
@@ -138,7 +139,7 @@ func TestConsole(t *testing.T) {
 	admin.until("6 running wordcount cells on the map", 60*time.Second,
 		`document.querySelectorAll('#map .cell.s-running[data-j="wordcount"]').length === 6`,
 		`document.querySelectorAll('#map .cell[data-j="wordcount"]').length + ' cells'`)
-	if rec, err := lc.cl.Job(ctx, "wordcount"); err != nil || rec.Job.Spec.Workers != 6 {
+	if rec, err := lc.Client.Job(ctx, "wordcount"); err != nil || rec.Job.Spec.Workers != 6 {
 		t.Fatalf("after scaling in the console the API says %d workers, %v", rec.Job.Spec.Workers, err)
 	}
 	admin.open("#/job/wordcount")
@@ -194,12 +195,12 @@ func TestConsole(t *testing.T) {
 	admin.until("the other link active", 20*time.Second,
 		fmt.Sprintf(`(document.querySelector('#view-job [data-active]')?.dataset.active || %q) !== %q`, active, active),
 		`document.getElementById('view-job').textContent`)
-	if l, err := lc.cl.Links(ctx, "mirror"); err != nil || l.Active == active || l.LastFailover == nil || l.LastFailover.Reason != "manual" {
+	if l, err := lc.Client.Links(ctx, "mirror"); err != nil || l.Active == active || l.LastFailover == nil || l.LastFailover.Reason != "manual" {
 		t.Errorf("after the console's failover the router says %+v, %v", l, err)
 	}
 
 	t.Log("a tenant sees its own jobs only, and no admin action")
-	adsToken, err := lc.cl.TenantToken(ctx, "ads")
+	adsToken, err := lc.Client.TenantToken(ctx, "ads")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +257,7 @@ func TestConsole(t *testing.T) {
 
 	t.Log("a standby master serves the same console")
 	sctx, stop := context.WithCancel(ctx)
-	standby, err := daemon.NewMaster(sctx, daemon.MasterConfig{Store: lc.storeURL(), Listen: "127.0.0.1:0", ID: "standby", Logger: testLogger(t)})
+	standby, err := daemon.NewMaster(sctx, daemon.MasterConfig{Store: lc.StoreURL(), Listen: "127.0.0.1:0", ID: "standby", Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +272,7 @@ func TestConsole(t *testing.T) {
 		standby.Close()
 	}()
 	st := b.tab(t)
-	st.login(standby.URL(), lc.token)
+	st.login(standby.URL(), lc.Token)
 	st.until("the standby's map", 20*time.Second, fmt.Sprintf(`document.querySelectorAll('#map .node').length === 12 &&
 		document.querySelector('#map .node[data-id=%q]').classList.contains('draining')`, node), "")
 	if m := st.str(`document.getElementById('master').textContent`); !strings.Contains(m, "standby") {
@@ -300,7 +301,7 @@ func TestConsole(t *testing.T) {
 	admin.clickText(`#dcs-table tr[data-dc="dc-c"]`, "Restore…")
 	admin.confirm(nil)
 	admin.until("dc-c active again", 20*time.Second, `/active/.test(document.querySelector('#dcs-table tr[data-dc="dc-c"]').textContent)`, "")
-	if dcs, err := lc.cl.DCs(ctx); err != nil || !slices.ContainsFunc(dcs, func(d api.DCView) bool { return d.Name == "dc-c" && d.State == cluster.DCActive }) {
+	if dcs, err := lc.Client.DCs(ctx); err != nil || !slices.ContainsFunc(dcs, func(d api.DCView) bool { return d.Name == "dc-c" && d.State == cluster.DCActive }) {
 		t.Errorf("after the console's restore the API says %+v, %v", dcs, err)
 	}
 
@@ -314,9 +315,9 @@ func TestConsole(t *testing.T) {
 }
 
 // workerNodes lists the nodes of a job's workers, sorted, as the API says.
-func workerNodes(t *testing.T, lc *local, job string) []string {
+func workerNodes(t *testing.T, lc *clustertest.Local, job string) []string {
 	t.Helper()
-	st, err := lc.cl.Job(context.Background(), job)
+	st, err := lc.Client.Job(context.Background(), job)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,9 +329,9 @@ func workerNodes(t *testing.T, lc *local, job string) []string {
 	return out
 }
 
-func nodeView(t *testing.T, lc *local, id string) (api.NodeView, bool) {
+func nodeView(t *testing.T, lc *clustertest.Local, id string) (api.NodeView, bool) {
 	t.Helper()
-	ns, err := lc.cl.Nodes(context.Background())
+	ns, err := lc.Client.Nodes(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +354,7 @@ func TestConsoleMemoryPressure(t *testing.T) {
 	health.ThrottleHold, health.HealthInterval = 2*time.Second, 100*time.Millisecond
 	lc := startLocal(t, daemon.LocalConfig{Nodes: 1, DCs: []string{"dc-a"}, Slots: 8, Health: &health})
 	ctx := context.Background()
-	ns, err := lc.cl.Nodes(ctx)
+	ns, err := lc.Client.Nodes(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,13 +365,13 @@ func TestConsoleMemoryPressure(t *testing.T) {
 			t.Fatalf("limit the node's cgroup parent: %v", err)
 		}
 	}
-	if err := lc.cl.CreateTenant(ctx, cluster.Tenant{Name: "demo"}); err != nil {
+	if err := lc.Client.CreateTenant(ctx, cluster.Tenant{Name: "demo"}); err != nil {
 		t.Fatal(err)
 	}
 	p := b.tab(t)
-	p.login(lc.API(), lc.token)
+	p.login(lc.API(), lc.Token)
 	p.until("the map's node, all slots free", 20*time.Second, fmt.Sprintf(`document.querySelector('#map .node[data-id=%q]')?.dataset.free === '8'`, node), "")
-	lc.submit(fmt.Sprintf("name: hog\ntenant: demo\nworkers: 1\nresources: {memory: 512Mi, cpu: 0.2}\ncommand: [%s, '4', 100ms, '240']\ngracePeriod: 1s\n", allocBinary))
+	lc.Submit(fmt.Sprintf("name: hog\ntenant: demo\nworkers: 1\nresources: {memory: 512Mi, cpu: 0.2}\ncommand: [%s, '4', 100ms, '240']\ngracePeriod: 1s\n", allocBinary))
 	p.until("withheld slots on the node, with the reason", 60*time.Second, fmt.Sprintf(
 		`(() => { const n = document.querySelector('#map .node[data-id=%q]'); return +n.dataset.withheld > 0 && n.querySelectorAll('.cell.withheld').length === +n.dataset.withheld &&
 			n.classList.contains('h-throttled') && /memory/.test(n.querySelector('.nflags')?.textContent || ''); })()`, node),

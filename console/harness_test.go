@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/png"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,8 +16,8 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
-	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -259,84 +257,12 @@ func (p *tab) screenshot(name string) {
 	p.t.Logf("screenshot %s (%dx%d, %d bytes)", path, cfg.Width, cfg.Height, len(img))
 }
 
-// local is a local cluster (daemon.StartLocal: a master and real agents on the embedded
-// store, workers real processes) with an admin client.
-type local struct {
-	*daemon.Local
-	t     testing.TB
-	data  string
-	token string
-	cl    *api.Client
-}
-
-func startLocal(t testing.TB, cfg daemon.LocalConfig) *local {
+// startLocal is a local cluster (internal/clustertest) whose nodes run workers with the
+// stormdock binary built for this package.
+func startLocal(t testing.TB, cfg daemon.LocalConfig) *clustertest.Local {
 	t.Helper()
-	cfg.DataDir = filepath.Join(t.TempDir(), "data")
-	cfg.API = "127.0.0.1:0"
-	cfg.Self = stormdockBin
-	cfg.Logger = testLogger(t)
-	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(60*time.Second))
-	defer cancel()
-	lc, err := daemon.StartLocal(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(2*time.Minute))
-		defer cancel()
-		_ = lc.Close(ctx)
-	})
-	tok, err := os.ReadFile(lc.TokenPath())
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &local{Local: lc, t: t, data: cfg.DataDir, token: strings.TrimSpace(string(tok))}
-	if l.cl, err = api.NewClient(lc.API(), l.token); err != nil {
-		t.Fatal(err)
-	}
-	nodes := cfg.Nodes
-	testenv.Eventually(t, fmt.Sprintf("%d local nodes", nodes), 60*time.Second, func() bool {
-		ns, err := l.cl.Nodes(context.Background())
-		return err == nil && len(ns) == nodes
-	})
-	return l
+	return clustertest.StartLocal(t, stormdockBin, cfg)
 }
-
-// storeURL is the cluster's embedded store, which another master in this process shares.
-func (l *local) storeURL() string { return "file://" + filepath.Join(l.data, "store.json") }
-
-func (l *local) submit(spec string) {
-	l.t.Helper()
-	if _, err := l.cl.SubmitJob(context.Background(), []byte(spec)); err != nil {
-		l.t.Fatalf("submit: %v\n%s", err, spec)
-	}
-}
-
-// running waits until the job runs n workers.
-func (l *local) running(job string, n int) {
-	l.t.Helper()
-	testenv.EventuallyWith(l.t, fmt.Sprintf("job %s running %d workers", job, n), 90*time.Second, func() (bool, string) {
-		st, err := l.cl.Job(context.Background(), job)
-		if err != nil {
-			return false, err.Error()
-		}
-		return st.Summary.Running == n && st.Summary.Stopping == 0, fmt.Sprintf("%+v", st.Summary)
-	})
-}
-
-// testLogger logs warnings and errors of the cluster into the test's log.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
-var _ io.Writer = testWriter{}
 
 func exceptionText(d *runtime.ExceptionDetails) string {
 	if d.Exception != nil {

@@ -49,13 +49,13 @@ func fiftyAgents(b *testing.B) {
 	const agents, workers = 50, 200
 	h := newHarness(b, 2*time.Second)
 	ctx := context.Background()
-	cl := h.client(h.startMaster("m1"))
+	cl := h.AdminClient(h.StartMaster("m1"))
 	testenv.Eventually(b, "m1 leads", 30*time.Second, func() bool { hl, err := cl.Health(ctx); return err == nil && hl.Leader })
-	m2 := h.startMaster("m2")
+	m2 := h.StartMaster("m2")
 	for i := range agents {
-		h.startAgent(fmt.Sprintf("n%02d", i), fmt.Sprintf("dc-%d", i%5), fmt.Sprintf("r%d", i/5%2), 8)
+		h.StartAgent(fmt.Sprintf("n%02d", i), fmt.Sprintf("dc-%d", i%5), fmt.Sprintf("r%d", i/5%2), 8)
 	}
-	testenv.Eventually(b, "50 nodes", 2*time.Minute, func() bool { return len(h.nodeRecords()) == agents })
+	testenv.Eventually(b, "50 nodes", 2*time.Minute, func() bool { return len(h.NodeRecords()) == agents })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		b.Fatal(err)
 	}
@@ -90,9 +90,9 @@ func fiftyAgents(b *testing.B) {
 		}
 		return true
 	})
-	z0, s0 := zxid(b, h.zk.Addr()), time.Now()
+	z0, s0 := zxid(b, h.ZK.Addr()), time.Now()
 	time.Sleep(20 * time.Second) // the measurement window
-	z1 := zxid(b, h.zk.Addr())
+	z1 := zxid(b, h.ZK.Addr())
 	rate := float64(z1-z0) / time.Since(s0).Seconds()
 	b.ReportMetric(rate, "zk-writes/s")
 	b.ReportMetric(rate/agents, "zk-writes/s/node")
@@ -103,11 +103,11 @@ func fiftyAgents(b *testing.B) {
 		b.Fatal(err)
 	}
 	victim := st.Workers[0].Node
-	if h.agents[victim] == nil {
+	if h.Agent(victim) == nil {
 		b.Fatalf("worker 0 is on %q, not a known agent", victim)
 	}
 	t0 = time.Now()
-	h.killNode(victim)
+	h.KillNode(victim)
 	testenv.Eventually(b, "replacements running", 2*time.Minute, func() bool {
 		st, err := cl.Job(ctx, "wc")
 		if err != nil || st.Summary.Running != workers {
@@ -123,13 +123,13 @@ func fiftyAgents(b *testing.B) {
 	b.ReportMetric(time.Since(t0).Seconds(), "agent-kill-to-replaced-s")
 
 	// SIGKILL the master that leads now: the other one takes over.
-	cl2 := h.client(m2)
+	cl2 := h.AdminClient(m2)
 	leader, standby, standbyClient := "m1", "m2", cl2
 	if hl, err := cl2.Health(ctx); err == nil && hl.Leader {
 		leader, standby, standbyClient = "m2", "m1", cl
 	}
 	t0 = time.Now()
-	h.masters[leader].kill()
+	h.Master(leader).Kill()
 	testenv.Eventually(b, standby+" leads", time.Minute, func() bool {
 		hl, err := standbyClient.Health(ctx)
 		return err == nil && hl.Leader

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/netlab"
 )
 
@@ -143,14 +144,14 @@ func (c *chaos) cutMasterHost(claimed map[string]bool) *fault {
 }
 
 func (c *chaos) cutZK(claimed map[string]bool, leader bool) *fault {
-	lead := c.lc.ens.Leader()
+	lead := c.lc.Ens.Leader()
 	if lead == nil {
 		return nil
 	}
 	s := lead
 	if !leader {
 		var fs []*netlab.Host
-		for _, o := range c.lc.ens.Servers() {
+		for _, o := range c.lc.Ens.Servers() {
 			if o != lead {
 				fs = append(fs, o.Host().(*netlab.Host))
 			}
@@ -174,18 +175,16 @@ func (c *chaos) signalAgent(claimed map[string]bool, sig syscall.Signal) *fault 
 		return nil
 	}
 	h := c.lc.harness
-	h.mu.Lock()
-	p := h.agents[n.id]
-	h.mu.Unlock()
+	p := h.Agent(n.id)
 	if sig == syscall.SIGKILL {
-		p.kill()
+		p.Kill()
 		return &fault{target: n.id, claims: []string{n.id}, heal: func() error {
-			c.lc.startAgent(n)
+			c.lc.StartAgent(n)
 			return nil
 		}}
 	}
-	_ = p.cmd.Process.Signal(sig)
-	return &fault{target: n.id, claims: []string{n.id}, heal: func() error { return p.cmd.Process.Signal(syscall.SIGCONT) }}
+	_ = p.Cmd.Process.Signal(sig)
+	return &fault{target: n.id, claims: []string{n.id}, heal: func() error { return p.Cmd.Process.Signal(syscall.SIGCONT) }}
 }
 
 func (c *chaos) signalKeeper(claimed map[string]bool, sig syscall.Signal) *fault {
@@ -193,7 +192,7 @@ func (c *chaos) signalKeeper(claimed map[string]bool, sig syscall.Signal) *fault
 	if !free(claimed, n.id) {
 		return nil
 	}
-	pid := c.lc.keeperPID(n.id)
+	pid := c.lc.KeeperPID(n.id)
 	if pid == 0 {
 		return nil
 	}
@@ -204,16 +203,14 @@ func (c *chaos) signalKeeper(claimed map[string]bool, sig syscall.Signal) *fault
 		return f
 	}
 	f.heal = func() error {
-		if c.lc.keeperPID(n.id) != 0 {
+		if c.lc.KeeperPID(n.id) != 0 {
 			return nil
 		}
 		// An agent does not start a keeper again while it runs: restarted, it does.
 		h := c.lc.harness
-		h.mu.Lock()
-		p := h.agents[n.id]
-		h.mu.Unlock()
-		p.kill()
-		c.lc.startAgent(n)
+		p := h.Agent(n.id)
+		p.Kill()
+		c.lc.StartAgent(n)
 		f.note = "agent restarted by the run to get a keeper again"
 		return nil
 	}
@@ -226,18 +223,16 @@ func (c *chaos) signalMaster(claimed map[string]bool, sig syscall.Signal) *fault
 		return nil
 	}
 	h := c.lc.harness
-	h.mu.Lock()
-	p := h.masters[id]
-	h.mu.Unlock()
+	p := h.Master(id)
 	if sig == syscall.SIGKILL {
-		p.kill()
+		p.Kill()
 		return &fault{target: id, claims: []string{id}, heal: func() error {
-			c.lc.startMaster(id)
+			c.lc.StartMaster(id)
 			return nil
 		}}
 	}
-	_ = p.cmd.Process.Signal(sig)
-	return &fault{target: id, claims: []string{id}, heal: func() error { return p.cmd.Process.Signal(syscall.SIGCONT) }}
+	_ = p.Cmd.Process.Signal(sig)
+	return &fault{target: id, claims: []string{id}, heal: func() error { return p.Cmd.Process.Signal(syscall.SIGCONT) }}
 }
 
 func (c *chaos) signalWorker(claimed map[string]bool, sig syscall.Signal) *fault {
@@ -278,31 +273,29 @@ func (c *chaos) signalJobWorker(claimed map[string]bool, job string, sig syscall
 // noted in the report with the error.
 func (c *chaos) checkProcesses(round int) {
 	h := c.lc.harness
-	h.mu.Lock()
-	procs := map[string]*proc{}
-	for id, p := range h.agents {
+	procs := map[string]*clustertest.Proc{}
+	for id, p := range h.Agents() {
 		procs["agent-"+id] = p
 	}
-	for id, p := range h.masters {
+	for id, p := range h.Masters() {
 		procs["master-"+id] = p
 	}
-	h.mu.Unlock()
 	for _, name := range keysOf(procs) {
 		select {
-		case <-procs[name].done:
+		case <-procs[name].Done:
 		default:
 			continue
 		}
-		b, _ := os.ReadFile(filepath.Join(h.dir, name+".log"))
+		b, _ := os.ReadFile(filepath.Join(h.Dir, name+".log"))
 		if i := strings.LastIndex(string(b), "panic: "); i >= 0 {
 			c.violation(fmt.Sprintf("after round %d: %s crashed: %s", round, name, oneLine(string(b[i:]), 800)))
 		} else {
 			c.rep.note(fmt.Sprintf("%s exited by itself and was started again: %s", strings.SplitN(name, "-", 2)[0], lastLogLine(b)))
 		}
 		if id, ok := strings.CutPrefix(name, "agent-"); ok {
-			c.lc.startAgent(c.lc.node(id))
+			c.lc.StartAgent(c.lc.node(id))
 		} else {
-			c.lc.startMaster(strings.TrimPrefix(name, "master-"))
+			c.lc.StartMaster(strings.TrimPrefix(name, "master-"))
 		}
 	}
 }

@@ -45,13 +45,13 @@ func TestChaos(t *testing.T) {
 		c.job, c.workers, len(lc.nodes), len(spec.dcs), strings.Join(spec.dcs, ", "), spec.masters, spec.zkServers, spec.session)
 	lc.submit(t, jobSpec(c.job, c.workers))
 	waitRunning(t, c.job, c.workers, 60*time.Second)
-	c.fence = watchFence(t, c.job, fencingBound(lc.session, labJobGrace))
+	c.fence = watchFence(t, c.job, fencingBound(lc.Session, labJobGrace))
 	c.rep.bound = c.fence.bound
 	c.mirror = startMirror(t, lc, "mirror", 50)
 	waitMirrorRunning(t, c.mirror)
 	c.sink = watchSink(t, c.mirror.sink)
-	c.routerFence = watchFence(t, c.mirror.name+routerJobSuffix, fencingBound(lc.session, labJobGrace))
-	c.linkFence = watchFence(t, c.mirror.name, fencingBound(lc.session, labJobGrace))
+	c.routerFence = watchFence(t, c.mirror.name+routerJobSuffix, fencingBound(lc.Session, labJobGrace))
+	c.linkFence = watchFence(t, c.mirror.name, fencingBound(lc.Session, labJobGrace))
 	c.rep.setup += fmt.Sprintf("; mirrored job %s (links dc-a and dc-b, %d workers each, router outside them, 50 input lines/s)", c.mirror.name, c.mirror.workers)
 	t.Logf("chaos: seed %d, %s", seed, c.rep.setup)
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -80,7 +81,7 @@ func (c *cli) status(job string, token ...string) api.JobStatus {
 func TestCLIAgainstLocalCluster(t *testing.T) {
 	testenv.Cgroups(t)
 	data := t.TempDir()
-	addr := freeAddr(t)
+	addr := clustertest.FreeAddr(t)
 	// No --master, no --ca: the CLI finds the local cluster's URL (https) and CA in its data
 	// directory.
 	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data}}
@@ -95,7 +96,7 @@ func TestCLIAgainstLocalCluster(t *testing.T) {
 	go func() { upDone <- up.Wait() }()
 	t.Cleanup(func() {
 		_ = up.Process.Signal(syscall.SIGKILL)
-		killCgroupTree("/stormdock-local/" + filepath.Base(data))
+		clustertest.KillCgroupTree("/stormdock-local/" + filepath.Base(data))
 	})
 	testenv.Eventually(t, "local cluster up", 30*time.Second, func() bool {
 		out, code := c.run("node", "list", "-o", "json")
@@ -140,7 +141,7 @@ func TestCLIAgainstLocalCluster(t *testing.T) {
 	st := c.status("wc")
 	perDC := map[string]int{}
 	for _, w := range st.Workers {
-		if pids[w.Worker] != w.PID || !alive(w.PID) {
+		if pids[w.Worker] != w.PID || !clustertest.Alive(w.PID) {
 			t.Errorf("scale in touched worker %d (pid %d -> %d)", w.Worker, pids[w.Worker], w.PID)
 		}
 		perDC[w.DC]++
@@ -199,7 +200,7 @@ func TestCLIAgainstLocalCluster(t *testing.T) {
 	final := c.status("wc")
 	c.ok("job", "kill", "wc", "--grace", "1s", "--wait")
 	for _, w := range final.Workers {
-		if alive(w.PID) {
+		if clustertest.Alive(w.PID) {
 			t.Errorf("worker %d (pid %d) still runs after kill", w.Worker, w.PID)
 		}
 	}

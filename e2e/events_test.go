@@ -23,6 +23,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/monitoring"
 )
@@ -175,12 +176,12 @@ func pct(ds []time.Duration, p float64) time.Duration {
 // dashboard use is exported by the cluster.
 func TestEventsAndLogs(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
-	url := strings.Replace(h.startMaster("m1", "--tls", "--reregister-grace", "1s"), "http://", "https://", 1)
-	ca := filepath.Join(h.dir, "data", "ca.crt")
+	url := strings.Replace(h.StartMaster("m1", "--tls", "--reregister-grace", "1s"), "http://", "https://", 1)
+	ca := filepath.Join(h.Dir, "data", "ca.crt")
 	var cl *api.Client
 	testenv.Eventually(t, "the master's CA and token", 20*time.Second, func() bool {
 		pool, err := api.CAPool(ca)
-		tok, terr := os.ReadFile(filepath.Join(h.dir, "data", api.AdminTokenFile))
+		tok, terr := os.ReadFile(filepath.Join(h.Dir, "data", api.AdminTokenFile))
 		if err != nil || terr != nil {
 			return false
 		}
@@ -189,14 +190,14 @@ func TestEventsAndLogs(t *testing.T) {
 		return err == nil
 	})
 	ctx := context.Background()
-	env := []string{"STORMDOCK_MASTER=" + url, "STORMDOCK_CA=" + ca, "STORMDOCK_DATA=" + filepath.Join(h.dir, "data")}
+	env := []string{"STORMDOCK_MASTER=" + url, "STORMDOCK_CA=" + ca, "STORMDOCK_DATA=" + filepath.Join(h.Dir, "data")}
 	c := &cli{t: t, env: env}
 
 	// Nodes: a1, a2 in dc-a; b1 in dc-b; p1 in dc-c, whose workers' cgroup parent has 256 MiB.
 	metrics := map[string]string{}
 	agent := func(id, dc, rack string, extra ...string) {
-		metrics[id] = freeAddr(t)
-		h.startAgent(id, dc, rack, 4, append([]string{"--tls", "--metrics", metrics[id], "--restart-backoff", "100ms"}, extra...)...)
+		metrics[id] = clustertest.FreeAddr(t)
+		h.StartAgent(id, dc, rack, 4, append([]string{"--tls", "--metrics", metrics[id], "--restart-backoff", "100ms"}, extra...)...)
 	}
 	docker := dockerAvailable()
 	isoA2 := "process"
@@ -207,11 +208,11 @@ func TestEventsAndLogs(t *testing.T) {
 	agent("a2", "dc-a", "r2", "--isolation", isoA2)
 	agent("b1", "dc-b", "r1")
 	const limit = 256 << 20
-	limitMemory(t, h.cgroup+"/p1", limit)
+	limitMemory(t, h.Cgroup+"/p1", limit)
 	agent("p1", "dc-c", "r1", "--labels", "pool=hog", "--mem-high", "0.5", "--mem-low", "0.3", "--mem-critical", "0.8",
 		"--throttle-hold", "2s", "--health-interval", "100ms")
-	testenv.Eventually(t, "4 nodes", 30*time.Second, func() bool { return len(h.nodeRecords()) == 4 })
-	for _, rec := range h.nodeRecords() {
+	testenv.Eventually(t, "4 nodes", 30*time.Second, func() bool { return len(h.NodeRecords()) == 4 })
+	for _, rec := range h.NodeRecords() {
 		if rec.Logs == nil || !rec.Logs.TLS || rec.Logs.CertSHA256 == "" || rec.Logs.Port == 0 {
 			t.Fatalf("node %s publishes no TLS log endpoint: %+v", rec.Node.ID, rec.Logs)
 		}
@@ -364,7 +365,7 @@ func TestEventsAndLogs(t *testing.T) {
 	}
 
 	// A mirrored job; a manual failover, then the SIGKILL of dc-b's only node.
-	input := filepath.Join(h.dir, "io", "input.txt")
+	input := filepath.Join(h.Dir, "io", "input.txt")
 	if err := os.MkdirAll(filepath.Dir(input), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -377,14 +378,14 @@ func TestEventsAndLogs(t *testing.T) {
 	}
 	submit("mirror", fmt.Sprintf("name: mirror\ntenant: t1\nworkers: 1\nresources: {memory: 64Mi, cpu: 0.1}\n"+
 		"command: [stormdock, worker, wordcount, --input, %s, --rate, '100']\nlinks: [dc-a, dc-b]\noutput: file://%s\n"+
-		"placement: {dcs: [dc-a, dc-b]}\ngracePeriod: 1s\n", input, filepath.Join(h.dir, "io", "out.jsonl")))
+		"placement: {dcs: [dc-a, dc-b]}\ngracePeriod: 1s\n", input, filepath.Join(h.Dir, "io", "out.jsonl")))
 	testenv.EventuallyWith(t, "the mirrored job's output flowing from a link", 60*time.Second, func() (bool, string) {
 		st := c.status("mirror")
 		return st.Sink != nil && st.Sink.Fed, fmt.Sprintf("%+v", st.Sink)
 	})
 	active := c.status("mirror").Sink.Active
 	other := map[string]string{"dc-a": "dc-b", "dc-b": "dc-a"}[active]
-	c.ok("link", "failover", "mirror", "--to", other, "--store", h.storeURL())
+	c.ok("link", "failover", "mirror", "--to", other, "--store", h.StoreURL())
 	fo := events.waitEvent(t, "manual failover", func(e api.Event) bool {
 		return e.Kind == api.EventLinkFailover && e.Job == "mirror" && e.Link == other
 	})
@@ -397,7 +398,7 @@ func TestEventsAndLogs(t *testing.T) {
 	gone := make(chan time.Time, 1)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ch, err := h.store.Watch(wctx, cluster.NodesKey+"/b1")
+	ch, err := h.Store.Watch(wctx, cluster.NodesKey+"/b1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,10 +411,10 @@ func TestEventsAndLogs(t *testing.T) {
 		}
 	}()
 	nodeKilled := time.Now()
-	h.killMachine("b1")
+	h.KillMachine("b1")
 	lost := events.waitEvent(t, "b1 lost", func(e api.Event) bool { return e.Kind == api.EventNodeLost && e.Node == "b1" })
 	t.Logf("figure: node SIGKILLed (agent, keeper, workers) -> node.lost line on events -f: %s (the store session timeout is %s)",
-		lost.at.Sub(nodeKilled).Round(time.Millisecond), h.session)
+		lost.at.Sub(nodeKilled).Round(time.Millisecond), h.Session)
 	select {
 	case at := <-gone:
 		check("node SIGKILLed: its entry gone from the store", lost, at)
@@ -486,7 +487,7 @@ func TestEventsAndLogs(t *testing.T) {
 			scrape("http://"+addr+"/metrics", http.DefaultClient)
 		}
 	}
-	for _, rec := range h.nodeRecords() {
+	for _, rec := range h.NodeRecords() {
 		for _, w := range rec.Workers {
 			if w.Key.Job == "mirror.router" && w.State == cluster.WorkerRunning {
 				scrape(fmt.Sprintf("http://%s:%d/metrics", rec.Node.Addr, w.Port), http.DefaultClient)

@@ -161,7 +161,7 @@ func watchStarts(t testing.TB, h *harness, node string) *cgroupStarts {
 	if _, err := os.Stat("/sys/fs/cgroup/memory/cgroup.procs"); err == nil {
 		root = "/sys/fs/cgroup/memory"
 	}
-	dir := filepath.Join(root, h.cgroup, node)
+	dir := filepath.Join(root, h.Cgroup, node)
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		t.Fatalf("inotify: %v", err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation/docker"
 )
@@ -32,7 +33,7 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	testenv.DockerSocket(t)
 	reg := testenv.Registry(t)
 	data := t.TempDir()
-	addr := freeAddr(t)
+	addr := clustertest.FreeAddr(t)
 	// No --master, no --ca: the CLI finds the local cluster's URL (https) and CA in its data
 	// directory.
 	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data}}
@@ -69,10 +70,10 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	t.Cleanup(func() {
 		_ = up.Process.Signal(syscall.SIGKILL)
 		_ = up.Wait() // also waits for the copy into upOut
-		killCgroupTree("/stormdock-local/" + filepath.Base(data))
+		clustertest.KillCgroupTree("/stormdock-local/" + filepath.Base(data))
 		removeLocalContainers(filepath.Base(data))
 		if t.Failed() {
-			t.Logf("stormdock up output:\n%s", tail(upOut.Bytes(), 4000))
+			t.Logf("stormdock up output:\n%s", clustertest.Tail(upOut.Bytes(), 4000))
 		}
 	})
 	testenv.Eventually(t, "local cluster up", 30*time.Second, func() bool {

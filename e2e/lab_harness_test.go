@@ -19,6 +19,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord/zktest"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/netlab"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
@@ -81,13 +82,13 @@ func newLabCluster(t *testing.T, spec labSpec) *labCluster {
 		zkHosts[i] = h
 	}
 	opts := zktest.Options{TickTime: 250 * time.Millisecond, Hosts: zkHosts, Dial: lab.DialContext}
-	h := &harness{t: t, dialer: lab.Dialer()}
+	h := &harness{&clustertest.Cluster{T: t, Binary: binary, Dialer: lab.Dialer()}}
 	if spec.zkServers == 1 {
-		h.zk = zktest.Start(t, opts)
+		h.ZK = zktest.Start(t, opts)
 	} else {
-		h.ens = zktest.StartEnsemble(t, spec.zkServers, opts)
+		h.Ens = zktest.StartEnsemble(t, spec.zkServers, opts)
 	}
-	h.command = func(name string, args []string) *exec.Cmd {
+	h.Command = func(name string, args []string) *exec.Cmd {
 		lc.mu.Lock()
 		host := lc.hosts[name]
 		lc.mu.Unlock()
@@ -96,10 +97,10 @@ func newLabCluster(t *testing.T, spec labSpec) *labCluster {
 		}
 		return host.Command(binary, args...)
 	}
-	h.init(spec.session)
+	h.Init(spec.session)
 	lc.harness = h
 	if dir := os.Getenv("STORMDOCK_LAB_LOGS"); dir != "" {
-		t.Cleanup(func() { keepLogs(t, h.dir, filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_"))) })
+		t.Cleanup(func() { keepLogs(t, h.Dir, filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_"))) })
 	}
 
 	for _, id := range spec.masters {
@@ -107,7 +108,7 @@ func newLabCluster(t *testing.T, spec labSpec) *labCluster {
 		lc.mu.Lock()
 		lc.hosts["master-"+id] = host
 		lc.mu.Unlock()
-		lc.startMaster(id)
+		lc.StartMaster(id)
 	}
 	for _, dc := range spec.dcs {
 		for i := 1; i <= spec.perDC; i++ {
@@ -117,41 +118,41 @@ func newLabCluster(t *testing.T, spec labSpec) *labCluster {
 			lc.mu.Lock()
 			lc.hosts["agent-"+id] = n.host
 			lc.mu.Unlock()
-			lc.startAgent(n)
+			lc.StartAgent(n)
 		}
 	}
 	testenv.EventuallyWith(t, fmt.Sprintf("%d nodes registered", len(lc.nodes)), 60*time.Second, func() (bool, string) {
-		n := len(h.nodeRecords())
+		n := len(h.NodeRecords())
 		return n == len(lc.nodes), fmt.Sprintf("%d registered", n)
 	})
 	return lc
 }
 
 // startMaster runs a master on its host, its API on the host's address.
-func (lc *labCluster) startMaster(id string) {
+func (lc *labCluster) StartMaster(id string) {
 	lc.mu.Lock()
 	host := lc.hosts["master-"+id]
 	lc.mu.Unlock()
 	addr := net.JoinHostPort(host.IP(), strconv.Itoa(labMasterPort))
-	args := []string{"master", "--store", lc.storeURL(), "--api", addr, "--id", id,
-		"--session-timeout", lc.session.String(), "--data", filepath.Join(lc.dir, "data")}
+	args := []string{"master", "--store", lc.StoreURL(), "--api", addr, "--id", id,
+		"--session-timeout", lc.Session.String(), "--data", filepath.Join(lc.Dir, "data")}
 	if lc.spec.reregisterGrace > 0 {
 		args = append(args, "--reregister-grace", lc.spec.reregisterGrace.String())
 	}
-	p := lc.start("master-"+id, args...)
+	p := lc.Start("master-"+id, args...)
 	lc.mu.Lock()
-	lc.harness.masters[id] = p
+	lc.harness.SetMaster(id, p)
 	lc.apis[id] = "http://" + addr
 	lc.mu.Unlock()
 }
 
 // startAgent runs a node's agent on its host, advertising the host's address.
-func (lc *labCluster) startAgent(n labNode) {
+func (lc *labCluster) StartAgent(n labNode) {
 	extra := []string{"--advertise-addr", n.host.IP()}
 	if os.Getenv("STORMDOCK_LAB_DEBUG") != "" {
 		extra = append(extra, "--log-level", "debug")
 	}
-	lc.harness.startAgent(n.id, n.dc, n.rack, lc.spec.slots, extra...)
+	lc.harness.StartAgent(n.id, n.dc, n.rack, lc.spec.slots, extra...)
 }
 
 // node returns a node by id.
@@ -161,7 +162,7 @@ func (lc *labCluster) node(id string) labNode {
 			return n
 		}
 	}
-	lc.t.Fatalf("no node %s", id)
+	lc.T.Fatalf("no node %s", id)
 	return labNode{}
 }
 
@@ -177,7 +178,7 @@ func (lc *labCluster) client(id string) *api.Client {
 	lc.mu.Lock()
 	url := lc.apis[id]
 	lc.mu.Unlock()
-	cl := lc.harness.client(url)
+	cl := lc.harness.AdminClient(url)
 	if lc.lab == nil { // a cluster on this machine's own network
 		return cl
 	}
@@ -283,7 +284,7 @@ func waitRunning(t testing.TB, job string, n int, timeout time.Duration, avoid .
 // keeperStatus reads a node's keeper status file (the agent's state directory).
 func (lc *labCluster) keeperStatus(id string) (agents.KeeperStatus, bool) {
 	var st agents.KeeperStatus
-	b, err := os.ReadFile(filepath.Join(lc.dir, "agent-"+id, "keeper.json"))
+	b, err := os.ReadFile(filepath.Join(lc.Dir, "agent-"+id, "keeper.json"))
 	if err != nil || json.Unmarshal(b, &st) != nil {
 		return st, false
 	}
@@ -294,7 +295,7 @@ func (lc *labCluster) keeperStatus(id string) (agents.KeeperStatus, bool) {
 // renews (every worker's lease is a link of it), the send time of the last request the store
 // answered while the keeper is live.
 func (lc *labCluster) leaseStamp(id string) time.Time {
-	fi, err := os.Stat(filepath.Join(lc.dir, "agent-"+id, "leases", ".node"))
+	fi, err := os.Stat(filepath.Join(lc.Dir, "agent-"+id, "leases", ".node"))
 	if err != nil {
 		return time.Time{}
 	}
@@ -355,11 +356,11 @@ func sweepDeadCgroups() {
 	for _, d := range append(dirs, more...) {
 		name := filepath.Base(d)
 		pid, err := strconv.Atoi(strings.TrimPrefix(name, "stormdock-e2e-"))
-		if err != nil || seen[name] || alive(pid) {
+		if err != nil || seen[name] || clustertest.Alive(pid) {
 			continue
 		}
 		seen[name] = true
-		killCgroupTree("/" + name)
+		clustertest.KillCgroupTree("/" + name)
 	}
 }
 

@@ -172,8 +172,8 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 		t.Errorf("routers run on %s and %s; want them in two data centers, one of them dc-c, outside both links", rs["0"][0].node, rs["1"][0].node)
 	}
 	sink := watchSink(t, m.sink)
-	fence := watchFence(t, m.name, fencingBound(lc.session, labJobGrace))
-	routerFence := watchFence(t, m.name+routerJobSuffix, fencingBound(lc.session, labJobGrace))
+	fence := watchFence(t, m.name, fencingBound(lc.Session, labJobGrace))
+	routerFence := watchFence(t, m.name+routerJobSuffix, fencingBound(lc.Session, labJobGrace))
 	testenv.EventuallyWith(t, "output flowing", 90*time.Second, func() (bool, string) {
 		n, _, _ := sink.delivered()
 		return n > 300, fmt.Sprintf("%d delivered", n)
@@ -201,7 +201,7 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 		var fed time.Duration
 		testenv.EventuallyWith(t, what+": the sink receiving again", 90*time.Second, func() (bool, string) {
 			_, link, at := sink.delivered()
-			if at.After(start.Add(lc.session)) && (!wantSwitch || link != active) {
+			if at.After(start.Add(lc.Session)) && (!wantSwitch || link != active) {
 				fed = at.Sub(start)
 				return true, ""
 			}
@@ -259,7 +259,7 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 		cutUntilFed(t, "the leading master's host cut", []*netlab.Host{lc.masterHost(ls[0])}, false)
 	})
 	t.Run("zk-leader-host-cut", func(t *testing.T) {
-		l := lc.ens.Leader()
+		l := lc.Ens.Leader()
 		if l == nil {
 			t.Fatal("no ZooKeeper leader")
 		}

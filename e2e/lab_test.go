@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/netlab"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
@@ -31,7 +32,7 @@ func TestAcrossHostsPlainJob(t *testing.T) {
 	const job, n = "wc", 12
 	lc.submit(t, jobSpec(job, n))
 	waitRunning(t, job, n, 60*time.Second)
-	fence := watchFence(t, job, fencingBound(lc.session, labJobGrace))
+	fence := watchFence(t, job, fencingBound(lc.Session, labJobGrace))
 
 	t.Run("worker-host-cut", func(t *testing.T) {
 		lc.cutAndMove(t, "a worker host cut", job, n, []string{busiestNode(job, "a")})
@@ -124,7 +125,7 @@ func (lc *labCluster) cutAndMove(t *testing.T, name, job string, n int, nodes []
 	testenv.EventuallyWith(t, name+": every worker running outside the cut hosts, their own copies stopped", 90*time.Second, func() (bool, string) {
 		gone := 0
 		for _, p := range own {
-			if !alive(p.pid) {
+			if !clustertest.Alive(p.pid) {
 				gone++
 			}
 		}
@@ -226,7 +227,7 @@ func (lc *labCluster) cutLeadingMaster(t *testing.T, job string, n int) {
 		ls := lc.leaders()
 		return slices.Contains(ls, standby), fmt.Sprint(ls)
 	})
-	t.Logf("figure: leading master's host cut (%s, session %s): standby %s leading after %s", leader, lc.session, standby, time.Since(start).Round(time.Millisecond))
+	t.Logf("figure: leading master's host cut (%s, session %s): standby %s leading after %s", leader, lc.Session, standby, time.Since(start).Round(time.Millisecond))
 	// The standby takes requests and the workers obey it; nobody else was disturbed.
 	defer lc.tryScale(job, n)
 	lc.scale(t, job, n+1)
@@ -260,7 +261,7 @@ func (lc *labCluster) cutLeadingMaster(t *testing.T, job string, n int) {
 func (lc *labCluster) cutZooKeeper(t *testing.T, job string, n int, leader bool) {
 	t.Helper()
 	ctx := context.Background()
-	ens := lc.ens
+	ens := lc.Ens
 	lead := ens.Leader()
 	if lead == nil {
 		t.Fatal("the ensemble has no leader")
@@ -303,7 +304,7 @@ func (lc *labCluster) cutZooKeeper(t *testing.T, job string, n int, leader bool)
 	serving := time.Since(start)
 	// Evidence that every node has been answered since any lease from before the cut would
 	// have lapsed: a worker that was going to stop has stopped by then.
-	lc.keepersAnsweredSince(t, start.Add(lc.session), 60*time.Second)
+	lc.keepersAnsweredSince(t, start.Add(lc.Session), 60*time.Second)
 	now := procsOf(job)
 	changed := 0
 	for k, p := range before {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -48,7 +49,7 @@ func startUpWith(t *testing.T, o upOptions, nodes int, extra ...string) *localCl
 	if o.bin == "" {
 		o.bin = binary
 	}
-	addr := freeAddr(t)
+	addr := clustertest.FreeAddr(t)
 	args := append([]string{"up", "--nodes", fmt.Sprint(nodes), "--data", data, "--api", addr, "--log-level", "warn"}, extra...)
 	cmd := exec.Command(o.bin, args...)
 	if o.setup != nil {
@@ -78,7 +79,7 @@ func startUpWith(t *testing.T, o upOptions, nodes int, extra ...string) *localCl
 		lf.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(lf.Name())
-			t.Logf("stormdock up log:\n%s", tail(b, 4000))
+			t.Logf("stormdock up log:\n%s", clustertest.Tail(b, 4000))
 		}
 	})
 	lc := &localCluster{url: "https://" + addr, data: data} // up serves TLS
@@ -173,7 +174,7 @@ func TestLocalClusterMemoryPressure(t *testing.T) {
 	const limit = 256 << 20
 	parent := fmt.Sprintf("/stormdock-e2e-up-%d", os.Getpid())
 	limitMemory(t, parent, limit)
-	t.Cleanup(func() { killCgroupTree(parent) }) // after up's own cleanup: cleanups run last first
+	t.Cleanup(func() { clustertest.KillCgroupTree(parent) }) // after up's own cleanup: cleanups run last first
 	lc := startUp(t, 1, "--dcs", "dc-a", "--cgroup-parent", parent, "--mem-high", "0.5", "--mem-low", "0.3", "--mem-critical", "0.8",
 		"--throttle-hold", "2s", "--health-interval", "100ms")
 	ctx := context.Background()
@@ -240,7 +241,7 @@ func TestLocalClusterDelegated(t *testing.T) {
 		t.Cleanup(done)
 	}
 
-	bad := exec.Command(bins[0], "up", "--nodes", "1", "--data", filepath.Join(state, "bad"), "--api", freeAddr(t),
+	bad := exec.Command(bins[0], "up", "--nodes", "1", "--data", filepath.Join(state, "bad"), "--api", clustertest.FreeAddr(t),
 		"--cgroup-parent", top+"/elsewhere", "--log-level", "error")
 	asNobody(bad)
 	out, err := bad.CombinedOutput()

@@ -20,14 +20,14 @@ import (
 // data centers runs again there, and the job pinned to the lost one waits with a reason.
 func TestDataCenterLoss(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
-	cl := h.client(h.startMaster("m1"))
+	cl := h.AdminClient(h.StartMaster("m1"))
 	ctx := context.Background()
 	for _, dc := range []string{"dc-a", "dc-b", "dc-c"} {
 		for _, r := range []string{"r1", "r2"} {
-			h.startAgent(dc+"-"+r, dc, r, 4)
+			h.StartAgent(dc+"-"+r, dc, r, 4)
 		}
 	}
-	testenv.Eventually(t, "6 nodes", 20*time.Second, func() bool { return len(h.nodeRecords()) == 6 })
+	testenv.Eventually(t, "6 nodes", 20*time.Second, func() bool { return len(h.NodeRecords()) == 6 })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
@@ -39,20 +39,20 @@ func TestDataCenterLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "11 workers running", 30*time.Second, func() bool {
-		return len(h.running("wide")) == 9 && len(h.running("pinned")) == 2
+		return len(h.Running("wide")) == 9 && len(h.Running("pinned")) == 2
 	})
 	t0 := time.Now()
 	for _, id := range []string{"dc-a-r1", "dc-a-r2"} {
-		h.killNode(id)
+		h.KillNode(id)
 	}
 	killed := time.Since(t0)
 	testenv.Eventually(t, "wide running outside dc-a", 30*time.Second, func() bool {
-		run := h.running("wide")
+		run := h.Running("wide")
 		if len(run) != 9 {
 			return false
 		}
 		for _, w := range run {
-			if strings.HasPrefix(w.node, "dc-a") {
+			if strings.HasPrefix(w.Node, "dc-a") {
 				return false
 			}
 		}
@@ -85,16 +85,16 @@ func TestDataCenterLoss(t *testing.T) {
 // mid-stream, then the leading router's node, and the sink still holds every offset once.
 func TestMirroredJob(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
-	cl := h.client(h.startMaster("m1", "--reregister-grace", "1s"))
+	cl := h.AdminClient(h.StartMaster("m1", "--reregister-grace", "1s"))
 	ctx := context.Background()
 	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1", "dc-c-r2"} {
-		h.startAgent(n, n[:4], n[5:], 4)
+		h.StartAgent(n, n[:4], n[5:], 4)
 	}
-	testenv.Eventually(t, "4 nodes", 20*time.Second, func() bool { return len(h.nodeRecords()) == 4 })
+	testenv.Eventually(t, "4 nodes", 20*time.Second, func() bool { return len(h.NodeRecords()) == 4 })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(h.dir, "io") // the link workers, as nobody, read their input here
+	dir := filepath.Join(h.Dir, "io") // the link workers, as nobody, read their input here
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -121,16 +121,16 @@ gracePeriod: 2s
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "4 link workers and 2 routers running", 30*time.Second, func() bool {
-		return len(h.running("mirror")) == 4 && len(h.running("mirror.router")) == 2
+		return len(h.Running("mirror")) == 4 && len(h.Running("mirror.router")) == 2
 	})
-	for k, w := range h.running("mirror") {
-		if !strings.HasPrefix(w.node, k.Link) {
-			t.Errorf("worker %s runs on %s, outside its link's data center", k, w.node)
+	for k, w := range h.Running("mirror") {
+		if !strings.HasPrefix(w.Node, k.Link) {
+			t.Errorf("worker %s runs on %s, outside its link's data center", k, w.Node)
 		}
 	}
 	routerDCs := map[string]bool{}
-	for _, r := range h.running("mirror.router") {
-		routerDCs[r.node[:4]] = true
+	for _, r := range h.Running("mirror.router") {
+		routerDCs[r.Node[:4]] = true
 	}
 	if len(routerDCs) != 2 {
 		t.Errorf("routers run in data centers %v; want two, so that the output survives the loss of either", routerDCs)
@@ -140,7 +140,7 @@ gracePeriod: 2s
 	ls := h.linkStatus(t, "mirror")
 	cut := time.Now()
 	before := len(sinkOffsets(t, out))
-	h.killMachine(ls.Active + "-r1")
+	h.KillMachine(ls.Active + "-r1")
 	testenv.Eventually(t, "output flowing after the link failover", 60*time.Second, func() bool { return len(sinkOffsets(t, out)) > before+50 })
 	t.Logf("figure: active link's data center lost -> the sink receiving again: %s", time.Since(cut).Round(time.Millisecond))
 	testenv.Eventually(t, "output flowing after the link failover", 60*time.Second, func() bool { return len(sinkOffsets(t, out)) > 1200 })
@@ -148,7 +148,7 @@ gracePeriod: 2s
 	// Lose the node of the leading router, unless it is the last link's.
 	ls = h.linkStatus(t, "mirror")
 	var leaderNode string
-	for node, rec := range h.nodeRecords() {
+	for node, rec := range h.NodeRecords() {
 		for _, w := range rec.Workers {
 			if w.Key.Job == "mirror.router" && w.State == cluster.WorkerRunning && strings.HasSuffix(ls.Router, fmt.Sprintf(":%d", w.Port)) &&
 				strings.Contains(ls.Router, rec.Node.Addr) {
@@ -162,7 +162,7 @@ gracePeriod: 2s
 	if !strings.HasPrefix(leaderNode, ls.Active) {
 		before := len(sinkOffsets(t, out))
 		cut := time.Now()
-		h.killMachine(leaderNode)
+		h.KillMachine(leaderNode)
 		testenv.Eventually(t, "the sink receiving again after the leading router's node was lost", 60*time.Second, func() bool {
 			return len(sinkOffsets(t, out)) > before+50
 		})
@@ -190,9 +190,9 @@ gracePeriod: 2s
 func (h *harness) linkStatus(t *testing.T, job string) multidc.Status {
 	t.Helper()
 	name := fmt.Sprintf("link-status-%d", time.Now().UnixNano())
-	p := h.start(name, "link", "status", job, "-o", "json", "--store", h.storeURL())
-	<-p.done
-	b, _ := os.ReadFile(filepath.Join(h.dir, name+".log"))
+	p := h.Start(name, "link", "status", job, "-o", "json", "--store", h.StoreURL())
+	<-p.Done
+	b, _ := os.ReadFile(filepath.Join(h.Dir, name+".log"))
 	var ls multidc.Status
 	if err := json.Unmarshal(b, &ls); err != nil || ls.Active == "" {
 		t.Fatalf("link status: %v\n%s", err, b)

@@ -21,12 +21,12 @@ import (
 func BenchmarkNodeLoss(b *testing.B) {
 	const workers = 8
 	h := newHarness(b, time.Second)
-	url := h.startMaster("m1", "--reregister-grace", "1s")
-	cl := h.client(url)
+	url := h.StartMaster("m1", "--reregister-grace", "1s")
+	cl := h.AdminClient(url)
 	ctx := context.Background()
 	testenv.Eventually(b, "m1 leads", 30*time.Second, func() bool { hl, err := cl.Health(ctx); return err == nil && hl.Leader })
 	for i := range 4 {
-		h.startAgent(fmt.Sprintf("n%d", i), "dc-a", fmt.Sprintf("r%d", i), 4)
+		h.StartAgent(fmt.Sprintf("n%d", i), "dc-a", fmt.Sprintf("r%d", i), 4)
 	}
 	testenv.Eventually(b, "4 nodes", 30*time.Second, func() bool { ns, err := cl.Nodes(ctx); return err == nil && len(ns) == 4 })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
@@ -57,7 +57,7 @@ func BenchmarkNodeLoss(b *testing.B) {
 		}
 		victim := st.Workers[0].Node
 		t0 := time.Now()
-		h.killMachine(victim)
+		h.KillMachine(victim)
 		// Polled every 10ms (testenv.Eventually's polls grow to 100ms): the figure is that
 		// precise.
 		for !allRunningBut(victim) {
@@ -69,7 +69,7 @@ func BenchmarkNodeLoss(b *testing.B) {
 		took = append(took, time.Since(t0))
 		b.StopTimer()
 		// A new node takes the dead one's place, so that every iteration has four.
-		h.startAgent(fmt.Sprintf("n%d", next), "dc-a", fmt.Sprintf("r%d", next), 4)
+		h.StartAgent(fmt.Sprintf("n%d", next), "dc-a", fmt.Sprintf("r%d", next), 4)
 		next++
 		testenv.Eventually(b, "4 nodes", 30*time.Second, func() bool { ns, err := cl.Nodes(ctx); return err == nil && len(ns) == 4 })
 		b.StartTimer()

@@ -14,6 +14,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord/zktest"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -35,11 +36,11 @@ type outageCluster struct {
 func startOutageCluster(t *testing.T, h *harness, workers int) *outageCluster {
 	t.Helper()
 	oc := &outageCluster{h: h, job: "wc", workers: workers}
-	oc.masters = []string{h.startMaster("m1"), h.startMaster("m2")}
+	oc.masters = []string{h.StartMaster("m1"), h.StartMaster("m2")}
 	for i := 1; i <= 3; i++ {
-		h.startAgent(fmt.Sprintf("n%d", i), "dc-a", fmt.Sprintf("r%d", i), 4)
+		h.StartAgent(fmt.Sprintf("n%d", i), "dc-a", fmt.Sprintf("r%d", i), 4)
 	}
-	cl := h.client(oc.masters[0])
+	cl := h.AdminClient(oc.masters[0])
 	ctx := context.Background()
 	testenv.EventuallyWith(t, "3 nodes", 30*time.Second, func() (bool, string) {
 		ns, err := cl.Nodes(ctx)
@@ -76,7 +77,7 @@ func (oc *outageCluster) scale(t *testing.T, n int) time.Time {
 	var when time.Time
 	testenv.EventuallyWith(t, fmt.Sprintf("a master scaling %s to %d", oc.job, n), 60*time.Second, func() (bool, string) {
 		for _, url := range oc.masters {
-			cl := oc.h.client(url)
+			cl := oc.h.AdminClient(url)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			_, err := cl.ScaleJob(ctx, oc.job, n)
 			cancel()
@@ -137,7 +138,7 @@ func (oc *outageCluster) hold(t *testing.T, name string, d time.Duration, before
 // unavailable checks that a master that cannot reach the store says so at once.
 func (oc *outageCluster) unavailable(t *testing.T, name string) {
 	t.Helper()
-	cl := oc.h.client(oc.masters[0])
+	cl := oc.h.AdminClient(oc.masters[0])
 	testenv.EventuallyWith(t, name+": the API says the store is unavailable", 30*time.Second, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
@@ -150,11 +151,11 @@ func (oc *outageCluster) unavailable(t *testing.T, name string) {
 func TestOutagesOnEnsemble(t *testing.T) {
 	h := newEnsembleHarness(t, 3, 2*time.Second)
 	oc := startOutageCluster(t, h, 6)
-	servers := h.ens.Servers()
+	servers := h.Ens.Servers()
 	serving := func(what string) time.Time {
 		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(60*time.Second))
 		defer cancel()
-		if err := h.ens.WaitServing(ctx); err != nil {
+		if err := h.Ens.WaitServing(ctx); err != nil {
 			t.Fatalf("%s: the ensemble does not serve again: %v", what, err)
 		}
 		return time.Now()
@@ -162,7 +163,7 @@ func TestOutagesOnEnsemble(t *testing.T) {
 
 	t.Run("1-leader-killed", func(t *testing.T) {
 		before := oc.waitWorkers(t, oc.workers)
-		leader := h.ens.Leader()
+		leader := h.Ens.Leader()
 		leader.Kill()
 		rec := serving("leader killed")
 		leader.Restart()
@@ -172,7 +173,7 @@ func TestOutagesOnEnsemble(t *testing.T) {
 	t.Run("2-quorum-lost-60s", func(t *testing.T) {
 		before := oc.waitWorkers(t, oc.workers)
 		down := servers[:2]
-		if l := h.ens.Leader(); l != nil && l != servers[0] && l != servers[1] {
+		if l := h.Ens.Leader(); l != nil && l != servers[0] && l != servers[1] {
 			down = []*zktest.Server{servers[0], l}
 		}
 		for _, s := range down {
@@ -222,13 +223,11 @@ func TestOutagesOnEnsemble(t *testing.T) {
 			node = p.node
 			break
 		}
-		h.mu.Lock()
-		p := h.agents[node]
-		h.mu.Unlock()
-		p.kill()
+		p := h.Agent(node)
+		p.Kill()
 		oc.hold(t, "agent SIGKILLed", 20*time.Second, before)
-		h.startAgent(node, p.args[6], p.args[8], 4)
-		cl := h.client(oc.masters[0])
+		h.StartAgent(node, p.Args[6], p.Args[8], 4)
+		cl := h.AdminClient(oc.masters[0])
 		var rec time.Time
 		testenv.Eventually(t, "the restarted agent healthy again", 30*time.Second, func() bool {
 			ns, err := cl.Nodes(context.Background())
@@ -244,18 +243,16 @@ func TestOutagesOnEnsemble(t *testing.T) {
 	})
 	t.Run("6-masters-gone-60s", func(t *testing.T) {
 		before := oc.waitWorkers(t, oc.workers)
-		h.mu.Lock()
-		ms := slices.Collect(maps.Values(h.masters))
-		h.mu.Unlock()
+		ms := slices.Collect(maps.Values(h.Masters()))
 		for _, m := range ms {
-			m.kill()
+			m.Kill()
 		}
 		oc.hold(t, "every master SIGKILLed", 60*time.Second, before)
-		oc.masters = []string{h.startMaster("m1"), h.startMaster("m2")}
+		oc.masters = []string{h.StartMaster("m1"), h.StartMaster("m2")}
 		var rec time.Time
 		testenv.Eventually(t, "a master leading again", 30*time.Second, func() bool {
 			for _, url := range oc.masters {
-				if hl, err := h.client(url).Health(context.Background()); err == nil && hl.Leader {
+				if hl, err := h.AdminClient(url).Health(context.Background()); err == nil && hl.Leader {
 					rec = time.Now()
 					return true
 				}
@@ -271,10 +268,10 @@ func TestOutageSingleServerRestart(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
 	oc := startOutageCluster(t, h, 6)
 	before := procsOf(oc.job)
-	h.zk.Stop()
+	h.ZK.Stop()
 	oc.unavailable(t, "server stopped")
 	oc.hold(t, "the only server stopped", 60*time.Second, before)
-	h.zk.Restart()
+	h.ZK.Restart()
 	oc.recovered(t, "the only server stopped for 60s and restarted on its data (from the restart's return)", before, time.Now())
 	oc.watch.check(t)
 }
@@ -286,13 +283,13 @@ func TestOutageSingleServerRestart(t *testing.T) {
 func TestNodeCutOffAndAgentGone(t *testing.T) {
 	h := newHarness(t, time.Second)
 	// A short re-registration window: the test cuts a node off soon after the masters start.
-	h.startMaster("m1", "--reregister-grace", "1s")
-	url := h.startMaster("m2", "--reregister-grace", "1s")
-	h.startAgent("n1", "dc-a", "r1", 4)
-	h.startAgent("n2", "dc-a", "r2", 4, "--restart-grace", "4s")
-	h.startAgent("n3", "dc-a", "r3", 4)
-	h.startAgent("n4", "dc-a", "r4", 4)
-	cl := h.client(url)
+	h.StartMaster("m1", "--reregister-grace", "1s")
+	url := h.StartMaster("m2", "--reregister-grace", "1s")
+	h.StartAgent("n1", "dc-a", "r1", 4)
+	h.StartAgent("n2", "dc-a", "r2", 4, "--restart-grace", "4s")
+	h.StartAgent("n3", "dc-a", "r3", 4)
+	h.StartAgent("n4", "dc-a", "r4", 4)
+	cl := h.AdminClient(url)
 	ctx := context.Background()
 	testenv.Eventually(t, "4 nodes", 30*time.Second, func() bool { ns, err := cl.Nodes(ctx); return err == nil && len(ns) == 4 })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
@@ -326,7 +323,7 @@ func TestNodeCutOffAndAgentGone(t *testing.T) {
 		testenv.EventuallyWith(t, name+": workers running elsewhere, own copies stopped", 60*time.Second, func() (bool, string) {
 			gone := true
 			for _, p := range own {
-				if alive(p.pid) {
+				if clustertest.Alive(p.pid) {
 					gone = false
 				}
 			}
@@ -348,18 +345,16 @@ func TestNodeCutOffAndAgentGone(t *testing.T) {
 		t.Logf("figure: %s: own copies stopped after %s, every worker running elsewhere after %s",
 			name, ownGone.Round(time.Millisecond), replaced.Round(time.Millisecond))
 	}
-	moveOff("node cut off (agent and keeper SIGSTOPped, 1s session)", "n1", func() { h.signalNode("n1", syscall.SIGSTOP) })
-	h.signalNode("n1", syscall.SIGCONT)
+	moveOff("node cut off (agent and keeper SIGSTOPped, 1s session)", "n1", func() { h.SignalNode("n1", syscall.SIGSTOP) })
+	h.SignalNode("n1", syscall.SIGCONT)
 	// Back, n1 runs none of the moved workers, not even for a moment (the watch checks).
 	testenv.Eventually(t, "n1 back", 30*time.Second, func() bool {
 		n, ok := nodeView(ctx, cl, "n1")
 		return ok && n.Health == cluster.HealthHealthy
 	})
 
-	h.mu.Lock()
-	agent := h.agents["n2"]
-	h.mu.Unlock()
-	moveOff("agent of n2 SIGKILLed for good (restart grace 4s)", "n2", func() { agent.kill() })
-	testenv.Eventually(t, "n2's keeper gone", 30*time.Second, func() bool { return h.keeperPID("n2") == 0 })
+	agent := h.Agent("n2")
+	moveOff("agent of n2 SIGKILLed for good (restart grace 4s)", "n2", func() { agent.Kill() })
+	testenv.Eventually(t, "n2's keeper gone", 30*time.Second, func() bool { return h.KeeperPID("n2") == 0 })
 	watch.check(t)
 }

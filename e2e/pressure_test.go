@@ -35,14 +35,14 @@ func nodeView(ctx context.Context, cl *api.Client, id string) (api.NodeView, boo
 // time once memory is freed.
 func TestMemoryPressure(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
-	cl := h.client(h.startMaster("m1"))
+	cl := h.AdminClient(h.StartMaster("m1"))
 	ctx := context.Background()
 	const limit = 256 << 20
 	// p1's --cgroup-parent, made beforehand with the limit: v1 or v2, as the host has it.
-	mem := h.cgroup + "/p1"
+	mem := h.Cgroup + "/p1"
 	limitMemory(t, mem, limit)
 	const hold = 2 * time.Second
-	h.startAgent("p1", "dc-a", "r1", 4, "--mem-high", "0.5", "--mem-low", "0.3", "--mem-critical", "0.8",
+	h.StartAgent("p1", "dc-a", "r1", 4, "--mem-high", "0.5", "--mem-low", "0.3", "--mem-critical", "0.8",
 		"--throttle-hold", hold.String(), "--health-interval", "100ms")
 	testenv.Eventually(t, "node p1", 15*time.Second, func() bool { _, ok := nodeView(ctx, cl, "p1"); return ok })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
@@ -69,7 +69,7 @@ func TestMemoryPressure(t *testing.T) {
 	}
 
 	// A second node to take the evicted worker.
-	h.startAgent("p2", "dc-a", "r2", 4)
+	h.StartAgent("p2", "dc-a", "r2", 4)
 	testenv.Eventually(t, "worker evicted from p1 and running on p2", 30*time.Second, func() bool {
 		st, err := cl.Job(ctx, "hog")
 		return err == nil && len(st.Workers) == 1 && st.Workers[0].Node == "p2" && st.Workers[0].State == cluster.WorkerRunning
@@ -106,7 +106,7 @@ func TestMemoryPressure(t *testing.T) {
 // fails, and a passing script brings the node back.
 func TestHealthScripts(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
-	cl := h.client(h.startMaster("m1"))
+	cl := h.AdminClient(h.StartMaster("m1"))
 	ctx := context.Background()
 	dir := t.TempDir()
 	mode := filepath.Join(dir, "mode")
@@ -133,7 +133,7 @@ esac
 		}
 	}
 	set("ok")
-	h.startAgent("s1", "dc-a", "r1", 4, "--health-dir", scripts, "--health-script-interval", "200ms",
+	h.StartAgent("s1", "dc-a", "r1", 4, "--health-dir", scripts, "--health-script-interval", "200ms",
 		"--health-script-timeout", "500ms", "--mem-high", "0.98", "--mem-low", "0.97", "--mem-critical", "0.99")
 	expect := func(what, health string, throttled bool, reason string) {
 		t.Helper()

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/stormdock/stormdock/internal/clustertest"
 )
 
 // procWorker is one worker process found in /proc.
@@ -23,7 +25,7 @@ type procWorker struct {
 func workerProcs(job string) map[string][]procWorker {
 	out := map[string][]procWorker{}
 	want := []byte("STORMDOCK_JOB=" + job + "\x00")
-	for _, pid := range cgroupPIDs(testCgroup()) {
+	for _, pid := range cgroupPIDs(clustertest.TestCgroup()) {
 		name := strconv.Itoa(pid)
 		env, err := os.ReadFile(filepath.Join("/proc", name, "environ"))
 		if err != nil || !bytes.Contains(append(env, 0), want) {
@@ -35,7 +37,7 @@ func workerProcs(job string) map[string][]procWorker {
 		if args := bytes.Split(cmd, []byte{0}); len(args) > 1 && (string(args[1]) == "launch" || string(args[0]) == "stormdock-shim") {
 			continue
 		}
-		if !alive(pid) {
+		if !clustertest.Alive(pid) {
 			continue
 		}
 		var worker, link, node string

@@ -138,20 +138,20 @@ func (w *rolloutWatch) rackOrder(t testing.TB, rackOf func(node string) string) 
 // returns the admin client of m1 and m2.
 func rolloutCluster(t testing.TB, dcs, racks, perRack, slots int) (*harness, *api.Client, *api.Client, func(string) string) {
 	h := newHarness(t, 2*time.Second)
-	cl := h.client(h.startMaster("m1"))
+	cl := h.AdminClient(h.StartMaster("m1"))
 	ctx := context.Background()
 	testenv.Eventually(t, "m1 leads", 15*time.Second, func() bool { hl, err := cl.Health(ctx); return err == nil && hl.Leader })
-	cl2 := h.client(h.startMaster("m2"))
+	cl2 := h.AdminClient(h.StartMaster("m2"))
 	n := 0
 	for d := range dcs {
 		for r := range racks {
 			for i := range perRack {
-				h.startAgent(fmt.Sprintf("d%d-r%d-n%d", d, r, i), fmt.Sprintf("dc-%d", d), fmt.Sprintf("r%d", r), slots)
+				h.StartAgent(fmt.Sprintf("d%d-r%d-n%d", d, r, i), fmt.Sprintf("dc-%d", d), fmt.Sprintf("r%d", r), slots)
 				n++
 			}
 		}
 	}
-	testenv.Eventually(t, fmt.Sprintf("%d nodes registered", n), 30*time.Second, func() bool { return len(h.nodeRecords()) == n })
+	testenv.Eventually(t, fmt.Sprintf("%d nodes registered", n), 30*time.Second, func() bool { return len(h.NodeRecords()) == n })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestRolloutByRack(t *testing.T) {
 		defer watch.mu.Unlock()
 		return len(watch.replaced) >= 4
 	})
-	h.masters["m1"].kill()
+	h.Master("m1").Kill()
 	testenv.Eventually(t, "m2 leads", 15*time.Second, func() bool { hl, err := cl2.Health(ctx); return err == nil && hl.Leader })
 	ro := waitRolloutState(t, 2*time.Minute, "wc", []string{cluster.RolloutDone, cluster.RolloutFailed}, cl2)
 	t.Logf("figure: 12-worker update by rack (3 racks, maxParallel 2, minHealthy 1s) with the leader SIGKILLed mid-way: done in %s", time.Since(t0).Round(100*time.Millisecond))
@@ -307,14 +307,14 @@ func TestRolloutOperatorCommands(t *testing.T) {
 	h, cl, _, _ := rolloutCluster(t, 1, 2, 2, 4)
 	ctx := context.Background()
 	submitRunning(t, cl, rolloutJob("wc", 6, "1", ""), "wc", 6)
-	tok, err := os.ReadFile(filepath.Join(h.dir, "data", api.AdminTokenFile))
+	tok, err := os.ReadFile(filepath.Join(h.Dir, "data", api.AdminTokenFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	master := ""
-	for _, p := range h.masters {
-		if p.name == "master-m1" {
-			master = "http://" + p.args[slices.Index(p.args, "--api")+1]
+	for _, p := range h.Masters() {
+		if p.Name == "master-m1" {
+			master = "http://" + p.Args[slices.Index(p.Args, "--api")+1]
 		}
 	}
 	c := &cli{t: t, env: []string{"STORMDOCK_MASTER=" + master, "STORMDOCK_TOKEN=" + strings.TrimSpace(string(tok))}}
@@ -389,7 +389,7 @@ func TestScaleWordcountExactlyOnce(t *testing.T) {
 	h, cl, _, _ := rolloutCluster(t, 1, 2, 2, 4)
 	ctx := context.Background()
 	// Workers run as nobody: the directory is theirs to write (the output and its ledger).
-	dir := filepath.Join(h.dir, "stream")
+	dir := filepath.Join(h.Dir, "stream")
 	if err := os.Mkdir(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}

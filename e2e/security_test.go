@@ -17,6 +17,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -34,26 +35,24 @@ func TestSecuredCluster(t *testing.T) {
 	b := make([]byte, 18)
 	_, _ = rand.Read(b)
 	pass := base64.RawURLEncoding.EncodeToString(b)
-	credFile := filepath.Join(h.dir, "store.credentials")
+	credFile := filepath.Join(h.Dir, "store.credentials")
 	if err := os.WriteFile(credFile, []byte("stormdock:"+pass+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h.chroot = "/e2e-secured"
-	h.store.Close()
+	h.Chroot = "/e2e-secured"
+	h.Store.Close()
 	var err error
-	if h.store, err = coord.Open(ctx, h.storeURL(), coord.Options{SessionTimeout: 4 * time.Second, Credentials: "stormdock:" + pass}); err != nil {
+	if h.Store, err = coord.Open(ctx, h.StoreURL(), coord.Options{SessionTimeout: 4 * time.Second, Credentials: "stormdock:" + pass}); err != nil {
 		t.Fatal(err)
 	}
 
-	addr := freeAddr(t)
-	data := filepath.Join(h.dir, "data")
-	m := h.start("master-m1", "master", "--store", h.storeURL(), "--store-credentials-file", credFile, "--api", addr, "--id", "m1",
-		"--session-timeout", h.session.String(), "--data", data, "--tls")
-	h.mu.Lock()
-	h.masters["m1"] = m
-	h.mu.Unlock()
+	addr := clustertest.FreeAddr(t)
+	data := filepath.Join(h.Dir, "data")
+	m := h.Start("master-m1", "master", "--store", h.StoreURL(), "--store-credentials-file", credFile, "--api", addr, "--id", "m1",
+		"--session-timeout", h.Session.String(), "--data", data, "--tls")
+	h.SetMaster("m1", m)
 	for _, dc := range []string{"dc-a", "dc-b", "dc-c"} {
-		h.startAgent(dc+"-r1", dc, "r1", 4, "--store-credentials-file", credFile)
+		h.StartAgent(dc+"-r1", dc, "r1", 4, "--store-credentials-file", credFile)
 	}
 	var token []byte
 	testenv.Eventually(t, "admin token and CA", testenv.Timeout(20*time.Second), func() bool {
@@ -83,7 +82,7 @@ func TestSecuredCluster(t *testing.T) {
 
 	// The job that says who it is, and the mirrored job, its input and output in places a
 	// worker's user may read (and the router, which runs as the agent, may write).
-	io := filepath.Join(h.dir, "io")
+	io := filepath.Join(h.Dir, "io")
 	if err := os.Mkdir(io, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +124,7 @@ gracePeriod: 1s
 	// Who the tenant's worker is: its own report, in its log.
 	var report string
 	testenv.Eventually(t, "the who job's report", testenv.Timeout(30*time.Second), func() bool {
-		logs, _ := filepath.Glob(filepath.Join(h.dir, "agent-*", "process", "logs", "*who*.log"))
+		logs, _ := filepath.Glob(filepath.Join(h.Dir, "agent-*", "process", "logs", "*who*.log"))
 		for _, l := range logs {
 			b, _ := os.ReadFile(l)
 			if strings.Contains(string(b), "NoNewPrivs") {
@@ -142,7 +141,7 @@ gracePeriod: 1s
 	t.Logf("tenant worker: %s", strings.Join(fields, " "))
 
 	// The store: nothing of the cluster without the credentials.
-	anon, err := coord.Open(ctx, h.storeURL(), coord.Options{SessionTimeout: 4 * time.Second})
+	anon, err := coord.Open(ctx, h.StoreURL(), coord.Options{SessionTimeout: 4 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,13 +179,13 @@ gracePeriod: 1s
 	// No secret on any command line: the store's password, the admin and tenant tokens, the
 	// job's sender token, the output key, the master's private key.
 	secrets := map[string]string{"store password": pass, "admin token": strings.TrimSpace(string(token)), "tenant token": tenantToken}
-	tokens, _ := filepath.Glob(filepath.Join(h.dir, "agent-*", "leases", "*", "output.token"))
+	tokens, _ := filepath.Glob(filepath.Join(h.Dir, "agent-*", "leases", "*", "output.token"))
 	if len(tokens) == 0 {
 		t.Fatal("no link worker has a sender token file")
 	}
 	sender, _ := os.ReadFile(tokens[0])
 	secrets["sender token"] = strings.TrimSpace(string(sender))
-	if e, err := h.store.Get(ctx, cluster.OutputKeyKey); err == nil {
+	if e, err := h.Store.Get(ctx, cluster.OutputKeyKey); err == nil {
 		secrets["output key"] = string(e.Value)
 	}
 	key, _ := os.ReadFile(filepath.Join(data, "master.key"))
@@ -201,9 +200,9 @@ gracePeriod: 1s
 		}
 	}
 	// Nor in any log: the master's, the agents', the keepers', the workers' (the router's).
-	logs, _ := filepath.Glob(filepath.Join(h.dir, "*.log"))
-	more, _ := filepath.Glob(filepath.Join(h.dir, "agent-*", "keeper.log"))
-	workerLogs, _ := filepath.Glob(filepath.Join(h.dir, "agent-*", "process", "logs", "*.log"))
+	logs, _ := filepath.Glob(filepath.Join(h.Dir, "*.log"))
+	more, _ := filepath.Glob(filepath.Join(h.Dir, "agent-*", "keeper.log"))
+	workerLogs, _ := filepath.Glob(filepath.Join(h.Dir, "agent-*", "process", "logs", "*.log"))
 	logs = append(append(logs, more...), workerLogs...)
 	if len(more) != 3 || len(workerLogs) == 0 {
 		t.Errorf("found %d keeper logs and %d worker logs", len(more), len(workerLogs))
@@ -220,7 +219,7 @@ gracePeriod: 1s
 	// gets the file's name in its environment).
 	keepers := 0
 	for _, line := range strings.Split(string(ps), "\n") {
-		if strings.Contains(line, " keeper ") && strings.Contains(line, h.chroot) {
+		if strings.Contains(line, " keeper ") && strings.Contains(line, h.Chroot) {
 			keepers++
 			if !strings.Contains(line, "--store-credentials-file "+credFile) {
 				t.Errorf("a keeper runs without the credentials file: %s", line)

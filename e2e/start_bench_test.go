@@ -31,12 +31,12 @@ import (
 func BenchmarkAgentStart(b *testing.B) {
 	const slots = 16
 	h := newHarness(b, 2*time.Second)
-	url := h.startMaster("m1")
-	cl := h.client(url)
+	url := h.StartMaster("m1")
+	cl := h.AdminClient(url)
 	ctx := context.Background()
 	testenv.Eventually(b, "m1 leads", 30*time.Second, func() bool { hl, err := cl.Health(ctx); return err == nil && hl.Leader })
-	h.startAgent("n1", "dc-a", "r1", slots, "--heartbeat", "1s", "--log-level", "debug")
-	testenv.Eventually(b, "the node registered", 30*time.Second, func() bool { return len(h.nodeRecords()) == 1 })
+	h.StartAgent("n1", "dc-a", "r1", slots, "--heartbeat", "1s", "--log-level", "debug")
+	testenv.Eventually(b, "the node registered", 30*time.Second, func() bool { return len(h.NodeRecords()) == 1 })
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		b.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func BenchmarkAgentStart(b *testing.B) {
 			var traces []string
 			for i := 0; b.Loop(); i++ {
 				job := fmt.Sprintf("s%d-%d", workers, i)
-				spec := filepath.Join(h.dir, job+".yaml")
+				spec := filepath.Join(h.Dir, job+".yaml")
 				if err := os.WriteFile(spec, []byte(fmt.Sprintf(`name: %s
 tenant: e2e
 workers: %d
@@ -58,7 +58,7 @@ gracePeriod: 1s
 				}
 				seen := h.watchStart(b, job, workers)
 				cmd := exec.Command(binary, "job", "submit", "--wait", spec, "--master", url)
-				cmd.Env = append(os.Environ(), "STORMDOCK_DATA="+filepath.Join(h.dir, "data"))
+				cmd.Env = append(os.Environ(), "STORMDOCK_DATA="+filepath.Join(h.Dir, "data"))
 				t0 := time.Now()
 				if out, err := cmd.CombinedOutput(); err != nil {
 					b.Fatalf("job submit --wait: %v\n%s", err, out)
@@ -73,7 +73,7 @@ gracePeriod: 1s
 					b.Fatal(err)
 				}
 				testenv.Eventually(b, job+" stopped", time.Minute, func() bool {
-					for _, rec := range h.nodeRecords() {
+					for _, rec := range h.NodeRecords() {
 						for _, w := range rec.Workers {
 							if w.Key.Job == job {
 								return false
@@ -104,11 +104,11 @@ type startSeen struct{ assigned, running time.Time }
 // watchStart watches node n1's assignment and record until job's n workers run on it.
 func (h *harness) watchStart(tb testing.TB, job string, n int) <-chan startSeen {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	assign, err := h.store.Watch(ctx, cluster.AssignmentsKey+"/n1")
+	assign, err := h.Store.Watch(ctx, cluster.AssignmentsKey+"/n1")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	node, err := h.store.Watch(ctx, cluster.NodesKey+"/n1")
+	node, err := h.Store.Watch(ctx, cluster.NodesKey+"/n1")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -158,7 +158,7 @@ var (
 // start begun, the last one done, the node record handed to the keeper, the record in the
 // store (st.running), the CLI's return; and the median of the driver's start phases.
 func (h *harness) startTrace(tb testing.TB, job string, n int, t0 time.Time, st startSeen, done time.Time) string {
-	f, err := os.Open(filepath.Join(h.dir, "agent-n1.log"))
+	f, err := os.Open(filepath.Join(h.Dir, "agent-n1.log"))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,0 +1,98 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/internal/testenv"
+)
+
+// Local is a local cluster in the test's process (daemon.StartLocal: a master and real
+// agents on the embedded store, workers real processes) with an admin client.
+type Local struct {
+	*daemon.Local
+	T testing.TB
+	// DataDir is the cluster's data directory (store, admin token, certificates).
+	DataDir string
+	// Token is the admin token; Client an admin client of the cluster's master.
+	Token  string
+	Client *api.Client
+}
+
+// StartLocal starts a local cluster of cfg.Nodes nodes whose workers run binary (the
+// stormdock binary: the lease launcher, `stormdock worker`, output routers), logging the
+// cluster's warnings into the test's log, and waits until every node is registered. The
+// cluster is closed when the test ends.
+func StartLocal(t testing.TB, binary string, cfg daemon.LocalConfig) *Local {
+	t.Helper()
+	cfg.DataDir = filepath.Join(t.TempDir(), "data")
+	if cfg.API == "" {
+		cfg.API = "127.0.0.1:0"
+	}
+	cfg.Self = binary
+	if cfg.Logger == nil {
+		cfg.Logger = testenv.Logger(t)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(60*time.Second))
+	defer cancel()
+	lc, err := daemon.StartLocal(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(2*time.Minute))
+		defer cancel()
+		_ = lc.Close(ctx)
+	})
+	tok, err := os.ReadFile(lc.TokenPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &Local{Local: lc, T: t, DataDir: cfg.DataDir, Token: strings.TrimSpace(string(tok))}
+	if l.Client, err = api.NewClient(lc.API(), l.Token); err != nil {
+		t.Fatal(err)
+	}
+	nodes := cfg.Nodes
+	testenv.Eventually(t, fmt.Sprintf("%d local nodes", nodes), 60*time.Second, func() bool {
+		ns, err := l.Client.Nodes(context.Background())
+		return err == nil && len(ns) == nodes
+	})
+	return l
+}
+
+// StoreURL is the cluster's embedded store, which another master in this process shares.
+func (l *Local) StoreURL() string { return "file://" + filepath.Join(l.DataDir, "store.json") }
+
+// Submit submits a job spec through the admin client.
+func (l *Local) Submit(spec string) {
+	l.T.Helper()
+	if _, err := l.Client.SubmitJob(context.Background(), []byte(spec)); err != nil {
+		l.T.Fatalf("submit: %v\n%s", err, spec)
+	}
+}
+
+// WaitRunning waits until the job runs n workers and none is stopping.
+func (l *Local) WaitRunning(job string, n int) {
+	l.T.Helper()
+	WaitRunning(l.T, l.Client, job, n)
+}
+
+// WaitRunning waits until the master cl talks to reports job running n workers and none
+// stopping.
+func WaitRunning(t testing.TB, cl *api.Client, job string, n int) {
+	t.Helper()
+	testenv.EventuallyWith(t, fmt.Sprintf("job %s running %d workers", job, n), 90*time.Second, func() (bool, string) {
+		st, err := cl.Job(context.Background(), job)
+		if err != nil {
+			return false, err.Error()
+		}
+		return st.Summary.Running == n && st.Summary.Stopping == 0, fmt.Sprintf("%+v", st.Summary)
+	})
+}
