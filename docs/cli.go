@@ -82,6 +82,9 @@ func command(b *strings.Builder, parents []string, c *cli.Command) {
 	} else if c.ArgsUsage != "" {
 		usage += " " + c.ArgsUsage
 	}
+	if c.UsageText != "" {
+		usage = strings.TrimSpace(c.UsageText)
+	}
 	fmt.Fprintf(b, "```\n%s\n```\n\n", usage)
 	if c.Description != "" {
 		b.WriteString(strings.TrimSpace(c.Description) + "\n\n")
@@ -146,7 +149,7 @@ func flag(b *strings.Builder, f cli.Flag) {
 	if def != "" {
 		def = "`" + def + "`"
 	}
-	if s, ok := f.(cli.DocGenerationSliceFlag); ok && s.IsSliceFlag() {
+	if s, ok := f.(cli.DocGenerationSliceFlag); ok && s.IsSliceFlag() && !strings.Contains(usage, "repeat") {
 		usage += " (repeatable)"
 	}
 	if env := d.GetEnvVars(); len(env) > 0 {
