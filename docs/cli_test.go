@@ -6,12 +6,16 @@ import (
 	"testing"
 
 	"github.com/stormdock/stormdock/tools"
+	"github.com/urfave/cli/v2"
 )
+
+// app is the CLI's command tree: the one place these tests name the CLI's constructor.
+func app() *cli.App { return tools.App() }
 
 // TestCLIReferenceIsCurrent fails when cli.md is not what the CLI's command tree renders:
 // a command, flag or help text changed without the reference.
 func TestCLIReferenceIsCurrent(t *testing.T) {
-	want := CLIReference(tools.App())
+	want := CLIReference(app())
 	got, err := os.ReadFile("cli.md")
 	if err != nil {
 		t.Fatalf("read the command reference: %v (make it with `go generate ./docs`)", err)
@@ -38,8 +42,8 @@ func TestCLIReferenceIsCurrent(t *testing.T) {
 // under its parent with its arguments, flags, environment variables and index entry, and no
 // hidden command.
 func TestCLIReferenceRendersTheTree(t *testing.T) {
-	app := tools.App()
-	md := CLIReference(app)
+	tree := app()
+	md := CLIReference(tree)
 	for _, want := range []string{
 		"### stormdock job submit\n",
 		"stormdock job submit [options] FILE\n",
@@ -51,7 +55,7 @@ func TestCLIReferenceRendersTheTree(t *testing.T) {
 			t.Errorf("the reference lacks %q", want)
 		}
 	}
-	for _, c := range app.Commands {
+	for _, c := range tree.Commands {
 		if c.Hidden && strings.Contains(md, "## stormdock "+c.Name+"\n") {
 			t.Errorf("hidden command %q is in the reference", c.Name)
 		}

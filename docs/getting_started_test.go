@@ -237,3 +237,39 @@ func startDaemon(t *testing.T, b block, bin, dir, data string, env []string) {
 	})
 	t.Logf("getting-started.md:%d: %s --api %s: %d nodes up", b.line, cmds[0], addr, nodes)
 }
+
+// TestTourIsGettingStarted checks that every stormdock command of the README's sh blocks is
+// one TestGettingStarted runs: the tour is a part of the getting-started page.
+func TestTourIsGettingStarted(t *testing.T) {
+	page, err := os.ReadFile("getting-started.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := map[string]bool{}
+	for _, b := range fencedBlocks(string(page)) {
+		if b.info == "sh" || b.info == "sh daemon" {
+			for _, c := range commands(b.text) {
+				run[c] = true
+			}
+		}
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tour := 0
+	for _, b := range fencedBlocks(string(readme)) {
+		for _, c := range commands(b.text) {
+			if !strings.HasPrefix(c, "stormdock ") {
+				continue
+			}
+			tour++
+			if !run[c] {
+				t.Errorf("README.md:%d: %q is not a command of getting-started.md, which the docs check runs: add it there", b.line, c)
+			}
+		}
+	}
+	if tour == 0 {
+		t.Error("README.md has no stormdock command in a fenced block: the tour is gone")
+	}
+}
