@@ -36,7 +36,8 @@ func App() *cli.App {
 		Version:              version(),
 		EnableBashCompletion: true,
 		HideVersion:          true,
-		Description: "Flags go before positional arguments: `stormdock job submit --wait FILE`.\n" +
+		Description: "Flags may come before or after positional arguments (`stormdock job submit FILE --wait`\n" +
+			"works); after `--` everything is an argument.\n" +
 			"Exit codes: 0 ok, 1 failed, 2 bad usage or input.",
 		Commands: []*cli.Command{
 			daemons.UpCommand,
