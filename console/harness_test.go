@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 }
 
 // UpdateScreenshotsEnv, set to 1, makes the tests write their screenshots to docs/ (to be
-// committed and shown in the README); otherwise they go to the test's temporary directory.
+// committed and shown in the manual, docs/console.md); otherwise they go to the test's temporary directory.
 const UpdateScreenshotsEnv = "STORMDOCK_UPDATE_SCREENSHOTS"
 
 // chromium finds Debian's chromium (scripts/test installs it when missing).

@@ -24,7 +24,7 @@ import (
 )
 
 // Limits of a worker started by `stormdock run` that names none: the resources of the job
-// spec in the README and the design, enough for the example worker and for trying a driver.
+// spec reference (docs/job-spec.md) and the design, enough for the example worker and for trying a driver.
 const (
 	runMemory = "256Mi"
 	runCPU    = "0.5"
