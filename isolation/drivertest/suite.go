@@ -141,8 +141,8 @@ func testOOM(t *testing.T, h Harness) {
 	d := newDriver(t, h)
 	// The worker runs a moment before it allocates, as real workers do: the docker engine
 	// (20.10, cgroup v1) loses the OOM kill of a container that dies within its first tenth
-	// of a second, its shim gone before it reads the kernel's notification (docs/events-and-logs.md:
-	// workers).
+	// of a second, its shim gone before it reads the kernel's notification (docs/events-and-logs.md,
+	// Docker workers).
 	spec := h.Spec(t, uniqueID(t), "alloc", "256", "500")
 	spec.MemoryBytes = 32 * isolation.MiB
 	start(t, d, spec)
