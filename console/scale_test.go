@@ -26,7 +26,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/internal/testenv"
-	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/placement/synth"
 )
 
@@ -96,11 +96,11 @@ func newFixture(b testing.TB, cfg synth.Config) *fixture {
 	for _, spec := range cfg.JobSpecs() {
 		if !tenants[spec.Tenant] {
 			tenants[spec.Tenant] = true
-			if err := master.CreateTenant(ctx, mc, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
+			if err := desired.CreateTenant(ctx, mc, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
 				b.Fatal(err)
 			}
 		}
-		if _, err := master.SubmitJob(ctx, mc, &spec); err != nil {
+		if _, err := desired.SubmitJob(ctx, mc, &spec); err != nil {
 			b.Fatal(err)
 		}
 	}

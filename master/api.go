@@ -17,6 +17,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/console"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/placement"
 )
 
@@ -38,9 +39,9 @@ func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
 	route("POST /v1/jobs/{name}/update", roleTenant, m.updateJob)
 	route("POST /v1/jobs/{name}/rollback", roleTenant, m.rollbackJob)
 	route("POST /v1/jobs/{name}/restart", roleTenant, m.restartJob)
-	route("POST /v1/jobs/{name}/pause", roleTenant, m.rolloutAction(ActionPause))
-	route("POST /v1/jobs/{name}/resume", roleTenant, m.rolloutAction(ActionResume))
-	route("POST /v1/jobs/{name}/promote", roleTenant, m.rolloutAction(ActionPromote))
+	route("POST /v1/jobs/{name}/pause", roleTenant, m.rolloutAction(desired.ActionPause))
+	route("POST /v1/jobs/{name}/resume", roleTenant, m.rolloutAction(desired.ActionResume))
+	route("POST /v1/jobs/{name}/promote", roleTenant, m.rolloutAction(desired.ActionPromote))
 	route("GET /v1/jobs/{name}/history", roleTenant, m.jobHistory)
 	route("GET /v1/jobs/{name}/logs", roleTenant, m.jobLogs)
 	route("GET /v1/events", roleTenant, m.listEvents)
@@ -131,7 +132,7 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 	// The registry is asked before the store, outside its retries: a slow registry delays
 	// this submit only.
 	pin := pinImage(r.Context(), m.cfg.Resolver, spec, 1)
-	rec, err := SubmitJobAs(r.Context(), m.store, spec, pin, principalOf(r.Context()).String())
+	rec, err := desired.SubmitJobAs(r.Context(), m.store, spec, pin, principalOf(r.Context()).String())
 	if err != nil {
 		failErr(w, err)
 		return
@@ -153,7 +154,7 @@ func (m *Master) scaleJob(w http.ResponseWriter, r *http.Request) {
 	if !m.mayUseJob(w, r) {
 		return
 	}
-	rec, err := ScaleJob(r.Context(), m.store, r.PathValue("name"), req.Workers)
+	rec, err := desired.ScaleJob(r.Context(), m.store, r.PathValue("name"), req.Workers)
 	if err != nil {
 		failErr(w, err)
 		return
@@ -169,7 +170,7 @@ func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
 	if !m.mayUseJob(w, r) {
 		return
 	}
-	rec, err := KillJob(r.Context(), m.store, r.PathValue("name"), req.Grace.Std())
+	rec, err := desired.KillJob(r.Context(), m.store, r.PathValue("name"), req.Grace.Std())
 	if err != nil {
 		failErr(w, err)
 		return
@@ -179,7 +180,7 @@ func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
 
 // mayUseJob answers 404 or 403 unless the caller may act on the job named in the path.
 func (m *Master) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
-	rec, _, err := readJob(r.Context(), m.store, r.PathValue("name"))
+	rec, _, err := desired.ReadJob(r.Context(), m.store, r.PathValue("name"))
 	if err == nil {
 		noteTenant(r, rec.Spec.Tenant)
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
@@ -377,7 +378,7 @@ func (m *Master) drainNode(drain bool) http.HandlerFunc {
 				return
 			}
 		}
-		if err := UpdateNodeConf(r.Context(), m.store, id, func(c *cluster.NodeConf) {
+		if err := desired.UpdateNodeConf(r.Context(), m.store, id, func(c *cluster.NodeConf) {
 			c.Draining = drain
 			if !drain {
 				c.Avoid = nil // an operator who undrains a node vouches for it again
@@ -403,7 +404,7 @@ func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
 		if !p.admin && p.tenant != name {
 			continue
 		}
-		t, _, err := readTenant(r.Context(), m.store, name)
+		t, _, err := desired.ReadTenant(r.Context(), m.store, name)
 		if err != nil {
 			continue
 		}
@@ -418,7 +419,7 @@ func (m *Master) createTenant(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	noteObject(r, "tenant/"+t.Name)
-	if err := CreateTenant(r.Context(), m.store, cluster.TenantRecord{Tenant: t}); err != nil {
+	if err := desired.CreateTenant(r.Context(), m.store, cluster.TenantRecord{Tenant: t}); err != nil {
 		failErr(w, err)
 		return
 	}
@@ -426,7 +427,7 @@ func (m *Master) createTenant(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *Master) tenantToken(w http.ResponseWriter, r *http.Request) {
-	token, err := SetTenantToken(r.Context(), m.store, r.PathValue("name"))
+	token, err := desired.SetTenantToken(r.Context(), m.store, r.PathValue("name"))
 	if err != nil {
 		failErr(w, err)
 		return
@@ -465,7 +466,7 @@ func (m *Master) setDC(state string) http.HandlerFunc {
 			fail(w, api.ErrBadInput, "--rebalance goes with restore only")
 			return
 		}
-		rec, err := SetDCState(r.Context(), m.store, r.PathValue("dc"), state, req.Rebalance)
+		rec, err := desired.SetDCState(r.Context(), m.store, r.PathValue("dc"), state, req.Rebalance)
 		if err != nil {
 			failErr(w, err)
 			return

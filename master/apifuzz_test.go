@@ -17,6 +17,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/master/desired"
 )
 
 // fuzzMaster is a master that serves its API but never leads: another candidate holds the
@@ -75,20 +76,20 @@ func newFuzzMaster(tb testing.TB) *fuzzMaster {
 	}
 	f.tokens = []string{"", adminToken}
 	for _, tenant := range []string{"demo", "other"} {
-		if err := CreateTenant(ctx, admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: tenant, MaxWorkers: 50}}); err != nil {
+		if err := desired.CreateTenant(ctx, admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: tenant, MaxWorkers: 50}}); err != nil {
 			tb.Fatal(err)
 		}
-		tok, err := SetTenantToken(ctx, admin, tenant)
+		tok, err := desired.SetTenantToken(ctx, admin, tenant)
 		if err != nil {
 			tb.Fatal(err)
 		}
 		f.tokens = append(f.tokens, tok)
-		if _, err := SubmitJob(ctx, admin, testSpecFor(tenant+"-job", tenant, 2)); err != nil {
+		if _, err := desired.SubmitJob(ctx, admin, testSpecFor(tenant+"-job", tenant, 2)); err != nil {
 			tb.Fatal(err)
 		}
 	}
 	f.tokens = append(f.tokens, "sdt_garbage")
-	if err := putDC(ctx, admin, cluster.DCRecord{Name: "dc-a", State: cluster.DCActive}); err != nil {
+	if err := desired.PutDC(ctx, admin, cluster.DCRecord{Name: "dc-a", State: cluster.DCActive}); err != nil {
 		tb.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)

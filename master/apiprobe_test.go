@@ -25,6 +25,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master/desired"
 )
 
 // The tests in this file attack the master's API as a client would that owes it nothing:
@@ -442,7 +443,7 @@ func TestAPIQuotaUnderRacingSubmitsAndScales(t *testing.T) {
 	}
 	used := 0
 	for _, name := range names {
-		rec, _, err := readJob(f.tc.ctx, f.tc.admin, name)
+		rec, _, err := desired.ReadJob(f.tc.ctx, f.tc.admin, name)
 		if err == nil && rec.Spec.Tenant == "demo" {
 			used += rec.Spec.TotalWorkers()
 		}

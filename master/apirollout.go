@@ -10,6 +10,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/master/desired"
 )
 
 // The API of rollouts: update, rollback, restart, pause, resume, promote and history.
@@ -20,7 +21,7 @@ func (m *Master) updateJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	rec, _, err := readJob(r.Context(), m.store, name)
+	rec, _, err := desired.ReadJob(r.Context(), m.store, name)
 	if err == nil {
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
 	}
@@ -39,7 +40,7 @@ func (m *Master) updateJob(w http.ResponseWriter, r *http.Request) {
 	if spec.Image != rec.Spec.Image || spec.IsolationMode() != rec.Spec.IsolationMode() {
 		pin = pinImage(r.Context(), m.cfg.Resolver, spec, 0)
 	}
-	out, changed, err := UpdateJob(r.Context(), m.store, name, Change{Spec: spec, Pin: pin, Policy: req.Policy, Who: principalOf(r.Context()).String()})
+	out, changed, err := desired.UpdateJob(r.Context(), m.store, name, desired.Change{Spec: spec, Pin: pin, Policy: req.Policy, Who: principalOf(r.Context()).String()})
 	if err != nil {
 		failErr(w, err)
 		return
@@ -64,7 +65,7 @@ func (m *Master) rollbackJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	out, changed, err := RollbackJob(r.Context(), m.store, name, Change{To: req.To, Policy: req.Policy, Who: principalOf(r.Context()).String()})
+	out, changed, err := desired.RollbackJob(r.Context(), m.store, name, desired.Change{To: req.To, Policy: req.Policy, Who: principalOf(r.Context()).String()})
 	if err != nil {
 		failErr(w, err)
 		return
@@ -83,7 +84,7 @@ func (m *Master) restartJob(w http.ResponseWriter, r *http.Request) {
 	if !m.mayUseJob(w, r) {
 		return
 	}
-	rec, err := RestartJob(r.Context(), m.store, r.PathValue("name"), req.Workers, req.By, req.MaxParallel, principalOf(r.Context()).String())
+	rec, err := desired.RestartJob(r.Context(), m.store, r.PathValue("name"), req.Workers, req.By, req.MaxParallel, principalOf(r.Context()).String())
 	if err != nil {
 		failErr(w, err)
 		return
@@ -101,7 +102,7 @@ func (m *Master) rolloutAction(action string) http.HandlerFunc {
 		if !m.mayUseJob(w, r) {
 			return
 		}
-		rec, err := RolloutAction(r.Context(), m.store, r.PathValue("name"), action)
+		rec, err := desired.RolloutAction(r.Context(), m.store, r.PathValue("name"), action)
 		if err != nil {
 			failErr(w, err)
 			return
@@ -112,7 +113,7 @@ func (m *Master) rolloutAction(action string) http.HandlerFunc {
 }
 
 func (m *Master) jobHistory(w http.ResponseWriter, r *http.Request) {
-	rec, h, err := ReadHistory(r.Context(), m.store, r.PathValue("name"))
+	rec, h, err := desired.ReadHistory(r.Context(), m.store, r.PathValue("name"))
 	if err == nil {
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
-	"github.com/stormdock/stormdock/coord"
 )
 
 // principal is who makes an API call: the admin, or one tenant.
@@ -132,26 +131,4 @@ func mayUse(p principal, tenant string) error {
 		return nil
 	}
 	return fmt.Errorf("%w: the token of tenant %s cannot act on tenant %s's jobs", api.ErrForbidden, p.tenant, tenant)
-}
-
-// SetTenantToken makes a new token for a tenant, replacing the old one, and returns it.
-func SetTenantToken(ctx context.Context, s coord.KV, name string) (string, error) {
-	var token string
-	key, err := keyOf(cluster.TenantKey(name))
-	if err != nil {
-		return "", err
-	}
-	_, err = coord.Update(ctx, s, key, func(cur []byte, exists bool) ([]byte, error) {
-		t, err := decodeTenant(name, cur, exists)
-		if err != nil {
-			return nil, err
-		}
-		token = api.NewToken()
-		t.TokenHash = api.HashToken(token)
-		return json.Marshal(t)
-	})
-	if err != nil {
-		return "", busy(err, "tenant "+name)
-	}
-	return token, nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master/desired"
 )
 
 // TestDCLossMovesWholeJobs loses a data center when the others cannot take all of its
@@ -22,13 +23,13 @@ func TestDCLossMovesWholeJobs(t *testing.T) {
 		clients[n.ID] = tc.node(n)
 	}
 	testenv.Eventually(t, "the master sees 6 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 6 })
-	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
 	big, small := testSpec("a-big", 9), testSpec("b-small", 6)
 	big.Placement.Spread, small.Placement.Spread = []string{"dc"}, []string{"dc"}
 	for _, s := range []*cluster.JobSpec{big, small} {
-		if _, err := SubmitJob(tc.ctx, tc.admin, s); err != nil {
+		if _, err := desired.SubmitJob(tc.ctx, tc.admin, s); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -93,10 +94,10 @@ func TestDCFailAndRestore(t *testing.T) {
 		tc.node(n)
 	}
 	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
-	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
 		t.Fatal(err)
 	}
 	inDC := func(dc string) int {
@@ -109,15 +110,15 @@ func TestDCFailAndRestore(t *testing.T) {
 		return n
 	}
 	testenv.Eventually(t, "3 workers per data center", 5*time.Second, func() bool { return inDC("dc-0") == 3 && inDC("dc-1") == 3 })
-	if _, err := SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCFailed, false); err != nil {
+	if _, err := desired.SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCFailed, false); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "dc-0 emptied", 5*time.Second, func() bool { return inDC("dc-0") == 0 && inDC("dc-1") == 6 })
-	if _, err := SetDCState(tc.ctx, tc.admin, "nope", cluster.DCFailed, false); err == nil {
+	if _, err := desired.SetDCState(tc.ctx, tc.admin, "nope", cluster.DCFailed, false); err == nil {
 		t.Error("failing an unknown data center worked")
 	}
 	// Restore without rebalance: nothing moves back.
-	if _, err := SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCActive, false); err != nil {
+	if _, err := desired.SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCActive, false); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "dc-0 active in the master's view", 5*time.Second, func() bool { return m.view().dcState("dc-0") == cluster.DCActive })
@@ -125,7 +126,7 @@ func TestDCFailAndRestore(t *testing.T) {
 	if inDC("dc-0") != 0 {
 		t.Fatal("workers moved back without --rebalance")
 	}
-	if _, err := SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCActive, true); err != nil {
+	if _, err := desired.SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCActive, true); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "rebalanced 3/3", 5*time.Second, func() bool { return inDC("dc-0") == 3 && inDC("dc-1") == 3 })

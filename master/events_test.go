@@ -20,6 +20,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/multidc"
 )
 
@@ -192,22 +193,22 @@ func TestMasterEvents(t *testing.T) {
 	defer cancel()
 	stream := sse(t, ctx, srv.URL+"/v1/events?follow=true", admin)
 	for _, tn := range []string{"search", "ads"} {
-		if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: tn}}); err != nil {
+		if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: tn}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	adsToken, err := SetTenantToken(tc.ctx, tc.admin, "ads")
+	adsToken, err := desired.SetTenantToken(tc.ctx, tc.admin, "ads")
 	if err != nil {
 		t.Fatal(err)
 	}
 	spec := testSpec("wc", 2)
 	spec.Placement.Spread = []string{"dc"}
-	if _, err := SubmitJob(tc.ctx, tc.admin, spec); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, spec); err != nil {
 		t.Fatal(err)
 	}
 	ads := testSpec("adjob", 1)
 	ads.Tenant = "ads"
-	if _, err := SubmitJob(tc.ctx, tc.admin, ads); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, ads); err != nil {
 		t.Fatal(err)
 	}
 	var got []api.Event
@@ -262,7 +263,7 @@ func TestMasterEvents(t *testing.T) {
 		t.Errorf("move event: %+v", moved)
 	}
 	// Scaled: a job event and its new worker placed.
-	if _, err := ScaleJob(tc.ctx, tc.admin, "wc", 3); err != nil {
+	if _, err := desired.ScaleJob(tc.ctx, tc.admin, "wc", 3); err != nil {
 		t.Fatal(err)
 	}
 	if e := waitFor("wc scaled", kind(api.EventJobScaled, "job/wc")); e.Reason != "from 2 to 3 workers" {
@@ -415,12 +416,12 @@ func TestEventLogAtBound(t *testing.T) {
 // link.failover event of the job's tenant; the failover before the master led does not.
 func TestFailoverEvents(t *testing.T) {
 	tc := newTestCluster(t)
-	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
 	spec := testSpec("mj", 1)
 	spec.Links, spec.Output = []string{"dc-a", "dc-b"}, "file:///tmp/out.jsonl"
-	if _, err := SubmitJob(tc.ctx, tc.admin, spec); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, spec); err != nil {
 		t.Fatal(err)
 	}
 	write := func(from, to, reason string, at time.Time, next int64) {

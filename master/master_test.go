@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/master/desired"
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
@@ -212,10 +213,10 @@ func TestMasterPlacesAndReplacesLostNode(t *testing.T) {
 		clients[n.ID] = tc.node(n)
 	}
 	testenv.Eventually(t, "the master sees 8 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 8 })
-	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 12)); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 12)); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "12 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 12 })
@@ -261,10 +262,10 @@ func TestMasterFailoverKeepsAssignments(t *testing.T) {
 		tc.node(n)
 	}
 	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m1.view().nodes) == 4 })
-	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 6 })
@@ -416,14 +417,14 @@ func TestDrainMovesWorkersOff(t *testing.T) {
 		tc.node(n)
 	}
 	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
-	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 8)); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 8)); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "8 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 8 })
-	if err := UpdateNodeConf(tc.ctx, tc.admin, "n-0-0-0", func(c *cluster.NodeConf) { c.Draining = true }); err != nil {
+	if err := desired.UpdateNodeConf(tc.ctx, tc.admin, "n-0-0-0", func(c *cluster.NodeConf) { c.Draining = true }); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "drained node empty", 5*time.Second, func() bool {
@@ -450,10 +451,10 @@ func TestCrashLoopMovesJobOffNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 2 })
-	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 2)); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 2)); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "2 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 2 })

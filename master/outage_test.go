@@ -8,6 +8,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master/desired"
 )
 
 // nodeSession reads the session stamped on a node's assignment.
@@ -34,10 +35,10 @@ func TestMasterWaitsForNodesAfterStoreOutage(t *testing.T) {
 		clients[n.ID] = tc.node(n)
 	}
 	testenv.Eventually(t, "the master sees 3 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 3 })
-	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 6 })

@@ -5,24 +5,12 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/stormdock/stormdock/api"
-	"github.com/stormdock/stormdock/cluster"
-	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/multidc"
 )
 
 // A mirrored job's link workers prove to its output router that they are its workers with
 // a sender token (see package multidc): its hash is in the job record from the submit on,
 // and the leader puts the token itself in the link workers' assignments.
-
-// outputTokenHash is the hash the record of a mirrored job submitted at rec.Submitted keeps.
-func outputTokenHash(ctx context.Context, s coord.KV, rec cluster.JobRecord) (string, error) {
-	key, err := multidc.EnsureOutputKey(ctx, s)
-	if err != nil {
-		return "", err
-	}
-	return api.HashToken(multidc.SenderToken(key, rec.Spec.Name, rec.Submitted)), nil
-}
 
 // ensureOutputKey reads the cluster's output key once there is a mirrored job.
 func (r *reconciler) ensureOutputKey(ctx context.Context, v *view) error {

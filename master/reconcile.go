@@ -14,6 +14,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/multidc"
 	"github.com/stormdock/stormdock/placement"
 )
@@ -372,7 +373,7 @@ func (r *reconciler) noteCrashLoops(ctx context.Context, v *view) error {
 				continue
 			}
 			job := w.Key.Job
-			err := UpdateNodeConf(ctx, r.m.store, node, func(c *cluster.NodeConf) {
+			err := desired.UpdateNodeConf(ctx, r.m.store, node, func(c *cluster.NodeConf) {
 				if !slices.Contains(c.Avoid, job) {
 					c.Avoid = append(c.Avoid, job)
 				}

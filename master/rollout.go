@@ -15,6 +15,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/master/desired"
 )
 
 // Rollouts: the leader replaces the workers of a job whose spec changed (job update,
@@ -229,7 +230,7 @@ func (r *reconciler) revert(ctx context.Context, name string, failed cluster.Rol
 			return nil, errUnchanged
 		}
 		now := time.Now().UTC()
-		h, _, _, err := readHistory(ctx, r.m.store, rec)
+		h, err := desired.HistoryOf(ctx, r.m.store, rec)
 		if err != nil {
 			return nil, err
 		}

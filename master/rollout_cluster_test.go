@@ -17,6 +17,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master/desired"
 )
 
 // sim is what the simulated agents of these tests run: which worker indexes run where, the
@@ -449,7 +450,7 @@ func TestRolloutCanaryCrashReverts(t *testing.T) {
 func TestRolloutOperatorActions(t *testing.T) {
 	tc, _, _, _, cl := rolloutCluster(t, 1)
 	ctx := tc.ctx
-	if _, err := cl.RolloutAction(ctx, "wc", ActionPause); err == nil || !strings.Contains(err.Error(), "no rollout in progress") {
+	if _, err := cl.RolloutAction(ctx, "wc", desired.ActionPause); err == nil || !strings.Contains(err.Error(), "no rollout in progress") {
 		t.Fatalf("pause without a rollout: %v", err)
 	}
 	spec := rolloutSpec("wc", 12, "sleep 2000", "{canary: 2, maxParallel: 3, minHealthy: 100ms}")
@@ -460,18 +461,18 @@ func TestRolloutOperatorActions(t *testing.T) {
 	if len(ro.Canaries) != 2 || ro.Healthy != 2 {
 		t.Errorf("awaiting promotion: %s", ro.Summary())
 	}
-	if _, err := cl.RolloutAction(ctx, "wc", ActionPause); err != nil {
+	if _, err := cl.RolloutAction(ctx, "wc", desired.ActionPause); err != nil {
 		t.Fatal(err)
 	}
 	// Promoted while paused: still paused.
-	if rec, err := cl.RolloutAction(ctx, "wc", ActionPromote); err != nil || rec.Rollout.State != cluster.RolloutPaused || !rec.Rollout.Promoted {
+	if rec, err := cl.RolloutAction(ctx, "wc", desired.ActionPromote); err != nil || rec.Rollout.State != cluster.RolloutPaused || !rec.Rollout.Promoted {
 		t.Fatalf("promoted while paused: %s, %v", rec.Rollout.Summary(), err)
 	}
-	if _, err := cl.RolloutAction(ctx, "wc", ActionResume); err != nil {
+	if _, err := cl.RolloutAction(ctx, "wc", desired.ActionResume); err != nil {
 		t.Fatal(err)
 	}
 	waitRollout(t, cl, "wc", cluster.RolloutDone)
-	if _, err := cl.RolloutAction(ctx, "wc", ActionPromote); err == nil {
+	if _, err := cl.RolloutAction(ctx, "wc", desired.ActionPromote); err == nil {
 		t.Fatal("promote of a finished rollout accepted")
 	}
 
@@ -565,14 +566,14 @@ func TestRolloutPrepullsBeforeStop(t *testing.T) {
 		tc.simNode(nodes[i], s, 20*time.Millisecond, 10*time.Millisecond)
 	}
 	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
-	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
 	spec := testSpec("wc", 6)
 	spec.Isolation, spec.Command, spec.Image = cluster.IsolationDocker, nil, "127.0.0.1:5000/w:1"
 	spec.Update = cluster.UpdatePolicy{MaxParallel: 2, MinHealthy: cluster.Duration(50 * time.Millisecond)}
 	pin := &cluster.ImagePin{Generation: 1, Image: spec.Image, Ref: "127.0.0.1:5000/w@sha256:1", Digest: "sha256:1"}
-	if _, err := SubmitJobPinned(tc.ctx, tc.admin, spec, pin); err != nil {
+	if _, err := desired.SubmitJobPinned(tc.ctx, tc.admin, spec, pin); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "6 workers running", 5*time.Second, func() bool { return s.runningOf("wc") == 6 })
@@ -580,7 +581,7 @@ func TestRolloutPrepullsBeforeStop(t *testing.T) {
 	next := *spec
 	next.Image = "127.0.0.1:5000/w:2"
 	pin2 := &cluster.ImagePin{Image: next.Image, Ref: "127.0.0.1:5000/w@sha256:2", Digest: "sha256:2"}
-	rec, changed, err := UpdateJob(tc.ctx, tc.admin, "wc", Change{Spec: &next, Pin: pin2, Who: "test"})
+	rec, changed, err := desired.UpdateJob(tc.ctx, tc.admin, "wc", desired.Change{Spec: &next, Pin: pin2, Who: "test"})
 	if err != nil || !changed || rec.Image.Generation != 2 {
 		t.Fatalf("update: %+v, %v, %v", rec.Image, changed, err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/placement/synth"
 )
 
@@ -112,12 +113,12 @@ func watchCluster(t *testing.T) (tc *testCluster, leader *Master, srv *httptest.
 			t.Fatal(err)
 		}
 	}
-	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 4)); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 4)); err != nil {
 		t.Fatal(err)
 	}
 	ads := testSpec("clicks", 2)
 	ads.Tenant = "ads"
-	if _, err := SubmitJob(tc.ctx, tc.admin, ads); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, ads); err != nil {
 		t.Fatal(err)
 	}
 	return tc, leader, srv, admin, token
@@ -412,10 +413,10 @@ func TestDCImpact(t *testing.T) {
 		tc.node(n)
 	}
 	testenv.Eventually(t, "6 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 6 })
-	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
+	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 6 })
@@ -457,7 +458,7 @@ func TestDCImpact(t *testing.T) {
 			t.Errorf("%s: %+v; want its 2 workers to fit elsewhere", dc, f)
 		}
 	}
-	if _, err := SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCFailed, false); err != nil {
+	if _, err := desired.SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCFailed, false); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "dc-0's workers moved, as predicted", 5*time.Second, func() bool {
@@ -466,12 +467,12 @@ func TestDCImpact(t *testing.T) {
 	if _, ok := impact()["dc-0"]; ok {
 		t.Error("a failed data center still gets a failure check")
 	}
-	if _, err := SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCActive, false); err != nil {
+	if _, err := desired.SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCActive, false); err != nil {
 		t.Fatal(err)
 	}
 	// 18 workers fill 6 of every data center's 8 slots: the 4 slots free elsewhere cannot
 	// take a data center's 6, and the job moves only whole.
-	if _, err := ScaleJob(tc.ctx, tc.admin, "wc", 18); err != nil {
+	if _, err := desired.ScaleJob(tc.ctx, tc.admin, "wc", 18); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "18 workers assigned, 6 in dc-0", 5*time.Second, func() bool {
@@ -482,7 +483,7 @@ func TestDCImpact(t *testing.T) {
 		t.Fatalf("dc-0: %+v; want its 6 workers waiting", f)
 	}
 	before := tc.assignments()
-	if _, err := SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCFailed, false); err != nil {
+	if _, err := desired.SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCFailed, false); err != nil {
 		t.Fatal(err)
 	}
 	tc.reconciled(m)
@@ -525,11 +526,11 @@ func BenchmarkWatchMap(b *testing.B) {
 	for _, spec := range cfg.JobSpecs() {
 		if !tenants[spec.Tenant] {
 			tenants[spec.Tenant] = true
-			if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
+			if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
 				b.Fatal(err)
 			}
 		}
-		if _, err := SubmitJob(tc.ctx, tc.admin, &spec); err != nil {
+		if _, err := desired.SubmitJob(tc.ctx, tc.admin, &spec); err != nil {
 			b.Fatal(err)
 		}
 	}

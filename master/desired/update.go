@@ -1,4 +1,4 @@
-package master
+package desired
 
 import (
 	"context"
@@ -58,9 +58,15 @@ func historyOp(name string, h cluster.JobHistory, e coord.Entry, exists bool) (c
 	return coord.CreateOp(key, val, coord.Persistent), nil
 }
 
+// HistoryOf returns the history of the job rec is the record of (see ReadHistory).
+func HistoryOf(ctx context.Context, s coord.KV, rec cluster.JobRecord) (cluster.JobHistory, error) {
+	h, _, _, err := readHistory(ctx, s, rec)
+	return h, err
+}
+
 // ReadHistory returns the generations of a job.
 func ReadHistory(ctx context.Context, s coord.KV, name string) (cluster.JobRecord, cluster.JobHistory, error) {
-	rec, _, err := readJob(ctx, s, name)
+	rec, _, err := ReadJob(ctx, s, name)
 	if err != nil {
 		return rec, cluster.JobHistory{}, err
 	}
@@ -145,7 +151,7 @@ func changeJob(ctx context.Context, s coord.KV, name, kind string, c Change,
 		changed = false
 		var je coord.Entry
 		var err error
-		if rec, je, err = readJob(ctx, s, name); err != nil {
+		if rec, je, err = ReadJob(ctx, s, name); err != nil {
 			return err
 		}
 		if rec.State != cluster.JobRunning {
@@ -177,7 +183,7 @@ func changeJob(ctx context.Context, s coord.KV, name, kind string, c Change,
 		if reflect.DeepEqual(spec, rec.Spec) && pinRef(pin) == pinRef(rec.Image) {
 			return nil // nothing to roll out
 		}
-		t, te, err := readTenant(ctx, s, spec.Tenant)
+		t, te, err := ReadTenant(ctx, s, spec.Tenant)
 		if err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-package master
+package desired
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/multidc"
 )
 
 // busy reports a read-modify-write that kept meeting other writers (coord.ErrContended) as
@@ -22,93 +23,6 @@ func busy(err error, what string) error {
 	return err
 }
 
-// tenantUsage reads, fresh from the store, what the tenant's jobs ask for, leaving out the
-// job named except (the one being scaled). A tenant without caps has no quota to check: its
-// usage is not read, which would cost a read of every job for every submission (minutes for
-// a thousand jobs).
-func tenantUsage(ctx context.Context, s coord.KV, t cluster.TenantRecord, except string) (workers int, memory cluster.Bytes, err error) {
-	if t.MaxWorkers <= 0 && t.MaxMemory <= 0 {
-		return 0, 0, nil
-	}
-	tenant := t.Name
-	names, err := s.Children(ctx, cluster.JobsKey)
-	if err != nil {
-		return 0, 0, fmt.Errorf("list jobs: %w", err)
-	}
-	for _, name := range names {
-		key, kerr := cluster.JobKey(name)
-		if name == except || kerr != nil {
-			continue
-		}
-		e, err := s.Get(ctx, key)
-		if errors.Is(err, coord.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return 0, 0, fmt.Errorf("read job %s: %w", name, err)
-		}
-		var rec cluster.JobRecord
-		if json.Unmarshal(e.Value, &rec) != nil || rec.Spec.Tenant != tenant {
-			continue
-		}
-		w := rec.Spec.TotalWorkers()
-		workers += w
-		memory += cluster.Bytes(w) * rec.Spec.Resources.Memory
-	}
-	return workers, memory, nil
-}
-
-// readTenant returns the tenant record and its entry (for its version).
-func readTenant(ctx context.Context, s coord.KV, name string) (cluster.TenantRecord, coord.Entry, error) {
-	key, err := keyOf(cluster.TenantKey(name))
-	if err != nil {
-		return cluster.TenantRecord{}, coord.Entry{}, err
-	}
-	e, err := s.Get(ctx, key)
-	if err != nil && !errors.Is(err, coord.ErrNotFound) {
-		return cluster.TenantRecord{}, e, fmt.Errorf("read tenant %s: %w", name, err)
-	}
-	t, err := decodeTenant(name, e.Value, err == nil)
-	return t, e, err
-}
-
-// decodeTenant decodes a tenant's stored record; exists is false when there is none.
-func decodeTenant(name string, val []byte, exists bool) (cluster.TenantRecord, error) {
-	var t cluster.TenantRecord
-	if !exists {
-		return t, fmt.Errorf("%w: unknown tenant %q: create it first with `stormdock tenant create %s`", api.ErrNotFound, name, name)
-	}
-	if err := json.Unmarshal(val, &t); err != nil {
-		return cluster.TenantRecord{}, fmt.Errorf("read tenant %s: %w", name, err)
-	}
-	return t, nil
-}
-
-// checkQuota refuses a change that would take the tenant past its caps, with the numbers.
-func checkQuota(t cluster.TenantRecord, usedW int, usedM cluster.Bytes, spec *cluster.JobSpec) error {
-	w := spec.TotalWorkers()
-	m := cluster.Bytes(w) * spec.Resources.Memory
-	if t.MaxWorkers > 0 && usedW+w > t.MaxWorkers {
-		return fmt.Errorf("%w: tenant %s: %d of %d workers used, asked for %d more", api.ErrQuota, t.Name, usedW, t.MaxWorkers, w)
-	}
-	if t.MaxMemory > 0 && usedM+m > t.MaxMemory {
-		return fmt.Errorf("%w: tenant %s: %s of %s memory used, asked for %s more", api.ErrQuota, t.Name, usedM, t.MaxMemory, m)
-	}
-	return nil
-}
-
-// quotaOp is the transaction's guard on the tenant a job change was checked against. With
-// caps, the tenant's version is bumped, so that two changes cannot both pass the quota on
-// one reading of it; without caps there is no usage to count, and the record is only
-// checked unchanged (its caps not set meanwhile): submissions of one tenant then do not
-// conflict with each other, which made eight clients submitting at once fail with busy.
-func quotaOp(t cluster.TenantRecord, key string, e coord.Entry) coord.Op {
-	if t.MaxWorkers <= 0 && t.MaxMemory <= 0 {
-		return coord.CheckOp(key, e.Version)
-	}
-	return coord.PutOp(key, e.Value, e.Version)
-}
-
 // SubmitJob stores a new job after checking its tenant's quota. The tenant record's
 // version is bumped in the same transaction, so two submits for one tenant cannot both
 // pass the quota on the same reading.
@@ -116,7 +30,7 @@ func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.
 	return SubmitJobPinned(ctx, s, spec, nil)
 }
 
-// SubmitJobPinned is SubmitJob with the image pin of its first generation (see pinImage).
+// SubmitJobPinned is SubmitJob with the image pin of its first generation (the master resolves it: see its pinImage).
 func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cluster.ImagePin) (cluster.JobRecord, error) {
 	return SubmitJobAs(ctx, s, spec, pin, "")
 }
@@ -140,7 +54,7 @@ func SubmitJobAs(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cl
 		return rec, err
 	}
 	err = coord.Retry(ctx, func() error {
-		t, te, err := readTenant(ctx, s, spec.Tenant)
+		t, te, err := ReadTenant(ctx, s, spec.Tenant)
 		if err != nil {
 			return err
 		}
@@ -189,8 +103,8 @@ func SubmitJobAs(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cl
 	return rec, nil
 }
 
-// readJob returns a job's record and entry.
-func readJob(ctx context.Context, s coord.KV, name string) (cluster.JobRecord, coord.Entry, error) {
+// ReadJob returns a job's record and its entry (for its version).
+func ReadJob(ctx context.Context, s coord.KV, name string) (cluster.JobRecord, coord.Entry, error) {
 	key, err := keyOf(cluster.JobKey(name))
 	if err != nil {
 		return cluster.JobRecord{}, coord.Entry{}, err
@@ -225,13 +139,13 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 	err := coord.Retry(ctx, func() error {
 		var je coord.Entry
 		var err error
-		if rec, je, err = readJob(ctx, s, name); err != nil {
+		if rec, je, err = ReadJob(ctx, s, name); err != nil {
 			return err
 		}
 		if rec.State != cluster.JobRunning {
 			return fmt.Errorf("%w: job %q is being killed", api.ErrBadInput, name)
 		}
-		t, te, err := readTenant(ctx, s, rec.Spec.Tenant)
+		t, te, err := ReadTenant(ctx, s, rec.Spec.Tenant)
 		if err != nil {
 			return err
 		}
@@ -307,48 +221,11 @@ func KillJob(ctx context.Context, s coord.KV, name string, grace time.Duration) 
 	return rec, nil
 }
 
-// CreateTenant stores a new tenant.
-func CreateTenant(ctx context.Context, s coord.KV, t cluster.TenantRecord) error {
-	if err := t.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", api.ErrBadInput, err)
-	}
-	if t.Created.IsZero() {
-		t.Created = time.Now().UTC()
-	}
-	val, _ := json.Marshal(t)
-	key, err := keyOf(cluster.TenantKey(t.Name))
+// outputTokenHash is the hash the record of a mirrored job submitted at rec.Submitted keeps.
+func outputTokenHash(ctx context.Context, s coord.KV, rec cluster.JobRecord) (string, error) {
+	key, err := multidc.EnsureOutputKey(ctx, s)
 	if err != nil {
-		return err
+		return "", err
 	}
-	_, err = s.Create(ctx, key, val, coord.Persistent)
-	if errors.Is(err, coord.ErrExists) {
-		return fmt.Errorf("%w: tenant %q already exists", api.ErrExists, t.Name)
-	}
-	if err != nil {
-		return fmt.Errorf("create tenant %s: %w", t.Name, err)
-	}
-	return nil
-}
-
-// UpdateNodeConf applies change to a node's operator settings with compare-and-set.
-func UpdateNodeConf(ctx context.Context, s coord.KV, id string, change func(*cluster.NodeConf)) error {
-	// A node has no settings until an operator gives some: a missing key is the zero NodeConf.
-	key, err := keyOf(cluster.NodeConfKey(id))
-	if err != nil {
-		return err
-	}
-	_, err = coord.Update(ctx, s, key, func(cur []byte, exists bool) ([]byte, error) {
-		var c cluster.NodeConf
-		if exists && len(cur) > 0 {
-			if err := json.Unmarshal(cur, &c); err != nil {
-				return nil, fmt.Errorf("read settings of node %s: %w", id, err)
-			}
-		}
-		change(&c)
-		return json.Marshal(c)
-	})
-	if err != nil {
-		return busy(err, "node "+id)
-	}
-	return nil
+	return api.HashToken(multidc.SenderToken(key, rec.Spec.Name, rec.Submitted)), nil
 }

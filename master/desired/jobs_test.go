@@ -1,10 +1,11 @@
-package master
+package desired
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,51 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
+
+// testStore is an embedded store with the master's directories, and an admin client.
+type testStore struct {
+	t     testing.TB
+	srv   *coord.Server
+	ctx   context.Context
+	admin *coord.Embedded
+}
+
+func newTestStore(t testing.TB) *testStore {
+	t.Helper()
+	quiet := slog.New(slog.DiscardHandler)
+	srv, err := coord.NewServer(coord.ServerOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() {
+		cancel()
+		srv.Close()
+	})
+	tc := &testStore{t: t, srv: srv, ctx: ctx}
+	tc.admin = tc.connect(-1)
+	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodeConfsKey, cluster.DCsKey, cluster.HistoryKey} {
+		if _, err := tc.admin.Create(ctx, k, nil, coord.Persistent); err != nil && !errors.Is(err, coord.ErrExists) {
+			t.Fatal(err)
+		}
+	}
+	return tc
+}
+
+func (tc *testStore) connect(timeout time.Duration) *coord.Embedded {
+	c, err := tc.srv.Connect(coord.Options{SessionTimeout: timeout, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func testSpec(name string, workers int) *cluster.JobSpec {
+	return &cluster.JobSpec{Name: name, Tenant: "search", Workers: workers,
+		Resources: cluster.Resources{Memory: 64 << 20, CPU: 100}, Command: []string{"sleep", "1000"},
+		Placement: cluster.PlacementSpec{Spread: []string{"dc", "rack"}}}
+}
 
 // conflictingKV is a store on which every conditional write meets another writer.
 type conflictingKV struct{ coord.KV }
@@ -30,14 +76,14 @@ func (conflictingKV) Txn(context.Context, ...coord.Op) ([]coord.OpResult, error)
 // TestStoreWritesReportContentionAsBusy: every read-modify-write of the master's records
 // gives up after a bounded number of conflicts with api.ErrBusy, which the API answers with 503.
 func TestStoreWritesReportContentionAsBusy(t *testing.T) {
-	tc := newTestCluster(t)
+	tc := newTestStore(t)
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := SubmitJob(tc.ctx, tc.admin, testSpec("wc", 2)); err != nil {
 		t.Fatal(err)
 	}
-	if err := putDC(tc.ctx, tc.admin, cluster.DCRecord{Name: "dc-a", State: cluster.DCActive}); err != nil {
+	if err := PutDC(tc.ctx, tc.admin, cluster.DCRecord{Name: "dc-a", State: cluster.DCActive}); err != nil {
 		t.Fatal(err)
 	}
 	if err := UpdateNodeConf(tc.ctx, tc.admin, "n1", func(*cluster.NodeConf) {}); err != nil {
@@ -74,7 +120,7 @@ func TestStoreWritesReportContentionAsBusy(t *testing.T) {
 // TestConcurrentSubmitsKeepTheQuota: submits racing for one tenant's last workers each read
 // the quota afresh after a conflict, so together they never take more than the cap.
 func TestConcurrentSubmitsKeepTheQuota(t *testing.T) {
-	tc := newTestCluster(t)
+	tc := newTestStore(t)
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search", MaxWorkers: 10}}); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +162,7 @@ func TestConcurrentSubmitsKeepTheQuota(t *testing.T) {
 // they leave its record as it is, so that many at once do not conflict on it (over
 // ZooKeeper, eight clients submitting at once were answered busy).
 func TestConcurrentSubmitsWithoutCaps(t *testing.T) {
-	tc := newTestCluster(t)
+	tc := newTestStore(t)
 	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +199,7 @@ func TestConcurrentSubmitsWithoutCaps(t *testing.T) {
 // TestConcurrentNodeConfUpdates: operators and the master changing one node's settings at
 // once, starting with no settings at all, lose none of the changes.
 func TestConcurrentNodeConfUpdates(t *testing.T) {
-	tc := newTestCluster(t)
+	tc := newTestStore(t)
 	const writers = 8
 	var wg sync.WaitGroup
 	want := make([]string, writers)
