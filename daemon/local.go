@@ -24,7 +24,7 @@ import (
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/docker"
-	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/master/eventlog"
 )
 
 // LocalConfig shapes a local cluster.
@@ -66,8 +66,8 @@ type LocalConfig struct {
 	CgroupParent string
 	// Self is the stormdock binary every node runs workers with (AgentConfig.Self).
 	Self string
-	// Events bounds the cluster's events (master.EventsConfig).
-	Events master.EventsConfig
+	// Events bounds the cluster's events (eventlog.Config).
+	Events eventlog.Config
 	Logger *slog.Logger
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/master/eventlog"
 )
 
 // MasterConfig is everything a master process is built from.
@@ -52,8 +53,8 @@ type MasterConfig struct {
 	// RegistryAuth is Docker's config.json with the credentials the master resolves image
 	// tags to digests with; "" resolves anonymously.
 	RegistryAuth string
-	// Events bounds and paces the cluster's events (see master.EventsConfig).
-	Events master.EventsConfig
+	// Events bounds and paces the cluster's events (see eventlog.Config).
+	Events eventlog.Config
 	Logger *slog.Logger
 }
 

@@ -99,7 +99,7 @@ func (m *Master) apiEvent(e *auditEntry, action, result string, status int) {
 			ev.DC = name
 		}
 	}
-	m.events.emit(ev)
+	m.events.Emit(ev)
 }
 
 // auditEntry collects, while a request is served, who made it and what it is about.

@@ -28,7 +28,7 @@ import (
 // master. Time defaults to now. It is the hook for what happens outside the leader's views,
 // such as rollouts (kinds api.EventRolloutPrefix + "..."); Object, Kind and, for a job's
 // event, Job and Tenant should be set so that filters and tenants find it.
-func (m *Master) Emit(e api.Event) { m.events.emit(e) }
+func (m *Master) Emit(e api.Event) { m.events.Emit(e) }
 
 // seen is what the leader's previous reconcile saw.
 type seen struct {
@@ -84,7 +84,7 @@ func (r *reconciler) observeEvents(v *view) {
 		cur.workers[nodeKey{c.node, c.status.Key}] = c.status
 	}
 	prev := r.seen
-	emit := r.m.events.emit
+	emit := r.m.events.Emit
 	if prev == nil {
 		cur.lost, cur.unplaced = map[string]time.Time{}, map[cluster.WorkerKey]string{}
 		r.seen = cur
@@ -207,7 +207,7 @@ func normHealth(h cluster.NodeHealth) cluster.NodeHealth {
 
 // workerEvents records what changed of one worker as its node reports it.
 func (r *reconciler) workerEvents(v *view, nk nodeKey, w, was cluster.WorkerStatus) {
-	emit := r.m.events.emit
+	emit := r.m.events.Emit
 	ev := func(kind, reason string, at time.Time) {
 		e := workerEvent(v, kind, nk.key, nk.node, reason)
 		e.Time = at
@@ -251,7 +251,7 @@ func (r *reconciler) planEvents(v *view, before map[cluster.WorkerKey]string, pl
 	if r.seen == nil {
 		return
 	}
-	emit := r.m.events.emit
+	emit := r.m.events.Emit
 	moves := map[cluster.WorkerKey]placement.Move{}
 	for _, mv := range res.Moves {
 		moves[mv.Key()] = mv
@@ -354,7 +354,7 @@ func (m *Master) watchRouters(ctx context.Context, since time.Time) {
 				continue
 			}
 			last[job] = f.At
-			m.events.emit(api.Event{Kind: api.EventLinkFailover, Object: "link/" + job + "@" + f.To, Job: job, Link: f.To,
+			m.events.Emit(api.Event{Kind: api.EventLinkFailover, Object: "link/" + job + "@" + f.To, Job: job, Link: f.To,
 				Tenant: m.jobTenant(job), DC: f.To, Time: f.At,
 				Reason: fmt.Sprintf("from %s to %s (%s), delivering from offset %d", f.From, f.To, f.Reason, f.NextOffset)})
 		}
@@ -395,4 +395,16 @@ func (m *Master) jobTenant(job string) string {
 		return ""
 	}
 	return rec.Spec.Tenant
+}
+
+// sleepCtx waits d, or until ctx is done; it reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

@@ -7,14 +7,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
@@ -23,130 +19,6 @@ import (
 	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/multidc"
 )
-
-// TestEventLogTwoWriters appends from two masters at once: both end up serving the same
-// events, in one order, within the count bound, each append one store transaction.
-func TestEventLogTwoWriters(t *testing.T) {
-	tc := newTestCluster(t)
-	cfg := EventsConfig{Max: 100, Flush: 2 * time.Millisecond}
-	logs := make([]*eventLog, 2)
-	regs := make([]*prometheus.Registry, 2)
-	for i := range logs {
-		regs[i] = prometheus.NewRegistry()
-		logs[i] = newEventLog(tc.connect(-1), cfg, fmt.Sprintf("m%d", i), quiet, newMetrics(regs[i]))
-		tc.wg.Add(1)
-		go func() {
-			defer tc.wg.Done()
-			logs[i].run(tc.ctx, func() bool { return i == 0 })
-		}()
-	}
-	const each = 300
-	var wg sync.WaitGroup
-	for i, l := range logs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := range each {
-				l.emit(api.Event{Kind: api.EventAPICall, Object: fmt.Sprintf("job/j%d", n), Reason: fmt.Sprintf("from %d, #%d", i, n)})
-				if n%37 == 0 {
-					time.Sleep(time.Millisecond)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	last := func(l *eventLog) int64 {
-		evs, _ := l.query(api.EventFilter{}, 0)
-		if len(evs) == 0 {
-			return -1
-		}
-		return evs[len(evs)-1].ID
-	}
-	testenv.EventuallyWith(t, "both masters' events written and seen by both", 10*time.Second, func() (bool, string) {
-		for _, l := range logs {
-			l.qmu.Lock()
-			q := len(l.queue)
-			l.qmu.Unlock()
-			if q > 0 {
-				return false, fmt.Sprintf("%s has %d queued", l.master, q)
-			}
-		}
-		return last(logs[0]) == last(logs[1]) && last(logs[0]) > 0, fmt.Sprintf("last ids %d, %d", last(logs[0]), last(logs[1]))
-	})
-	a, _ := logs[0].query(api.EventFilter{}, 0)
-	b, _ := logs[1].query(api.EventFilter{}, 0)
-	if len(a) != cfg.Max || len(b) != cfg.Max {
-		t.Fatalf("masters serve %d and %d events; want the bound, %d", len(a), len(b), cfg.Max)
-	}
-	for i := range a {
-		if a[i].ID != b[i].ID || a[i].Reason != b[i].Reason {
-			t.Fatalf("event %d differs between masters: %+v vs %+v", i, a[i], b[i])
-		}
-		if i > 0 && a[i].ID <= a[i-1].ID {
-			t.Fatalf("events out of order: %d after %d", a[i].ID, a[i-1].ID)
-		}
-	}
-	// Each writer's own events keep their order.
-	for _, from := range []string{"from 0", "from 1"} {
-		prev := -1
-		for _, e := range a {
-			if strings.HasPrefix(e.Reason, from) {
-				var n int
-				fmt.Sscanf(e.Reason[strings.Index(e.Reason, "#")+1:], "%d", &n)
-				if n <= prev {
-					t.Fatalf("%s: #%d after #%d", from, n, prev)
-				}
-				prev = n
-			}
-		}
-	}
-	kids, err := tc.admin.Children(tc.ctx, cluster.EventsKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if max := int(cfg.slotsKept()) + 1; len(kids) > max {
-		t.Errorf("the store holds %d event slots; the bound of %d events needs %d at most", len(kids), cfg.Max, max)
-	}
-	batches := testenv.Metric(t, regs[0], "stormdock_master_event_batches_total", nil) + testenv.Metric(t, regs[1], "stormdock_master_event_batches_total", nil)
-	t.Logf("figure: %d events from two masters appended in %.0f store transactions", 2*each, batches)
-	if batches >= 2*each {
-		t.Errorf("%.0f transactions for %d events: events are not batched", batches, 2*each)
-	}
-}
-
-// TestEventLogAge drops what is older than the age bound, in the store too.
-func TestEventLogAge(t *testing.T) {
-	tc := newTestCluster(t)
-	l := newEventLog(tc.connect(-1), EventsConfig{Max: 100, MaxAge: time.Hour, Flush: time.Millisecond}, "m", quiet, newMetrics(nil))
-	tc.wg.Add(1)
-	go func() {
-		defer tc.wg.Done()
-		l.run(tc.ctx, func() bool { return false })
-	}()
-	old := time.Now().Add(-2 * time.Hour)
-	for i := range 30 {
-		l.emit(api.Event{Kind: api.EventNodeLost, Object: "node/n", Time: old, Reason: fmt.Sprint(i)})
-	}
-	testenv.Eventually(t, "old events written", 5*time.Second, func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.next >= 30
-	})
-	if evs, _ := l.query(api.EventFilter{}, 0); len(evs) != 0 {
-		t.Fatalf("events older than the age bound are served: %d", len(evs))
-	}
-	if err := l.trimAge(tc.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if kids, _ := tc.admin.Children(tc.ctx, cluster.EventsKey); len(kids) != 0 {
-		t.Fatalf("old slots left in the store: %v", kids)
-	}
-	l.emit(api.Event{Kind: api.EventNodeLost, Object: "node/n", Reason: "new"})
-	testenv.Eventually(t, "a new event after the trim", 5*time.Second, func() bool {
-		evs, _ := l.query(api.EventFilter{}, 0)
-		return len(evs) == 1 && evs[0].Reason == "new" && evs[0].ID >= 40
-	})
-}
 
 // sse reads a followed event stream into a channel.
 func sse(t *testing.T, ctx context.Context, url, token string) <-chan api.Event {
@@ -333,85 +205,6 @@ func setAdminToken(t *testing.T, tc *testCluster) string {
 	return tok
 }
 
-// TestEventLogAtBound fills a master's events to the default bound with events of the size
-// the leader records (a worker's move, with its reason) and reports what they take: in the
-// master's memory and in the store.
-func TestEventLogAtBound(t *testing.T) {
-	tc := newTestCluster(t)
-	cfg := EventsConfig{Max: DefaultEventsMax, Flush: time.Millisecond}
-	reg := prometheus.NewRegistry()
-	var before runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	l := newEventLog(tc.connect(-1), cfg, "m1", quiet, newMetrics(reg))
-	tc.wg.Add(1)
-	go func() {
-		defer tc.wg.Done()
-		l.run(tc.ctx, func() bool { return true })
-	}()
-	total := cfg.Max + cfg.Max/2 // past the bound: the oldest go
-	for i := range total {
-		w := i % 100
-		l.emit(api.Event{Kind: api.EventWorkerMoved, Object: fmt.Sprintf("worker/wordcount-%d/%d", i%50, w), Job: fmt.Sprintf("wordcount-%d", i%50),
-			Tenant: "search", Worker: &w, Node: fmt.Sprintf("dc-a-r%d-n%d", i%25, i%40), DC: "dc-a", To: "dc-b-r3-n7", ToDC: "dc-b",
-			Reason: "node dc-a-r3-n12 is lost: its entry left the store (session expired)"})
-		if i%1000 == 999 {
-			testenv.Eventually(t, "the queue written", 10*time.Second, func() bool {
-				l.qmu.Lock()
-				defer l.qmu.Unlock()
-				return len(l.queue) == 0
-			})
-		}
-	}
-	testenv.Eventually(t, "every event written", 10*time.Second, func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.next > int64(total)
-	})
-	evs, _ := l.query(api.EventFilter{}, 0)
-	if len(evs) != cfg.Max {
-		t.Fatalf("%d events served; the bound is %d", len(evs), cfg.Max)
-	}
-	evs = nil
-	runtime.GC()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-	kids, err := tc.admin.Children(tc.ctx, cluster.EventsKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stored int
-	for _, k := range kids {
-		e, err := tc.admin.Get(tc.ctx, cluster.EventsKey+"/"+k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stored += len(e.Value)
-	}
-	// What the master itself holds: the heap its events free when it drops them.
-	evs = nil
-	l.mu.Lock()
-	held := l.slots
-	l.slots = map[int64][]api.Event{}
-	l.mu.Unlock()
-	runtime.GC()
-	var dropped runtime.MemStats
-	runtime.ReadMemStats(&dropped)
-	runtime.KeepAlive(held)
-	held = nil
-	runtime.GC()
-	runtime.ReadMemStats(&dropped)
-	master := float64(int64(after.HeapAlloc)-int64(dropped.HeapAlloc)) / (1 << 20)
-	kept := testenv.Metric(t, reg, "stormdock_master_events_kept", nil)
-	batches := testenv.Metric(t, reg, "stormdock_master_event_batches_total", nil)
-	t.Logf("figure: events at the bound (--events-max %d, %d recorded): %d served, %.0f held; the master's heap for them %.1f MiB (%.0f bytes an event; the test process, embedded store included, grew by %.1f MiB); store: %d slots, %.1f MiB; %.0f append transactions",
-		cfg.Max, total, cfg.Max, kept, master, master*(1<<20)/kept, float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/(1<<20), len(kids), float64(stored)/(1<<20), batches)
-	if len(kids) > int(cfg.slotsKept())+1 {
-		t.Errorf("%d slots in the store; the bound needs %d", len(kids), cfg.slotsKept())
-	}
-	runtime.KeepAlive(l)
-}
-
 // TestFailoverEvents: a failover a router records in its job's record becomes a
 // link.failover event of the job's tenant; the failover before the master led does not.
 func TestFailoverEvents(t *testing.T) {
@@ -441,7 +234,7 @@ func TestFailoverEvents(t *testing.T) {
 	at := time.Now().Truncate(time.Millisecond).Add(time.Millisecond)
 	write("dc-a", "dc-b", multidc.ReasonManual, at, 1234)
 	testenv.EventuallyWith(t, "the failover's event", 5*time.Second, func() (bool, string) {
-		evs, _ := m.events.query(api.EventFilter{Job: "mj"}, 0)
+		evs, _ := m.events.Query(api.EventFilter{Job: "mj"}, 0)
 		var fo []api.Event
 		for _, e := range evs {
 			if e.Kind == api.EventLinkFailover {
@@ -479,7 +272,7 @@ func TestSubmittedAtTermStart(t *testing.T) {
 	testenv.EventuallyWith(t, "the submission after the term began recorded", 5*time.Second, func() (bool, string) {
 		var got []string
 		for _, job := range []string{"before", "after"} {
-			evs, _ := m.events.query(api.EventFilter{Job: job}, 0)
+			evs, _ := m.events.Query(api.EventFilter{Job: job}, 0)
 			for _, e := range evs {
 				if e.Kind == api.EventJobSubmitted {
 					got = append(got, e.Job)

@@ -84,7 +84,7 @@ func (m *Master) listEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	evs, wait := m.events.query(f, limit)
+	evs, wait := m.events.Query(f, limit)
 	if !follow {
 		if evs == nil {
 			evs = []api.Event{}
@@ -124,6 +124,6 @@ func (m *Master) listEvents(w http.ResponseWriter, r *http.Request) {
 			continue
 		case <-wait:
 		}
-		evs, wait = m.events.query(f, 0)
+		evs, wait = m.events.Query(f, 0)
 	}
 }

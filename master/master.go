@@ -15,6 +15,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/master/eventlog"
 )
 
 // Config tunes a master.
@@ -47,7 +48,7 @@ type Config struct {
 	// DefaultPinRetry.
 	PinRetry time.Duration
 	// Events bounds and paces the cluster's events (see eventlog.go).
-	Events   EventsConfig
+	Events   eventlog.Config
 	Logger   *slog.Logger
 	Registry prometheus.Registerer
 }
@@ -97,7 +98,7 @@ type Master struct {
 	jobs, nodes, confs, assigns, tenants, dcs *mirror
 	wake                                      chan struct{}
 	// events holds the cluster's events and queues those this master records.
-	events *eventLog
+	events *eventlog.Log
 	// quit is closed when Run returns: streaming answers (events -f, job logs -f) end.
 	quit     chan struct{}
 	quitOnce sync.Once
@@ -120,7 +121,7 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m := &Master{cfg: cfg, store: store, log: cfg.Logger.With("master", cfg.ID), wake: make(chan struct{}, 1)}
 	m.metrics = newMetrics(cfg.Registry)
 	m.authFails = api.NewFailLimiter()
-	m.events = newEventLog(store, cfg.Events, cfg.ID, m.log, m.metrics)
+	m.events = eventlog.New(store, cfg.Events, cfg.ID, m.log, m.metrics.events)
 	m.quit = make(chan struct{})
 	m.logKey = &logKeyCache{store: store}
 	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
@@ -184,7 +185,7 @@ func (m *Master) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		m.events.run(ctx, m.Leader)
+		m.events.Run(ctx, m.Leader)
 	}()
 	wg.Add(1)
 	go func() {
@@ -280,7 +281,7 @@ func (m *Master) lead(ctx context.Context, since time.Time) error {
 		}()
 	}
 	m.startGrace("started leading")
-	m.events.emit(api.Event{Kind: api.EventMasterLeading, Object: "master/" + m.cfg.ID, Reason: "elected leader: it places workers from now on"})
+	m.events.Emit(api.Event{Kind: api.EventMasterLeading, Object: "master/" + m.cfg.ID, Reason: "elected leader: it places workers from now on"})
 	rctx, stopRouters := context.WithCancel(ctx)
 	routersDone := make(chan struct{})
 	go func() {

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/master/eventlog"
 	"github.com/stormdock/stormdock/placement"
 )
 
@@ -27,10 +28,7 @@ type metrics struct {
 	// Per job (output routers included, as JOB.router), set by the leader.
 	jobDesired, jobRunning, jobUnplaced *prometheus.GaugeVec
 
-	events        *prometheus.CounterVec // recorded by this master, by kind
-	eventsDropped prometheus.Counter
-	eventsKept    prometheus.Gauge
-	eventBatches  prometheus.Counter
+	events *eventlog.Metrics // the event log's, which counts its store writes in storeWrites
 
 	storeConnected prometheus.Gauge
 	sessionsLost   prometheus.Counter
@@ -66,14 +64,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Workers of a job running where they are assigned (set by the leader)."}, []string{"job", "tenant"}),
 		jobUnplaced: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_unplaced",
 			Help: "Workers of a job no node can take (set by the leader)."}, []string{"job", "tenant"}),
-		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "events_total",
-			Help: "Cluster events this master recorded, by kind."}, []string{"kind"}),
-		eventsDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "events_dropped_total",
-			Help: "Events this master dropped because more were queued than the store keeps."}),
-		eventsKept: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "events_kept",
-			Help: "Events this master holds and serves (at most --events-max, one slot more)."}),
-		eventBatches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "event_batches_total",
-			Help: "Appends of events to the store (one transaction each)."}),
 		storeConnected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "store_connected",
 			Help: "1 while this master reaches the coordination store."}),
 		sessionsLost: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_sessions_lost_total",
@@ -81,14 +71,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		logStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "log_streams",
 			Help: "Worker logs this master is relaying from agents now."}),
 	}
+	m.events = eventlog.NewMetrics(m.storeWrites)
 	m.storeConnected.Set(1)
 	for _, r := range []string{"missing", "invalid", "limited"} {
 		m.authFailures.WithLabelValues(r)
 	}
 	if reg != nil {
 		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites, m.authFailures,
-			m.jobDesired, m.jobRunning, m.jobUnplaced, m.events, m.eventsDropped, m.eventsKept, m.eventBatches,
-			m.storeConnected, m.sessionsLost, m.logStreams)
+			m.jobDesired, m.jobRunning, m.jobUnplaced, m.storeConnected, m.sessionsLost, m.logStreams)
+		reg.MustRegister(m.events.Collectors()...)
 	}
 	return m
 }

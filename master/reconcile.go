@@ -384,7 +384,7 @@ func (r *reconciler) noteCrashLoops(ctx context.Context, v *view) error {
 			}
 			r.m.log.Warn("worker crash-looping; moving the job's workers off the node", "node", node, "worker", w.Key.String(),
 				"restarts", w.RecentRestarts, "lastExit", w.LastExit)
-			r.m.events.emit(workerEvent(v, api.EventWorkerCrashLoop, w.Key, node, fmt.Sprintf(
+			r.m.events.Emit(workerEvent(v, api.EventWorkerCrashLoop, w.Key, node, fmt.Sprintf(
 				"%d restarts within the crash-loop window, last: %s; job %s's workers move off node %s", w.RecentRestarts, w.LastExit, job, node)))
 			c := v.confs[node]
 			c.Avoid = append(c.Avoid, job)

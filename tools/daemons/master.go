@@ -11,6 +11,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/master/eventlog"
 	"github.com/stormdock/stormdock/tools/commands"
 )
 
@@ -129,14 +130,14 @@ var MasterCommand = &cli.Command{
 // eventsFlags bound the cluster's events, on every master (and up).
 func eventsFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.IntFlag{Name: "events-max", Usage: "cluster events kept (in the store, and by every master); give every master the same", Value: master.DefaultEventsMax},
-		&cli.DurationFlag{Name: "events-max-age", Usage: "how long a cluster event is kept", Value: master.DefaultEventsMaxAge},
-		&cli.DurationFlag{Name: "events-flush", Usage: "how often a master appends the events it recorded to the store (one write each time)", Value: master.DefaultEventsFlush},
+		&cli.IntFlag{Name: "events-max", Usage: "cluster events kept (in the store, and by every master); give every master the same", Value: eventlog.DefaultMax},
+		&cli.DurationFlag{Name: "events-max-age", Usage: "how long a cluster event is kept", Value: eventlog.DefaultMaxAge},
+		&cli.DurationFlag{Name: "events-flush", Usage: "how often a master appends the events it recorded to the store (one write each time)", Value: eventlog.DefaultFlush},
 	}
 }
 
-func eventsConfig(c *cli.Context) (master.EventsConfig, error) {
-	cfg := master.EventsConfig{Max: c.Int("events-max"), MaxAge: c.Duration("events-max-age"), Flush: c.Duration("events-flush")}
+func eventsConfig(c *cli.Context) (eventlog.Config, error) {
+	cfg := eventlog.Config{Max: c.Int("events-max"), MaxAge: c.Duration("events-max-age"), Flush: c.Duration("events-flush")}
 	switch {
 	case cfg.Max < 1 || cfg.Max > 1_000_000:
 		return cfg, commands.UsageErr("--events-max must be between 1 and 1000000, not %d", cfg.Max)

@@ -1,4 +1,6 @@
-package master
+// Package eventlog is the cluster's bounded event log: the events every master records,
+// kept in the store in slots, appended at most once per flush, and served by every master.
+package eventlog
 
 import (
 	"context"
@@ -13,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
@@ -23,11 +26,11 @@ import (
 // next event gets; its children are slots of slotEvents events each, named by slot number
 // (event id / slotEvents). A master that records events (the leader what it sees and does,
 // any master the API calls it serves) queues them and appends the queue at most once per
-// EventsConfig.Flush, in one transaction: the head moved with compare-and-set, the last slot
+// Config.Flush, in one transaction: the head moved with compare-and-set, the last slot
 // rewritten with the new events, new slots created and slots beyond the count bound deleted.
 // So events cost one store write per flush, however many workers changed, and ZooKeeper's
 // own ordering of the head's versions orders them. Every master watches the head and reads
-// the slots it has not seen; it holds at most EventsConfig.Max events (one slot more), and
+// the slots it has not seen; it holds at most Config.Max events (one slot more), and
 // serves none older than MaxAge; the leader deletes slots older than MaxAge from the store.
 
 // slotEvents is how many events one slot holds. Small, because the last slot is rewritten
@@ -43,39 +46,71 @@ const (
 	eventRetryDelay = 500 * time.Millisecond
 )
 
-// EventsConfig bounds and paces a master's events.
-type EventsConfig struct {
-	// Max is how many events are kept; default DefaultEventsMax. Every master should be
+// Metrics are the log's Prometheus series (stormdock_master_event*), and the master's count
+// of its store writes, which the log's appends add to.
+type Metrics struct {
+	Recorded    *prometheus.CounterVec // recorded by this master, by kind
+	Dropped     prometheus.Counter
+	Kept        prometheus.Gauge
+	Batches     prometheus.Counter
+	StoreWrites prometheus.Counter
+}
+
+// NewMetrics makes the log's series; storeWrites is the master's counter of store writes.
+// Register them with Collectors.
+func NewMetrics(storeWrites prometheus.Counter) *Metrics {
+	const ns, sub = "stormdock", "master"
+	return &Metrics{
+		Recorded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "events_total",
+			Help: "Cluster events this master recorded, by kind."}, []string{"kind"}),
+		Dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "events_dropped_total",
+			Help: "Events this master dropped because more were queued than the store keeps."}),
+		Kept: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "events_kept",
+			Help: "Events this master holds and serves (at most --events-max, one slot more)."}),
+		Batches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "event_batches_total",
+			Help: "Appends of events to the store (one transaction each)."}),
+		StoreWrites: storeWrites,
+	}
+}
+
+// Collectors are the log's own series, to register (StoreWrites is the master's).
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.Recorded, m.Dropped, m.Kept, m.Batches}
+}
+
+// Config bounds and paces a master's events.
+type Config struct {
+	// Max is how many events are kept; default DefaultMax. Every master should be
 	// given the same: the one that writes deletes what is beyond its own bound.
 	Max int
-	// MaxAge is how long an event is kept; default DefaultEventsMaxAge.
+	// MaxAge is how long an event is kept; default DefaultMaxAge.
 	MaxAge time.Duration
 	// Flush is how often a master appends the events it recorded; default
-	// DefaultEventsFlush.
+	// DefaultFlush.
 	Flush time.Duration
 }
 
-// Defaults of EventsConfig.
+// Defaults of Config.
 const (
-	DefaultEventsMax    = 10000
-	DefaultEventsMaxAge = time.Hour
-	DefaultEventsFlush  = 100 * time.Millisecond
+	DefaultMax    = 10000
+	DefaultMaxAge = time.Hour
+	DefaultFlush  = 100 * time.Millisecond
 )
 
-func (c *EventsConfig) defaults() {
+func (c *Config) defaults() {
 	if c.Max <= 0 {
-		c.Max = DefaultEventsMax
+		c.Max = DefaultMax
 	}
 	if c.MaxAge <= 0 {
-		c.MaxAge = DefaultEventsMaxAge
+		c.MaxAge = DefaultMaxAge
 	}
 	if c.Flush <= 0 {
-		c.Flush = DefaultEventsFlush
+		c.Flush = DefaultFlush
 	}
 }
 
 // slotsKept is how many slots the bound needs: Max events, one partly filled slot more.
-func (c EventsConfig) slotsKept() int64 { return int64((c.Max+slotEvents-1)/slotEvents) + 1 }
+func (c Config) slotsKept() int64 { return int64((c.Max+slotEvents-1)/slotEvents) + 1 }
 
 type eventHead struct {
 	Next int64 `json:"next"`
@@ -89,13 +124,13 @@ func slotOf(id int64) int64 { return id / slotEvents }
 
 func slotKey(n int64) string { return fmt.Sprintf("%s/%019d", cluster.EventsKey, n) }
 
-// eventLog is one master's copy of the store's events and its queue of events to append.
-type eventLog struct {
+// Log is one master's copy of the store's events and its queue of events to append.
+type Log struct {
 	store  coord.Store
-	cfg    EventsConfig
+	cfg    Config
 	master string
 	log    *slog.Logger
-	m      *metrics
+	m      *Metrics
 
 	mu      sync.Mutex
 	slots   map[int64][]api.Event
@@ -109,15 +144,16 @@ type eventLog struct {
 	kick    chan struct{}
 }
 
-func newEventLog(store coord.Store, cfg EventsConfig, master string, log *slog.Logger, m *metrics) *eventLog {
+// New makes the log of the master named master over store; it does nothing until Run.
+func New(store coord.Store, cfg Config, master string, log *slog.Logger, m *Metrics) *Log {
 	cfg.defaults()
-	return &eventLog{store: store, cfg: cfg, master: master, log: log, m: m, slots: map[int64][]api.Event{}, headVer: -1,
+	return &Log{store: store, cfg: cfg, master: master, log: log, m: m, slots: map[int64][]api.Event{}, headVer: -1,
 		changed: make(chan struct{}), kick: make(chan struct{}, 1)}
 }
 
-// emit queues an event for the next append. It never blocks: beyond the count bound the
+// Emit queues an event for the next append. It never blocks: beyond the count bound the
 // oldest queued events are dropped (and counted), since the store would not keep them.
-func (l *eventLog) emit(e api.Event) {
+func (l *Log) Emit(e api.Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
@@ -126,13 +162,13 @@ func (l *eventLog) emit(e api.Event) {
 	if len(e.Reason) > maxReasonBytes {
 		e.Reason = e.Reason[:maxReasonBytes-3] + "..."
 	}
-	l.m.events.WithLabelValues(e.Kind).Inc()
+	l.m.Recorded.WithLabelValues(e.Kind).Inc()
 	l.qmu.Lock()
 	l.queue = append(l.queue, e)
 	if over := len(l.queue) - l.cfg.Max; over > 0 {
 		l.queue = slices.Delete(l.queue, 0, over)
 		l.dropped += over
-		l.m.eventsDropped.Add(float64(over))
+		l.m.Dropped.Add(float64(over))
 	}
 	l.qmu.Unlock()
 	select {
@@ -141,8 +177,9 @@ func (l *eventLog) emit(e api.Event) {
 	}
 }
 
-// run follows the store's events and appends the queued ones until ctx is done.
-func (l *eventLog) run(ctx context.Context, leader func() bool) {
+// Run follows the store's events and appends the queued ones until ctx is done; leader
+// reports whether this master leads (the leader deletes events older than MaxAge).
+func (l *Log) Run(ctx context.Context, leader func() bool) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Add(1)
@@ -154,7 +191,7 @@ func (l *eventLog) run(ctx context.Context, leader func() bool) {
 }
 
 // follow watches the head and reads what it has not seen.
-func (l *eventLog) follow(ctx context.Context) {
+func (l *Log) follow(ctx context.Context) {
 	for ctx.Err() == nil {
 		ch, err := l.store.Watch(ctx, cluster.EventsKey)
 		if err != nil {
@@ -174,7 +211,7 @@ func (l *eventLog) follow(ctx context.Context) {
 }
 
 // catchUp reads the slots between what this master holds and the head in e.
-func (l *eventLog) catchUp(ctx context.Context, e coord.Entry) error {
+func (l *Log) catchUp(ctx context.Context, e coord.Entry) error {
 	var h eventHead
 	if len(e.Value) > 0 {
 		if err := json.Unmarshal(e.Value, &h); err != nil {
@@ -241,7 +278,7 @@ func (l *eventLog) catchUp(ctx context.Context, e coord.Entry) error {
 }
 
 // trimLocked forgets slots beyond the count bound.
-func (l *eventLog) trimLocked() {
+func (l *Log) trimLocked() {
 	low := slotOf(l.next-1) - l.cfg.slotsKept()
 	for s := range l.slots {
 		if s <= low {
@@ -252,17 +289,17 @@ func (l *eventLog) trimLocked() {
 	for _, evs := range l.slots {
 		n += len(evs)
 	}
-	l.m.eventsKept.Set(float64(n))
+	l.m.Kept.Set(float64(n))
 }
 
-func (l *eventLog) broadcastLocked() {
+func (l *Log) broadcastLocked() {
 	close(l.changed)
 	l.changed = make(chan struct{})
 }
 
 // flushLoop appends the queue at most once per Flush; on the leader it also deletes the
 // slots older than MaxAge now and then.
-func (l *eventLog) flushLoop(ctx context.Context, leader func() bool) {
+func (l *Log) flushLoop(ctx context.Context, leader func() bool) {
 	var last time.Time
 	ageTick := time.NewTicker(time.Minute)
 	defer ageTick.Stop()
@@ -298,7 +335,7 @@ func (l *eventLog) flushLoop(ctx context.Context, leader func() bool) {
 }
 
 // flush appends up to maxFlushEvents queued events; more reports that some are left.
-func (l *eventLog) flush(ctx context.Context) (more bool, err error) {
+func (l *Log) flush(ctx context.Context) (more bool, err error) {
 	l.qmu.Lock()
 	n := min(len(l.queue), maxFlushEvents)
 	batch := slices.Clone(l.queue[:n])
@@ -333,7 +370,7 @@ func (l *eventLog) flush(ctx context.Context) (more bool, err error) {
 }
 
 // refresh reads the head and the slots after it.
-func (l *eventLog) refresh(ctx context.Context) error {
+func (l *Log) refresh(ctx context.Context) error {
 	e, err := l.store.Get(ctx, cluster.EventsKey)
 	if err != nil {
 		return fmt.Errorf("read events head: %w", err)
@@ -342,7 +379,7 @@ func (l *eventLog) refresh(ctx context.Context) error {
 }
 
 // append writes batch after the head as this master knows it, in one transaction.
-func (l *eventLog) append(ctx context.Context, batch []api.Event) error {
+func (l *Log) append(ctx context.Context, batch []api.Event) error {
 	l.mu.Lock()
 	if l.headVer < 0 {
 		l.mu.Unlock()
@@ -396,7 +433,7 @@ func (l *eventLog) append(ctx context.Context, batch []api.Event) error {
 		ops = append(ops, coord.DeleteOp(slotKey(s), coord.AnyVersion))
 	}
 	res, err := l.store.Txn(ctx, ops...)
-	l.m.storeWrites.Inc()
+	l.m.StoreWrites.Inc()
 	if err != nil {
 		var te *coord.TxnError
 		if errors.As(err, &te) && te.Op.Kind == coord.OpDelete && errors.Is(err, coord.ErrNotFound) {
@@ -407,7 +444,7 @@ func (l *eventLog) append(ctx context.Context, batch []api.Event) error {
 		}
 		return fmt.Errorf("append %d events: %w", len(batch), err)
 	}
-	l.m.eventBatches.Inc()
+	l.m.Batches.Inc()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for s, evs := range out {
@@ -430,7 +467,7 @@ func mustSlot(key string) int64 {
 
 // trimAge deletes the slots whose newest event is older than MaxAge; when the last slot
 // goes, the head moves to the next slot, where the next append starts.
-func (l *eventLog) trimAge(ctx context.Context) error {
+func (l *Log) trimAge(ctx context.Context) error {
 	cut := time.Now().Add(-l.cfg.MaxAge)
 	l.mu.Lock()
 	if l.headVer < 0 {
@@ -457,7 +494,7 @@ func (l *eventLog) trimAge(ctx context.Context) error {
 		ops = append(ops, coord.DeleteOp(slotKey(s), coord.AnyVersion))
 	}
 	res, err := l.store.Txn(ctx, ops...)
-	l.m.storeWrites.Inc()
+	l.m.StoreWrites.Inc()
 	if err != nil {
 		if errors.Is(err, coord.ErrConflict) || errors.Is(err, coord.ErrNotFound) {
 			return l.refresh(ctx) // someone appended or trimmed: next time
@@ -475,9 +512,9 @@ func (l *eventLog) trimAge(ctx context.Context) error {
 	return nil
 }
 
-// query returns the events f takes, oldest first, within the bounds: at most the newest
+// Query returns the events f takes, oldest first, within the bounds: at most the newest
 // limit when limit > 0. wait is closed when events arrive after these.
-func (l *eventLog) query(f api.EventFilter, limit int) (out []api.Event, wait <-chan struct{}) {
+func (l *Log) Query(f api.EventFilter, limit int) (out []api.Event, wait <-chan struct{}) {
 	cut := time.Now().Add(-l.cfg.MaxAge)
 	l.mu.Lock()
 	defer l.mu.Unlock()
