@@ -53,7 +53,7 @@ func workerObject(k cluster.WorkerKey) string { return "worker/" + k.String() }
 func workerEvent(v *view, kind string, k cluster.WorkerKey, node, reason string) api.Event {
 	w := k.Worker
 	e := api.Event{Kind: kind, Object: workerObject(k), Reason: reason, Job: k.Job, Link: k.Link, Worker: &w,
-		Tenant: tenantOf(v, k.Job), Node: node}
+		Tenant: tenantOf(v.jobs, k.Job), Node: node}
 	if rec, ok := v.nodes[node]; ok {
 		e.DC = rec.Node.DC
 	}
@@ -355,7 +355,7 @@ func (m *Master) watchRouters(ctx context.Context, since time.Time) {
 			}
 			last[job] = f.At
 			m.events.Emit(api.Event{Kind: api.EventLinkFailover, Object: "link/" + job + "@" + f.To, Job: job, Link: f.To,
-				Tenant: m.jobTenant(job), DC: f.To, Time: f.At,
+				Tenant: tenantOf(m.currentJobs(), job), DC: f.To, Time: f.At,
 				Reason: fmt.Sprintf("from %s to %s (%s), delivering from offset %d", f.From, f.To, f.Reason, f.NextOffset)})
 		}
 	}
@@ -382,19 +382,6 @@ func (m *Master) watchRouters(ctx context.Context, since time.Time) {
 	case <-ctx.Done():
 	}
 	<-done
-}
-
-// jobTenant is a job's tenant as the mirror has it ("" when unknown).
-func (m *Master) jobTenant(job string) string {
-	e, ok := m.jobs.snapshot()[job]
-	if !ok {
-		return ""
-	}
-	var rec cluster.JobRecord
-	if json.Unmarshal(e.Value, &rec) != nil {
-		return ""
-	}
-	return rec.Spec.Tenant
 }
 
 // sleepCtx waits d, or until ctx is done; it reports whether d passed.

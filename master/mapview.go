@@ -31,13 +31,6 @@ type mapNode struct {
 	tenants []string
 }
 
-func tenantOf(v *view, job string) string {
-	if rec, ok := v.record(job); ok {
-		return rec.Spec.Tenant
-	}
-	return ""
-}
-
 // drawNode draws one node from its record (none for a lost node) and its assignment.
 func drawNode(v *view, id string, a cluster.NodeAssignment) *mapNode {
 	var keys []cluster.WorkerKey
@@ -53,7 +46,7 @@ func drawNode(v *view, id string, a cluster.NodeAssignment) *mapNode {
 		n.MapNode = api.MapNode{ID: id, DC: a.DC, Rack: a.Rack, State: api.NodeLost, Slots: len(keys), Health: api.NodeLost, Cells: []api.Cell{}}
 		for _, k := range keys {
 			n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.NodeLost})
-			n.tenants = append(n.tenants, tenantOf(v, k.Job))
+			n.tenants = append(n.tenants, tenantOf(v.jobs, k.Job))
 		}
 		return n
 	}
@@ -82,14 +75,14 @@ func drawNode(v *view, id string, a cluster.NodeAssignment) *mapNode {
 			n.MemoryRequested += j.Spec.Resources.Memory
 		}
 		n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: state})
-		n.tenants = append(n.tenants, tenantOf(v, k.Job))
+		n.tenants = append(n.tenants, tenantOf(v.jobs, k.Job))
 	}
 	stopping := slices.Collect(maps.Keys(here))
 	slices.SortFunc(stopping, cluster.WorkerKey.Compare)
 	for _, k := range stopping {
 		if !mine[k] {
 			n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.CellStopping})
-			n.tenants = append(n.tenants, tenantOf(v, k.Job))
+			n.tenants = append(n.tenants, tenantOf(v.jobs, k.Job))
 		}
 	}
 	n.MemoryUsed = roundTo(used, nd.Memory/100)
@@ -227,7 +220,7 @@ func (b *mapBase) scoped(p principal) (jobs []api.MapJob, dcs []api.MapDC, tenan
 			f := *d.IfFailed
 			f.Jobs = nil
 			for _, j := range d.IfFailed.Jobs {
-				if tenantOf(b.v, j.Job) == p.tenant {
+				if tenantOf(b.v.jobs, j.Job) == p.tenant {
 					f.Jobs = append(f.Jobs, j)
 				}
 			}

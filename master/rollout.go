@@ -136,9 +136,9 @@ func (r *reconciler) rollouts(ctx context.Context, v *view, placements []cluster
 		st := stepRollout(before, in, now)
 		next := st.next
 		if st.fail != "" {
-			r.rolloutEvent(name, next, "failed: "+st.fail)
+			r.rolloutEvent(v, name, next, "failed: "+st.fail)
 			if next.Policy.AutoRevert && next.Kind != cluster.RolloutRevert {
-				if err := r.revert(ctx, name, before, st.fail); err != nil {
+				if err := r.revert(ctx, v, name, before, st.fail); err != nil {
 					return nil, err
 				}
 				// Nothing more is admitted until the revert is read back from the store.
@@ -148,7 +148,7 @@ func (r *reconciler) rollouts(ctx context.Context, v *view, placements []cluster
 			next.State, next.Reason = cluster.RolloutFailed, st.fail
 		}
 		for _, note := range st.notes {
-			r.rolloutEvent(name, next, note)
+			r.rolloutEvent(v, name, next, note)
 		}
 		jr := &jobRollout{ro: next, admitted: inFlightSet(next)}
 		if !sameRollout(before, next) {
@@ -219,7 +219,7 @@ func (r *reconciler) saveRollout(ctx context.Context, name string, before, next 
 
 // revert starts a failed update's way back: the job's spec, generation and image pin
 // return to the generation before it (keeping the worker count), as a revert rollout.
-func (r *reconciler) revert(ctx context.Context, name string, failed cluster.Rollout, reason string) error {
+func (r *reconciler) revert(ctx context.Context, v *view, name string, failed cluster.Rollout, reason string) error {
 	key, err := cluster.JobKey(name)
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)
@@ -255,14 +255,14 @@ func (r *reconciler) revert(ctx context.Context, name string, failed cluster.Rol
 	if err != nil && !errors.Is(err, errUnchanged) {
 		return fmt.Errorf("scheduler: revert job %s: %w", name, err)
 	}
-	r.rolloutEvent(name, failed, fmt.Sprintf("reverting to generation %d", failed.From))
+	r.rolloutEvent(v, name, failed, fmt.Sprintf("reverting to generation %d", failed.From))
 	return nil
 }
 
 // rolloutEvent reports one step of a job's rollout. Issue 19 (events): emit the job event
 // here; every rollout transition (started, batch begun, worker admitted, worker healthy,
 // awaiting promotion, failed, reverting, done) passes through this one place.
-func (r *reconciler) rolloutEvent(job string, ro cluster.Rollout, what string) {
+func (r *reconciler) rolloutEvent(v *view, job string, ro cluster.Rollout, what string) {
 	r.m.log.Info("rollout", "job", job, "rollout", ro.ID, "kind", ro.Kind, "to", ro.To, "state", ro.State,
 		"batch", ro.Batch, "domain", ro.Domain, "event", what)
 	kind := api.EventRolloutStep
@@ -272,11 +272,7 @@ func (r *reconciler) rolloutEvent(job string, ro cluster.Rollout, what string) {
 	case strings.HasPrefix(what, "reverting"):
 		kind = api.EventRolloutReverted
 	}
-	tenant := ""
-	if rec, ok := r.m.view().record(job); ok {
-		tenant = rec.Spec.Tenant
-	}
-	r.m.Emit(api.Event{Kind: kind, Object: "job/" + job, Job: job, Tenant: tenant,
+	r.m.Emit(api.Event{Kind: kind, Object: "job/" + job, Job: job, Tenant: tenantOf(v.jobs, job),
 		Reason: fmt.Sprintf("%s %d (%s, generation %d to %d, batch %d): %s", ro.Kind, ro.ID, ro.State, ro.From, ro.To, ro.Batch, what)})
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/stormdock/stormdock/api"
@@ -151,6 +152,16 @@ func (c *viewCache) init() {
 		c.confs, c.dcs = map[string]cached[cluster.NodeConf]{}, map[string]cached[cluster.DCRecord]{}
 		c.assigns = map[string]cached[cluster.NodeAssignment]{}
 	}
+}
+
+// tenantOf is the tenant of a job in jobs, or of the mirrored job an output router job
+// (JOB.router) runs for; "" when unknown. It is the one lookup of a job's tenant: events,
+// the map and its scoping all go through it.
+func tenantOf(jobs map[string]jobEntry, job string) string {
+	if j, ok := jobs[strings.TrimSuffix(job, routerSuffix)]; ok {
+		return j.rec.Spec.Tenant
+	}
+	return ""
 }
 
 // decodeJob decodes a job record for the cache, logging one that does not decode.
