@@ -403,7 +403,7 @@ func consoleFigures(b *testing.B, br *browser, f *fixture, total int) {
 	b.Logf("figure: during the churn a node's health change showed after: median %.0f ms, p90 %.0f ms, max %.0f ms (%d changes)",
 		lat[len(lat)/2], lat[len(lat)*9/10], lat[len(lat)-1], len(lat))
 
-	// The churn spent the master's map-building budget (scheduler: a fifth of a core,
+	// The churn spent the master's map-building budget (package master: a fifth of a core,
 	// watchBuildShare, up to watchBuildBurst, 500 ms: 2.5 s to refill): the scale-out's
 	// figure is of a master with a full one. The refill is time itself, not an event.
 	time.Sleep(3 * time.Second)

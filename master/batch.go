@@ -34,7 +34,7 @@ func (r *reconciler) commit(ctx context.Context, changes []change) error {
 		st := r.assign[c.node]
 		key, err := cluster.AssignmentKey(c.node)
 		if err != nil {
-			return fmt.Errorf("scheduler: %w", err)
+			return fmt.Errorf("master: %w", err)
 		}
 		switch {
 		case c.remove:
@@ -60,14 +60,14 @@ func (r *reconciler) commit(ctx context.Context, changes []change) error {
 						_ = r.reload(ctx, c.node) // someone else wrote it: read it and plan again
 					}
 				}
-				return fmt.Errorf("scheduler: write assignment of %s: %w", c.node, err)
+				return fmt.Errorf("master: write assignment of %s: %w", c.node, err)
 			}
 			// The outcome is unknown (the connection dropped): read back what the batch
 			// touched before planning again.
 			for _, c := range changes[done : done+len(batch)] {
 				_ = r.reload(ctx, c.node)
 			}
-			return fmt.Errorf("scheduler: write %d assignments: %w", len(batch), err)
+			return fmt.Errorf("master: write %d assignments: %w", len(batch), err)
 		}
 		for i, c := range changes[done : done+len(batch)] {
 			if c.remove {

@@ -58,7 +58,7 @@ func (r *reconciler) recordDCs(ctx context.Context, v *view) error {
 		_, err = r.m.store.Create(ctx, key, val, coord.Persistent)
 		r.m.metrics.storeWrites.Inc()
 		if err != nil && !errors.Is(err, coord.ErrExists) {
-			return fmt.Errorf("scheduler: record data center %s: %w", dc, err)
+			return fmt.Errorf("master: record data center %s: %w", dc, err)
 		}
 		v.dcs[dc] = d
 	}

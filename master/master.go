@@ -116,7 +116,7 @@ type Master struct {
 func New(store coord.Store, cfg Config) (*Master, error) {
 	cfg.defaults()
 	if cfg.ID == "" {
-		return nil, errors.New("scheduler: a master needs an id")
+		return nil, errors.New("master: a master needs an id")
 	}
 	m := &Master{cfg: cfg, store: store, log: cfg.Logger.With("master", cfg.ID), wake: make(chan struct{}, 1)}
 	m.metrics = newMetrics(cfg.Registry)
@@ -213,7 +213,7 @@ func (m *Master) Run(ctx context.Context) error {
 	}
 	el, err := coord.NewElection(m.store, cluster.ElectionKey, m.cfg.ID)
 	if err != nil {
-		return fmt.Errorf("scheduler: %w", err)
+		return fmt.Errorf("master: %w", err)
 	}
 	for {
 		lead, err := el.Campaign(ctx)
@@ -260,7 +260,7 @@ func ensureDirs(ctx context.Context, s coord.KV) error {
 	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, cluster.DCsKey, cluster.MasterDirKey,
 		cluster.HistoryKey, cluster.RoutersKey, cluster.EventsKey} {
 		if _, err := s.Create(ctx, k, nil, coord.Persistent); err != nil && !errors.Is(err, coord.ErrExists) {
-			return fmt.Errorf("scheduler: create %s: %w", k, err)
+			return fmt.Errorf("master: create %s: %w", k, err)
 		}
 	}
 	return nil

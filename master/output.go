@@ -21,7 +21,7 @@ func (r *reconciler) ensureOutputKey(ctx context.Context, v *view) error {
 		if j.rec.Spec.Mirrored() {
 			key, err := multidc.EnsureOutputKey(ctx, r.m.store)
 			if err != nil {
-				return fmt.Errorf("scheduler: %w", err)
+				return fmt.Errorf("master: %w", err)
 			}
 			r.outputKey = key
 			return nil

@@ -47,7 +47,7 @@ type reconciler struct {
 func (r *reconciler) loadAssignments(ctx context.Context) error {
 	names, err := r.m.store.Children(ctx, cluster.AssignmentsKey)
 	if err != nil {
-		return fmt.Errorf("scheduler: list assignments: %w", err)
+		return fmt.Errorf("master: list assignments: %w", err)
 	}
 	r.assign = make(map[string]assignState, len(names))
 	for _, name := range names {
@@ -62,7 +62,7 @@ func (r *reconciler) loadAssignments(ctx context.Context) error {
 func (r *reconciler) reload(ctx context.Context, node string) error {
 	key, err := cluster.AssignmentKey(node)
 	if err != nil {
-		return fmt.Errorf("scheduler: %w", err)
+		return fmt.Errorf("master: %w", err)
 	}
 	e, err := r.m.store.Get(ctx, key)
 	if errors.Is(err, coord.ErrNotFound) {
@@ -70,7 +70,7 @@ func (r *reconciler) reload(ctx context.Context, node string) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("scheduler: read assignment of %s: %w", node, err)
+		return fmt.Errorf("master: read assignment of %s: %w", node, err)
 	}
 	var a cluster.NodeAssignment
 	if len(e.Value) > 0 {
@@ -106,7 +106,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 		Hold: r.m.holdAbsent(v, keep)}
 	res, held, err := r.planWhole(v, in)
 	if err != nil {
-		return fmt.Errorf("scheduler: plan: %w", err)
+		return fmt.Errorf("master: plan: %w", err)
 	}
 	placements := res.Placements
 	for _, p := range keep {
@@ -272,7 +272,7 @@ func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssi
 		}
 		val, err := json.Marshal(a)
 		if err != nil {
-			return 0, fmt.Errorf("scheduler: encode assignment of %s: %w", node, err)
+			return 0, fmt.Errorf("master: encode assignment of %s: %w", node, err)
 		}
 		if st.exists && bytes.Equal(st.raw, val) {
 			continue
@@ -319,27 +319,27 @@ func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
 		}
 		jobKey, err := cluster.JobKey(name)
 		if err != nil {
-			return fmt.Errorf("scheduler: %w", err)
+			return fmt.Errorf("master: %w", err)
 		}
 		if j.rec.Spec.Mirrored() {
 			// The router's checkpoint and election go with the job.
 			routerKey, err := cluster.RouterKey(name)
 			if err != nil {
-				return fmt.Errorf("scheduler: %w", err)
+				return fmt.Errorf("master: %w", err)
 			}
 			if err := coord.DeleteTree(ctx, r.m.store, routerKey); err != nil && !errors.Is(err, coord.ErrNotFound) {
-				return fmt.Errorf("scheduler: remove the router record of %s: %w", name, err)
+				return fmt.Errorf("master: remove the router record of %s: %w", name, err)
 			}
 		}
 		if historyKey, err := cluster.JobHistoryKey(name); err == nil {
 			if err := r.m.store.Delete(ctx, historyKey, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
-				return fmt.Errorf("scheduler: remove the history of %s: %w", name, err)
+				return fmt.Errorf("master: remove the history of %s: %w", name, err)
 			}
 		}
 		err = r.m.store.Delete(ctx, jobKey, j.version)
 		r.m.metrics.storeWrites.Inc()
 		if err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrConflict) {
-			return fmt.Errorf("scheduler: remove killed job %s: %w", name, err)
+			return fmt.Errorf("master: remove killed job %s: %w", name, err)
 		}
 		r.m.log.Info("job removed", "job", name)
 	}

@@ -197,7 +197,7 @@ func sameRollout(a, b cluster.Rollout) bool {
 func (r *reconciler) saveRollout(ctx context.Context, name string, before, next cluster.Rollout) (bool, error) {
 	key, err := cluster.JobKey(name)
 	if err != nil {
-		return false, fmt.Errorf("scheduler: %w", err)
+		return false, fmt.Errorf("master: %w", err)
 	}
 	_, err = coord.Update(ctx, r.m.store, key, func(cur []byte, exists bool) ([]byte, error) {
 		var rec cluster.JobRecord
@@ -212,7 +212,7 @@ func (r *reconciler) saveRollout(ctx context.Context, name string, before, next 
 	case errors.Is(err, errUnchanged):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("scheduler: record the rollout of %s: %w", name, err)
+		return false, fmt.Errorf("master: record the rollout of %s: %w", name, err)
 	}
 	return true, nil
 }
@@ -222,7 +222,7 @@ func (r *reconciler) saveRollout(ctx context.Context, name string, before, next 
 func (r *reconciler) revert(ctx context.Context, v *view, name string, failed cluster.Rollout, reason string) error {
 	key, err := cluster.JobKey(name)
 	if err != nil {
-		return fmt.Errorf("scheduler: %w", err)
+		return fmt.Errorf("master: %w", err)
 	}
 	_, err = coord.Update(ctx, r.m.store, key, func(cur []byte, exists bool) ([]byte, error) {
 		var rec cluster.JobRecord
@@ -253,7 +253,7 @@ func (r *reconciler) revert(ctx context.Context, v *view, name string, failed cl
 	})
 	r.m.metrics.storeWrites.Inc()
 	if err != nil && !errors.Is(err, errUnchanged) {
-		return fmt.Errorf("scheduler: revert job %s: %w", name, err)
+		return fmt.Errorf("master: revert job %s: %w", name, err)
 	}
 	r.rolloutEvent(v, name, failed, fmt.Sprintf("reverting to generation %d", failed.From))
 	return nil
