@@ -9,8 +9,9 @@ import (
 )
 
 // A mirrored job's link workers prove to its output router that they are its workers with
-// a sender token (see package multidc): its hash is in the job record from the submit on,
-// and the leader puts the token itself in the link workers' assignments.
+// a sender token (see package multidc): its hash is in the job record from the submit on
+// (desired.SubmitJob), and the leader puts the token itself in the link workers'
+// assignments.
 
 // ensureOutputKey reads the cluster's output key once there is a mirrored job.
 func (r *reconciler) ensureOutputKey(ctx context.Context, v *view) error {

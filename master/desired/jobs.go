@@ -30,7 +30,8 @@ func SubmitJob(ctx context.Context, s coord.KV, spec *cluster.JobSpec) (cluster.
 	return SubmitJobPinned(ctx, s, spec, nil)
 }
 
-// SubmitJobPinned is SubmitJob with the image pin of its first generation (the master resolves it: see its pinImage).
+// SubmitJobPinned is SubmitJob with the image pin of its first generation (which the master
+// resolves: see its pinImage).
 func SubmitJobPinned(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cluster.ImagePin) (cluster.JobRecord, error) {
 	return SubmitJobAs(ctx, s, spec, pin, "")
 }

@@ -16,8 +16,8 @@ import (
 
 // Changes of a running job's spec. Each makes a new generation, recorded in the job's
 // history (/history/<job>), and a rollout in the job record that the leader carries out
-// (rollout.go): both go in one transaction with the job record, so a new leader finds every
-// rollout it has to continue.
+// (package master, rollout.go): both go in one transaction with the job record, so a new
+// leader finds every rollout it has to continue.
 
 // readHistory returns a job's history and its entry; a job submitted before histories were
 // kept gets one made from its record.
@@ -80,7 +80,7 @@ type Change struct {
 	Spec *cluster.JobSpec
 	// To is the generation a rollback goes back to (0: the one before the current).
 	To int64
-	// Pin is the new spec's image pin (pinImage; its generation is set here), nil when it
+	// Pin is the new spec's image pin (the master's pinImage; its generation is set here), nil when it
 	// has none or its image did not change.
 	Pin    *cluster.ImagePin
 	Policy api.PolicyOverrides
