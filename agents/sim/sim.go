@@ -100,9 +100,9 @@ type Failure struct {
 type Hooks struct {
 	// Running: node runs w (it finished starting and did not fail).
 	Running func(node string, w cluster.WorkerAssignment)
-	// Stopping: node begins stopping worker k; next is the assignment that replaces it
-	// there once it is gone, nil when it is not replaced.
-	Stopping func(node string, k cluster.WorkerKey, next *cluster.WorkerAssignment)
+	// Stopping: node begins stopping the worker running w; next is the assignment that
+	// replaces it there once it is gone, nil when it is not replaced.
+	Stopping func(node string, w cluster.WorkerAssignment, next *cluster.WorkerAssignment)
 	// Stopped: worker k is gone from node.
 	Stopped func(node string, k cluster.WorkerKey)
 	// Pulled: node holds image ref, pulled ahead.
@@ -461,8 +461,8 @@ func (a *Agent) startLocked(wa cluster.WorkerAssignment, now time.Time) {
 func (a *Agent) stopLocked(s *slot, next *cluster.WorkerAssignment, now time.Time, heard []func()) []func() {
 	s.st.State, s.due, s.next, a.dirty = cluster.WorkerStopping, now.Add(a.cfg.Behavior.Stop), next, true
 	if h := a.cfg.Hooks.Stopping; h != nil {
-		k := s.st.Key
-		heard = append(heard, func() { h(a.node.ID, k, next) })
+		w := s.wa
+		heard = append(heard, func() { h(a.node.ID, w, next) })
 	}
 	return heard
 }

@@ -202,12 +202,12 @@ func TestBehaviorAndHooks(t *testing.T) {
 			}},
 		Hooks: sim.Hooks{
 			Running: func(node string, w cluster.WorkerAssignment) { hear("%s running %s@%d", node, w.Key, w.Generation) },
-			Stopping: func(node string, k cluster.WorkerKey, next *cluster.WorkerAssignment) {
+			Stopping: func(node string, w cluster.WorkerAssignment, next *cluster.WorkerAssignment) {
 				if next != nil {
-					hear("%s stopping %s for @%d", node, k, next.Generation)
+					hear("%s stopping %s@%d for @%d", node, w.Key, w.Generation, next.Generation)
 					return
 				}
-				hear("%s stopping %s", node, k)
+				hear("%s stopping %s@%d", node, w.Key, w.Generation)
 			},
 			Stopped: func(node string, k cluster.WorkerKey) { hear("%s stopped %s", node, k) },
 			Pulled:  func(node, ref string) { hear("%s pulled %s", node, ref) },
@@ -251,7 +251,7 @@ func TestBehaviorAndHooks(t *testing.T) {
 	want := []string{
 		"n1 running a/0@1",
 		"n1 running a/1@2", "n1 pulled img@sha256:2", // a crash-looping worker is replaced at once
-		"n1 stopping a/0", "n1 stopping a/1 for @3", "n1 stopped a/0", "n1 stopped a/1", "n1 running a/1@3",
+		"n1 stopping a/0@2", "n1 stopping a/1@2 for @3", "n1 stopped a/0", "n1 stopped a/1", "n1 running a/1@3",
 	}
 	if !slices.Equal(heard, want) {
 		t.Errorf("hooks heard\n%s\nwant\n%s", strings.Join(heard, "\n"), strings.Join(want, "\n"))
