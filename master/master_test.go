@@ -480,3 +480,38 @@ func TestCrashLoopMovesJobOffNode(t *testing.T) {
 		t.Fatalf("node bad not noted: %s, %v", e.Value, err)
 	}
 }
+
+// The agents these tests run against act, as the real agent does, only on an assignment
+// stamped with the session that holds their node's entry: one stamped with another (as a
+// master writes before it saw the node's new session) starts nothing.
+func TestNodeIgnoresAssignmentOfAnotherSession(t *testing.T) {
+	tc := newTestCluster(t)
+	n := testNodes(1, 1, 1)[0]
+	c := tc.node(n)
+	key, _ := cluster.NodeKey(n.ID)
+	reported := func() (cluster.NodeRecord, bool) {
+		e, err := tc.admin.Get(tc.ctx, key)
+		var rec cluster.NodeRecord
+		return rec, err == nil && json.Unmarshal(e.Value, &rec) == nil
+	}
+	testenv.Eventually(t, "the node registered", 5*time.Second, func() bool { _, ok := reported(); return ok })
+	assign := func(session int64) {
+		t.Helper()
+		w := cluster.WorkerAssignment{Key: cluster.WorkerKey{Job: "wc", Worker: 0}, Generation: 1, Tenant: "search",
+			Isolation: cluster.IsolationProcess, Command: []string{"sleep", "1000"}}
+		b, _ := json.Marshal(cluster.NodeAssignment{Node: n.ID, DC: n.DC, Rack: n.Rack, Session: session, Workers: []cluster.WorkerAssignment{w}})
+		if _, err := tc.admin.Put(tc.ctx, cluster.AssignmentsKey+"/"+n.ID, b, coord.AnyVersion); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assign(c.SessionID() + 1)
+	testenv.AssertUntil(t, "no worker reported", 20*tc.beat, func() (bool, string) {
+		rec, _ := reported()
+		return len(rec.Workers) == 0, fmt.Sprint(rec.Workers)
+	})
+	assign(c.SessionID())
+	testenv.EventuallyWith(t, "wc/0 running", 5*time.Second, func() (bool, string) {
+		rec, _ := reported()
+		return len(rec.Workers) == 1 && rec.Workers[0].State == cluster.WorkerRunning, fmt.Sprint(rec.Workers)
+	})
+}
