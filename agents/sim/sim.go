@@ -84,7 +84,8 @@ type Behavior struct {
 	// node reports it pulling meanwhile, then ready.
 	Pull time.Duration
 	// Fail, when set, is asked about each worker as it finishes starting: a non-nil Failure
-	// makes it crash-loop (reported in backoff) instead of running.
+	// makes it crash-loop (reported in backoff) instead of running. It is called with the
+	// agent's state locked: it must not block or call the Agent.
 	Fail func(node string, w cluster.WorkerAssignment) *Failure
 }
 
@@ -156,9 +157,9 @@ type Agent struct {
 	status  Status
 	workers map[cluster.WorkerKey]*slot // the loop's; read under mu
 	images  map[string]*image           // pulled ahead, by ref; the loop's; read under mu
-	// dirty says the workers changed since the record was last written (the loop's): a
-	// heartbeat with nothing changed costs no encoding, which ten thousand agents in one
-	// process would otherwise pay every second.
+	// dirty says the workers or images changed since the record was last written (the
+	// loop's): a heartbeat with nothing changed costs no encoding, which ten thousand agents
+	// in one process would otherwise pay every second.
 	dirty bool
 }
 
