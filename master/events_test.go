@@ -49,7 +49,7 @@ func sse(t *testing.T, ctx context.Context, url, token string) <-chan api.Event 
 	return ch
 }
 
-// TestMasterEvents runs a master with stand-in agents and checks the events of a job's
+// TestMasterEvents runs a master with simulated agents and checks the events of a job's
 // life, of a lost node and of a crash loop, followed as a stream, filtered, and scoped to
 // a tenant.
 func TestMasterEvents(t *testing.T) {
@@ -124,7 +124,7 @@ func TestMasterEvents(t *testing.T) {
 	if placedOnN1 == "" {
 		t.Fatalf("no worker of wc placed on n1: %v", got)
 	}
-	// Node n1 lost: its worker moves (the stand-ins report every assigned worker running).
+	// Node n1 lost: its worker moves (the simulated agents run every assigned worker at once).
 	n1.Close()
 	lost := waitFor("n1 lost", kind(api.EventNodeLost, "node/n1"))
 	if lost.DC != "dc-a" || !strings.Contains(lost.Reason, "session") {

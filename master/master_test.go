@@ -17,19 +17,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stormdock/stormdock/agents/sim"
 	"github.com/stormdock/stormdock/api"
-	"github.com/stormdock/stormdock/master/desired"
-
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master/desired"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // testCluster is a master (or several) on one embedded store, with node records written
-// by stand-in agents: each stand-in registers a node and reports every worker assigned to
-// it as running. The real agent is tested in package agents and end to end.
+// by simulated agents (package agents/sim), which speak the real agent's store protocol and
+// pass its conformance suite. The real agent is tested in package agents and end to end.
 type testCluster struct {
 	t      testing.TB
 	srv    *coord.Server
@@ -39,6 +39,9 @@ type testCluster struct {
 	wg     sync.WaitGroup
 	regs   map[*Master]*prometheus.Registry // each master's metrics
 	grace  time.Duration                    // masters' re-registration window
+	// beat is the simulated agents' heartbeat: short beside the masters' debounce, so
+	// that what an agent does reaches them at once.
+	beat time.Duration
 }
 
 func newTestCluster(t testing.TB) *testCluster {
@@ -49,7 +52,7 @@ func newTestCluster(t testing.TB) *testCluster {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	tc := &testCluster{t: t, srv: srv, ctx: ctx, cancel: cancel, regs: map[*Master]*prometheus.Registry{},
-		grace: 50 * time.Millisecond}
+		grace: 50 * time.Millisecond, beat: 10 * time.Millisecond}
 	tc.admin = tc.connect(-1)
 	if err := ensureDirs(ctx, tc.admin); err != nil {
 		t.Fatal(err)
@@ -90,43 +93,26 @@ func (tc *testCluster) master(id string) (*Master, *coord.Embedded, context.Canc
 	return m, c, cancel
 }
 
-// node registers a stand-in agent for n and returns its client; closing or expiring the
-// client's session makes the node lost.
+// node starts a simulated agent (agents/sim: it passes the agent conformance suite) for n,
+// whose workers start and stop at once, and returns its store client; closing, crashing or
+// expiring the client's session makes the node lost.
 func (tc *testCluster) node(n cluster.Node) *coord.Embedded {
+	return tc.agent(n, sim.Config{})
+}
+
+// agent starts a simulated agent for n with cfg (its Behavior and Hooks; the rest is set
+// here) on a client of its own, and returns the client. The agent stops with the test.
+func (tc *testCluster) agent(n cluster.Node, cfg sim.Config) *coord.Embedded {
 	c := tc.connect(-1)
-	ctx, cancel := context.WithCancel(tc.ctx)
-	tc.t.Cleanup(cancel)
-	rec := cluster.NodeRecord{Node: n, Health: cluster.NodeHealth{State: cluster.HealthHealthy}, Isolation: []string{"process"}}
-	if rec.Node.Labels == nil {
-		rec.Node.Labels = map[string]string{}
-	}
-	rec.Node.Labels["isolation/process"] = "true"
-	val, _ := json.Marshal(rec)
-	if _, err := c.Create(ctx, cluster.NodesKey+"/"+n.ID, val, coord.Ephemeral); err != nil {
-		tc.t.Fatal(err)
-	}
-	ch, err := c.Watch(ctx, cluster.AssignmentsKey+"/"+n.ID)
+	cfg.Heartbeat, cfg.Logger = tc.beat, quiet
+	cfg.Open = func(context.Context) (coord.Store, error) { return c, nil }
+	ctx, cancel := context.WithTimeout(tc.ctx, testenv.Timeout(5*time.Second))
+	defer cancel()
+	a, err := sim.Start(ctx, cfg, n)
 	if err != nil {
 		tc.t.Fatal(err)
 	}
-	tc.wg.Add(1)
-	go func() {
-		defer tc.wg.Done()
-		for ev := range ch {
-			var a cluster.NodeAssignment
-			if ev.Exists {
-				_ = json.Unmarshal(ev.Entry.Value, &a)
-			}
-			rec.Workers = rec.Workers[:0]
-			for _, w := range a.Workers {
-				if !w.Stop { // a stand-in stops at once
-					rec.Workers = append(rec.Workers, cluster.WorkerStatus{Key: w.Key, Generation: w.Generation, State: cluster.WorkerRunning})
-				}
-			}
-			val, _ := json.Marshal(rec)
-			_, _ = c.Put(ctx, cluster.NodesKey+"/"+n.ID, val, coord.AnyVersion)
-		}
-	}()
+	tc.t.Cleanup(func() { _ = a.Close() })
 	return c
 }
 
@@ -494,4 +480,39 @@ func TestCrashLoopMovesJobOffNode(t *testing.T) {
 	if err != nil || !strings.Contains(string(e.Value), `"avoid":["wc"]`) {
 		t.Fatalf("node bad not noted: %s, %v", e.Value, err)
 	}
+}
+
+// The agents these tests run against act, as the real agent does, only on an assignment
+// stamped with the session that holds their node's entry: one stamped with another (as a
+// master writes before it saw the node's new session) starts nothing.
+func TestNodeIgnoresAssignmentOfAnotherSession(t *testing.T) {
+	tc := newTestCluster(t)
+	n := testNodes(1, 1, 1)[0]
+	c := tc.node(n)
+	key, _ := cluster.NodeKey(n.ID)
+	reported := func() (cluster.NodeRecord, bool) {
+		e, err := tc.admin.Get(tc.ctx, key)
+		var rec cluster.NodeRecord
+		return rec, err == nil && json.Unmarshal(e.Value, &rec) == nil
+	}
+	testenv.Eventually(t, "the node registered", 5*time.Second, func() bool { _, ok := reported(); return ok })
+	assign := func(session int64) {
+		t.Helper()
+		w := cluster.WorkerAssignment{Key: cluster.WorkerKey{Job: "wc", Worker: 0}, Generation: 1, Tenant: "search",
+			Isolation: cluster.IsolationProcess, Command: []string{"sleep", "1000"}}
+		b, _ := json.Marshal(cluster.NodeAssignment{Node: n.ID, DC: n.DC, Rack: n.Rack, Session: session, Workers: []cluster.WorkerAssignment{w}})
+		if _, err := tc.admin.Put(tc.ctx, cluster.AssignmentsKey+"/"+n.ID, b, coord.AnyVersion); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assign(c.SessionID() + 1)
+	testenv.AssertUntil(t, "no worker reported", 20*tc.beat, func() (bool, string) {
+		rec, _ := reported()
+		return len(rec.Workers) == 0, fmt.Sprint(rec.Workers)
+	})
+	assign(c.SessionID())
+	testenv.EventuallyWith(t, "wc/0 running", 5*time.Second, func() (bool, string) {
+		rec, _ := reported()
+		return len(rec.Workers) == 1 && rec.Workers[0].State == cluster.WorkerRunning, fmt.Sprint(rec.Workers)
+	})
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/agents/sim"
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
@@ -20,9 +21,10 @@ import (
 	"github.com/stormdock/stormdock/master/desired"
 )
 
-// sim is what the simulated agents of these tests run: which worker indexes run where, the
-// most of a job's workers down at once, any index running twice, and every replacement.
-type sim struct {
+// tally is what the simulated agents of these tests run, as their hooks tell: which worker
+// indexes run where, the most of a job's workers down at once, any index running twice, and
+// every replacement.
+type tally struct {
 	mu       sync.Mutex
 	running  map[cluster.WorkerKey]map[string]bool // worker -> nodes running it
 	jobs     map[string]int                        // job -> its workers, for down counts
@@ -43,13 +45,13 @@ type replacement struct {
 	at   time.Time
 }
 
-func newSim() *sim {
-	return &sim{running: map[cluster.WorkerKey]map[string]bool{}, jobs: map[string]int{}, maxDown: map[string]int{}, stops: map[string]map[cluster.WorkerKey]int{},
+func newTally() *tally {
+	return &tally{running: map[cluster.WorkerKey]map[string]bool{}, jobs: map[string]int{}, maxDown: map[string]int{}, stops: map[string]map[cluster.WorkerKey]int{},
 		ready: map[string]map[string]bool{}}
 }
 
 // set records that node runs (or stopped running) k, and checks the invariants.
-func (s *sim) set(k cluster.WorkerKey, node string, on bool) {
+func (s *tally) set(k cluster.WorkerKey, node string, on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.running[k] == nil {
@@ -79,7 +81,7 @@ func (s *sim) set(k cluster.WorkerKey, node string, on bool) {
 }
 
 // runningOf counts the workers of job running somewhere.
-func (s *sim) runningOf(job string) int {
+func (s *tally) runningOf(job string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
@@ -92,154 +94,60 @@ func (s *sim) runningOf(job string) int {
 }
 
 // watchJob starts counting a job's down workers (once it runs whole).
-func (s *sim) watchJob(job string, n int) {
+func (s *tally) watchJob(job string, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.jobs[job], s.maxDown[job], s.stops[job] = n, 0, nil
 	s.replaced = slices.DeleteFunc(s.replaced, func(r replacement) bool { return r.key.Job == job })
 }
 
-// simNode registers a simulated agent for n: it stops a worker (taking stop) before starting
-// its replacement (taking start), reports what it runs as an agent would, and a worker whose
-// command contains "crash" crash-loops.
-func (tc *testCluster) simNode(n cluster.Node, s *sim, stop, start time.Duration) *coord.Embedded {
-	c := tc.connect(-1)
-	ctx, cancel := context.WithCancel(tc.ctx)
-	tc.t.Cleanup(cancel)
-	if n.Labels == nil {
-		n.Labels = map[string]string{}
-	}
-	n.Labels["isolation/process"] = "true"
-	rec := cluster.NodeRecord{Node: n, Health: cluster.NodeHealth{State: cluster.HealthHealthy}, Isolation: []string{"process"}}
-	val, _ := json.Marshal(rec)
-	if _, err := c.Create(ctx, cluster.NodesKey+"/"+n.ID, val, coord.Ephemeral); err != nil {
-		tc.t.Fatal(err)
-	}
-	ch, err := c.Watch(ctx, cluster.AssignmentsKey+"/"+n.ID)
-	if err != nil {
-		tc.t.Fatal(err)
-	}
-	type worker struct {
-		wa cluster.WorkerAssignment
-		st cluster.WorkerStatus
-	}
-	runs := map[cluster.WorkerKey]*worker{}
-	var pubMu sync.Mutex // the pre-pulls publish from their own goroutines
-	publish := func() {
-		pubMu.Lock()
-		defer pubMu.Unlock()
-		rec.Workers = rec.Workers[:0]
-		for _, k := range slices.SortedFunc(maps.Keys(runs), cluster.WorkerKey.Compare) {
-			rec.Workers = append(rec.Workers, runs[k].st)
+// simNode starts a simulated agent for n: it stops a worker (taking stop) before starting
+// its replacement (taking start), pulls images ahead (taking s.pull), reports what it runs
+// as an agent does, and a worker whose command contains "crash" crash-loops. s hears it.
+func (tc *testCluster) simNode(n cluster.Node, s *tally, stop, start time.Duration) *coord.Embedded {
+	crash := func(_ string, w cluster.WorkerAssignment) *sim.Failure {
+		if strings.Contains(strings.Join(w.Command, " "), "crash") {
+			return &sim.Failure{Restarts: rolloutCrashRestarts, Exit: "exited with code 3"}
 		}
-		val, _ := json.Marshal(rec)
-		_, _ = c.Put(ctx, cluster.NodesKey+"/"+n.ID, val, coord.AnyVersion)
+		return nil
 	}
-	pulling := map[string]bool{}
-	prepull := func(refs []string) {
-		for _, ref := range refs {
-			if pulling[ref] {
-				continue
+	return tc.agent(n, sim.Config{Behavior: sim.Behavior{Start: start, Stop: stop, Pull: s.pull, Fail: crash}, Hooks: s.hooks()})
+}
+
+// hooks are the simulated agents' hooks that keep the tally.
+func (s *tally) hooks() sim.Hooks {
+	return sim.Hooks{
+		Running: func(node string, w cluster.WorkerAssignment) {
+			s.set(w.Key, node, true)
+			s.mu.Lock()
+			s.replaced = append(s.replaced, replacement{key: w.Key, node: node, at: time.Now()})
+			s.mu.Unlock()
+		},
+		Stopping: func(node string, w cluster.WorkerAssignment, next *cluster.WorkerAssignment) {
+			if next == nil || next.Pinned == "" || next.Pinned == w.Pinned {
+				return
 			}
-			pulling[ref] = true
-			tc.wg.Add(1)
-			go func() {
-				defer tc.wg.Done()
-				select {
-				case <-time.After(s.pull):
-				case <-ctx.Done():
-					return
-				}
-				s.mu.Lock()
-				if s.ready[n.ID] == nil {
-					s.ready[n.ID] = map[string]bool{}
-				}
-				s.ready[n.ID][ref] = true
-				s.mu.Unlock()
-				pubMu.Lock()
-				rec.Images = append(rec.Images, cluster.ImageStatus{Ref: ref, State: cluster.ImageReady, Since: time.Now()})
-				pubMu.Unlock()
-				publish()
-			}()
-		}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if !s.ready[node][next.Pinned] {
+				s.early = append(s.early, fmt.Sprintf("%s on %s stopped before %s was pulled there", w.Key, node, next.Pinned))
+			}
+		},
+		Stopped: func(node string, k cluster.WorkerKey) { s.set(k, node, false) },
+		Pulled: func(node, ref string) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.ready[node] == nil {
+				s.ready[node] = map[string]bool{}
+			}
+			s.ready[node][ref] = true
+		},
 	}
-	sleep := func(d time.Duration) bool {
-		select {
-		case <-time.After(d):
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
-	tc.wg.Add(1)
-	go func() {
-		defer tc.wg.Done()
-		for ev := range ch {
-			var a cluster.NodeAssignment
-			if ev.Exists {
-				_ = json.Unmarshal(ev.Entry.Value, &a)
-			}
-			prepull(a.Prepull)
-			want := map[cluster.WorkerKey]cluster.WorkerAssignment{}
-			for _, w := range a.Workers {
-				if !w.Stop {
-					want[w.Key] = w
-				}
-			}
-			// Stops first, each with its grace: gone or replaced.
-			for _, k := range slices.SortedFunc(maps.Keys(runs), cluster.WorkerKey.Compare) {
-				w := runs[k]
-				nw, ok := want[k]
-				if ok && nw.SameRun(w.wa) {
-					w.wa, w.st.Generation, w.st.Restart = nw, nw.Generation, nw.Restart // live
-					continue
-				}
-				if ok && nw.Pinned != "" && nw.Pinned != w.wa.Pinned {
-					s.mu.Lock()
-					if !s.ready[n.ID][nw.Pinned] {
-						s.early = append(s.early, fmt.Sprintf("%s on %s stopped before %s was pulled there", k, n.ID, nw.Pinned))
-					}
-					s.mu.Unlock()
-				}
-				w.st.State = cluster.WorkerStopping
-				publish()
-				if !sleep(stop) {
-					return
-				}
-				delete(runs, k)
-				s.set(k, n.ID, false)
-				publish()
-			}
-			for _, k := range slices.SortedFunc(maps.Keys(want), cluster.WorkerKey.Compare) {
-				if runs[k] != nil {
-					continue
-				}
-				wa := want[k]
-				w := &worker{wa: wa, st: cluster.WorkerStatus{Key: k, Generation: wa.Generation, Restart: wa.Restart, State: cluster.WorkerStarting, Since: time.Now()}}
-				runs[k] = w
-				publish()
-				if !sleep(start) {
-					return
-				}
-				if strings.Contains(strings.Join(wa.Command, " "), "crash") {
-					w.st.State, w.st.RecentRestarts, w.st.Restarts, w.st.LastExit = cluster.WorkerBackoff, rolloutCrashRestarts, rolloutCrashRestarts, "exited with code 3"
-				} else {
-					w.st.State, w.st.Since = cluster.WorkerRunning, time.Now()
-					s.set(k, n.ID, true)
-					s.mu.Lock()
-					s.replaced = append(s.replaced, replacement{key: k, node: n.ID, at: time.Now()})
-					s.mu.Unlock()
-				}
-			}
-			publish()
-		}
-	}()
-	return c
 }
 
 // rolloutCluster is 3 racks of 2 nodes with simulated agents, a master, an API client, a
 // 12-worker job wc and a 3-worker job other, all running.
-func rolloutCluster(t *testing.T, masters int) (*testCluster, *sim, []*Master, []*coord.Embedded, *api.Client) {
+func rolloutCluster(t *testing.T, masters int) (*testCluster, *tally, []*Master, []*coord.Embedded, *api.Client) {
 	tc := newTestCluster(t)
 	var ms []*Master
 	var cs []*coord.Embedded
@@ -250,7 +158,7 @@ func rolloutCluster(t *testing.T, masters int) (*testCluster, *sim, []*Master, [
 			testenv.Eventually(t, "m1 leads", 5*time.Second, m.Leader)
 		}
 	}
-	s := newSim()
+	s := newTally()
 	for _, n := range testNodes(1, 3, 2) {
 		tc.simNode(n, s, 40*time.Millisecond, 20*time.Millisecond)
 	}
@@ -558,7 +466,7 @@ func TestRolloutPrepullsBeforeStop(t *testing.T) {
 	tc := newTestCluster(t)
 	m, _, _ := tc.master("m1")
 	testenv.Eventually(t, "m1 leads", 5*time.Second, m.Leader)
-	s := newSim()
+	s := newTally()
 	s.pull = 300 * time.Millisecond
 	nodes := testNodes(1, 2, 2)
 	for i := range nodes {

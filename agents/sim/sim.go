@@ -1,5 +1,5 @@
-// Package sim runs simulated node agents for benchmarks: each speaks the real agent's store
-// protocol and "starts" its workers at once, without processes. A test double only.
+// Package sim runs simulated node agents for benchmarks and for the master's tests: each
+// speaks the real agent's store protocol and "runs" its workers without processes.
 //
 // A simulated agent holds a store session of its own, registers its node as a session-bound
 // entry (cluster.NodeKey) holding a cluster.NodeRecord, watches its assignment
@@ -7,6 +7,11 @@
 // the real agent's gate does), and writes its record at most once per heartbeat, only when it
 // changed. Closing it ends its session, and its entry vanishes as a dead node's does. The real
 // agent and this one pass the same conformance checks (package agents/agenttest).
+//
+// By default a worker runs as soon as it is assigned and is gone as soon as it is not. A test
+// shapes that with Config.Behavior (how long starts, stops and image pulls take, which
+// workers crash-loop) and hears each transition through Config.Hooks, as Nomad's mock
+// driver is configured per task.
 //
 // Simulated agents are goroutines: a benchmark runs thousands in one process, each with its
 // own ZooKeeper connection (see Config.Store.BufferSize and ZooKeeper's maxClientCnxns).
@@ -19,8 +24,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -58,7 +65,49 @@ type Config struct {
 	Isolation []string
 	// Events, when set, hears what the agents do (for a benchmark's clocks).
 	Events Events
-	Logger *slog.Logger
+	// Behavior shapes how workers start, stop and crash, and images pull; Hooks hear it.
+	Behavior Behavior
+	Hooks    Hooks
+	Logger   *slog.Logger
+}
+
+// Behavior is how a simulated agent's workers and images behave, for tests of the master.
+// The zero value starts and stops every worker at once and pulls every image at once.
+type Behavior struct {
+	// Start is how long a worker is reported starting before it runs (or crash-loops).
+	Start time.Duration
+	// Stop is how long a worker is reported stopping before it is gone, as one that takes
+	// its grace to exit. A replaced worker's successor starts once it is gone, as the real
+	// agent replaces a worker in place.
+	Stop time.Duration
+	// Pull is how long pulling an image ahead (cluster.NodeAssignment.Prepull) takes: the
+	// node reports it pulling meanwhile, then ready.
+	Pull time.Duration
+	// Fail, when set, is asked about each worker as it finishes starting: a non-nil Failure
+	// makes it crash-loop (reported in backoff) instead of running. It is called with the
+	// agent's state locked: it must not block or call the Agent.
+	Fail func(node string, w cluster.WorkerAssignment) *Failure
+}
+
+// Failure is how a crash-looping worker is reported.
+type Failure struct {
+	Restarts int    // restarts, all of them recent (within the crash-loop window)
+	Exit     string // its last exit, as "exited with code 3"
+}
+
+// Hooks hear each worker's and image's transitions on a node as the agent makes them, before
+// the record reporting them is written. They are called from the agent's goroutine, must not
+// block, and may be nil.
+type Hooks struct {
+	// Running: node runs w (it finished starting and did not fail).
+	Running func(node string, w cluster.WorkerAssignment)
+	// Stopping: node begins stopping the worker running w; next is the assignment that
+	// replaces it there once it is gone, nil when it is not replaced.
+	Stopping func(node string, w cluster.WorkerAssignment, next *cluster.WorkerAssignment)
+	// Stopped: worker k is gone from node.
+	Stopped func(node string, k cluster.WorkerKey)
+	// Pulled: node holds image ref, pulled ahead.
+	Pulled func(node, ref string)
 }
 
 // Events hears what simulated agents do. Its methods are called from every agent's goroutine
@@ -106,11 +155,28 @@ type Agent struct {
 
 	mu      sync.Mutex
 	status  Status
-	workers map[cluster.WorkerKey]*cluster.WorkerStatus // the loop's; read under mu
-	// dirty says the workers changed since the record was last written (the loop's): a
-	// heartbeat with nothing changed costs no encoding, which ten thousand agents in one
-	// process would otherwise pay every second.
+	workers map[cluster.WorkerKey]*slot // the loop's; read under mu
+	images  map[string]*image           // pulled ahead, by ref; the loop's; read under mu
+	// dirty says the workers or images changed since the record was last written (the
+	// loop's): a heartbeat with nothing changed costs no encoding, which ten thousand agents
+	// in one process would otherwise pay every second.
 	dirty bool
+}
+
+// slot is one worker the agent handles: starting, running, crash-looping or stopping.
+type slot struct {
+	st cluster.WorkerStatus     // what the record reports
+	wa cluster.WorkerAssignment // what runs
+	// due is when the worker's start or stop ends (zero: neither under way); next is the
+	// assignment to start once a stopping worker is gone.
+	due  time.Time
+	next *cluster.WorkerAssignment
+}
+
+// image is an image pulled ahead: done is when its pull ends.
+type image struct {
+	st   cluster.ImageStatus
+	done time.Time
 }
 
 // Status is what an agent has done so far.
@@ -146,7 +212,7 @@ func Start(ctx context.Context, cfg Config, node cluster.Node) (*Agent, error) {
 	node.Labels = labels
 	a := &Agent{cfg: cfg, node: node, key: key, assign: assign, instance: fmt.Sprintf("sim-%x", rand.Uint64()),
 		started: time.Now().UTC().Truncate(time.Millisecond), log: cfg.Logger.With("node", node.ID, "component", "sim"),
-		done: make(chan struct{}), workers: map[cluster.WorkerKey]*cluster.WorkerStatus{}}
+		done: make(chan struct{}), workers: map[cluster.WorkerKey]*slot{}, images: map[string]*image{}}
 	begin := time.Now()
 	if cfg.Open != nil {
 		a.store, err = cfg.Open(ctx)
@@ -186,7 +252,11 @@ func (a *Agent) Status() Status {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := a.status
-	st.Running = len(a.workers)
+	for _, s := range a.workers {
+		if s.st.State == cluster.WorkerRunning {
+			st.Running++
+		}
+	}
 	return st
 }
 
@@ -211,6 +281,15 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 			ticker.Stop()
 		}
 	}()
+	// due fires when the next start, stop or pull ends (cfg.Behavior).
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
+	arm := func() {
+		if at, ok := a.next(); ok {
+			due.Reset(time.Until(at))
+		}
+	}
 	var unacked []cluster.WorkerKey // started since the last write
 	force := false
 	for {
@@ -222,6 +301,11 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 				return
 			}
 			unacked = a.apply(ev, unacked)
+			arm()
+			continue
+		case <-due.C:
+			unacked = a.advance(time.Now(), unacked)
+			arm()
 			continue
 		case ev, ok := <-sessions:
 			if !ok {
@@ -281,8 +365,9 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 }
 
 // apply takes a new version of the node's assignment: on one stamped with the agent's
-// session it starts the workers it lists and stops the others, at once. It returns the
-// workers started and not yet reported.
+// session it starts the workers it lists, stops the others, replaces those whose run
+// changed (stopped first, then started, in place) and pulls the images it lists ahead, each
+// taking as long as cfg.Behavior says. It returns the workers running and not yet reported.
 func (a *Agent) apply(ev coord.Event, unacked []cluster.WorkerKey) []cluster.WorkerKey {
 	var na cluster.NodeAssignment
 	if ev.Exists && len(ev.Entry.Value) > 0 {
@@ -304,36 +389,170 @@ func (a *Agent) apply(ev coord.Event, unacked []cluster.WorkerKey) []cluster.Wor
 			keys = append(keys, wa.Key)
 		}
 	}
-	now := time.Now().UTC().Truncate(time.Millisecond)
+	now := time.Now()
+	var heard []func()
 	a.mu.Lock()
 	a.status.Stamped = na.Session
-	for k := range a.workers {
-		if _, ok := want[k]; !ok {
+	// In key order, as advance goes: hooks hear one node's transitions in a steady order.
+	for _, k := range slices.SortedFunc(maps.Keys(a.workers), cluster.WorkerKey.Compare) {
+		s := a.workers[k]
+		wa, ok := want[k]
+		switch {
+		case s.st.State == cluster.WorkerStopping:
+			// Already on its way out: what follows it is whatever this assignment lists.
+			s.next = nil
+			if ok {
+				s.next = &wa
+			}
+		case !ok && s.st.State == cluster.WorkerBackoff:
+			// Nothing runs: gone at once.
 			delete(a.workers, k)
 			a.dirty = true
+			if h := a.cfg.Hooks.Stopped; h != nil {
+				heard = append(heard, func() { h(a.node.ID, k) })
+			}
+		case !ok:
+			heard = a.stopLocked(s, nil, now, heard)
+		case s.wa.SameRun(wa):
+			// The same run at a new generation (a live change): the worker takes it as it runs.
+			if s.st.Generation != wa.Generation {
+				s.st.Generation, a.dirty = wa.Generation, true
+			}
+			s.wa = wa
+		case s.st.State == cluster.WorkerBackoff:
+			// Not running: the next start takes the new assignment at once, as the real
+			// agent's does.
+			a.startLocked(wa, now)
+		default:
+			heard = a.stopLocked(s, &wa, now, heard)
 		}
 	}
 	for k, wa := range want {
-		if s, ok := a.workers[k]; ok {
-			if s.Generation != wa.Generation {
-				s.Generation, a.dirty = wa.Generation, true
-			}
-			continue
+		if _, ok := a.workers[k]; !ok {
+			a.startLocked(wa, now)
 		}
-		a.dirty = true
-		a.workers[k] = &cluster.WorkerStatus{Key: k, Generation: wa.Generation, State: cluster.WorkerRunning,
-			PID: 1, Memory: cluster.Bytes(min(wa.Resources.Memory/2, 64<<20)) / memoryQuantum * memoryQuantum, Since: now}
-		unacked = append(unacked, k)
+	}
+	for _, ref := range na.Prepull {
+		if _, ok := a.images[ref]; !ok {
+			a.images[ref] = &image{st: cluster.ImageStatus{Ref: ref, State: cluster.ImagePulling, Since: stamp(now)},
+				done: now.Add(a.cfg.Behavior.Pull)}
+			a.dirty = true
+		}
 	}
 	a.mu.Unlock()
+	for _, f := range heard {
+		f()
+	}
 	unacked = slices.DeleteFunc(unacked, func(k cluster.WorkerKey) bool { _, ok := want[k]; return !ok })
 	if a.cfg.Events != nil {
 		a.cfg.Events.Assigned(a.node.ID, keys)
 	}
+	return a.advance(now, unacked)
+}
+
+// startLocked begins starting wa's worker; advance ends the start when it is due.
+func (a *Agent) startLocked(wa cluster.WorkerAssignment, now time.Time) {
+	a.workers[wa.Key] = &slot{wa: wa, due: now.Add(a.cfg.Behavior.Start),
+		st: cluster.WorkerStatus{Key: wa.Key, Generation: wa.Generation, Restart: wa.Restart, State: cluster.WorkerStarting, Since: stamp(now)}}
+	a.dirty = true
+}
+
+// stopLocked begins stopping s, to start next in its place once it is gone (nil: none). It
+// returns heard with the Stopping hook's call added.
+func (a *Agent) stopLocked(s *slot, next *cluster.WorkerAssignment, now time.Time, heard []func()) []func() {
+	s.st.State, s.due, s.next, a.dirty = cluster.WorkerStopping, now.Add(a.cfg.Behavior.Stop), next, true
+	if h := a.cfg.Hooks.Stopping; h != nil {
+		w := s.wa
+		heard = append(heard, func() { h(a.node.ID, w, next) })
+	}
+	return heard
+}
+
+// advance ends every start, stop and pull due by now, and returns unacked with the workers
+// that began running added. A stop that ends starts the worker's successor, which may end at
+// once too.
+func (a *Agent) advance(now time.Time, unacked []cluster.WorkerKey) []cluster.WorkerKey {
+	b, h := a.cfg.Behavior, a.cfg.Hooks
+	var heard []func()
+	a.mu.Lock()
+	for changed := true; changed; {
+		changed = false
+		for _, k := range slices.SortedFunc(maps.Keys(a.workers), cluster.WorkerKey.Compare) {
+			s := a.workers[k]
+			if s.due.IsZero() || s.due.After(now) {
+				continue
+			}
+			s.due, changed, a.dirty = time.Time{}, true, true
+			switch s.st.State {
+			case cluster.WorkerStarting:
+				if f := b.fail(a.node.ID, s.wa); f != nil {
+					s.st.State, s.st.Restarts, s.st.RecentRestarts, s.st.LastExit, s.st.Since = cluster.WorkerBackoff, f.Restarts, f.Restarts, f.Exit, stamp(now)
+					continue
+				}
+				s.st.State, s.st.PID, s.st.Since = cluster.WorkerRunning, 1, stamp(now)
+				s.st.Memory = cluster.Bytes(min(s.wa.Resources.Memory/2, 64<<20)) / memoryQuantum * memoryQuantum
+				unacked = append(unacked, k)
+				if h.Running != nil {
+					wa := s.wa
+					heard = append(heard, func() { h.Running(a.node.ID, wa) })
+				}
+			case cluster.WorkerStopping:
+				delete(a.workers, k)
+				if h.Stopped != nil {
+					heard = append(heard, func() { h.Stopped(a.node.ID, k) })
+				}
+				if s.next != nil {
+					a.startLocked(*s.next, now)
+				}
+			}
+		}
+	}
+	for _, ref := range slices.Sorted(maps.Keys(a.images)) {
+		im := a.images[ref]
+		if im.st.State != cluster.ImagePulling || im.done.After(now) {
+			continue
+		}
+		im.st.State, im.st.Since, a.dirty = cluster.ImageReady, stamp(now), true
+		if h.Pulled != nil {
+			heard = append(heard, func() { h.Pulled(a.node.ID, ref) })
+		}
+	}
+	a.mu.Unlock()
+	for _, f := range heard {
+		f()
+	}
 	return unacked
 }
 
-// churn moves one worker's memory reading by a step.
+// stamp is a time as records carry it.
+func stamp(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
+
+// fail asks Fail about w, if set.
+func (b Behavior) fail(node string, w cluster.WorkerAssignment) *Failure {
+	if b.Fail == nil {
+		return nil
+	}
+	return b.Fail(node, w)
+}
+
+// next is when the next start, stop or pull ends; ok is false when none is under way.
+func (a *Agent) next() (at time.Time, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range a.workers {
+		if !s.due.IsZero() && (!ok || s.due.Before(at)) {
+			at, ok = s.due, true
+		}
+	}
+	for _, im := range a.images {
+		if im.st.State == cluster.ImagePulling && (!ok || im.done.Before(at)) {
+			at, ok = im.done, true
+		}
+	}
+	return at, ok
+}
+
+// churn moves one running worker's memory reading by a step.
 func (a *Agent) churn(r *rand.Rand) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -341,17 +560,20 @@ func (a *Agent) churn(r *rand.Rand) {
 		return
 	}
 	i := r.IntN(len(a.workers))
-	for _, s := range a.workers {
-		if i == 0 {
+	for _, w := range a.workers {
+		if i > 0 {
+			i--
+			continue
+		}
+		if s := &w.st; s.State == cluster.WorkerRunning {
 			if s.Memory > memoryQuantum && r.IntN(2) == 0 {
 				s.Memory -= memoryQuantum
 			} else {
 				s.Memory += memoryQuantum
 			}
 			a.dirty = true
-			return
 		}
-		i--
+		return
 	}
 }
 
@@ -360,14 +582,20 @@ func (a *Agent) record() ([]byte, error) {
 	a.mu.Lock()
 	ws := make([]cluster.WorkerStatus, 0, len(a.workers))
 	for _, s := range a.workers {
-		ws = append(ws, *s)
+		ws = append(ws, s.st)
+	}
+	var imgs []cluster.ImageStatus
+	for _, im := range a.images {
+		imgs = append(imgs, im.st)
 	}
 	a.mu.Unlock()
 	slices.SortFunc(ws, func(x, y cluster.WorkerStatus) int { return x.Key.Compare(y.Key) })
+	slices.SortFunc(imgs, func(x, y cluster.ImageStatus) int { return strings.Compare(x.Ref, y.Ref) })
 	return json.Marshal(cluster.NodeRecord{
 		Node:      a.node,
 		Health:    cluster.NodeHealth{State: cluster.HealthHealthy},
 		Workers:   ws,
+		Images:    imgs,
 		Isolation: a.cfg.Isolation,
 		Agent:     a.instance,
 		Started:   a.started,
