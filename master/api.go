@@ -18,7 +18,6 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/console"
 	"github.com/stormdock/stormdock/master/desired"
-	"github.com/stormdock/stormdock/placement"
 )
 
 // Handler returns the master's HTTP API and the web console (at /ui/, package console).
@@ -194,13 +193,13 @@ func (m *Master) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
 
 func (m *Master) listJobs(w http.ResponseWriter, r *http.Request) {
 	p := principalOf(r.Context())
-	st := m.readState()
-	jobs, gen := m.currentJobsGen()
-	body := st.list(p, gen, func() []byte {
+	st := m.Snapshot()
+	jobs, gen := m.CurrentJobsGen()
+	body := st.List(p.String(), gen, func() []byte {
 		out := []api.JobSummary{}
 		for _, name := range slices.Sorted(maps.Keys(jobs)) {
 			if mayUse(p, jobs[name].rec.Spec.Tenant) == nil {
-				out = append(out, st.summary(jobs[name]))
+				out = append(out, st.Summary(jobs[name]))
 			}
 		}
 		var b bytes.Buffer
@@ -227,7 +226,7 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrBadInput, "workers=%q: want true or false", q)
 		return
 	}
-	j, ok := m.currentJobs()[name]
+	j, ok := m.CurrentJobs()[name]
 	if !ok {
 		fail(w, api.ErrNotFound, "no job %q (see `stormdock job list`)", name)
 		return
@@ -236,10 +235,10 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
-	st := m.readState()
-	assigned, _ := st.where()
+	st := m.Snapshot()
+	assigned, _ := st.Where()
 	v, unplaced := st.v, st.unplaced
-	out := api.JobStatus{Job: j.rec, Summary: st.summary(j), Workers: []api.WorkerView{}}
+	out := api.JobStatus{Job: j.rec, Summary: st.Summary(j), Workers: []api.WorkerView{}}
 	if withWorkers {
 		for _, k := range j.rec.Spec.Keys() {
 			wv := api.WorkerView{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.WorkerPending}
@@ -262,88 +261,15 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if j.rec.Spec.Mirrored() {
-		out.Sink = m.sinkView(r.Context(), v, j.rec.Spec.Name)
+		out.Sink = m.SinkView(r.Context(), v, j.rec.Spec.Name)
 	}
 	reply(w, http.StatusOK, out)
 }
 
-// unplaced explains the workers no node takes, by planning over the same view the leader
-// plans from. Placement is pure, so any master can give the leader's reasons. When every
-// worker of every job is assigned there is nothing to explain, and no plan is made. Only a
-// master that does not lead plans for this (see readState); the leader's reconcile says why.
-func (m *Master) unplaced(v *view, assigned map[cluster.WorkerKey]string) map[cluster.WorkerKey]string {
-	missing := false
-	for _, j := range v.jobs {
-		if j.rec.State != cluster.JobRunning {
-			continue
-		}
-		for _, k := range j.rec.Spec.Keys() {
-			node, ok := assigned[k]
-			if _, alive := v.nodes[node]; !ok || !alive {
-				missing = true // unassigned, or held on a lost node
-				break
-			}
-		}
-		if missing {
-			break
-		}
-	}
-	if !missing {
-		return map[cluster.WorkerKey]string{}
-	}
-	var cur []cluster.Placement
-	for k, node := range assigned {
-		if rec, ok := v.record(k.Job); ok && rec.State == cluster.JobRunning {
-			cur = append(cur, cluster.Placement{Job: k.Job, Link: k.Link, Worker: k.Worker, Node: node})
-		}
-	}
-	r := &reconciler{m: m, assign: map[string]assignState{}}
-	for node, a := range m.decodedAssigns() {
-		r.assign[node] = assignState{a: a, exists: true}
-	}
-	res, _, err := r.planWhole(v, placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: cur, Avoid: v.avoid()})
-	out := map[cluster.WorkerKey]string{}
-	if err != nil {
-		return out
-	}
-	for _, u := range res.Unplaced {
-		out[u.Key()] = u.Reason
-	}
-	return out
-}
-
-func summarize(v *view, rec cluster.JobRecord, assigned map[cluster.WorkerKey]string, unplaced map[cluster.WorkerKey]string) api.JobSummary {
-	s := api.JobSummary{Name: rec.Spec.Name, Tenant: rec.Spec.Tenant, State: rec.State, Workers: rec.Spec.TotalWorkers(),
-		Priority: rec.Spec.Priority, Generation: rec.Generation}
-	if rec.Rollout.Active() {
-		s.Rollout = rec.Rollout.State
-	}
-	for _, k := range rec.Spec.Keys() {
-		if st, ok := v.statuses[k]; ok && st.status.State == cluster.WorkerRunning && st.node == assigned[k] {
-			s.Running++
-		}
-		if _, ok := unplaced[k]; ok {
-			s.Unplaced++
-		}
-	}
-	inSpec := func(k cluster.WorkerKey) bool {
-		if k.Worker >= rec.Spec.Workers {
-			return false
-		}
-		return k.Link == "" && !rec.Spec.Mirrored() || slices.Contains(rec.Spec.Links, k.Link)
-	}
-	for _, c := range v.copies {
-		if k := c.status.Key; k.Job == rec.Spec.Name && (!inSpec(k) || assigned[k] != c.node || rec.State != cluster.JobRunning) {
-			s.Stopping++
-		}
-	}
-	return s
-}
-
 func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
-	st := m.readState()
+	st := m.Snapshot()
 	v := st.v
-	_, perNode := st.where()
+	_, perNode := st.Where()
 	out := []api.NodeView{}
 	for _, id := range slices.Sorted(maps.Keys(v.nodes)) {
 		rec := v.nodes[id]
@@ -397,7 +323,7 @@ func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
-	jobs := m.currentJobs()
+	jobs := m.CurrentJobs()
 	p := principalOf(r.Context())
 	out := []api.TenantView{}
 	for _, name := range names {
@@ -408,7 +334,7 @@ func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			continue
 		}
-		out = append(out, tenantView(jobs, t.Tenant))
+		out = append(out, TenantView(jobs, t.Tenant))
 	}
 	reply(w, http.StatusOK, out)
 }
@@ -436,9 +362,9 @@ func (m *Master) tenantToken(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *Master) listDCs(w http.ResponseWriter, _ *http.Request) {
-	st := m.readState()
+	st := m.Snapshot()
 	v := st.v
-	_, perNode := st.where()
+	_, perNode := st.Where()
 	out := []api.DCView{}
 	for _, name := range slices.Sorted(maps.Keys(v.dcs)) {
 		d := api.DCView{Name: name, State: v.dcState(name), Since: v.dcs[name].Since}

@@ -59,7 +59,7 @@ func (m *Master) secure(pattern string, need role, h http.HandlerFunc) http.Hand
 		e := &auditEntry{principal: "-"}
 		sw := &statusWriter{ResponseWriter: w, before: func(status int) {
 			if status < 300 {
-				m.readYourWrite(r.Context(), e.object)
+				m.ReadYourWrite(r.Context(), e.object)
 			}
 		}}
 		checked(sw, r.WithContext(context.WithValue(r.Context(), auditKey{}, e)))

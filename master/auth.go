@@ -87,7 +87,7 @@ func (m *Master) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		// Tokens and everything else live in the store: say so at once rather than hang.
-		if msg := m.storeUnavailable(); msg != "" {
+		if msg := m.StoreUnavailable(); msg != "" {
 			fail(w, api.ErrUnavailable, "%s", msg)
 			return
 		}

@@ -18,7 +18,7 @@ import (
 
 // dcState is a data center's effective state: the operator's, or lost when none of its
 // nodes is alive.
-func (v *view) dcState(dc string) string {
+func (v *View) dcState(dc string) string {
 	if rec, ok := v.dcs[dc]; ok && rec.State == cluster.DCFailed {
 		return cluster.DCFailed
 	}
@@ -31,7 +31,7 @@ func (v *view) dcState(dc string) string {
 }
 
 // out lists the data centers whose workers must leave: failed or lost.
-func (v *view) out() map[string]string {
+func (v *View) out() map[string]string {
 	out := map[string]string{}
 	for dc := range v.dcs {
 		if st := v.dcState(dc); st != cluster.DCActive {
@@ -43,7 +43,7 @@ func (v *view) out() map[string]string {
 
 // recordDCs stores a record for every data center seen among live nodes, so that one
 // whose nodes are all gone is still known (and reported lost).
-func (r *reconciler) recordDCs(ctx context.Context, v *view) error {
+func (r *reconciler) recordDCs(ctx context.Context, v *View) error {
 	for _, rec := range v.nodes {
 		dc := rec.Node.DC
 		if _, ok := v.dcs[dc]; ok {
@@ -72,7 +72,7 @@ func (r *reconciler) recordDCs(ctx context.Context, v *view) error {
 // It returns the held workers too: the leader keeps them assigned to the node they were
 // lost on, so that the next plan (by this leader or the next) still knows they come from
 // a lost data center and must move whole.
-func (r *reconciler) planWhole(v *view, in placement.Input) (*placement.Result, map[cluster.WorkerKey]string, error) {
+func (r *reconciler) planWhole(v *View, in placement.Input) (*placement.Result, map[cluster.WorkerKey]string, error) {
 	out := v.out()
 	if len(out) == 0 {
 		res, err := placement.Plan(in)
@@ -158,7 +158,7 @@ func waitingReason(job, dc, state string, stuck, total int) string {
 // rebalance carries out a restore's --rebalance once: for each job that may use the data
 // center and spreads over data centers, the workers above an even share in the other data
 // centers are let go, so that placement puts them into the restored one.
-func (r *reconciler) rebalance(ctx context.Context, v *view, cur []cluster.Placement) ([]cluster.Placement, error) {
+func (r *reconciler) rebalance(ctx context.Context, v *View, cur []cluster.Placement) ([]cluster.Placement, error) {
 	var dcs []string
 	for dc, rec := range v.dcs {
 		if rec.Rebalance && rec.State == cluster.DCActive && v.dcState(dc) == cluster.DCActive {

@@ -69,7 +69,7 @@ func TestDCLossMovesWholeJobs(t *testing.T) {
 			t.Errorf("worker %s moved from %s to %s though its data center stayed", k, n, after[k])
 		}
 	}
-	st := m.readState()
+	st := m.Snapshot()
 	v, reasons := st.v, st.unplaced
 	held := 0
 	for k, why := range reasons {

@@ -9,8 +9,8 @@ import (
 	"github.com/stormdock/stormdock/placement"
 )
 
-// dcImpact is what failing one data center would do, for every viewer.
-type dcImpact struct {
+// DCImpact is what failing one data center would do, for every viewer.
+type DCImpact struct {
 	api.DCFailover
 }
 
@@ -18,7 +18,7 @@ type dcImpact struct {
 // leader would carry it out (planWhole: the data center's nodes drain, whole jobs move by
 // priority), and compares with the plan without it. Placement is pure and takes about a
 // millisecond for a thousand nodes, so any master can answer for every data center at once.
-func (m *Master) dcImpacts(v *view, assigns map[string]cluster.NodeAssignment) map[string]*dcImpact {
+func (m *Master) DCImpacts(v *View, assigns map[string]cluster.NodeAssignment) map[string]*DCImpact {
 	r := &reconciler{m: m, assign: make(map[string]assignState, len(assigns))}
 	for node, a := range assigns {
 		r.assign[node] = assignState{a: a, exists: true}
@@ -41,7 +41,7 @@ func (m *Master) dcImpacts(v *view, assigns map[string]cluster.NodeAssignment) m
 	for _, rec := range v.nodes {
 		dcs[rec.Node.DC] = true
 	}
-	out := map[string]*dcImpact{}
+	out := map[string]*DCImpact{}
 	for _, dc := range slices.Sorted(maps.Keys(dcs)) {
 		if v.dcState(dc) != cluster.DCActive {
 			continue
@@ -87,7 +87,7 @@ func (m *Master) dcImpacts(v *view, assigns map[string]cluster.NodeAssignment) m
 		for _, name := range slices.Sorted(maps.Keys(hurt)) {
 			f.Jobs = append(f.Jobs, *hurt[name])
 		}
-		out[dc] = &dcImpact{DCFailover: f}
+		out[dc] = &DCImpact{DCFailover: f}
 	}
 	return out
 }

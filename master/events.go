@@ -50,7 +50,7 @@ type nodeKey struct {
 func workerObject(k cluster.WorkerKey) string { return "worker/" + k.String() }
 
 // workerEvent is an event about one worker on node.
-func workerEvent(v *view, kind string, k cluster.WorkerKey, node, reason string) api.Event {
+func workerEvent(v *View, kind string, k cluster.WorkerKey, node, reason string) api.Event {
 	w := k.Worker
 	e := api.Event{Kind: kind, Object: workerObject(k), Reason: reason, Job: k.Job, Link: k.Link, Worker: &w,
 		Tenant: tenantOf(v.jobs, k.Job), Node: node}
@@ -71,7 +71,7 @@ func submitted(j cluster.JobRecord) api.Event {
 // takes the baseline, and records only the jobs submitted since the term began: one
 // submitted in the instant between the election and the first view was otherwise in the
 // baseline, and its submission recorded by no master.
-func (r *reconciler) observeEvents(v *view) {
+func (r *reconciler) observeEvents(v *View) {
 	cur := &seen{jobs: map[string]cluster.JobRecord{}, nodes: v.nodes, confs: v.confs, dcs: map[string]string{},
 		workers: map[nodeKey]cluster.WorkerStatus{}}
 	for name, j := range v.jobs {
@@ -206,7 +206,7 @@ func normHealth(h cluster.NodeHealth) cluster.NodeHealth {
 }
 
 // workerEvents records what changed of one worker as its node reports it.
-func (r *reconciler) workerEvents(v *view, nk nodeKey, w, was cluster.WorkerStatus) {
+func (r *reconciler) workerEvents(v *View, nk nodeKey, w, was cluster.WorkerStatus) {
 	emit := r.m.events.Emit
 	ev := func(kind, reason string, at time.Time) {
 		e := workerEvent(v, kind, nk.key, nk.node, reason)
@@ -247,7 +247,7 @@ func (r *reconciler) workerEvents(v *view, nk nodeKey, w, was cluster.WorkerStat
 
 // planEvents records what the leader decided: before holds every worker's node as assigned
 // before the plan was written, placements where they are assigned now (held ones included).
-func (r *reconciler) planEvents(v *view, before map[cluster.WorkerKey]string, placements []cluster.Placement, res *placement.Result) {
+func (r *reconciler) planEvents(v *View, before map[cluster.WorkerKey]string, placements []cluster.Placement, res *placement.Result) {
 	if r.seen == nil {
 		return
 	}
@@ -319,7 +319,7 @@ func (r *reconciler) planEvents(v *view, before map[cluster.WorkerKey]string, pl
 }
 
 // moveReason says why a worker left old when the plan gave no move for it.
-func (r *reconciler) moveReason(v *view, k cluster.WorkerKey, old string) string {
+func (r *reconciler) moveReason(v *View, k cluster.WorkerKey, old string) string {
 	if s, ok := v.statuses[k]; ok && s.node == old && s.status.State == cluster.WorkerEvicted {
 		return "evicted from " + old + " under memory pressure"
 	}
@@ -355,7 +355,7 @@ func (m *Master) watchRouters(ctx context.Context, since time.Time) {
 			}
 			last[job] = f.At
 			m.events.Emit(api.Event{Kind: api.EventLinkFailover, Object: "link/" + job + "@" + f.To, Job: job, Link: f.To,
-				Tenant: tenantOf(m.currentJobs(), job), DC: f.To, Time: f.At,
+				Tenant: tenantOf(m.CurrentJobs(), job), DC: f.To, Time: f.At,
 				Reason: fmt.Sprintf("from %s to %s (%s), delivering from offset %d", f.From, f.To, f.Reason, f.NextOffset)})
 		}
 	}

@@ -259,13 +259,13 @@ func TestSubmittedAtTermStart(t *testing.T) {
 	m, _, _ := tc.master("m1")
 	testenv.Eventually(t, "leading", 5*time.Second, m.Leader)
 	since := time.Now()
-	job := func(name string, submitted time.Time) jobEntry {
+	job := func(name string, submitted time.Time) Job {
 		spec := testSpec(name, 1)
-		return jobEntry{rec: cluster.JobRecord{Spec: *spec, State: cluster.JobRunning, Submitted: submitted}}
+		return Job{rec: cluster.JobRecord{Spec: *spec, State: cluster.JobRunning, Submitted: submitted}}
 	}
 	// The reconciler of a term whose first view holds both jobs.
 	r := &reconciler{m: m, since: since}
-	r.observeEvents(&view{jobs: map[string]jobEntry{
+	r.observeEvents(&View{jobs: map[string]Job{
 		"before": job("before", since.Add(-time.Second)),
 		"after":  job("after", since.Add(time.Millisecond)),
 	}})

@@ -120,7 +120,7 @@ func (m *Master) leadingRouter(ctx context.Context, job string) string {
 	if rec, ok, err := multidc.ReadRecord(ctx, m.store, job); err == nil && ok && rec.Router != "" {
 		return rec.Router
 	}
-	if urls := m.readState().v.routerURLs(job); len(urls) > 0 {
+	if urls := m.Snapshot().v.RouterURLs(job); len(urls) > 0 {
 		return urls[0]
 	}
 	return ""

@@ -107,10 +107,10 @@ func (c *logKeyCache) transport(addr string, ep *cluster.LogsEndpoint) *http.Tra
 // jobLogs relays a worker's log from its agent.
 func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	st := m.readState()
+	st := m.Snapshot()
 	v := st.v
-	assigned, _ := st.where()
-	j, ok := m.currentJobs()[name]
+	assigned, _ := st.Where()
+	j, ok := m.CurrentJobs()[name]
 	if !ok {
 		fail(w, api.ErrNotFound, "no job %q (see `stormdock job list`)", name)
 		return

@@ -13,10 +13,10 @@ import (
 
 // stamp tells whether the mirrors changed: each one's count of changes. It costs the same
 // however large the cluster: every watch stream asks for it every api.WatchInterval.
-type stamp [6]uint64
+type Stamp [6]uint64
 
-func (m *Master) stamp() stamp {
-	var s stamp
+func (m *Master) Stamp() Stamp {
+	var s Stamp
 	for i, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
 		s[i] = mr.generation()
 	}
@@ -39,7 +39,7 @@ type mapCache struct {
 type impactsCache struct {
 	mu      *sync.Mutex // guards the cache; held by build's caller
 	key     impactKey
-	v       map[string]*dcImpact
+	v       map[string]*DCImpact
 	done    bool // v is of key
 	running bool
 	gen     int // grows with every new v
@@ -74,7 +74,7 @@ type drawKey struct {
 }
 
 // jobsDigest digests what drawing a node reads of the jobs: each one's tenant and memory.
-func jobsDigest(v *view) uint64 {
+func jobsDigest(v *View) uint64 {
 	h := fnv.New64a()
 	names := slices.Collect(maps.Keys(v.jobs))
 	for name := range v.routers {
@@ -117,7 +117,7 @@ func planDigest(rec cluster.NodeRecord) uint64 {
 }
 
 // build makes the map of the mirrors as they are (stamped st), reusing what did not change.
-func (c *mapCache) build(m *Master, st stamp) *mapBase {
+func (c *mapCache) build(m *Master, st Stamp) *mapBase {
 	nodeEntries, assignEntries := m.nodes.snapshot(), m.assigns.snapshot()
 	for id, e := range nodeEntries {
 		if cn, ok := c.nodes[id]; ok && cn.rev == e.ModRev && cn.owner == e.Owner {
@@ -174,7 +174,7 @@ func (c *mapCache) build(m *Master, st stamp) *mapBase {
 	}
 	b := &mapBase{stamp: st, v: v}
 	b.nodes = c.drawNodes(v)
-	b.jobs = mapJobs(v, assigned, m.readState().unplaced)
+	b.jobs = mapJobs(v, assigned, m.Snapshot().unplaced)
 	b.dcs = mapDCs(v, assigned, c.dcImpacts(m, v, assigns, st))
 	b.impacts = c.impacts.gen
 	b.tenants = mapTenants(v, m.tenants.snapshot())
@@ -182,7 +182,7 @@ func (c *mapCache) build(m *Master, st stamp) *mapBase {
 }
 
 // dcImpacts returns the data-center checks, planned again only when their input changed.
-func (c *mapCache) dcImpacts(m *Master, v *view, assigns map[string]cluster.NodeAssignment, st stamp) map[string]*dcImpact {
+func (c *mapCache) dcImpacts(m *Master, v *View, assigns map[string]cluster.NodeAssignment, st Stamp) map[string]*DCImpact {
 	key := impactKey{jobs: st[0], confs: st[2], assigns: st[3], dcs: st[5], nodes: len(c.nodes)}
 	for _, cn := range c.nodes {
 		key.plans += cn.plan
@@ -192,7 +192,7 @@ func (c *mapCache) dcImpacts(m *Master, v *view, assigns map[string]cluster.Node
 		return ic.v
 	}
 	if ic.mu == nil {
-		ic.v, ic.key, ic.done = m.dcImpacts(v, assigns), key, true
+		ic.v, ic.key, ic.done = m.DCImpacts(v, assigns), key, true
 		ic.gen++
 		return ic.v
 	}
@@ -200,7 +200,7 @@ func (c *mapCache) dcImpacts(m *Master, v *view, assigns map[string]cluster.Node
 	// them while the next build makes its own.
 	ic.running = true
 	go func() {
-		res := m.dcImpacts(v, assigns)
+		res := m.DCImpacts(v, assigns)
 		ic.mu.Lock()
 		defer ic.mu.Unlock()
 		ic.v, ic.key, ic.done, ic.running = res, key, true, false
@@ -212,7 +212,7 @@ func (c *mapCache) dcImpacts(m *Master, v *view, assigns map[string]cluster.Node
 // drawNodes draws every live node, and every node that is gone while the plan still holds
 // workers there, with its workers as cells; a node whose inputs did not change keeps its
 // entry.
-func (c *mapCache) drawNodes(v *view) []*mapNode {
+func (c *mapCache) drawNodes(v *View) []*mapNode {
 	jobs := jobsDigest(v)
 	ids := slices.Collect(maps.Keys(v.nodes))
 	for id, ca := range c.assigns {

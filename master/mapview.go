@@ -16,9 +16,9 @@ import (
 
 // mapBase is everything every viewer's map of one moment is made from.
 type mapBase struct {
-	stamp   stamp
+	stamp   Stamp
 	impacts int // the generation of the data-center checks it holds
-	v       *view
+	v       *View
 	nodes   []*mapNode // sorted by id, lost nodes included; unchanged nodes keep their pointer
 	jobs    []api.MapJob
 	dcs     []api.MapDC
@@ -32,7 +32,7 @@ type mapNode struct {
 }
 
 // drawNode draws one node from its record (none for a lost node) and its assignment.
-func drawNode(v *view, id string, a cluster.NodeAssignment) *mapNode {
+func drawNode(v *View, id string, a cluster.NodeAssignment) *mapNode {
 	var keys []cluster.WorkerKey
 	for _, w := range a.Workers {
 		if !w.Stop {
@@ -97,7 +97,7 @@ func roundTo(b, unit cluster.Bytes) cluster.Bytes {
 }
 
 // mapJobs lists every job with its summary and why its unplaced workers wait.
-func mapJobs(v *view, assigned, unplaced map[cluster.WorkerKey]string) []api.MapJob {
+func mapJobs(v *View, assigned, unplaced map[cluster.WorkerKey]string) []api.MapJob {
 	// summarize scans every reported copy; group them by job once.
 	byJob := make(map[string][]nodeWorker, len(v.jobs)+len(v.routers))
 	for _, c := range v.copies {
@@ -106,7 +106,7 @@ func mapJobs(v *view, assigned, unplaced map[cluster.WorkerKey]string) []api.Map
 	out := make([]api.MapJob, 0, len(v.jobs))
 	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
 		rec := v.jobs[name].rec
-		sv := &view{statuses: v.statuses, copies: byJob[name]}
+		sv := &View{statuses: v.statuses, copies: byJob[name]}
 		j := api.MapJob{JobSummary: summarize(sv, rec, assigned, unplaced), Links: rec.Spec.Links}
 		keys := rec.Spec.Keys()
 		if rr, ok := v.routers[name+routerSuffix]; ok {
@@ -128,7 +128,7 @@ func mapJobs(v *view, assigned, unplaced map[cluster.WorkerKey]string) []api.Map
 }
 
 // mapDCs is GET /v1/dcs with what failing each active data center would do.
-func mapDCs(v *view, assigned map[cluster.WorkerKey]string, impacts map[string]*dcImpact) []api.MapDC {
+func mapDCs(v *View, assigned map[cluster.WorkerKey]string, impacts map[string]*DCImpact) []api.MapDC {
 	perNode := map[string]int{}
 	for _, node := range assigned {
 		perNode[node]++
@@ -173,14 +173,14 @@ func mapDCs(v *view, assigned map[cluster.WorkerKey]string, impacts map[string]*
 }
 
 // mapTenants is every tenant with its quota use.
-func mapTenants(v *view, entries map[string]coord.Entry) []api.TenantView {
+func mapTenants(v *View, entries map[string]coord.Entry) []api.TenantView {
 	out := make([]api.TenantView, 0, len(entries))
 	for _, name := range slices.Sorted(maps.Keys(entries)) {
 		var t cluster.TenantRecord
 		if json.Unmarshal(entries[name].Value, &t) != nil || t.Name != name {
 			continue
 		}
-		out = append(out, tenantView(v.jobs, t.Tenant))
+		out = append(out, TenantView(v.jobs, t.Tenant))
 	}
 	return out
 }

@@ -85,7 +85,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // observe records what one reconcile saw and did.
-func (r *reconciler) observe(v *view, cur []cluster.Placement, res *placement.Result, writes int, took time.Duration) {
+func (r *reconciler) observe(v *View, cur []cluster.Placement, res *placement.Result, writes int, took time.Duration) {
 	m := r.m.metrics
 	m.reconcile.Observe(took.Seconds())
 	m.nodes.Set(float64(len(v.nodes)))
@@ -135,7 +135,7 @@ func (r *reconciler) observe(v *view, cur []cluster.Placement, res *placement.Re
 }
 
 // observeJobs sets the per-job gauges: desired, running where assigned, unplaced.
-func (r *reconciler) observeJobs(v *view, res *placement.Result) {
+func (r *reconciler) observeJobs(v *View, res *placement.Result) {
 	m := r.m.metrics
 	assigned := map[cluster.WorkerKey]string{}
 	for node, st := range r.assign {

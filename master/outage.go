@@ -48,7 +48,7 @@ func (m *Master) inGrace() (bool, time.Time) {
 
 // holdAbsent keeps the workers of nodes missing from the store where they are during a
 // re-registration window.
-func (m *Master) holdAbsent(v *view, keep []cluster.Placement) map[cluster.WorkerKey]string {
+func (m *Master) holdAbsent(v *View, keep []cluster.Placement) map[cluster.WorkerKey]string {
 	in, until := m.inGrace()
 	if !in {
 		return nil
@@ -95,8 +95,8 @@ func (m *Master) watchStore(ctx context.Context) {
 	}
 }
 
-// storeUnavailable says why the API cannot serve, or "" when the store can be reached.
-func (m *Master) storeUnavailable() string {
+// StoreUnavailable says why the API cannot serve, or "" when the store can be reached.
+func (m *Master) StoreUnavailable() string {
 	m.mu.Lock()
 	down := m.conn.down
 	m.mu.Unlock()

@@ -14,7 +14,7 @@ import (
 // assignments.
 
 // ensureOutputKey reads the cluster's output key once there is a mirrored job.
-func (r *reconciler) ensureOutputKey(ctx context.Context, v *view) error {
+func (r *reconciler) ensureOutputKey(ctx context.Context, v *View) error {
 	if r.outputKey != nil {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,7 +16,7 @@ import (
 	"github.com/stormdock/stormdock/placement"
 )
 
-// The API answers reads from a readState: the cluster as the leader's last reconcile saw it
+// The API answers reads from a Snapshot: the cluster as the leader's last reconcile saw it
 // and left it, with what requests read worked out once per state (where each worker is
 // assigned, why the unplaced ones are, each job's reported copies and summary). A request
 // then costs what it returns, not the cluster's size, and no request plans: at ten thousand
@@ -28,12 +29,12 @@ import (
 // readRefresh bounds how often a master that does not lead rebuilds its read state.
 const readRefresh = time.Second
 
-// readState is one state the API answers from. Its fields are not changed once published.
-type readState struct {
-	v        *view
+// Snapshot is one state the API answers from (read through its methods). Its fields are not changed once published.
+type Snapshot struct {
+	v        *View
 	assigns  map[string]cluster.NodeAssignment
 	unplaced map[cluster.WorkerKey]string
-	stamp    stamp     // the mirrors' generations it reflects (at least)
+	stamp    Stamp     // the mirrors' generations it reflects (at least)
 	fresh    readStamp // what must not have changed since for it to be served
 	at       time.Time
 
@@ -46,7 +47,7 @@ type readState struct {
 	summaries map[string]cachedSummary
 	// lists caches `job list` as each viewer got it, for the jobs of one generation: ten
 	// clients polling a thousand jobs would otherwise encode the same list over and over.
-	lists map[principal]cachedList
+	lists map[string]cachedList
 }
 
 type cachedList struct {
@@ -61,7 +62,7 @@ type cachedSummary struct {
 }
 
 // index works out, once, what requests look up.
-func (st *readState) index() {
+func (st *Snapshot) index() {
 	st.once.Do(func() {
 		n := 0
 		for _, a := range st.assigns {
@@ -83,15 +84,15 @@ func (st *readState) index() {
 	})
 }
 
-// where returns the assignments by worker and the count per node.
-func (st *readState) where() (map[cluster.WorkerKey]string, map[string]int) {
+// Where returns the assignments by worker and the count per node.
+func (st *Snapshot) Where() (map[cluster.WorkerKey]string, map[string]int) {
 	st.index()
 	return st.assigned, st.perNode
 }
 
-// summary is the job's summary, j being its current record (which may be newer than the
+// Summary is the job's summary, j being its current record (which may be newer than the
 // state: a job just submitted shows its workers pending).
-func (st *readState) summary(j jobEntry) api.JobSummary {
+func (st *Snapshot) Summary(j Job) api.JobSummary {
 	st.index()
 	name := j.rec.Spec.Name
 	st.mu.Lock()
@@ -100,7 +101,7 @@ func (st *readState) summary(j jobEntry) api.JobSummary {
 		return c.s
 	}
 	st.mu.Unlock()
-	sv := &view{statuses: st.v.statuses, copies: st.byJob[name]}
+	sv := &View{statuses: st.v.statuses, copies: st.byJob[name]}
 	s := summarize(sv, j.rec, st.assigned, st.unplaced)
 	st.mu.Lock()
 	if st.summaries == nil {
@@ -111,11 +112,11 @@ func (st *readState) summary(j jobEntry) api.JobSummary {
 	return s
 }
 
-// list returns the encoded `job list` of p for the jobs of generation gen, making it with
-// make when this state has none.
-func (st *readState) list(p principal, gen uint64, make func() []byte) []byte {
+// List returns the encoded `job list` of viewer (the API's name of the caller: admin, or
+// tenant/NAME) for the jobs of generation gen, making it with make when this state has none.
+func (st *Snapshot) List(viewer string, gen uint64, make func() []byte) []byte {
 	st.mu.Lock()
-	if c, ok := st.lists[p]; ok && c.jobs == gen {
+	if c, ok := st.lists[viewer]; ok && c.jobs == gen {
 		st.mu.Unlock()
 		return c.body
 	}
@@ -123,9 +124,9 @@ func (st *readState) list(p principal, gen uint64, make func() []byte) []byte {
 	body := make()
 	st.mu.Lock()
 	if st.lists == nil {
-		st.lists = map[principal]cachedList{}
+		st.lists = map[string]cachedList{}
 	}
-	st.lists[p] = cachedList{jobs: gen, body: body}
+	st.lists[viewer] = cachedList{jobs: gen, body: body}
 	st.mu.Unlock()
 	return body
 }
@@ -133,11 +134,11 @@ func (st *readState) list(p principal, gen uint64, make func() []byte) []byte {
 // reads is the master's read states.
 type reads struct {
 	mu        sync.Mutex
-	published *readState // the leader's last reconcile's
-	built     *readState // made from the mirrors
+	published *Snapshot // the leader's last reconcile's
+	built     *Snapshot // made from the mirrors
 	// need is what a state must reflect: the mirrors as they were once the changes this
 	// master's API made had reached them (read-your-writes).
-	need stamp
+	need Stamp
 }
 
 // readStamp is what a read state must still match to be served: which nodes are
@@ -151,7 +152,7 @@ func (m *Master) readStamp() readStamp {
 }
 
 // covers reports whether s reflects at least what n does.
-func (s stamp) covers(n stamp) bool {
+func (s Stamp) covers(n Stamp) bool {
 	for i := range s {
 		if s[i] < n[i] {
 			return false
@@ -162,8 +163,8 @@ func (s stamp) covers(n stamp) bool {
 
 // publish makes what a reconcile saw and left the state the API answers from; s and rs were
 // taken before v was made from the mirrors.
-func (m *Master) publish(s stamp, rs readStamp, v *view, assign map[string]assignState, res *placement.Result) {
-	st := &readState{v: v, assigns: make(map[string]cluster.NodeAssignment, len(assign)), at: time.Now(),
+func (m *Master) publish(s Stamp, rs readStamp, v *View, assign map[string]assignState, res *placement.Result) {
+	st := &Snapshot{v: v, assigns: make(map[string]cluster.NodeAssignment, len(assign)), at: time.Now(),
 		stamp: s, fresh: rs, unplaced: make(map[cluster.WorkerKey]string, len(res.Unplaced))}
 	for node, a := range assign {
 		st.assigns[node] = a.a
@@ -183,8 +184,8 @@ func (m *Master) unpublish() {
 	m.reads.mu.Unlock()
 }
 
-// readState returns the state the API answers from now.
-func (m *Master) readState() *readState {
+// Snapshot returns the state the API answers from now.
+func (m *Master) Snapshot() *Snapshot {
 	m.reads.mu.Lock()
 	defer m.reads.mu.Unlock()
 	rs, need := m.readStamp(), m.reads.need
@@ -195,13 +196,13 @@ func (m *Master) readState() *readState {
 		m.reads.built = nil
 		return p
 	}
-	s := m.stamp()
+	s := m.Stamp()
 	if b := m.reads.built; b != nil && b.fresh == rs && b.stamp.covers(need) && (b.stamp == s || time.Since(b.at) < readRefresh) {
 		return b
 	}
 	v := m.view()
-	st := &readState{v: v, assigns: m.decodedAssigns(), stamp: s, fresh: rs, at: time.Now()}
-	assigned, _ := st.where()
+	st := &Snapshot{v: v, assigns: m.decodedAssigns(), stamp: s, fresh: rs, at: time.Now()}
+	assigned, _ := st.Where()
 	st.unplaced = m.unplaced(v, assigned)
 	m.reads.built = st
 	return st
@@ -222,16 +223,16 @@ func (m *Master) decodedAssigns() map[string]cluster.NodeAssignment {
 	return out
 }
 
-// currentJobs returns the job records as the store has them now (an API read sees a job
+// CurrentJobs returns the job records as the store has them now (an API read sees a job
 // the moment it is submitted, not one reconcile later), decoded once per version. The map
 // is shared until the jobs change: callers must not modify it.
-func (m *Master) currentJobs() map[string]jobEntry {
-	jobs, _ := m.currentJobsGen()
+func (m *Master) CurrentJobs() map[string]Job {
+	jobs, _ := m.CurrentJobsGen()
 	return jobs
 }
 
-// currentJobsGen is currentJobs with the generation of the jobs mirror it is of.
-func (m *Master) currentJobsGen() (map[string]jobEntry, uint64) {
+// CurrentJobsGen is CurrentJobs with the generation of the jobs mirror it is of.
+func (m *Master) CurrentJobsGen() (map[string]Job, uint64) {
 	c := &m.vc
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -241,8 +242,8 @@ func (m *Master) currentJobsGen() (map[string]jobEntry, uint64) {
 		return c.current, gen
 	}
 	entries := m.jobs.snapshot()
-	out := make(map[string]jobEntry, len(entries))
-	refresh(c.jobs, entries, m.decodeJob, func(name string, _ int64, j jobEntry) { out[name] = j })
+	out := make(map[string]Job, len(entries))
+	refresh(c.jobs, entries, m.decodeJob, func(name string, _ int64, j Job) { out[name] = j })
 	c.current, c.currentGen = out, gen
 	return out, gen
 }
@@ -251,12 +252,12 @@ func (m *Master) currentJobsGen() (map[string]jobEntry, uint64) {
 // this master's mirrors: milliseconds, unless the store is slow to tell its watchers.
 const writeVisibleWait = 2 * time.Second
 
-// readYourWrite waits, before a change's answer goes out, until the changed object (as
+// ReadYourWrite waits, before a change's answer goes out, until the changed object (as
 // the API's audit names it: job/NAME, node/ID, dc/NAME, tenant/NAME) is in this master's
 // mirrors as the store has it now, and makes every later read reflect at least the mirrors
 // as they are then. A client that submits a job, or undrains a node, and reads it back
 // sees its change, though the leader may not have planned since.
-func (m *Master) readYourWrite(ctx context.Context, object string) {
+func (m *Master) ReadYourWrite(ctx context.Context, object string) {
 	kind, name, ok := strings.Cut(object, "/")
 	if !ok {
 		return
@@ -277,10 +278,83 @@ func (m *Master) readYourWrite(ctx context.Context, object string) {
 	if err != nil {
 		m.log.Debug("a change not yet in the mirrors when answered", "object", object, "err", err)
 	}
-	s := m.stamp()
+	s := m.Stamp()
 	m.reads.mu.Lock()
 	for i := range s {
 		m.reads.need[i] = max(m.reads.need[i], s[i])
 	}
 	m.reads.mu.Unlock()
+}
+
+// unplaced explains the workers no node takes, by planning over the same view the leader
+// plans from. Placement is pure, so any master can give the leader's reasons. When every
+// worker of every job is assigned there is nothing to explain, and no plan is made. Only a
+// master that does not lead plans for this (see Snapshot); the leader's reconcile says why.
+func (m *Master) unplaced(v *View, assigned map[cluster.WorkerKey]string) map[cluster.WorkerKey]string {
+	missing := false
+	for _, j := range v.jobs {
+		if j.rec.State != cluster.JobRunning {
+			continue
+		}
+		for _, k := range j.rec.Spec.Keys() {
+			node, ok := assigned[k]
+			if _, alive := v.nodes[node]; !ok || !alive {
+				missing = true // unassigned, or held on a lost node
+				break
+			}
+		}
+		if missing {
+			break
+		}
+	}
+	if !missing {
+		return map[cluster.WorkerKey]string{}
+	}
+	var cur []cluster.Placement
+	for k, node := range assigned {
+		if rec, ok := v.record(k.Job); ok && rec.State == cluster.JobRunning {
+			cur = append(cur, cluster.Placement{Job: k.Job, Link: k.Link, Worker: k.Worker, Node: node})
+		}
+	}
+	r := &reconciler{m: m, assign: map[string]assignState{}}
+	for node, a := range m.decodedAssigns() {
+		r.assign[node] = assignState{a: a, exists: true}
+	}
+	res, _, err := r.planWhole(v, placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: cur, Avoid: v.avoid()})
+	out := map[cluster.WorkerKey]string{}
+	if err != nil {
+		return out
+	}
+	for _, u := range res.Unplaced {
+		out[u.Key()] = u.Reason
+	}
+	return out
+}
+
+func summarize(v *View, rec cluster.JobRecord, assigned map[cluster.WorkerKey]string, unplaced map[cluster.WorkerKey]string) api.JobSummary {
+	s := api.JobSummary{Name: rec.Spec.Name, Tenant: rec.Spec.Tenant, State: rec.State, Workers: rec.Spec.TotalWorkers(),
+		Priority: rec.Spec.Priority, Generation: rec.Generation}
+	if rec.Rollout.Active() {
+		s.Rollout = rec.Rollout.State
+	}
+	for _, k := range rec.Spec.Keys() {
+		if st, ok := v.statuses[k]; ok && st.status.State == cluster.WorkerRunning && st.node == assigned[k] {
+			s.Running++
+		}
+		if _, ok := unplaced[k]; ok {
+			s.Unplaced++
+		}
+	}
+	inSpec := func(k cluster.WorkerKey) bool {
+		if k.Worker >= rec.Spec.Workers {
+			return false
+		}
+		return k.Link == "" && !rec.Spec.Mirrored() || slices.Contains(rec.Spec.Links, k.Link)
+	}
+	for _, c := range v.copies {
+		if k := c.status.Key; k.Job == rec.Spec.Name && (!inSpec(k) || assigned[k] != c.node || rec.State != cluster.JobRunning) {
+			s.Stopping++
+		}
+	}
+	return s
 }

@@ -85,7 +85,7 @@ func (r *reconciler) reload(ctx context.Context, node string) error {
 // reconcile plans once and writes the assignments that changed.
 func (r *reconciler) reconcile(ctx context.Context) error {
 	start := time.Now()
-	s, rs := r.m.stamp(), r.m.readStamp() // before the view: it reflects at least these
+	s, rs := r.m.Stamp(), r.m.readStamp() // before the view: it reflects at least these
 	v := r.m.view()
 	r.observeEvents(v)
 	if err := r.recordDCs(ctx, v); err != nil {
@@ -146,7 +146,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 
 // current lists the placements the plan should keep if still valid, and the workers of
 // killed jobs that are still being stopped.
-func (r *reconciler) current(v *view) ([]cluster.Placement, map[string][]cluster.WorkerAssignment) {
+func (r *reconciler) current(v *View) ([]cluster.Placement, map[string][]cluster.WorkerAssignment) {
 	var cur []cluster.Placement
 	stopping := map[string][]cluster.WorkerAssignment{}
 	for node, st := range r.assign {
@@ -175,7 +175,7 @@ func (r *reconciler) current(v *view) ([]cluster.Placement, map[string][]cluster
 }
 
 // desired builds every node's assignment from the plan.
-func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping map[string][]cluster.WorkerAssignment) map[string]cluster.NodeAssignment {
+func (r *reconciler) desired(v *View, placements []cluster.Placement, stopping map[string][]cluster.WorkerAssignment) map[string]cluster.NodeAssignment {
 	want := map[string]cluster.NodeAssignment{}
 	for _, p := range placements {
 		j, _ := v.record(p.Job)
@@ -218,7 +218,7 @@ func (r *reconciler) desired(v *view, placements []cluster.Placement, stopping m
 	return want
 }
 
-func workerAssignment(v *view, j cluster.JobRecord, k cluster.WorkerKey, outputKey []byte) cluster.WorkerAssignment {
+func workerAssignment(v *View, j cluster.JobRecord, k cluster.WorkerKey, outputKey []byte) cluster.WorkerAssignment {
 	s := j.Spec
 	env, live := s.SplitEnv()
 	wa := cluster.WorkerAssignment{
@@ -243,7 +243,7 @@ func workerAssignment(v *view, j cluster.JobRecord, k cluster.WorkerKey, outputK
 		// output. Where the routers run reaches running workers through their live
 		// configuration: a router moving restarts no link worker.
 		wa.Output = ""
-		wa.Routers = v.routerURLs(s.Name)
+		wa.Routers = v.RouterURLs(s.Name)
 		if outputKey != nil {
 			wa.OutputToken = multidc.SenderToken(outputKey, s.Name, j.Submitted)
 		}
@@ -306,7 +306,7 @@ func mergeKeys[A, B any](a map[string]A, b map[string]B) map[string]bool {
 }
 
 // collectKilled deletes the records of killed jobs once no worker of theirs is assigned.
-func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
+func (r *reconciler) collectKilled(ctx context.Context, v *View) error {
 	left := map[string]bool{}
 	for _, st := range r.assign {
 		for _, w := range st.a.Workers {
@@ -349,7 +349,7 @@ func (r *reconciler) collectKilled(ctx context.Context, v *view) error {
 // forgetLost deletes the emptied assignments of nodes that are gone, so that the store does
 // not collect one key per node that ever lived. An agent that comes back with the same id
 // finds no assignment, which it reads as "run nothing".
-func (r *reconciler) forgetLost(ctx context.Context, v *view) error {
+func (r *reconciler) forgetLost(ctx context.Context, v *View) error {
 	var gone []change
 	for node, st := range r.assign {
 		if _, alive := v.nodes[node]; alive || !st.exists || len(st.a.Workers) > 0 {
@@ -363,7 +363,7 @@ func (r *reconciler) forgetLost(ctx context.Context, v *view) error {
 // noteCrashLoops records on a node the jobs whose workers keep crashing there, so that
 // placement moves them elsewhere; the note shows in `stormdock node list` and goes with
 // `stormdock node undrain`.
-func (r *reconciler) noteCrashLoops(ctx context.Context, v *view) error {
+func (r *reconciler) noteCrashLoops(ctx context.Context, v *View) error {
 	for node, rec := range v.nodes {
 		for _, w := range rec.Workers {
 			if w.RecentRestarts < r.m.cfg.CrashLoopRestarts || slices.Contains(v.confs[node].Avoid, w.Key.Job) {

@@ -65,7 +65,7 @@ type jobRollout struct {
 
 // assignedWorkers indexes the current assignments by worker (a worker assigned on a lost
 // node and again on a live one counts where it is live).
-func (r *reconciler) assignedWorkers(v *view) map[cluster.WorkerKey]assigned {
+func (r *reconciler) assignedWorkers(v *View) map[cluster.WorkerKey]assigned {
 	out := map[cluster.WorkerKey]assigned{}
 	for _, node := range slices.Sorted(maps.Keys(r.assign)) {
 		for _, w := range r.assign[node].a.Workers {
@@ -85,7 +85,7 @@ func (r *reconciler) assignedWorkers(v *view) map[cluster.WorkerKey]assigned {
 
 // assignmentOf is the assignment worker k of job j gets in this reconcile: its job's current
 // generation, unless a rollout holds it on what it runs now.
-func (r *reconciler) assignmentOf(v *view, j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAssignment {
+func (r *reconciler) assignmentOf(v *View, j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAssignment {
 	target := workerAssignment(v, j, k, r.outputKey)
 	if r.ro == nil {
 		return target
@@ -110,7 +110,7 @@ func (r *reconciler) assignmentOf(v *view, j cluster.JobRecord, k cluster.Worker
 
 // targetFor is the assignment a worker would take from its job now (its restart rollout
 // kept), to compare with what it runs.
-func (r *reconciler) targetFor(v *view, rec cluster.JobRecord, k cluster.WorkerKey, cur assigned) cluster.WorkerAssignment {
+func (r *reconciler) targetFor(v *View, rec cluster.JobRecord, k cluster.WorkerKey, cur assigned) cluster.WorkerAssignment {
 	t := workerAssignment(v, rec, k, r.outputKey)
 	t.Restart = cur.wa.Restart
 	return t
@@ -118,7 +118,7 @@ func (r *reconciler) targetFor(v *view, rec cluster.JobRecord, k cluster.WorkerK
 
 // rollouts advances every job's rollout one step, records what changed, and returns the
 // placements with the workers a rollout holds kept where they run and moves sequenced.
-func (r *reconciler) rollouts(ctx context.Context, v *view, placements []cluster.Placement) ([]cluster.Placement, error) {
+func (r *reconciler) rollouts(ctx context.Context, v *View, placements []cluster.Placement) ([]cluster.Placement, error) {
 	now := time.Now()
 	plan := &rolloutPlan{cur: r.assignedWorkers(v), jobs: map[string]*jobRollout{}, prepull: map[string][]string{}}
 	r.ro = plan
@@ -219,7 +219,7 @@ func (r *reconciler) saveRollout(ctx context.Context, name string, before, next 
 
 // revert starts a failed update's way back: the job's spec, generation and image pin
 // return to the generation before it (keeping the worker count), as a revert rollout.
-func (r *reconciler) revert(ctx context.Context, v *view, name string, failed cluster.Rollout, reason string) error {
+func (r *reconciler) revert(ctx context.Context, v *View, name string, failed cluster.Rollout, reason string) error {
 	key, err := cluster.JobKey(name)
 	if err != nil {
 		return fmt.Errorf("master: %w", err)
@@ -262,7 +262,7 @@ func (r *reconciler) revert(ctx context.Context, v *view, name string, failed cl
 // rolloutEvent reports one step of a job's rollout. Issue 19 (events): emit the job event
 // here; every rollout transition (started, batch begun, worker admitted, worker healthy,
 // awaiting promotion, failed, reverting, done) passes through this one place.
-func (r *reconciler) rolloutEvent(v *view, job string, ro cluster.Rollout, what string) {
+func (r *reconciler) rolloutEvent(v *View, job string, ro cluster.Rollout, what string) {
 	r.m.log.Info("rollout", "job", job, "rollout", ro.ID, "kind", ro.Kind, "to", ro.To, "state", ro.State,
 		"batch", ro.Batch, "domain", ro.Domain, "event", what)
 	kind := api.EventRolloutStep
@@ -282,7 +282,7 @@ func (r *reconciler) rolloutEvent(v *view, job string, ro cluster.Rollout, what 
 // lost, draining or avoided lets its workers go at once. The plan may have given the slot
 // a held worker leaves to another worker meanwhile: until the batch moves it, that node
 // holds one worker more than its slots.
-func (p *rolloutPlan) hold(v *view, placements []cluster.Placement) []cluster.Placement {
+func (p *rolloutPlan) hold(v *View, placements []cluster.Placement) []cluster.Placement {
 	for i, pl := range placements {
 		jr := p.jobs[pl.Job]
 		if jr == nil || jr.admitted[pl.Key()] {
@@ -297,7 +297,7 @@ func (p *rolloutPlan) hold(v *view, placements []cluster.Placement) []cluster.Pl
 
 // staysOn reports whether a worker of job may stay on node: the node is alive, not being
 // drained (by an operator or its data center's failover) and not avoided by the job.
-func staysOn(v *view, node, job string) bool {
+func staysOn(v *View, node, job string) bool {
 	rec, alive := v.nodes[node]
 	if !alive {
 		return false
@@ -310,7 +310,7 @@ func staysOn(v *view, node, job string) bool {
 // still reports a copy of it: the old node stops it first (its assignment no longer has
 // it), and the next reconcile, once its report is gone, assigns it. So a moved worker never
 // runs twice, at the cost of its stop time. Lost nodes report nothing and delay nothing.
-func (r *reconciler) sequenceMoves(v *view, placements []cluster.Placement) []cluster.Placement {
+func (r *reconciler) sequenceMoves(v *View, placements []cluster.Placement) []cluster.Placement {
 	reported := map[cluster.WorkerKey][]string{}
 	for _, c := range v.copies {
 		reported[c.status.Key] = append(reported[c.status.Key], c.node)
@@ -375,7 +375,7 @@ type rolloutWorker struct {
 }
 
 // rolloutInput gathers a job's workers for a rollout step.
-func (r *reconciler) rolloutInput(v *view, rec cluster.JobRecord, planned map[cluster.WorkerKey]string) rolloutIn {
+func (r *reconciler) rolloutInput(v *View, rec cluster.JobRecord, planned map[cluster.WorkerKey]string) rolloutIn {
 	ro := rec.Rollout
 	in := rolloutIn{gen: rec.Generation}
 	for _, k := range rec.Spec.Keys() {
@@ -423,7 +423,7 @@ func (r *reconciler) rolloutInput(v *view, rec cluster.JobRecord, planned map[cl
 }
 
 // domainOf names a node's failure domain for a rollout by by.
-func (r *reconciler) domainOf(v *view, node, by string) string {
+func (r *reconciler) domainOf(v *View, node, by string) string {
 	dc, rack := "", ""
 	if rec, ok := v.nodes[node]; ok {
 		dc, rack = rec.Node.DC, rec.Node.Rack

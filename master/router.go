@@ -69,7 +69,7 @@ func routerGrace(job cluster.Duration) cluster.Duration {
 }
 
 // addRouters adds the router job of every mirrored job to the view.
-func (v *view) addRouters(store string) {
+func (v *View) addRouters(store string) {
 	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
 		rec := v.jobs[name].rec
 		if rec.Spec.Mirrored() {
@@ -79,9 +79,9 @@ func (v *view) addRouters(store string) {
 	}
 }
 
-// routerURLs are where a mirrored job's routers serve, as their agents report them running,
+// RouterURLs are where a mirrored job's routers serve, as their agents report them running,
 // in worker order: what the job's link workers send to.
-func (v *view) routerURLs(job string) []string {
+func (v *View) RouterURLs(job string) []string {
 	rr, ok := v.routers[job+routerSuffix]
 	if !ok {
 		return nil
@@ -105,9 +105,9 @@ func (v *view) routerURLs(job string) []string {
 // leading router rewrites it at least every second (multidc.Config.StatusInterval).
 const staleRouter = 5 * time.Second
 
-// sinkView says where a mirrored job's output stands, from its routers' record.
-func (m *Master) sinkView(ctx context.Context, v *view, job string) *api.SinkView {
-	sv := &api.SinkView{Routers: v.routerURLs(job)}
+// SinkView says where a mirrored job's output stands, from its routers' record.
+func (m *Master) SinkView(ctx context.Context, v *View, job string) *api.SinkView {
+	sv := &api.SinkView{Routers: v.RouterURLs(job)}
 	rec, ok, err := multidc.ReadRecord(ctx, m.store, job)
 	switch {
 	case err != nil:
@@ -130,7 +130,7 @@ func (m *Master) sinkView(ctx context.Context, v *view, job string) *api.SinkVie
 }
 
 // record finds a job, or a router job, by name.
-func (v *view) record(name string) (cluster.JobRecord, bool) {
+func (v *View) record(name string) (cluster.JobRecord, bool) {
 	if j, ok := v.jobs[name]; ok {
 		return j.rec, true
 	}

@@ -17,8 +17,8 @@ import (
 )
 
 // view is the cluster as one reconcile sees it, decoded from the mirrors.
-type view struct {
-	jobs     map[string]jobEntry
+type View struct {
+	jobs     map[string]Job
 	routers  map[string]cluster.JobRecord // output routers of mirrored jobs, by router job name
 	nodes    map[string]cluster.NodeRecord
 	sessions map[string]int64 // the store session owning each node's entry
@@ -28,7 +28,7 @@ type view struct {
 	copies   []nodeWorker                     // every worker every agent reports
 }
 
-type jobEntry struct {
+type Job struct {
 	rec     cluster.JobRecord
 	version int64
 }
@@ -39,7 +39,7 @@ type nodeWorker struct {
 	status cluster.WorkerStatus
 }
 
-func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry) *view {
+func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry) *View {
 	v := newView(len(jobs), len(nodes), len(confs), len(dcs))
 	for name, e := range jobs {
 		if j, err := decodeJobEntry(name, e); err != nil {
@@ -72,10 +72,10 @@ func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry
 	return v
 }
 
-func newView(jobs, nodes, confs, dcs int) *view {
-	return &view{
+func newView(jobs, nodes, confs, dcs int) *View {
+	return &View{
 		dcs:      make(map[string]cluster.DCRecord, dcs),
-		jobs:     make(map[string]jobEntry, jobs),
+		jobs:     make(map[string]Job, jobs),
 		routers:  map[string]cluster.JobRecord{},
 		nodes:    make(map[string]cluster.NodeRecord, nodes),
 		sessions: make(map[string]int64, nodes),
@@ -84,15 +84,15 @@ func newView(jobs, nodes, confs, dcs int) *view {
 	}
 }
 
-func decodeJobEntry(name string, e coord.Entry) (jobEntry, error) {
+func decodeJobEntry(name string, e coord.Entry) (Job, error) {
 	var rec cluster.JobRecord
 	if err := json.Unmarshal(e.Value, &rec); err != nil {
-		return jobEntry{}, err
+		return Job{}, err
 	}
 	if rec.Spec.Name != name {
-		return jobEntry{}, fmt.Errorf("record names job %q", rec.Spec.Name)
+		return Job{}, fmt.Errorf("record names job %q", rec.Spec.Name)
 	}
-	return jobEntry{rec: rec, version: e.Version}, nil
+	return Job{rec: rec, version: e.Version}, nil
 }
 
 func decodeNodeEntry(id string, e coord.Entry) (cluster.NodeRecord, error) {
@@ -135,20 +135,20 @@ func decodeConfEntry(e coord.Entry) (c cluster.NodeConf, ok bool, err error) {
 // that size.
 type viewCache struct {
 	mu    sync.Mutex
-	jobs  map[string]cached[jobEntry]
+	jobs  map[string]cached[Job]
 	confs map[string]cached[cluster.NodeConf]
 	dcs   map[string]cached[cluster.DCRecord]
-	// assigns is for the API of a master that does not lead (see readState).
+	// assigns is for the API of a master that does not lead (see Snapshot).
 	assigns map[string]cached[cluster.NodeAssignment]
-	// current is the jobs as of the jobs mirror's generation currentGen (currentJobs).
-	current    map[string]jobEntry
+	// current is the jobs as of the jobs mirror's generation currentGen (CurrentJobs).
+	current    map[string]Job
 	currentGen uint64
 }
 
 // init makes the maps; mu is held.
 func (c *viewCache) init() {
 	if c.jobs == nil {
-		c.jobs = map[string]cached[jobEntry]{}
+		c.jobs = map[string]cached[Job]{}
 		c.confs, c.dcs = map[string]cached[cluster.NodeConf]{}, map[string]cached[cluster.DCRecord]{}
 		c.assigns = map[string]cached[cluster.NodeAssignment]{}
 	}
@@ -157,7 +157,7 @@ func (c *viewCache) init() {
 // tenantOf is the tenant of a job in jobs, or of the mirrored job an output router job
 // (JOB.router) runs for; "" when unknown. It is the one lookup of a job's tenant: events,
 // the map and its scoping all go through it.
-func tenantOf(jobs map[string]jobEntry, job string) string {
+func tenantOf(jobs map[string]Job, job string) string {
 	if j, ok := jobs[strings.TrimSuffix(job, routerSuffix)]; ok {
 		return j.rec.Spec.Tenant
 	}
@@ -165,7 +165,7 @@ func tenantOf(jobs map[string]jobEntry, job string) string {
 }
 
 // decodeJob decodes a job record for the cache, logging one that does not decode.
-func (m *Master) decodeJob(name string, e coord.Entry) (jobEntry, bool) {
+func (m *Master) decodeJob(name string, e coord.Entry) (Job, bool) {
 	j, err := decodeJobEntry(name, e)
 	if err != nil {
 		m.log.Warn("ignoring unreadable job record", "job", name, "err", err)
@@ -203,7 +203,7 @@ func refresh[T any](c map[string]cached[T], entries map[string]coord.Entry, deco
 }
 
 // view returns the mirrors decoded, reusing the records decoded by earlier views.
-func (m *Master) view() *view {
+func (m *Master) view() *View {
 	c := &m.vc
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -211,7 +211,7 @@ func (m *Master) view() *view {
 	jobs, nodes, confs, dcs := m.jobs.snapshot(), m.nodes.decodedSnapshot(), m.confs.snapshot(), m.dcs.snapshot()
 	v := newView(len(jobs), len(nodes), len(confs), len(dcs))
 	workers := 0
-	refresh(c.jobs, jobs, m.decodeJob, func(name string, _ int64, j jobEntry) { v.jobs[name] = j })
+	refresh(c.jobs, jobs, m.decodeJob, func(name string, _ int64, j Job) { v.jobs[name] = j })
 	var ids []string
 	for id, d := range nodes {
 		if rec, ok := d.v.(cluster.NodeRecord); ok {
@@ -243,7 +243,7 @@ func (m *Master) view() *view {
 }
 
 // addNode adds a node's live record to the view: the node and every worker it reports.
-func (v *view) addNode(id string, owner int64, rec cluster.NodeRecord) {
+func (v *View) addNode(id string, owner int64, rec cluster.NodeRecord) {
 	v.nodes[id] = rec
 	v.sessions[id] = owner
 	for _, w := range rec.Workers {
@@ -262,7 +262,7 @@ func isolationLabel(mode string) string { return "isolation/" + mode }
 
 // schedulable returns the nodes as placement sees them: health throttling and operator
 // settings folded into the node.
-func (v *view) schedulable() []cluster.Node {
+func (v *View) schedulable() []cluster.Node {
 	out := make([]cluster.Node, 0, len(v.nodes))
 	for _, id := range slices.Sorted(maps.Keys(v.nodes)) {
 		rec := v.nodes[id]
@@ -286,7 +286,7 @@ func (v *view) schedulable() []cluster.Node {
 
 // runningJobs returns the specs placement must place, routers included, each requiring a
 // node that offers its isolation.
-func (v *view) runningJobs() []cluster.JobSpec {
+func (v *View) runningJobs() []cluster.JobSpec {
 	recs := make(map[string]cluster.JobRecord, len(v.jobs)+len(v.routers))
 	for name, j := range v.jobs {
 		recs[name] = j.rec
@@ -311,7 +311,7 @@ func (v *view) runningJobs() []cluster.JobSpec {
 }
 
 // avoid maps each job to the nodes noted for its crash loops.
-func (v *view) avoid() map[string][]string {
+func (v *View) avoid() map[string][]string {
 	out := map[string][]string{}
 	for id, c := range v.confs {
 		for _, job := range c.Avoid {
@@ -374,8 +374,8 @@ type digestWorker struct {
 	Restart        int64
 }
 
-// tenantView is a tenant with what its jobs ask for.
-func tenantView(jobs map[string]jobEntry, t cluster.Tenant) api.TenantView {
+// TenantView is a tenant with what its jobs ask for.
+func TenantView(jobs map[string]Job, t cluster.Tenant) api.TenantView {
 	tv := api.TenantView{Tenant: t}
 	for _, j := range jobs {
 		if j.rec.Spec.Tenant == t.Name {

@@ -92,7 +92,7 @@ func (h *watchHub) state(p principal) *mapState {
 	h.budget = min(h.budget+now.Sub(h.budgetAt)/watchBuildShare, watchBuildBurst)
 	h.budgetAt = now
 	if h.base == nil || h.budget > 0 {
-		if st := h.m.stamp(); h.base == nil || st != h.base.stamp || h.cache.impacts.gen != h.base.impacts {
+		if st := h.m.Stamp(); h.base == nil || st != h.base.stamp || h.cache.impacts.gen != h.base.impacts {
 			h.base = h.cache.build(h.m, st)
 			took := time.Since(now)
 			h.budget -= took

@@ -429,7 +429,7 @@ func TestDCImpact(t *testing.T) {
 		testenv.EventuallyWith(t, "the leader's mirrors up to date", 5*time.Second, func() (bool, string) {
 			clear(out)
 			n := 0
-			for _, d := range newMapCache().build(m, m.stamp()).dcs {
+			for _, d := range newMapCache().build(m, m.Stamp()).dcs {
 				n += d.Workers
 				if d.IfFailed != nil {
 					out[d.Name] = *d.IfFailed
@@ -538,12 +538,12 @@ func BenchmarkWatchMap(b *testing.B) {
 	testenv.Eventually(b, "10,000 workers reported", time.Minute, func() bool { return len(m.view().statuses) == cfg.Workers })
 	b.Run("base-from-scratch", func(b *testing.B) {
 		for b.Loop() {
-			newMapCache().build(m, m.stamp())
+			newMapCache().build(m, m.Stamp())
 		}
 	})
 	// A change on one node: the cache decodes and draws that node alone.
 	c := newMapCache()
-	c.build(m, m.stamp())
+	c.build(m, m.Stamp())
 	node := cfg.Nodes()[0].ID
 	key, _ := cluster.NodeKey(node)
 	e, err := tc.admin.Get(tc.ctx, key)
@@ -553,11 +553,11 @@ func BenchmarkWatchMap(b *testing.B) {
 	b.Run("base-one-node-changed", func(b *testing.B) {
 		for b.Loop() {
 			c.nodes[node].rev-- // as if its record changed
-			c.build(m, m.stamp())
+			c.build(m, m.Stamp())
 		}
 	})
 	_ = e
-	base := c.build(m, m.stamp())
+	base := c.build(m, m.Stamp())
 	b.Run("encode-admin", func(b *testing.B) {
 		for b.Loop() {
 			encodeState(base, principal{admin: true}, nil)
@@ -577,7 +577,7 @@ func BenchmarkWatchMap(b *testing.B) {
 	})
 	b.Run("stamp", func(b *testing.B) {
 		for b.Loop() {
-			m.stamp()
+			m.Stamp()
 		}
 	})
 }
