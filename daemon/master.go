@@ -22,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/eventlog"
+	"github.com/stormdock/stormdock/master/httpapi"
 )
 
 // MasterConfig is everything a master process is built from.
@@ -134,7 +135,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	if err != nil {
 		return nil, err
 	}
-	m.srv = api.NewServer(m.sched.Handler(m.registry))
+	m.srv = api.NewServer(httpapi.New(m.sched, httpapi.Config{Gatherer: m.registry}))
 	// The server's own complaints (TLS handshakes that fail, connections cut by the
 	// limits) go to the master's log.
 	m.srv.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)

@@ -21,7 +21,8 @@ import (
 // their workers) and records what changed, and records what it decides (placements, moves
 // with the placement engine's reason, workers it cannot place). Its first view after it
 // starts leading is the baseline: changes made while no master led are not recorded. Any
-// master records the API calls that change something, with their principal (apiguard.go).
+// master records the API calls that change something, with their principal (package
+// master/httpapi, apiguard.go).
 // Link failovers come from the routers' records (watchRouters).
 
 // Emit records an event: it is appended to the store with the next batch and served by every

@@ -90,8 +90,6 @@ type Master struct {
 	store   coord.Store
 	log     *slog.Logger
 	metrics *metrics
-	// authFails counts failed API token checks per remote address (see guard).
-	authFails *api.FailLimiter
 
 	// The mirrors run for the master's whole life: the API reads them on every master,
 	// and the leader plans from them.
@@ -102,10 +100,8 @@ type Master struct {
 	// quit is closed when Run returns: streaming answers (events -f, job logs -f) end.
 	quit     chan struct{}
 	quitOnce sync.Once
-	// logKey signs this master's requests for workers' logs to agents (logs.go).
-	logKey *logKeyCache
-	vc     viewCache // records decoded by earlier views
-	reads  reads     // what the API answers from
+	vc       viewCache // records decoded by earlier views
+	reads    reads     // what the API answers from
 
 	mu     sync.Mutex
 	leader bool
@@ -120,10 +116,8 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	}
 	m := &Master{cfg: cfg, store: store, log: cfg.Logger.With("master", cfg.ID), wake: make(chan struct{}, 1)}
 	m.metrics = newMetrics(cfg.Registry)
-	m.authFails = api.NewFailLimiter()
 	m.events = eventlog.New(store, cfg.Events, cfg.ID, m.log, m.metrics.events)
 	m.quit = make(chan struct{})
-	m.logKey = &logKeyCache{store: store}
 	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
 	m.nodes = newMirror(store, cluster.NodesKey, m.poke)
 	m.nodes.decode = m.nodeDecoder
@@ -159,6 +153,10 @@ func (m *Master) setLeader(v bool) {
 	}
 }
 
+// Replan asks the leader to reconcile now, as a change in the store would, rather than at
+// its next resync; a master that does not lead plans once it leads.
+func (m *Master) Replan() { m.poke() }
+
 func (m *Master) poke() {
 	select {
 	case m.wake <- struct{}{}:
@@ -169,7 +167,7 @@ func (m *Master) poke() {
 // Run campaigns for leadership and, while leading, reconciles; it campaigns again after
 // losing it. It returns when ctx is done.
 func (m *Master) Run(ctx context.Context) error {
-	if err := ensureDirs(ctx, m.store); err != nil {
+	if err := EnsureDirs(ctx, m.store); err != nil {
 		return err
 	}
 	defer m.quitOnce.Do(func() { close(m.quit) })
@@ -255,8 +253,8 @@ func (m *Master) Run(ctx context.Context) error {
 	}
 }
 
-// ensureDirs creates the store's top-level directories so watches have something to watch.
-func ensureDirs(ctx context.Context, s coord.KV) error {
+// EnsureDirs creates the store's top-level directories so watches have something to watch.
+func EnsureDirs(ctx context.Context, s coord.KV) error {
 	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, cluster.DCsKey, cluster.MasterDirKey,
 		cluster.HistoryKey, cluster.RoutersKey, cluster.EventsKey} {
 		if _, err := s.Create(ctx, k, nil, coord.Persistent); err != nil && !errors.Is(err, coord.ErrExists) {

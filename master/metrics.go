@@ -23,7 +23,6 @@ type metrics struct {
 	replacements prometheus.Counter
 	reconcile    prometheus.Histogram
 	storeWrites  prometheus.Counter
-	authFailures *prometheus.CounterVec // by reason: missing, invalid, limited
 
 	// Per job (output routers included, as JOB.router), set by the leader.
 	jobDesired, jobRunning, jobUnplaced *prometheus.GaugeVec
@@ -32,7 +31,6 @@ type metrics struct {
 
 	storeConnected prometheus.Gauge
 	sessionsLost   prometheus.Counter
-	logStreams     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -56,8 +54,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Time to plan and write assignments.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_writes_total",
 			Help: "Writes the master made to the coordination store."}),
-		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "api_auth_failures_total",
-			Help: "API requests refused for their token: missing, invalid, or limited (too many failures from the address)."}, []string{"reason"}),
 		jobDesired: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_desired",
 			Help: "Workers a job asks for, over all its links (set by the leader)."}, []string{"job", "tenant"}),
 		jobRunning: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_running",
@@ -68,17 +64,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "1 while this master reaches the coordination store."}),
 		sessionsLost: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_sessions_lost_total",
 			Help: "Store sessions of this master that expired (its ephemeral entries were lost)."}),
-		logStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "log_streams",
-			Help: "Worker logs this master is relaying from agents now."}),
 	}
 	m.events = eventlog.NewMetrics(m.storeWrites)
 	m.storeConnected.Set(1)
-	for _, r := range []string{"missing", "invalid", "limited"} {
-		m.authFailures.WithLabelValues(r)
-	}
 	if reg != nil {
-		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites, m.authFailures,
-			m.jobDesired, m.jobRunning, m.jobUnplaced, m.storeConnected, m.sessionsLost, m.logStreams)
+		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites,
+			m.jobDesired, m.jobRunning, m.jobUnplaced, m.storeConnected, m.sessionsLost)
 		reg.MustRegister(m.events.Collectors()...)
 	}
 	return m

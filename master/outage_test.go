@@ -1,4 +1,4 @@
-package master
+package master_test
 
 import (
 	"encoding/json"
@@ -7,13 +7,14 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/master/desired"
 )
 
 // nodeSession reads the session stamped on a node's assignment.
-func (tc *testCluster) nodeSession(node string) int64 {
-	e, err := tc.admin.Get(tc.ctx, cluster.AssignmentsKey+"/"+node)
+func nodeSession(tc *clustertest.Sim, node string) int64 {
+	e, err := tc.Admin.Get(tc.Ctx, cluster.AssignmentsKey+"/"+node)
 	if err != nil {
 		return 0
 	}
@@ -27,28 +28,28 @@ func (tc *testCluster) nodeSession(node string) int64 {
 // back keeps its workers and gets its assignment stamped with its new session; a node that
 // does not come back loses its workers once the window is over, and not before.
 func TestMasterWaitsForNodesAfterStoreOutage(t *testing.T) {
-	tc := newTestCluster(t)
-	tc.grace = 2 * time.Second
-	m, mc, _ := tc.master("m1")
+	tc := clustertest.NewSim(t)
+	tc.Grace = 2 * time.Second
+	m, mc, _ := tc.Master("m1")
 	clients := map[string]*coord.Embedded{}
-	for _, n := range testNodes(1, 1, 3) {
-		clients[n.ID] = tc.node(n)
+	for _, n := range clustertest.Nodes(1, 1, 3) {
+		clients[n.ID] = tc.Node(n)
 	}
-	testenv.Eventually(t, "the master sees 3 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 3 })
-	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	testenv.Eventually(t, "the master sees 3 nodes", 5*time.Second, func() bool { return len(m.MirrorView().Nodes()) == 3 })
+	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
+	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 6)); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 6 })
+	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.Assignments()) == 6 })
 	// Wait out the window of the master's start, so that only the outage opens one.
-	testenv.Eventually(t, "the start's window over", 10*time.Second, func() bool { in, _ := m.inGrace(); return !in })
-	before := tc.assignments()
+	testenv.Eventually(t, "the start's window over", 10*time.Second, func() bool { in, _ := m.InGrace(); return !in })
+	before := tc.Assignments()
 	back, gone, other := "n-0-0-0", "n-0-0-1", "n-0-0-2"
 	for n, c := range clients {
-		if c.SessionID() != tc.nodeSession(n) {
-			t.Fatalf("node %s: assignment stamped with session %x, its entry's is %x", n, tc.nodeSession(n), c.SessionID())
+		if c.SessionID() != nodeSession(tc, n) {
+			t.Fatalf("node %s: assignment stamped with session %x, its entry's is %x", n, nodeSession(tc, n), c.SessionID())
 		}
 	}
 	oldBack := clients[back].SessionID()
@@ -58,33 +59,33 @@ func TestMasterWaitsForNodesAfterStoreOutage(t *testing.T) {
 	outage := time.Now()
 	clients[gone].Crash()
 	for _, c := range []*coord.Embedded{mc, clients[back], clients[other]} {
-		if err := tc.srv.ExpireSession(c.SessionID()); err != nil {
+		if err := tc.Store.ExpireSession(c.SessionID()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	testenv.Eventually(t, "the returning node's assignment stamped with its new session", 5*time.Second, func() bool {
-		s := tc.nodeSession(back)
+		s := nodeSession(tc, back)
 		return s != 0 && s != oldBack && s == clients[back].SessionID()
 	})
 	// The master acted after the outage; the missing node's workers are still where they were.
-	now := tc.assignments()
+	now := tc.Assignments()
 	for k, n := range before {
-		if now[k] != n && time.Since(outage) < tc.grace {
+		if now[k] != n && time.Since(outage) < tc.Grace {
 			t.Errorf("worker %s moved from %s to %s %s after the outage, inside the re-registration window", k, n, now[k], time.Since(outage))
 		}
 	}
 	testenv.Eventually(t, "the missing node's workers moved after the window", 10*time.Second, func() bool {
-		for _, n := range tc.assignments() {
+		for _, n := range tc.Assignments() {
 			if n == gone {
 				return false
 			}
 		}
 		return true
 	})
-	if took := time.Since(outage); took < tc.grace {
-		t.Errorf("workers of the missing node moved %s after the outage; the window is %s", took, tc.grace)
+	if took := time.Since(outage); took < tc.Grace {
+		t.Errorf("workers of the missing node moved %s after the outage; the window is %s", took, tc.Grace)
 	}
-	after := tc.assignments()
+	after := tc.Assignments()
 	for k, n := range before {
 		if n != gone && after[k] != n {
 			t.Errorf("worker %s moved from %s to %s though its node came back", k, n, after[k])

@@ -1,4 +1,4 @@
-package master
+package master_test
 
 import (
 	"context"
@@ -10,14 +10,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation/docker"
+	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/master/httpapi"
 )
 
 // TestImagePinning: a docker job's tag is resolved to its digest at submit and its workers
@@ -54,29 +55,17 @@ func TestImagePinning(t *testing.T) {
 	}
 	first := push("sched-1")
 
-	tc := newTestCluster(t)
-	c := tc.connect(-1)
-	m, err := New(c, Config{ID: "m1", Logger: quiet, Debounce: 20 * time.Millisecond, Registry: prometheus.NewRegistry(),
-		ReregisterGrace: tc.grace, PinRetry: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mctx, mcancel := context.WithCancel(tc.ctx)
-	defer mcancel()
-	tc.wg.Add(1)
-	go func() {
-		defer tc.wg.Done()
-		_ = m.Run(mctx)
-	}()
-	for _, n := range testNodes(1, 1, 2) {
+	tc := clustertest.NewSim(t)
+	m, _, _ := tc.Master("m1", func(c *master.Config) { c.PinRetry = 100 * time.Millisecond })
+	for _, n := range clustertest.Nodes(1, 1, 2) {
 		n.Labels = map[string]string{"isolation/docker": "true"}
-		tc.node(n)
+		tc.Node(n)
 	}
-	testenv.Eventually(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 2 })
-	hs := httptest.NewServer(m.Handler(nil))
+	testenv.Eventually(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.MirrorView().Nodes()) == 2 })
+	hs := httptest.NewServer(httpapi.New(m, httpapi.Config{}))
 	defer hs.Close()
 	token := api.NewToken()
-	if _, err := tc.admin.Create(ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
+	if _, err := tc.Admin.Create(ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
 		t.Fatal(err)
 	}
 	cl, _ := api.NewClient(hs.URL, token)
@@ -124,17 +113,17 @@ func TestImagePinning(t *testing.T) {
 }
 
 // waitPinned waits until job has n workers assigned, each with Pinned == pinned.
-func waitPinned(t *testing.T, tc *testCluster, job string, n int, pinned string) {
+func waitPinned(t *testing.T, tc *clustertest.Sim, job string, n int, pinned string) {
 	t.Helper()
 	testenv.EventuallyWith(t, fmt.Sprintf("%d workers of %s assigned %q", n, job, pinned), 10*time.Second, func() (bool, string) {
-		names, err := tc.admin.Children(tc.ctx, cluster.AssignmentsKey)
+		names, err := tc.Admin.Children(tc.Ctx, cluster.AssignmentsKey)
 		if err != nil {
 			return false, err.Error()
 		}
 		got := 0
 		for _, name := range names {
 			key, _ := cluster.AssignmentKey(name)
-			e, err := tc.admin.Get(tc.ctx, key)
+			e, err := tc.Admin.Get(tc.Ctx, key)
 			if err != nil {
 				continue
 			}

@@ -141,6 +141,18 @@ type reads struct {
 	need Stamp
 }
 
+// Stamp tells whether the mirrors changed: each one's count of changes. It costs the same
+// however large the cluster: every watch stream asks for it every api.WatchInterval.
+type Stamp [6]uint64 // jobs, nodes, confs, assigns, tenants, dcs
+
+func (m *Master) Stamp() Stamp {
+	var s Stamp
+	for i, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
+		s[i] = mr.generation()
+	}
+	return s
+}
+
 // readStamp is what a read state must still match to be served: which nodes are
 // registered (and in which session), node settings, data centers and tenants. Node
 // records' other changes (memory readings, each worker's state) and the leader's own

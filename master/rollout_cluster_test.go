@@ -1,4 +1,4 @@
-package master
+package master_test
 
 import (
 	"context"
@@ -17,8 +17,11 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/desired"
+	"github.com/stormdock/stormdock/master/httpapi"
 )
 
 // tally is what the simulated agents of these tests run, as their hooks tell: which worker
@@ -104,14 +107,14 @@ func (s *tally) watchJob(job string, n int) {
 // simNode starts a simulated agent for n: it stops a worker (taking stop) before starting
 // its replacement (taking start), pulls images ahead (taking s.pull), reports what it runs
 // as an agent does, and a worker whose command contains "crash" crash-loops. s hears it.
-func (tc *testCluster) simNode(n cluster.Node, s *tally, stop, start time.Duration) *coord.Embedded {
+func simNode(tc *clustertest.Sim, n cluster.Node, s *tally, stop, start time.Duration) *coord.Embedded {
 	crash := func(_ string, w cluster.WorkerAssignment) *sim.Failure {
 		if strings.Contains(strings.Join(w.Command, " "), "crash") {
-			return &sim.Failure{Restarts: rolloutCrashRestarts, Exit: "exited with code 3"}
+			return &sim.Failure{Restarts: master.RolloutCrashRestarts, Exit: "exited with code 3"}
 		}
 		return nil
 	}
-	return tc.agent(n, sim.Config{Behavior: sim.Behavior{Start: start, Stop: stop, Pull: s.pull, Fail: crash}, Hooks: s.hooks()})
+	return tc.Agent(n, sim.Config{Behavior: sim.Behavior{Start: start, Stop: stop, Pull: s.pull, Fail: crash}, Hooks: s.hooks()})
 }
 
 // hooks are the simulated agents' hooks that keep the tally.
@@ -147,38 +150,38 @@ func (s *tally) hooks() sim.Hooks {
 
 // rolloutCluster is 3 racks of 2 nodes with simulated agents, a master, an API client, a
 // 12-worker job wc and a 3-worker job other, all running.
-func rolloutCluster(t *testing.T, masters int) (*testCluster, *tally, []*Master, []*coord.Embedded, *api.Client) {
-	tc := newTestCluster(t)
-	var ms []*Master
+func rolloutCluster(t *testing.T, masters int) (*clustertest.Sim, *tally, []*master.Master, []*coord.Embedded, *api.Client) {
+	tc := clustertest.NewSim(t)
+	var ms []*master.Master
 	var cs []*coord.Embedded
 	for i := range masters {
-		m, c, _ := tc.master(fmt.Sprintf("m%d", i+1))
+		m, c, _ := tc.Master(fmt.Sprintf("m%d", i+1))
 		ms, cs = append(ms, m), append(cs, c)
 		if i == 0 {
 			testenv.Eventually(t, "m1 leads", 5*time.Second, m.Leader)
 		}
 	}
 	s := newTally()
-	for _, n := range testNodes(1, 3, 2) {
-		tc.simNode(n, s, 40*time.Millisecond, 20*time.Millisecond)
+	for _, n := range clustertest.Nodes(1, 3, 2) {
+		simNode(tc, n, s, 40*time.Millisecond, 20*time.Millisecond)
 	}
-	testenv.Eventually(t, "the master sees 6 nodes", 5*time.Second, func() bool { return len(ms[0].view().nodes) == 6 })
+	testenv.Eventually(t, "the master sees 6 nodes", 5*time.Second, func() bool { return len(ms[0].MirrorView().Nodes()) == 6 })
 	token := api.NewToken()
-	if _, err := tc.admin.Create(tc.ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
+	if _, err := tc.Admin.Create(tc.Ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
 		t.Fatal(err)
 	}
-	cl := tc.apiClient(ms, token)
-	if err := cl.CreateTenant(tc.ctx, cluster.Tenant{Name: "search"}); err != nil {
+	cl := apiClient(tc, ms, token)
+	if err := cl.CreateTenant(tc.Ctx, cluster.Tenant{Name: "search"}); err != nil {
 		t.Fatal(err)
 	}
 	for job, n := range map[string]int{"wc": 12, "other": 3} {
-		if _, err := cl.SubmitJob(tc.ctx, []byte(rolloutSpec(job, n, "sleep 1000", ""))); err != nil {
+		if _, err := cl.SubmitJob(tc.Ctx, []byte(rolloutSpec(job, n, "sleep 1000", ""))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for job, n := range map[string]int{"wc": 12, "other": 3} {
 		testenv.Eventually(t, job+" running", 10*time.Second, func() bool {
-			st, err := cl.Job(tc.ctx, job)
+			st, err := cl.Job(tc.Ctx, job)
 			return err == nil && st.Summary.Running == n && st.Summary.Stopping == 0
 		})
 		s.watchJob(job, n)
@@ -187,12 +190,12 @@ func rolloutCluster(t *testing.T, masters int) (*testCluster, *tally, []*Master,
 }
 
 // apiClient serves the API of every master through one URL that goes to the first one alive.
-func (tc *testCluster) apiClient(ms []*Master, token string) *api.Client {
-	h := ms[len(ms)-1].Handler(nil) // any master serves the API
-	srv := newTestServer(tc.t, h)
+func apiClient(tc *clustertest.Sim, ms []*master.Master, token string) *api.Client {
+	h := httpapi.New(ms[len(ms)-1], httpapi.Config{}) // any master serves the API
+	srv := newTestServer(tc.T, h)
 	cl, err := api.NewClient(srv, token)
 	if err != nil {
-		tc.t.Fatal(err)
+		tc.T.Fatal(err)
 	}
 	return cl
 }
@@ -225,7 +228,7 @@ func waitRollout(t *testing.T, cl *api.Client, job string, states ...string) clu
 func TestRolloutByRack(t *testing.T) {
 	tc, s, _, _, cl := rolloutCluster(t, 1)
 	spec := rolloutSpec("wc", 12, "sleep 2000", "{by: rack, maxParallel: 2, minHealthy: 150ms}")
-	up, err := cl.UpdateJob(tc.ctx, "wc", []byte(spec), api.PolicyOverrides{})
+	up, err := cl.UpdateJob(tc.Ctx, "wc", []byte(spec), api.PolicyOverrides{})
 	if err != nil || !up.Changed || up.Job.Generation != 2 || up.Job.Rollout.To != 2 {
 		t.Fatalf("update: %+v, %v", up, err)
 	}
@@ -271,7 +274,7 @@ func TestRolloutByRack(t *testing.T) {
 	if ro.Batch != 3 || ro.Healthy != 12 {
 		t.Errorf("rollout done as %s", ro.Summary())
 	}
-	st, err := cl.Job(tc.ctx, "wc")
+	st, err := cl.Job(tc.Ctx, "wc")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,12 +290,12 @@ func TestRolloutByRack(t *testing.T) {
 func TestRolloutUnchangedWorkersStay(t *testing.T) {
 	tc, s, _, _, cl := rolloutCluster(t, 1)
 	spec := rolloutSpec("wc", 12, "sleep 1000", "") + "priority: 5\n"
-	if _, err := cl.UpdateJob(tc.ctx, "wc", []byte(spec), api.PolicyOverrides{}); err != nil {
+	if _, err := cl.UpdateJob(tc.Ctx, "wc", []byte(spec), api.PolicyOverrides{}); err != nil {
 		t.Fatal(err)
 	}
 	waitRollout(t, cl, "wc", cluster.RolloutDone)
 	testenv.Eventually(t, "every worker on generation 2", 5*time.Second, func() bool {
-		st, err := cl.Job(tc.ctx, "wc")
+		st, err := cl.Job(tc.Ctx, "wc")
 		if err != nil {
 			return false
 		}
@@ -309,7 +312,7 @@ func TestRolloutUnchangedWorkersStay(t *testing.T) {
 		t.Errorf("workers stopped by a change none of them runs: %v", s.stops["wc"])
 	}
 	// The same spec again changes nothing.
-	up, err := cl.UpdateJob(tc.ctx, "wc", []byte(spec), api.PolicyOverrides{})
+	up, err := cl.UpdateJob(tc.Ctx, "wc", []byte(spec), api.PolicyOverrides{})
 	if err != nil || up.Changed || up.Job.Generation != 2 {
 		t.Errorf("same spec again: changed %v generation %d, %v", up.Changed, up.Job.Generation, err)
 	}
@@ -320,14 +323,14 @@ func TestRolloutUnchangedWorkersStay(t *testing.T) {
 func TestRolloutCanaryCrashReverts(t *testing.T) {
 	tc, s, _, _, cl := rolloutCluster(t, 1)
 	spec := rolloutSpec("wc", 12, "crash now", "{canary: 1, autoRevert: true, minHealthy: 100ms}")
-	if _, err := cl.UpdateJob(tc.ctx, "wc", []byte(spec), api.PolicyOverrides{}); err != nil {
+	if _, err := cl.UpdateJob(tc.Ctx, "wc", []byte(spec), api.PolicyOverrides{}); err != nil {
 		t.Fatal(err)
 	}
 	ro := waitRollout(t, cl, "wc", cluster.RolloutReverted)
 	if ro.Kind != cluster.RolloutRevert || ro.To != 1 || !strings.Contains(ro.Reason, "crash-looping on generation 2") {
 		t.Errorf("revert: %s", ro.Summary())
 	}
-	st, err := cl.Job(tc.ctx, "wc")
+	st, err := cl.Job(tc.Ctx, "wc")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +338,7 @@ func TestRolloutCanaryCrashReverts(t *testing.T) {
 		t.Errorf("job after revert: generation %d command %v", st.Job.Generation, st.Job.Spec.Command)
 	}
 	testenv.Eventually(t, "every worker running generation 1", 5*time.Second, func() bool {
-		st, err := cl.Job(tc.ctx, "wc")
+		st, err := cl.Job(tc.Ctx, "wc")
 		if err != nil || st.Summary.Running != 12 {
 			return false
 		}
@@ -357,7 +360,7 @@ func TestRolloutCanaryCrashReverts(t *testing.T) {
 // promote, rollback goes back with a new generation, and history shows each.
 func TestRolloutOperatorActions(t *testing.T) {
 	tc, _, _, _, cl := rolloutCluster(t, 1)
-	ctx := tc.ctx
+	ctx := tc.Ctx
 	if _, err := cl.RolloutAction(ctx, "wc", desired.ActionPause); err == nil || !strings.Contains(err.Error(), "no rollout in progress") {
 		t.Fatalf("pause without a rollout: %v", err)
 	}
@@ -434,11 +437,11 @@ func ptr[T any](v T) *T { return &v }
 func TestRolloutContinuesOnNewLeader(t *testing.T) {
 	tc, s, ms, cs, cl := rolloutCluster(t, 2)
 	spec := rolloutSpec("wc", 12, "sleep 2000", "{maxParallel: 2, minHealthy: 200ms}")
-	if _, err := cl.UpdateJob(tc.ctx, "wc", []byte(spec), api.PolicyOverrides{}); err != nil {
+	if _, err := cl.UpdateJob(tc.Ctx, "wc", []byte(spec), api.PolicyOverrides{}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "a few workers replaced", 10*time.Second, func() bool {
-		st, err := cl.Job(tc.ctx, "wc")
+		st, err := cl.Job(tc.Ctx, "wc")
 		return err == nil && st.Job.Rollout.Healthy >= 3
 	})
 	if ms[1].Leader() {
@@ -463,25 +466,25 @@ func newTestServer(t testing.TB, h http.Handler) string {
 // A rollout to a new image has it pulled ahead on every node of the workers it replaces,
 // and stops no worker before its node reports the image ready.
 func TestRolloutPrepullsBeforeStop(t *testing.T) {
-	tc := newTestCluster(t)
-	m, _, _ := tc.master("m1")
+	tc := clustertest.NewSim(t)
+	m, _, _ := tc.Master("m1")
 	testenv.Eventually(t, "m1 leads", 5*time.Second, m.Leader)
 	s := newTally()
 	s.pull = 300 * time.Millisecond
-	nodes := testNodes(1, 2, 2)
+	nodes := clustertest.Nodes(1, 2, 2)
 	for i := range nodes {
 		nodes[i].Labels = map[string]string{"isolation/docker": "true"}
-		tc.simNode(nodes[i], s, 20*time.Millisecond, 10*time.Millisecond)
+		simNode(tc, nodes[i], s, 20*time.Millisecond, 10*time.Millisecond)
 	}
-	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 4 })
-	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.MirrorView().Nodes()) == 4 })
+	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
-	spec := testSpec("wc", 6)
+	spec := clustertest.Spec("wc", 6)
 	spec.Isolation, spec.Command, spec.Image = cluster.IsolationDocker, nil, "127.0.0.1:5000/w:1"
 	spec.Update = cluster.UpdatePolicy{MaxParallel: 2, MinHealthy: cluster.Duration(50 * time.Millisecond)}
 	pin := &cluster.ImagePin{Generation: 1, Image: spec.Image, Ref: "127.0.0.1:5000/w@sha256:1", Digest: "sha256:1"}
-	if _, err := desired.SubmitJobPinned(tc.ctx, tc.admin, spec, pin); err != nil {
+	if _, err := desired.SubmitJobPinned(tc.Ctx, tc.Admin, spec, pin); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "6 workers running", 5*time.Second, func() bool { return s.runningOf("wc") == 6 })
@@ -489,13 +492,13 @@ func TestRolloutPrepullsBeforeStop(t *testing.T) {
 	next := *spec
 	next.Image = "127.0.0.1:5000/w:2"
 	pin2 := &cluster.ImagePin{Image: next.Image, Ref: "127.0.0.1:5000/w@sha256:2", Digest: "sha256:2"}
-	rec, changed, err := desired.UpdateJob(tc.ctx, tc.admin, "wc", desired.Change{Spec: &next, Pin: pin2, Who: "test"})
+	rec, changed, err := desired.UpdateJob(tc.Ctx, tc.Admin, "wc", desired.Change{Spec: &next, Pin: pin2, Who: "test"})
 	if err != nil || !changed || rec.Image.Generation != 2 {
 		t.Fatalf("update: %+v, %v, %v", rec.Image, changed, err)
 	}
 	testenv.Eventually(t, "the rollout done", 15*time.Second, func() bool {
-		j, ok := m.view().jobs["wc"]
-		return ok && j.rec.Rollout != nil && j.rec.Rollout.State == cluster.RolloutDone
+		j, ok := m.MirrorView().Jobs()["wc"]
+		return ok && j.Record().Rollout != nil && j.Record().Rollout.State == cluster.RolloutDone
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -513,9 +516,9 @@ func TestRolloutPrepullsBeforeStop(t *testing.T) {
 	}
 	// Done: nothing is pulled ahead any more.
 	testenv.Eventually(t, "the pre-pull lists emptied", 5*time.Second, func() bool {
-		names, _ := tc.admin.Children(tc.ctx, cluster.AssignmentsKey)
+		names, _ := tc.Admin.Children(tc.Ctx, cluster.AssignmentsKey)
 		for _, n := range names {
-			e, err := tc.admin.Get(tc.ctx, cluster.AssignmentsKey+"/"+n)
+			e, err := tc.Admin.Get(tc.Ctx, cluster.AssignmentsKey+"/"+n)
 			var a cluster.NodeAssignment
 			if err != nil || json.Unmarshal(e.Value, &a) != nil || len(a.Prepull) > 0 {
 				return false
@@ -530,23 +533,23 @@ func TestRolloutPrepullsBeforeStop(t *testing.T) {
 func TestLiveEnvAndScaleAreLive(t *testing.T) {
 	tc, s, _, _, cl := rolloutCluster(t, 1)
 	spec := rolloutSpec("wc", 12, "sleep 1000", "{maxParallel: 4, minHealthy: 50ms}") + "env: {LEVEL: info, MODE: a}\nliveEnv: [LEVEL]\n"
-	if _, err := cl.UpdateJob(tc.ctx, "wc", []byte(spec), api.PolicyOverrides{}); err != nil {
+	if _, err := cl.UpdateJob(tc.Ctx, "wc", []byte(spec), api.PolicyOverrides{}); err != nil {
 		t.Fatal(err)
 	}
 	waitRollout(t, cl, "wc", cluster.RolloutDone) // env MODE is new: every worker replaced
 	s.watchJob("wc", 12)
-	if _, err := cl.UpdateJob(tc.ctx, "wc", []byte(strings.Replace(spec, "LEVEL: info", "LEVEL: debug", 1)), api.PolicyOverrides{}); err != nil {
+	if _, err := cl.UpdateJob(tc.Ctx, "wc", []byte(strings.Replace(spec, "LEVEL: info", "LEVEL: debug", 1)), api.PolicyOverrides{}); err != nil {
 		t.Fatal(err)
 	}
 	waitRollout(t, cl, "wc", cluster.RolloutDone)
-	if _, err := cl.ScaleJob(tc.ctx, "wc", 10); err != nil {
+	if _, err := cl.ScaleJob(tc.Ctx, "wc", 10); err != nil {
 		t.Fatal(err)
 	}
 	testenv.EventuallyWith(t, "assignments with LEVEL=debug and epoch 2", 5*time.Second, func() (bool, string) {
-		names, _ := tc.admin.Children(tc.ctx, cluster.AssignmentsKey)
+		names, _ := tc.Admin.Children(tc.Ctx, cluster.AssignmentsKey)
 		n := 0
 		for _, node := range names {
-			e, _ := tc.admin.Get(tc.ctx, cluster.AssignmentsKey+"/"+node)
+			e, _ := tc.Admin.Get(tc.Ctx, cluster.AssignmentsKey+"/"+node)
 			var a cluster.NodeAssignment
 			_ = json.Unmarshal(e.Value, &a)
 			for _, w := range a.Workers {

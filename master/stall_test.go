@@ -1,4 +1,4 @@
-package master
+package master_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/coord/zktest"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master"
 )
 
 // TestLeaderAfterZooKeeperStall stalls the ZooKeeper server past the session timeout, as a
@@ -28,14 +29,14 @@ func TestLeaderAfterZooKeeperStall(t *testing.T) {
 			s.Close()
 		}
 	}()
-	var masters []*Master
+	var masters []*master.Master
 	for _, id := range []string{"m1", "m2"} {
 		s, err := coord.Open(ctx, zk.URL("/stall"), coord.Options{SessionTimeout: time.Second, Logger: stallLog(id)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		stores = append(stores, s)
-		m, err := New(s, Config{ID: id, Logger: stallLog(id)})
+		m, err := master.New(s, master.Config{ID: id, Logger: stallLog(id)})
 		if err != nil {
 			t.Fatal(err)
 		}

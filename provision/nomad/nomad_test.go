@@ -19,10 +19,11 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/master/httpapi"
 	"github.com/stormdock/stormdock/provision"
 	"github.com/stormdock/stormdock/provision/nomad"
 	"github.com/stormdock/stormdock/provision/provisiontest"
-	"github.com/stormdock/stormdock/master"
 )
 
 // env is a provider on a recorded Nomad, with a real master and stand-in agents on the
@@ -294,7 +295,7 @@ func (f *fakeCluster) startMaster() {
 		if r.Method == http.MethodPost {
 			f.events.add("master POST " + r.URL.Path)
 		}
-		m.Handler(prometheus.NewRegistry()).ServeHTTP(w, r)
+		httpapi.New(m, httpapi.Config{Gatherer: prometheus.NewRegistry()}).ServeHTTP(w, r)
 	}))
 	var err error
 	m, err = master.New(s, master.Config{ID: "m1", API: f.srv.URL, Logger: slog.Default()})

@@ -1,4 +1,4 @@
-package master
+package httpapi
 
 import (
 	"bytes"
@@ -37,13 +37,9 @@ const (
 	watchBuildBurst = 500 * time.Millisecond
 )
 
-// watchReauth is how often a stream checks that its token is still valid: a tenant whose
-// token was replaced stops seeing the map within this long. A variable for the tests.
-var watchReauth = 10 * time.Second
-
 // watchHub holds the latest map of the cluster and its encodings per viewer.
 type watchHub struct {
-	m       *Master
+	a       *API
 	metrics watchMetrics
 
 	mu    sync.Mutex
@@ -76,8 +72,8 @@ type section struct {
 // keys a delta removes.
 var sectionNames = [...][2]string{{"dcs", "goneDcs"}, {"nodes", "goneNodes"}, {"jobs", "goneJobs"}, {"tenants", "goneTenants"}}
 
-func newWatchHub(m *Master) *watchHub {
-	h := &watchHub{m: m, metrics: newWatchMetrics(m.cfg.Registry), cache: newMapCache(),
+func newWatchHub(a *API) *watchHub {
+	h := &watchHub{a: a, metrics: newWatchMetrics(a.cfg.Registry), cache: newMapCache(),
 		states: map[principal]*mapState{}, prev: map[principal]*mapState{}}
 	h.cache.impacts.mu = &h.mu
 	return h
@@ -92,8 +88,8 @@ func (h *watchHub) state(p principal) *mapState {
 	h.budget = min(h.budget+now.Sub(h.budgetAt)/watchBuildShare, watchBuildBurst)
 	h.budgetAt = now
 	if h.base == nil || h.budget > 0 {
-		if st := h.m.Stamp(); h.base == nil || st != h.base.stamp || h.cache.impacts.gen != h.base.impacts {
-			h.base = h.cache.build(h.m, st)
+		if st := h.a.m.Stamp(); h.base == nil || st != h.base.stamp || h.cache.impacts.gen != h.base.impacts {
+			h.base = h.cache.build(h.a.m, st)
 			took := time.Since(now)
 			h.budget -= took
 			maps.Copy(h.prev, h.states)
@@ -151,14 +147,11 @@ func encodeSection[T any](items []T, key func(T) string) section {
 // master describes this master for the map. The store's state is said without the
 // running time of an outage, so that a stream does not change with every tick of one.
 func (h *watchHub) master() api.MapMaster {
-	m := h.m
-	out := api.MapMaster{ID: m.cfg.ID, Leader: m.Leader()}
-	m.mu.Lock()
-	down := m.conn.down
-	m.mu.Unlock()
-	if !down.IsZero() {
+	m := h.a.m
+	out := api.MapMaster{ID: m.ID(), Leader: m.Leader()}
+	if down := m.StoreDownSince(); !down.IsZero() {
 		out.Store = fmt.Sprintf("master %s cannot reach the coordination store since %s: the map is as of then; running workers keep running",
-			m.cfg.ID, down.UTC().Format(time.RFC3339))
+			m.ID(), down.UTC().Format(time.RFC3339))
 	}
 	return out
 }
@@ -253,7 +246,7 @@ func (h *watchHub) serve(w http.ResponseWriter, r *http.Request) {
 	defer tick.Stop()
 	ping := time.NewTicker(watchPing)
 	defer ping.Stop()
-	reauth := time.NewTicker(watchReauth)
+	reauth := time.NewTicker(h.a.cfg.WatchReauth)
 	defer reauth.Stop()
 	var sent *mapState
 	var sentMaster api.MapMaster
@@ -285,7 +278,7 @@ func (h *watchHub) serve(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		case <-reauth.C:
-			now, err := h.m.authenticate(r, true)
+			now, err := h.a.authenticate(r, true)
 			if errors.Is(err, api.ErrUnavailable) {
 				continue // the map says so; the token is checked again once the store is back
 			}
@@ -402,18 +395,4 @@ func newWatchMetrics(reg prometheus.Registerer) watchMetrics {
 		m.build = register(reg, m.build)
 	}
 	return m
-}
-
-// register registers c, or returns the collector already registered under its name: a
-// master's Handler may be built more than once on one registry.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if old, ok := are.ExistingCollector.(C); ok {
-				return old
-			}
-		}
-	}
-	return c
 }

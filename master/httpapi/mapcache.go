@@ -1,4 +1,4 @@
-package master
+package httpapi
 
 import (
 	"encoding/json"
@@ -9,19 +9,8 @@ import (
 	"sync"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/master"
 )
-
-// stamp tells whether the mirrors changed: each one's count of changes. It costs the same
-// however large the cluster: every watch stream asks for it every api.WatchInterval.
-type Stamp [6]uint64
-
-func (m *Master) Stamp() Stamp {
-	var s Stamp
-	for i, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
-		s[i] = mr.generation()
-	}
-	return s
-}
 
 // mapCache keeps what the last map was made from, so that the next one decodes and draws
 // only what changed: node records change with every memory reading, and decoding a
@@ -39,7 +28,7 @@ type mapCache struct {
 type impactsCache struct {
 	mu      *sync.Mutex // guards the cache; held by build's caller
 	key     impactKey
-	v       map[string]*DCImpact
+	v       map[string]*master.DCImpact
 	done    bool // v is of key
 	running bool
 	gen     int // grows with every new v
@@ -74,15 +63,15 @@ type drawKey struct {
 }
 
 // jobsDigest digests what drawing a node reads of the jobs: each one's tenant and memory.
-func jobsDigest(v *View) uint64 {
+func jobsDigest(v *master.View) uint64 {
 	h := fnv.New64a()
-	names := slices.Collect(maps.Keys(v.jobs))
-	for name := range v.routers {
+	names := slices.Collect(maps.Keys(v.Jobs()))
+	for name := range v.Routers() {
 		names = append(names, name)
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		rec, _ := v.record(name)
+		rec, _ := v.Record(name)
 		fmt.Fprintf(h, "%s\x00%s\x00%d\x00", name, rec.Spec.Tenant, rec.Spec.Resources.Memory)
 	}
 	return h.Sum64()
@@ -117,8 +106,8 @@ func planDigest(rec cluster.NodeRecord) uint64 {
 }
 
 // build makes the map of the mirrors as they are (stamped st), reusing what did not change.
-func (c *mapCache) build(m *Master, st Stamp) *mapBase {
-	nodeEntries, assignEntries := m.nodes.snapshot(), m.assigns.snapshot()
+func (c *mapCache) build(m *master.Master, st master.Stamp) *mapBase {
+	nodeEntries, assignEntries := m.NodeEntries(), m.AssignmentEntries()
 	for id, e := range nodeEntries {
 		if cn, ok := c.nodes[id]; ok && cn.rev == e.ModRev && cn.owner == e.Owner {
 			continue
@@ -151,17 +140,13 @@ func (c *mapCache) build(m *Master, st Stamp) *mapBase {
 			delete(c.assigns, id)
 		}
 	}
-	v := decodeView(m.log, m.jobs.snapshot(), nil, m.confs.snapshot(), m.dcs.snapshot())
 	workers := 0
-	for _, cn := range c.nodes {
+	nodes := make(map[string]master.NodeEntry, len(c.nodes))
+	for id, cn := range c.nodes {
+		nodes[id] = master.NodeEntry{Owner: cn.owner, Record: cn.rec}
 		workers += len(cn.rec.Workers)
 	}
-	v.nodes, v.sessions = make(map[string]cluster.NodeRecord, len(c.nodes)), make(map[string]int64, len(c.nodes))
-	v.statuses, v.copies = make(map[cluster.WorkerKey]nodeWorker, workers), make([]nodeWorker, 0, workers)
-	for id, cn := range c.nodes {
-		v.addNode(id, cn.owner, cn.rec)
-	}
-	v.addRouters(m.cfg.RouterStore)
+	v := m.ViewOf(nodes)
 	assigns := make(map[string]cluster.NodeAssignment, len(c.assigns))
 	assigned := make(map[cluster.WorkerKey]string, workers)
 	for node, ca := range c.assigns {
@@ -174,15 +159,15 @@ func (c *mapCache) build(m *Master, st Stamp) *mapBase {
 	}
 	b := &mapBase{stamp: st, v: v}
 	b.nodes = c.drawNodes(v)
-	b.jobs = mapJobs(v, assigned, m.Snapshot().unplaced)
+	b.jobs = mapJobs(v, assigned, m.Snapshot().Unplaced())
 	b.dcs = mapDCs(v, assigned, c.dcImpacts(m, v, assigns, st))
 	b.impacts = c.impacts.gen
-	b.tenants = mapTenants(v, m.tenants.snapshot())
+	b.tenants = mapTenants(v, m.TenantEntries())
 	return b
 }
 
 // dcImpacts returns the data-center checks, planned again only when their input changed.
-func (c *mapCache) dcImpacts(m *Master, v *View, assigns map[string]cluster.NodeAssignment, st Stamp) map[string]*DCImpact {
+func (c *mapCache) dcImpacts(m *master.Master, v *master.View, assigns map[string]cluster.NodeAssignment, st master.Stamp) map[string]*master.DCImpact {
 	key := impactKey{jobs: st[0], confs: st[2], assigns: st[3], dcs: st[5], nodes: len(c.nodes)}
 	for _, cn := range c.nodes {
 		key.plans += cn.plan
@@ -212,11 +197,11 @@ func (c *mapCache) dcImpacts(m *Master, v *View, assigns map[string]cluster.Node
 // drawNodes draws every live node, and every node that is gone while the plan still holds
 // workers there, with its workers as cells; a node whose inputs did not change keeps its
 // entry.
-func (c *mapCache) drawNodes(v *View) []*mapNode {
+func (c *mapCache) drawNodes(v *master.View) []*mapNode {
 	jobs := jobsDigest(v)
-	ids := slices.Collect(maps.Keys(v.nodes))
+	ids := slices.Collect(maps.Keys(v.Nodes()))
 	for id, ca := range c.assigns {
-		if _, live := v.nodes[id]; !live && slices.ContainsFunc(ca.a.Workers, func(w cluster.WorkerAssignment) bool { return !w.Stop }) {
+		if _, live := v.Nodes()[id]; !live && slices.ContainsFunc(ca.a.Workers, func(w cluster.WorkerAssignment) bool { return !w.Stop }) {
 			ids = append(ids, id)
 		}
 	}
@@ -224,7 +209,7 @@ func (c *mapCache) drawNodes(v *View) []*mapNode {
 	out := make([]*mapNode, 0, len(ids))
 	drawn := make(map[string]*drawnNode, len(ids))
 	for _, id := range ids {
-		key := drawKey{nodeRev: -1, assignRev: -1, draining: v.confs[id].Draining, jobs: jobs}
+		key := drawKey{nodeRev: -1, assignRev: -1, draining: v.Confs()[id].Draining, jobs: jobs}
 		if cn, ok := c.nodes[id]; ok {
 			key.nodeRev, key.owner = cn.rev, cn.owner
 		}

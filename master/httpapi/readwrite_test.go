@@ -1,4 +1,4 @@
-package master
+package httpapi_test
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 // back at once, although the API answers from the leader's last reconcile.
 func TestReadYourWrites(t *testing.T) {
 	f := newAPIFixture(t)
-	ctx := f.tc.ctx
+	ctx := f.tc.Ctx
 	cl, _ := api.NewClient(f.srv.URL, f.admin)
 	nodes, err := cl.Nodes(ctx)
 	if err != nil || len(nodes) == 0 {

@@ -1,8 +1,7 @@
-package master
+package httpapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -19,11 +18,11 @@ const routerTimeout = 3 * time.Second
 
 // mirroredJob finds the mirrored job named in the path in the mirror, as the caller may see
 // it; it answers the request itself and returns false when it cannot.
-func (m *Master) mirroredJob(w http.ResponseWriter, r *http.Request) (cluster.JobRecord, bool) {
+func (a *API) mirroredJob(w http.ResponseWriter, r *http.Request) (cluster.JobRecord, bool) {
 	name := r.PathValue("name")
-	var rec cluster.JobRecord
-	e, ok := m.jobs.snapshot()[name]
-	if !ok || json.Unmarshal(e.Value, &rec) != nil || rec.Spec.Name != name {
+	j, ok := a.m.CurrentJobs()[name]
+	rec := j.Record()
+	if !ok {
 		fail(w, api.ErrNotFound, "no job %q (see `stormdock job list`)", name)
 		return rec, false
 	}
@@ -40,14 +39,14 @@ func (m *Master) mirroredJob(w http.ResponseWriter, r *http.Request) (cluster.Jo
 
 // getLinks answers GET /v1/jobs/{name}/links: the router's live status, or, when the router
 // does not answer, the status it last wrote to the store.
-func (m *Master) getLinks(w http.ResponseWriter, r *http.Request) {
-	rec, ok := m.mirroredJob(w, r)
+func (a *API) getLinks(w http.ResponseWriter, r *http.Request) {
+	rec, ok := a.mirroredJob(w, r)
 	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), routerTimeout)
 	defer cancel()
-	url := m.leadingRouter(ctx, rec.Spec.Name)
+	url := a.leadingRouter(ctx, rec.Spec.Name)
 	cl, err := multidc.NewClient(url)
 	var st multidc.Status
 	if err == nil {
@@ -58,7 +57,7 @@ func (m *Master) getLinks(w http.ResponseWriter, r *http.Request) {
 	}
 	out := api.Links{Job: rec.Spec.Name, Router: url, Source: "router"}
 	if err != nil {
-		saved, found, rerr := multidc.ReadRecord(ctx, m.store, rec.Spec.Name)
+		saved, found, rerr := multidc.ReadRecord(ctx, a.store, rec.Spec.Name)
 		if rerr != nil || !found {
 			fail(w, api.ErrUnavailable, "the router of job %s does not answer at %s (%v) and has left no status in the store; it may still be starting (see `stormdock job status %s.router`)",
 				rec.Spec.Name, url, err, rec.Spec.Name)
@@ -71,12 +70,12 @@ func (m *Master) getLinks(w http.ResponseWriter, r *http.Request) {
 
 // failover answers POST /v1/jobs/{name}/failover: the job's router makes another link
 // active, as `stormdock link failover` asks it.
-func (m *Master) failover(w http.ResponseWriter, r *http.Request) {
+func (a *API) failover(w http.ResponseWriter, r *http.Request) {
 	var req api.FailoverRequest
 	if r.ContentLength != 0 && !decodeJSON(w, r, &req) {
 		return
 	}
-	rec, ok := m.mirroredJob(w, r)
+	rec, ok := a.mirroredJob(w, r)
 	if !ok {
 		return
 	}
@@ -86,14 +85,14 @@ func (m *Master) failover(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), routerTimeout)
 	defer cancel()
-	url := m.leadingRouter(ctx, rec.Spec.Name)
+	url := a.leadingRouter(ctx, rec.Spec.Name)
 	cl, err := multidc.NewClient(url)
 	if err != nil {
 		fail(w, api.ErrUnavailable, "job %s has no router running yet: %v", rec.Spec.Name, err)
 		return
 	}
 	// A failover is the job's to ask for: the router wants its sender token.
-	key, err := multidc.EnsureOutputKey(ctx, m.store)
+	key, err := multidc.EnsureOutputKey(ctx, a.store)
 	if err != nil {
 		failErr(w, fmt.Errorf("%w: %v", api.ErrUnavailable, err))
 		return
@@ -110,17 +109,17 @@ func (m *Master) failover(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	m.log.Info("link failover", "job", rec.Spec.Name, "active", st.Active, "from", st.NextOffset)
+	a.log.Info("link failover", "job", rec.Spec.Name, "active", st.Active, "from", st.NextOffset)
 	reply(w, http.StatusOK, linksOf(api.Links{Job: rec.Spec.Name, Router: url, Source: "router"}, st))
 }
 
 // leadingRouter is where a mirrored job's leading router serves: as its record in the store
 // says, or, before any router has led, the first of the job's routers that runs.
-func (m *Master) leadingRouter(ctx context.Context, job string) string {
-	if rec, ok, err := multidc.ReadRecord(ctx, m.store, job); err == nil && ok && rec.Router != "" {
+func (a *API) leadingRouter(ctx context.Context, job string) string {
+	if rec, ok, err := multidc.ReadRecord(ctx, a.store, job); err == nil && ok && rec.Router != "" {
 		return rec.Router
 	}
-	if urls := m.Snapshot().v.RouterURLs(job); len(urls) > 0 {
+	if urls := a.m.Snapshot().View().RouterURLs(job); len(urls) > 0 {
 		return urls[0]
 	}
 	return ""

@@ -1,4 +1,4 @@
-package master
+package httpapi
 
 import (
 	"context"
@@ -105,17 +105,17 @@ func (c *logKeyCache) transport(addr string, ep *cluster.LogsEndpoint) *http.Tra
 }
 
 // jobLogs relays a worker's log from its agent.
-func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
+func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	st := m.Snapshot()
-	v := st.v
+	st := a.m.Snapshot()
+	v := st.View()
 	assigned, _ := st.Where()
-	j, ok := m.CurrentJobs()[name]
+	j, ok := a.m.CurrentJobs()[name]
 	if !ok {
 		fail(w, api.ErrNotFound, "no job %q (see `stormdock job list`)", name)
 		return
 	}
-	if err := mayUse(principalOf(r.Context()), j.rec.Spec.Tenant); err != nil {
+	if err := mayUse(principalOf(r.Context()), j.Record().Spec.Tenant); err != nil {
 		failErr(w, err)
 		return
 	}
@@ -130,7 +130,7 @@ func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	spec := j.rec.Spec
+	spec := j.Record().Spec
 	switch {
 	case spec.Mirrored() && req.Link == "":
 		fail(w, api.ErrBadInput, "job %s is mirrored: name the link with --link (one of %v)", name, spec.Links)
@@ -144,10 +144,10 @@ func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	k := cluster.WorkerKey{Job: name, Link: req.Link, Worker: req.Worker}
 	node := assigned[k]
-	if s, ok := v.statuses[k]; ok && (node == "" || s.node != node && v.nodes[node].Node.ID == "") {
-		node = s.node
+	if at, _, ok := v.Status(k); ok && (node == "" || at != node && v.Nodes()[node].Node.ID == "") {
+		node = at
 	}
-	rec, alive := v.nodes[node]
+	rec, alive := v.Nodes()[node]
 	switch {
 	case node == "":
 		fail(w, api.ErrNotFound, "worker %s runs on no node (see `stormdock job status %s`)", k, name)
@@ -159,7 +159,7 @@ func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrNotFound, "the agent of node %s serves no logs (it runs without --logs-listen, or predates it)", node)
 		return
 	}
-	key, err := m.logKey.get(r.Context())
+	key, err := a.logKey.get(r.Context())
 	if err != nil {
 		fail(w, api.ErrUnavailable, "%v", err)
 		return
@@ -181,7 +181,7 @@ func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	go func() {
 		select {
-		case <-m.quit:
+		case <-a.m.Stopped():
 			cancel()
 		case <-ctx.Done():
 		}
@@ -192,7 +192,7 @@ func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	areq.Header.Set("Authorization", "Bearer "+api.SignAgentRequest(key, http.MethodGet, uri, time.Now(), api.AgentTokenTTL))
-	resp, err := (&http.Client{Transport: m.logKey.transport(host, rec.Logs)}).Do(areq)
+	resp, err := (&http.Client{Transport: a.logKey.transport(host, rec.Logs)}).Do(areq)
 	if err != nil {
 		fail(w, api.ErrUnavailable, "cannot reach the agent of node %s at %s: %v", node, areq.URL.Host, err)
 		return
@@ -205,8 +205,8 @@ func (m *Master) jobLogs(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(w, io.LimitReader(resp.Body, 64<<10))
 		return
 	}
-	m.metrics.logStreams.Inc()
-	defer m.metrics.logStreams.Dec()
+	a.metrics.logStreams.Inc()
+	defer a.metrics.logStreams.Dec()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Stormdock-Node", node)

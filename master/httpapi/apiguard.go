@@ -1,4 +1,4 @@
-package master
+package httpapi
 
 import (
 	"bytes"
@@ -26,7 +26,7 @@ var pathParam = regexp.MustCompile(`\{([a-z]+)\}`)
 var objectKinds = map[string]string{"jobs": "job", "tenants": "tenant", "nodes": "node", "dcs": "dc"}
 
 // secure wraps the handler of one route (pattern as given to http.ServeMux).
-func (m *Master) secure(pattern string, need role, h http.HandlerFunc) http.HandlerFunc {
+func (a *API) secure(pattern string, need role, h http.HandlerFunc) http.HandlerFunc {
 	method, path, _ := strings.Cut(pattern, " ")
 	var params []string
 	for _, p := range pathParam.FindAllStringSubmatch(path, -1) {
@@ -49,7 +49,7 @@ func (m *Master) secure(pattern string, need role, h http.HandlerFunc) http.Hand
 				noteObject(r, kind+"/"+v)
 			}
 		}
-		m.guard(need, h)(w, r)
+		a.guard(need, h)(w, r)
 	}
 	if method == http.MethodGet || method == http.MethodHead {
 		return checked
@@ -59,7 +59,7 @@ func (m *Master) secure(pattern string, need role, h http.HandlerFunc) http.Hand
 		e := &auditEntry{principal: "-"}
 		sw := &statusWriter{ResponseWriter: w, before: func(status int) {
 			if status < 300 {
-				m.ReadYourWrite(r.Context(), e.object)
+				a.m.ReadYourWrite(r.Context(), e.object)
 			}
 		}}
 		checked(sw, r.WithContext(context.WithValue(r.Context(), auditKey{}, e)))
@@ -71,16 +71,16 @@ func (m *Master) secure(pattern string, need role, h http.HandlerFunc) http.Hand
 		if status >= 400 {
 			result = strings.ToLower(strings.ReplaceAll(http.StatusText(status), " ", "_"))
 		}
-		m.log.Info("audit", "principal", e.principal, "action", action, "object", e.object,
+		a.log.Info("audit", "principal", e.principal, "action", action, "object", e.object,
 			"result", result, "status", status, "remote", r.RemoteAddr)
-		m.apiEvent(e, action, result, status)
+		a.apiEvent(e, action, result, status)
 	}
 }
 
 // apiEvent records a call that changed something as an event with its principal. Refused
 // calls change nothing, and are not recorded (their audit line is in the master's log): a
 // stranger's guesses, or a tenant's, would fill the events.
-func (m *Master) apiEvent(e *auditEntry, action, result string, status int) {
+func (a *API) apiEvent(e *auditEntry, action, result string, status int) {
 	if e.principal == "-" || status >= 300 {
 		return
 	}
@@ -99,7 +99,7 @@ func (m *Master) apiEvent(e *auditEntry, action, result string, status int) {
 			ev.DC = name
 		}
 	}
-	m.events.Emit(ev)
+	a.m.Events().Emit(ev)
 }
 
 // auditEntry collects, while a request is served, who made it and what it is about.

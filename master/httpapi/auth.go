@@ -1,4 +1,4 @@
-package master
+package httpapi
 
 import (
 	"context"
@@ -39,21 +39,21 @@ const (
 
 // authenticate finds who holds the request's bearer token. With fresh false it looks at the
 // admin token and the tenants' mirror only, not at the tenants in the store.
-func (m *Master) authenticate(r *http.Request, fresh bool) (principal, error) {
+func (a *API) authenticate(r *http.Request, fresh bool) (principal, error) {
 	h := r.Header.Get("Authorization")
 	token, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok || token == "" {
 		return principal{}, fmt.Errorf("%w: missing API token: pass --token or set STORMDOCK_TOKEN (the admin token is in the master's data directory, admin.token)", api.ErrUnauthorized)
 	}
 	hash := api.HashToken(strings.TrimSpace(token))
-	if e, err := m.store.Get(r.Context(), cluster.AdminTokenKey); err == nil && subtle.ConstantTimeCompare(e.Value, []byte(hash)) == 1 {
+	if e, err := a.store.Get(r.Context(), cluster.AdminTokenKey); err == nil && subtle.ConstantTimeCompare(e.Value, []byte(hash)) == 1 {
 		return principal{admin: true}, nil
 	}
 	match := func(name string, value []byte) bool {
 		var t cluster.TenantRecord
 		return json.Unmarshal(value, &t) == nil && t.TokenHash != "" && subtle.ConstantTimeCompare([]byte(t.TokenHash), []byte(hash)) == 1
 	}
-	for name, e := range m.tenants.snapshot() {
+	for name, e := range a.m.TenantEntries() {
 		if match(name, e.Value) {
 			return principal{tenant: name}, nil
 		}
@@ -63,7 +63,7 @@ func (m *Master) authenticate(r *http.Request, fresh bool) (principal, error) {
 	}
 	// The mirror may not have the token yet: one made a moment ago (through another
 	// master, or just now through this one) is in the store.
-	names, err := m.store.Children(r.Context(), cluster.TenantsKey)
+	names, err := a.store.Children(r.Context(), cluster.TenantsKey)
 	if err != nil {
 		return principal{}, fmt.Errorf("%w: read tenants: %v", api.ErrUnavailable, err)
 	}
@@ -72,7 +72,7 @@ func (m *Master) authenticate(r *http.Request, fresh bool) (principal, error) {
 		if err != nil {
 			continue // not a tenant's record
 		}
-		if e, err := m.store.Get(r.Context(), key); err == nil && match(name, e.Value) {
+		if e, err := a.store.Get(r.Context(), key); err == nil && match(name, e.Value) {
 			return principal{tenant: name}, nil
 		}
 	}
@@ -80,14 +80,14 @@ func (m *Master) authenticate(r *http.Request, fresh bool) (principal, error) {
 }
 
 // guard wraps a handler with authentication for the role it needs.
-func (m *Master) guard(need role, h http.HandlerFunc) http.HandlerFunc {
+func (a *API) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if need == roleNone {
 			h(w, r)
 			return
 		}
 		// Tokens and everything else live in the store: say so at once rather than hang.
-		if msg := m.StoreUnavailable(); msg != "" {
+		if msg := a.m.StoreUnavailable(); msg != "" {
 			fail(w, api.ErrUnavailable, "%s", msg)
 			return
 		}
@@ -95,10 +95,10 @@ func (m *Master) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 		// what the master holds (clients behind one address are not locked out by one of
 		// them), but its guesses cost no store reads and no log lines: they get 429.
 		host := api.RemoteHost(r)
-		limited, wait := m.authFails.Blocked(host)
-		p, err := m.authenticate(r, !limited)
+		limited, wait := a.authFails.Blocked(host)
+		p, err := a.authenticate(r, !limited)
 		if limited && err != nil {
-			m.metrics.authFailures.WithLabelValues("limited").Inc()
+			a.metrics.authFailures.WithLabelValues("limited").Inc()
 			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
 			fail(w, api.ErrRateLimited, "too many failed token checks from %s: try again in %s", host, wait.Round(100*time.Millisecond))
 			return
@@ -108,9 +108,9 @@ func (m *Master) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 			if r.Header.Get("Authorization") == "" {
 				reason = "missing"
 			}
-			m.authFails.Fail(host)
-			m.metrics.authFailures.WithLabelValues(reason).Inc()
-			m.log.Warn("API token refused", "remote", r.RemoteAddr, "reason", reason, "method", r.Method, "path", clipPath(r.URL.Path))
+			a.authFails.Fail(host)
+			a.metrics.authFailures.WithLabelValues(reason).Inc()
+			a.log.Warn("API token refused", "remote", r.RemoteAddr, "reason", reason, "method", r.Method, "path", clipPath(r.URL.Path))
 		}
 		if err != nil {
 			failErr(w, err)

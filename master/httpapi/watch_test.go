@@ -1,4 +1,4 @@
-package master
+package httpapi_test
 
 import (
 	"bufio"
@@ -20,8 +20,11 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/desired"
+	"github.com/stormdock/stormdock/master/httpapi"
 	"github.com/stormdock/stormdock/placement/synth"
 )
 
@@ -89,36 +92,36 @@ func total(per map[string]int) int {
 
 // watchCluster is a leader and a standby on 8 simulated nodes in 2 data centers, with an
 // admin token, tenants search and ads, a job of each, and an HTTP server on the standby.
-func watchCluster(t *testing.T) (tc *testCluster, leader *Master, srv *httptest.Server, admin *api.Client, token string) {
+func watchCluster(t *testing.T) (tc *clustertest.Sim, standby *master.Master, srv *httptest.Server, admin *api.Client, token string) {
 	t.Helper()
-	tc = newTestCluster(t)
-	leader, _, _ = tc.master("m1")
+	tc = clustertest.NewSim(t)
+	leader, _, _ := tc.Master("m1")
 	testenv.Eventually(t, "m1 leads", 5*time.Second, leader.Leader)
-	standby, _, _ := tc.master("m2")
-	for _, n := range testNodes(2, 2, 2) {
-		tc.node(n)
+	standby, _, _ = tc.Master("m2")
+	for _, n := range clustertest.Nodes(2, 2, 2) {
+		tc.Node(n)
 	}
 	testenv.Eventually(t, "the masters see 8 nodes", 5*time.Second, func() bool {
-		return len(leader.view().nodes) == 8 && len(standby.view().nodes) == 8
+		return len(leader.NodeEntries()) == 8 && len(standby.NodeEntries()) == 8
 	})
-	srv = httptest.NewServer(standby.Handler(nil))
+	srv = httptest.NewServer(httpapi.New(standby, httpapi.Config{}))
 	t.Cleanup(srv.Close)
 	token = api.NewToken()
-	if _, err := tc.admin.Create(tc.ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
+	if _, err := tc.Admin.Create(tc.Ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
 		t.Fatal(err)
 	}
 	admin, _ = api.NewClient(srv.URL, token)
 	for _, name := range []string{"search", "ads"} {
-		if err := admin.CreateTenant(tc.ctx, cluster.Tenant{Name: name, MaxWorkers: 20}); err != nil {
+		if err := admin.CreateTenant(tc.Ctx, cluster.Tenant{Name: name, MaxWorkers: 20}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 4)); err != nil {
+	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 4)); err != nil {
 		t.Fatal(err)
 	}
-	ads := testSpec("clicks", 2)
+	ads := clustertest.Spec("clicks", 2)
 	ads.Tenant = "ads"
-	if _, err := desired.SubmitJob(tc.ctx, tc.admin, ads); err != nil {
+	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, ads); err != nil {
 		t.Fatal(err)
 	}
 	return tc, leader, srv, admin, token
@@ -128,7 +131,7 @@ func watchCluster(t *testing.T) (tc *testCluster, leader *Master, srv *httptest.
 // leader placed, and then a scale-out and a drain as they happen.
 func TestWatchStreamsTheMap(t *testing.T) {
 	tc, _, _, admin, _ := watchCluster(t)
-	w := watch(t, tc.ctx, admin)
+	w := watch(t, tc.Ctx, admin)
 	testenv.EventuallyWith(t, "the map shows 8 nodes and wc's 4 running workers", 10*time.Second, func() (bool, string) {
 		m, _, err := w.latest()
 		if err != nil {
@@ -148,7 +151,7 @@ func TestWatchStreamsTheMap(t *testing.T) {
 			t.Errorf("node %+v", n)
 		}
 	}
-	if _, err := admin.ScaleJob(tc.ctx, "wc", 7); err != nil {
+	if _, err := admin.ScaleJob(tc.Ctx, "wc", 7); err != nil {
 		t.Fatal(err)
 	}
 	testenv.EventuallyWith(t, "the map shows wc's 7 workers", 10*time.Second, func() (bool, string) {
@@ -163,7 +166,7 @@ func TestWatchStreamsTheMap(t *testing.T) {
 			break
 		}
 	}
-	if err := admin.DrainNode(tc.ctx, busy, true); err != nil {
+	if err := admin.DrainNode(tc.Ctx, busy, true); err != nil {
 		t.Fatal(err)
 	}
 	testenv.EventuallyWith(t, "the drained node's cells move", 10*time.Second, func() (bool, string) {
@@ -194,14 +197,14 @@ func summary(m api.ClusterMap) string {
 // tenants' workers are anonymous cells and their names appear nowhere in the stream. A
 // wrong token is refused, and a stream ends once its token is replaced.
 func TestWatchScopesTenants(t *testing.T) {
-	tc, _, srv, admin, _ := watchCluster(t)
-	testenv.Eventually(t, "6 workers assigned", 10*time.Second, func() bool { return len(tc.assignments()) == 6 })
-	adsToken, err := admin.TenantToken(tc.ctx, "ads")
+	tc, standby, srv, admin, _ := watchCluster(t)
+	testenv.Eventually(t, "6 workers assigned", 10*time.Second, func() bool { return len(tc.Assignments()) == 6 })
+	adsToken, err := admin.TenantToken(tc.Ctx, "ads")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Read the raw stream: nothing of tenant search may be in it.
-	ctx, cancel := context.WithTimeout(tc.ctx, testenv.Timeout(20*time.Second))
+	ctx, cancel := context.WithTimeout(tc.Ctx, testenv.Timeout(20*time.Second))
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/v1/watch", nil)
 	req.Header.Set("Authorization", "Bearer "+adsToken)
@@ -257,17 +260,16 @@ func TestWatchScopesTenants(t *testing.T) {
 	}
 
 	forged, _ := api.NewClient(srv.URL, "sdt_forged")
-	if err := forged.Watch(tc.ctx, func(*api.ClusterMap) error { return nil }); !errors.Is(err, api.ErrUnauthorized) {
+	if err := forged.Watch(tc.Ctx, func(*api.ClusterMap) error { return nil }); !errors.Is(err, api.ErrUnauthorized) {
 		t.Fatalf("watch with a wrong token: %v", err)
 	}
 
-	old := watchReauth
-	watchReauth = 100 * time.Millisecond
-	defer func() { watchReauth = old }()
-	ads, _ := api.NewClient(srv.URL, adsToken)
-	w := watch(t, tc.ctx, ads)
+	// A server of the standby's whose streams check their token every 100ms.
+	reauth, _ := tc.API(standby, httpapi.Config{WatchReauth: 100 * time.Millisecond})
+	ads, _ := api.NewClient(reauth.URL, adsToken)
+	w := watch(t, tc.Ctx, ads)
 	testenv.Eventually(t, "the ads stream's snapshot", 10*time.Second, func() bool { _, n, _ := w.latest(); return n > 0 })
-	if _, err := admin.TenantToken(tc.ctx, "ads"); err != nil {
+	if _, err := admin.TenantToken(tc.Ctx, "ads"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -284,15 +286,15 @@ func TestWatchScopesTenants(t *testing.T) {
 // changed, not the map; the figures are the bytes of each, uncompressed and on the wire.
 func TestWatchDeltasHoldWhatChanged(t *testing.T) {
 	tc, _, srv, admin, token := watchCluster(t)
-	testenv.Eventually(t, "6 workers assigned", 10*time.Second, func() bool { return len(tc.assignments()) == 6 })
+	testenv.Eventually(t, "6 workers assigned", 10*time.Second, func() bool { return len(tc.Assignments()) == 6 })
 	for _, gz := range []bool{false, true} {
 		deltaPass(t, tc, srv.URL, token, admin, gz)
 	}
 }
 
 // deltaPass drains a busy node and reads the stream's snapshot and deltas, gzip-encoded or not.
-func deltaPass(t *testing.T, tc *testCluster, url, token string, admin *api.Client, gz bool) {
-	ctx, cancel := context.WithCancel(tc.ctx)
+func deltaPass(t *testing.T, tc *clustertest.Sim, url, token string, admin *api.Client, gz bool) {
+	ctx, cancel := context.WithCancel(tc.Ctx)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/watch", nil)
 	req.Header.Set("Authorization", "Bearer "+token)
@@ -366,7 +368,7 @@ func deltaPass(t *testing.T, tc *testCluster, url, token string, admin *api.Clie
 		}
 	}
 	before := wire.count()
-	if err := admin.DrainNode(tc.ctx, node, true); err != nil {
+	if err := admin.DrainNode(tc.Ctx, node, true); err != nil {
 		t.Fatal(err)
 	}
 	var deltas, deltaBytes int
@@ -407,29 +409,29 @@ func deltaPass(t *testing.T, tc *testCluster, url, token string, admin *api.Clie
 // spare a data center's workers all move when it fails; in a full cluster its job moves
 // only whole, finds no room, and stays.
 func TestDCImpact(t *testing.T) {
-	tc := newTestCluster(t)
-	m, _, _ := tc.master("m1")
-	for _, n := range testNodes(3, 1, 2) { // 3 dcs x 2 nodes x 4 slots
-		tc.node(n)
+	tc := clustertest.NewSim(t)
+	m, _, _ := tc.Master("m1")
+	for _, n := range clustertest.Nodes(3, 1, 2) { // 3 dcs x 2 nodes x 4 slots
+		tc.Node(n)
 	}
-	testenv.Eventually(t, "6 nodes", 5*time.Second, func() bool { return len(m.view().nodes) == 6 })
-	if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+	testenv.Eventually(t, "6 nodes", 5*time.Second, func() bool { return len(m.NodeEntries()) == 6 })
+	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := desired.SubmitJob(tc.ctx, tc.admin, testSpec("wc", 6)); err != nil {
+	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 6)); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.assignments()) == 6 })
+	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.Assignments()) == 6 })
 	// impact waits until the leader's mirrors hold every assigned worker (they follow the
 	// store by watches), then checks each data center's failure.
 	impact := func() map[string]api.DCFailover {
-		tc.reconciled(m)
-		want := len(tc.assignments())
+		tc.Reconciled(m)
+		want := len(tc.Assignments())
 		out := map[string]api.DCFailover{}
 		testenv.EventuallyWith(t, "the leader's mirrors up to date", 5*time.Second, func() (bool, string) {
 			clear(out)
 			n := 0
-			for _, d := range newMapCache().build(m, m.Stamp()).dcs {
+			for _, d := range httpapi.NewMapCache().Build(m).DCs() {
 				n += d.Workers
 				if d.IfFailed != nil {
 					out[d.Name] = *d.IfFailed
@@ -441,7 +443,7 @@ func TestDCImpact(t *testing.T) {
 	}
 	inDC := func(dc string) int {
 		n := 0
-		for _, node := range tc.assignments() {
+		for _, node := range tc.Assignments() {
 			if strings.HasPrefix(node, "n-"+strings.TrimPrefix(dc, "dc-")+"-") {
 				n++
 			}
@@ -458,36 +460,36 @@ func TestDCImpact(t *testing.T) {
 			t.Errorf("%s: %+v; want its 2 workers to fit elsewhere", dc, f)
 		}
 	}
-	if _, err := desired.SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCFailed, false); err != nil {
+	if _, err := desired.SetDCState(tc.Ctx, tc.Admin, "dc-0", cluster.DCFailed, false); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "dc-0's workers moved, as predicted", 5*time.Second, func() bool {
-		return len(tc.assignments()) == 6 && inDC("dc-0") == 0
+		return len(tc.Assignments()) == 6 && inDC("dc-0") == 0
 	})
 	if _, ok := impact()["dc-0"]; ok {
 		t.Error("a failed data center still gets a failure check")
 	}
-	if _, err := desired.SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCActive, false); err != nil {
+	if _, err := desired.SetDCState(tc.Ctx, tc.Admin, "dc-0", cluster.DCActive, false); err != nil {
 		t.Fatal(err)
 	}
 	// 18 workers fill 6 of every data center's 8 slots: the 4 slots free elsewhere cannot
 	// take a data center's 6, and the job moves only whole.
-	if _, err := desired.ScaleJob(tc.ctx, tc.admin, "wc", 18); err != nil {
+	if _, err := desired.ScaleJob(tc.Ctx, tc.Admin, "wc", 18); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "18 workers assigned, 6 in dc-0", 5*time.Second, func() bool {
-		return len(tc.assignments()) == 18 && inDC("dc-0") == 6
+		return len(tc.Assignments()) == 18 && inDC("dc-0") == 6
 	})
 	f := impact()["dc-0"]
 	if f.Fits || f.Workers != 6 || f.Waiting != 6 || f.Moving != 0 || len(f.Jobs) != 1 || f.Jobs[0] != (api.DCFailoverJob{Job: "wc", Waiting: 6}) {
 		t.Fatalf("dc-0: %+v; want its 6 workers waiting", f)
 	}
-	before := tc.assignments()
-	if _, err := desired.SetDCState(tc.ctx, tc.admin, "dc-0", cluster.DCFailed, false); err != nil {
+	before := tc.Assignments()
+	if _, err := desired.SetDCState(tc.Ctx, tc.Admin, "dc-0", cluster.DCFailed, false); err != nil {
 		t.Fatal(err)
 	}
-	tc.reconciled(m)
-	if after := tc.assignments(); !maps.Equal(before, after) {
+	tc.Reconciled(m)
+	if after := tc.Assignments(); !maps.Equal(before, after) {
 		t.Errorf("the leader moved workers the check said would wait:\nbefore %v\nafter  %v", before, after)
 	}
 }
@@ -517,62 +519,72 @@ func (c *countingReader) count() int64 {
 func BenchmarkWatchMap(b *testing.B) {
 	cfg := synth.Config{DCs: 4, RacksPerDC: 5, NodesPerRack: 50, Slots: 16, Memory: 64 << 30, CPU: 32000,
 		Jobs: 100, Workers: 10000, Spread: []string{cluster.DomainDC, cluster.DomainRack}, Seed: 1}
-	tc := newTestCluster(b)
-	tc.beat = time.Second // a thousand agents beating every few milliseconds would load the loops measured
-	m, _, _ := tc.master("m1")
+	tc := clustertest.NewSim(b)
+	tc.Beat = time.Second // a thousand agents beating every few milliseconds would load the loops measured
+	m, _, _ := tc.Master("m1")
 	for _, n := range cfg.Nodes() {
-		tc.node(n)
+		tc.Node(n)
 	}
 	tenants := map[string]bool{}
 	for _, spec := range cfg.JobSpecs() {
 		if !tenants[spec.Tenant] {
 			tenants[spec.Tenant] = true
-			if err := desired.CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
+			if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
 				b.Fatal(err)
 			}
 		}
-		if _, err := desired.SubmitJob(tc.ctx, tc.admin, &spec); err != nil {
+		if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, &spec); err != nil {
 			b.Fatal(err)
 		}
 	}
-	testenv.Eventually(b, "10,000 workers reported", time.Minute, func() bool { return len(m.view().statuses) == cfg.Workers })
+	reported := func() int {
+		n := 0
+		for _, e := range m.NodeEntries() {
+			var rec cluster.NodeRecord
+			if json.Unmarshal(e.Value, &rec) == nil {
+				n += len(rec.Workers)
+			}
+		}
+		return n
+	}
+	testenv.Eventually(b, "10,000 workers reported", time.Minute, func() bool { return reported() == cfg.Workers })
 	b.Run("base-from-scratch", func(b *testing.B) {
 		for b.Loop() {
-			newMapCache().build(m, m.Stamp())
+			httpapi.NewMapCache().Build(m)
 		}
 	})
 	// A change on one node: the cache decodes and draws that node alone.
-	c := newMapCache()
-	c.build(m, m.Stamp())
+	c := httpapi.NewMapCache()
+	c.Build(m)
 	node := cfg.Nodes()[0].ID
 	key, _ := cluster.NodeKey(node)
-	e, err := tc.admin.Get(tc.ctx, key)
+	e, err := tc.Admin.Get(tc.Ctx, key)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Run("base-one-node-changed", func(b *testing.B) {
 		for b.Loop() {
-			c.nodes[node].rev-- // as if its record changed
-			c.build(m, m.Stamp())
+			c.Touch(node) // as if its record changed
+			c.Build(m)
 		}
 	})
 	_ = e
-	base := c.build(m, m.Stamp())
+	base := c.Build(m)
 	b.Run("encode-admin", func(b *testing.B) {
 		for b.Loop() {
-			encodeState(base, principal{admin: true}, nil)
+			base.Encode(true, "", nil)
 		}
 	})
 	b.Run("encode-tenant", func(b *testing.B) {
 		for b.Loop() {
-			encodeState(base, principal{tenant: "team-1"}, nil)
+			base.Encode(false, "team-1", nil)
 		}
 	})
-	prev := encodeState(base, principal{admin: true}, nil)
+	prev := base.Encode(true, "", nil)
 	b.Run("encode-admin-one-node-changed", func(b *testing.B) {
 		for b.Loop() {
-			delete(prev.drawn, node)
-			encodeState(base, principal{admin: true}, prev)
+			prev.Forget(node)
+			base.Encode(true, "", prev)
 		}
 	})
 	b.Run("stamp", func(b *testing.B) {

@@ -1,4 +1,4 @@
-package master
+package httpapi
 
 import (
 	"encoding/json"
@@ -55,7 +55,7 @@ func ParseEventFilter(q map[string][]string, now time.Time) (api.EventFilter, er
 // streams them as server-sent events (id: the event's id, data: the event as JSON), the
 // kept ones first, until the client goes away. A client that reconnects with
 // Last-Event-ID continues after that event.
-func (m *Master) listEvents(w http.ResponseWriter, r *http.Request) {
+func (a *API) listEvents(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f, err := ParseEventFilter(q, time.Now())
 	if err != nil {
@@ -84,7 +84,7 @@ func (m *Master) listEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	evs, wait := m.events.Query(f, limit)
+	evs, wait := a.m.Events().Query(f, limit)
 	if !follow {
 		if evs == nil {
 			evs = []api.Event{}
@@ -114,7 +114,7 @@ func (m *Master) listEvents(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
-		case <-m.quit:
+		case <-a.m.Stopped():
 			return
 		case <-keep.C:
 			if sw.Write([]byte(": keepalive\n\n")) != nil {
@@ -124,6 +124,6 @@ func (m *Master) listEvents(w http.ResponseWriter, r *http.Request) {
 			continue
 		case <-wait:
 		}
-		evs, wait = m.events.Query(f, 0)
+		evs, wait = a.m.Events().Query(f, 0)
 	}
 }

@@ -1,4 +1,4 @@
-package master
+package httpapi
 
 import (
 	"encoding/json"
@@ -8,6 +8,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/master"
 )
 
 // The cluster map of GET /v1/watch is built in two steps: a mapBase from the mirrors, once
@@ -16,9 +17,9 @@ import (
 
 // mapBase is everything every viewer's map of one moment is made from.
 type mapBase struct {
-	stamp   Stamp
+	stamp   master.Stamp
 	impacts int // the generation of the data-center checks it holds
-	v       *View
+	v       *master.View
 	nodes   []*mapNode // sorted by id, lost nodes included; unchanged nodes keep their pointer
 	jobs    []api.MapJob
 	dcs     []api.MapDC
@@ -32,7 +33,7 @@ type mapNode struct {
 }
 
 // drawNode draws one node from its record (none for a lost node) and its assignment.
-func drawNode(v *View, id string, a cluster.NodeAssignment) *mapNode {
+func drawNode(v *master.View, id string, a cluster.NodeAssignment) *mapNode {
 	var keys []cluster.WorkerKey
 	for _, w := range a.Workers {
 		if !w.Stop {
@@ -41,12 +42,12 @@ func drawNode(v *View, id string, a cluster.NodeAssignment) *mapNode {
 	}
 	slices.SortFunc(keys, cluster.WorkerKey.Compare)
 	n := &mapNode{}
-	rec, live := v.nodes[id]
+	rec, live := v.Nodes()[id]
 	if !live {
 		n.MapNode = api.MapNode{ID: id, DC: a.DC, Rack: a.Rack, State: api.NodeLost, Slots: len(keys), Health: api.NodeLost, Cells: []api.Cell{}}
 		for _, k := range keys {
 			n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.NodeLost})
-			n.tenants = append(n.tenants, tenantOf(v.jobs, k.Job))
+			n.tenants = append(n.tenants, v.TenantOf(k.Job))
 		}
 		return n
 	}
@@ -56,7 +57,7 @@ func drawNode(v *View, id string, a cluster.NodeAssignment) *mapNode {
 		health = cluster.HealthHealthy
 	}
 	n.MapNode = api.MapNode{ID: id, DC: nd.DC, Rack: nd.Rack, State: api.NodeUp, Slots: nd.Slots, Throttled: rec.Health.Throttled,
-		Health: health, Reason: rec.Health.Reason, Draining: v.confs[id].Draining, Memory: nd.Memory, CPU: nd.CPU,
+		Health: health, Reason: rec.Health.Reason, Draining: v.Confs()[id].Draining, Memory: nd.Memory, CPU: nd.CPU,
 		Labels: nd.Labels, Isolation: rec.Isolation, Cells: []api.Cell{}}
 	here := make(map[cluster.WorkerKey]cluster.WorkerStatus, len(rec.Workers))
 	var used cluster.Bytes
@@ -71,18 +72,18 @@ func drawNode(v *View, id string, a cluster.NodeAssignment) *mapNode {
 		if s, ok := here[k]; ok {
 			state = s.State
 		}
-		if j, ok := v.record(k.Job); ok {
+		if j, ok := v.Record(k.Job); ok {
 			n.MemoryRequested += j.Spec.Resources.Memory
 		}
 		n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: state})
-		n.tenants = append(n.tenants, tenantOf(v.jobs, k.Job))
+		n.tenants = append(n.tenants, v.TenantOf(k.Job))
 	}
 	stopping := slices.Collect(maps.Keys(here))
 	slices.SortFunc(stopping, cluster.WorkerKey.Compare)
 	for _, k := range stopping {
 		if !mine[k] {
 			n.Cells = append(n.Cells, api.Cell{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.CellStopping})
-			n.tenants = append(n.tenants, tenantOf(v.jobs, k.Job))
+			n.tenants = append(n.tenants, v.TenantOf(k.Job))
 		}
 	}
 	n.MemoryUsed = roundTo(used, nd.Memory/100)
@@ -97,19 +98,14 @@ func roundTo(b, unit cluster.Bytes) cluster.Bytes {
 }
 
 // mapJobs lists every job with its summary and why its unplaced workers wait.
-func mapJobs(v *View, assigned, unplaced map[cluster.WorkerKey]string) []api.MapJob {
-	// summarize scans every reported copy; group them by job once.
-	byJob := make(map[string][]nodeWorker, len(v.jobs)+len(v.routers))
-	for _, c := range v.copies {
-		byJob[c.status.Key.Job] = append(byJob[c.status.Key.Job], c)
-	}
-	out := make([]api.MapJob, 0, len(v.jobs))
-	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
-		rec := v.jobs[name].rec
-		sv := &View{statuses: v.statuses, copies: byJob[name]}
-		j := api.MapJob{JobSummary: summarize(sv, rec, assigned, unplaced), Links: rec.Spec.Links}
+func mapJobs(v *master.View, assigned, unplaced map[cluster.WorkerKey]string) []api.MapJob {
+	sums := v.Summaries(assigned, unplaced)
+	out := make([]api.MapJob, 0, len(v.Jobs()))
+	for _, name := range slices.Sorted(maps.Keys(v.Jobs())) {
+		rec := v.Jobs()[name].Record()
+		j := api.MapJob{JobSummary: sums[name], Links: rec.Spec.Links}
 		keys := rec.Spec.Keys()
-		if rr, ok := v.routers[name+routerSuffix]; ok {
+		if rr, ok := v.Router(name); ok {
 			j.Router = rr.Spec.Name
 			keys = append(keys, rr.Spec.Keys()...)
 		}
@@ -128,14 +124,14 @@ func mapJobs(v *View, assigned, unplaced map[cluster.WorkerKey]string) []api.Map
 }
 
 // mapDCs is GET /v1/dcs with what failing each active data center would do.
-func mapDCs(v *View, assigned map[cluster.WorkerKey]string, impacts map[string]*DCImpact) []api.MapDC {
+func mapDCs(v *master.View, assigned map[cluster.WorkerKey]string, impacts map[string]*master.DCImpact) []api.MapDC {
 	perNode := map[string]int{}
 	for _, node := range assigned {
 		perNode[node]++
 	}
 	type sums struct{ nodes, slots, free, workers int }
 	per := map[string]*sums{}
-	for id, rec := range v.nodes {
+	for id, rec := range v.Nodes() {
 		s := per[rec.Node.DC]
 		if s == nil {
 			s = &sums{}
@@ -145,21 +141,21 @@ func mapDCs(v *View, assigned map[cluster.WorkerKey]string, impacts map[string]*
 		s.slots += rec.Node.Slots
 		s.workers += perNode[id]
 		free := max(rec.Node.Slots-perNode[id]-rec.Health.Throttled, 0)
-		if v.confs[id].Draining {
+		if v.Confs()[id].Draining {
 			free = 0
 		}
 		s.free += free
 	}
-	names := slices.Collect(maps.Keys(v.dcs))
+	names := slices.Collect(maps.Keys(v.DCs()))
 	for dc := range per {
-		if _, ok := v.dcs[dc]; !ok {
+		if _, ok := v.DCs()[dc]; !ok {
 			names = append(names, dc) // seen before the leader recorded it
 		}
 	}
 	slices.Sort(names)
 	out := make([]api.MapDC, 0, len(names))
 	for _, name := range names {
-		d := api.MapDC{DCView: api.DCView{Name: name, State: v.dcState(name), Since: v.dcs[name].Since}}
+		d := api.MapDC{DCView: api.DCView{Name: name, State: v.DCState(name), Since: v.DCs()[name].Since}}
 		if s := per[name]; s != nil {
 			d.Nodes, d.Slots, d.SlotsFree, d.Workers = s.nodes, s.slots, s.free, s.workers
 		}
@@ -173,14 +169,14 @@ func mapDCs(v *View, assigned map[cluster.WorkerKey]string, impacts map[string]*
 }
 
 // mapTenants is every tenant with its quota use.
-func mapTenants(v *View, entries map[string]coord.Entry) []api.TenantView {
+func mapTenants(v *master.View, entries map[string]coord.Entry) []api.TenantView {
 	out := make([]api.TenantView, 0, len(entries))
 	for _, name := range slices.Sorted(maps.Keys(entries)) {
 		var t cluster.TenantRecord
 		if json.Unmarshal(entries[name].Value, &t) != nil || t.Name != name {
 			continue
 		}
-		out = append(out, TenantView(v.jobs, t.Tenant))
+		out = append(out, master.TenantView(v.Jobs(), t.Tenant))
 	}
 	return out
 }
@@ -220,7 +216,7 @@ func (b *mapBase) scoped(p principal) (jobs []api.MapJob, dcs []api.MapDC, tenan
 			f := *d.IfFailed
 			f.Jobs = nil
 			for _, j := range d.IfFailed.Jobs {
-				if tenantOf(b.v.jobs, j.Job) == p.tenant {
+				if b.v.TenantOf(j.Job) == p.tenant {
 					f.Jobs = append(f.Jobs, j)
 				}
 			}

@@ -1,4 +1,4 @@
-package master
+package httpapi_test
 
 import (
 	"bufio"
@@ -24,8 +24,11 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/desired"
+	"github.com/stormdock/stormdock/master/httpapi"
 )
 
 // The tests in this file attack the master's API as a client would that owes it nothing:
@@ -36,8 +39,8 @@ import (
 // apiFixture is a running master with two nodes, two tenants with a job each, the admin
 // token and one token per tenant, served over a real listener.
 type apiFixture struct {
-	tc       *testCluster
-	m        *Master
+	tc       *clustertest.Sim
+	m        *master.Master
 	srv      *httptest.Server
 	patterns []string
 	admin    string
@@ -46,36 +49,36 @@ type apiFixture struct {
 
 func newAPIFixture(t *testing.T) *apiFixture {
 	t.Helper()
-	tc := newTestCluster(t)
-	m, _, _ := tc.master("m1")
-	for _, n := range testNodes(2, 1, 1) {
-		tc.node(n)
+	tc := clustertest.NewSim(t)
+	m, _, _ := tc.Master("m1")
+	for _, n := range clustertest.Nodes(2, 1, 1) {
+		tc.Node(n)
 	}
-	testenv.Eventually(t, "the master sees 2 nodes", testenv.Timeout(5*time.Second), func() bool { return len(m.view().nodes) == 2 })
-	h := m.Handler(nil)
-	f := &apiFixture{tc: tc, m: m, srv: httptest.NewServer(h), patterns: h.(*routeMux).patterns, tokens: map[string]string{}}
+	testenv.Eventually(t, "the master sees 2 nodes", testenv.Timeout(5*time.Second), func() bool { return len(m.NodeEntries()) == 2 })
+	h := httpapi.New(m, httpapi.Config{})
+	f := &apiFixture{tc: tc, m: m, srv: httptest.NewServer(h), patterns: h.Routes(), tokens: map[string]string{}}
 	t.Cleanup(f.srv.Close)
 	f.admin = api.NewToken()
-	if _, err := tc.admin.Create(tc.ctx, cluster.AdminTokenKey, []byte(api.HashToken(f.admin)), coord.Persistent); err != nil {
+	if _, err := tc.Admin.Create(tc.Ctx, cluster.AdminTokenKey, []byte(api.HashToken(f.admin)), coord.Persistent); err != nil {
 		t.Fatal(err)
 	}
 	cl, _ := api.NewClient(f.srv.URL, f.admin)
 	for _, tenant := range []string{"demo", "other"} {
-		if err := cl.CreateTenant(tc.ctx, cluster.Tenant{Name: tenant, MaxWorkers: 6}); err != nil {
+		if err := cl.CreateTenant(tc.Ctx, cluster.Tenant{Name: tenant, MaxWorkers: 6}); err != nil {
 			t.Fatal(err)
 		}
-		tok, err := cl.TenantToken(tc.ctx, tenant)
+		tok, err := cl.TenantToken(tc.Ctx, tenant)
 		if err != nil {
 			t.Fatal(err)
 		}
 		f.tokens[tenant] = tok
 		spec := fmt.Sprintf("name: %s-job\ntenant: %s\nworkers: 2\nresources: {memory: 64Mi, cpu: 0.1}\ncommand: [sleep, '1000']\n", tenant, tenant)
-		if _, err := cl.SubmitJob(tc.ctx, []byte(spec)); err != nil {
+		if _, err := cl.SubmitJob(tc.Ctx, []byte(spec)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	testenv.Eventually(t, "both jobs run", testenv.Timeout(5*time.Second), func() bool {
-		jobs, err := cl.Jobs(tc.ctx)
+		jobs, err := cl.Jobs(tc.Ctx)
 		return err == nil && len(jobs) == 2 && jobs[0].Running == 2 && jobs[1].Running == 2
 	})
 	return f
@@ -117,7 +120,7 @@ func (f *apiFixture) settled(t *testing.T) map[string]string {
 	t.Helper()
 	var last map[string]string
 	testenv.Eventually(t, "the store settles", testenv.Timeout(10*time.Second), func() bool {
-		d := dump(f.tc.ctx, t, f.tc.admin)
+		d := dump(f.tc.Ctx, t, f.tc.Admin)
 		same := maps.Equal(d, last)
 		last = d
 		if !same {
@@ -130,7 +133,9 @@ func (f *apiFixture) settled(t *testing.T) map[string]string {
 
 func diffDumps(a, b map[string]string) string {
 	var out []string
-	for _, k := range slices.Sorted(maps.Keys(mergeKeys(a, b))) {
+	keys := maps.Clone(a)
+	maps.Copy(keys, b)
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
 		if a[k] != b[k] {
 			out = append(out, fmt.Sprintf("%s: %q -> %q", k, a[k], b[k]))
 		}
@@ -196,7 +201,7 @@ var escapes = []string{
 // fill puts name into every wildcard of a route pattern's path.
 func fill(pattern, name string) (method, target string) {
 	method, p, _ := strings.Cut(pattern, " ")
-	return method, pathParam.ReplaceAllString(p, name)
+	return method, httpapi.PathParam.ReplaceAllString(p, name)
 }
 
 // bodyFor is a valid body for a route, so that only the path can be wrong.
@@ -251,7 +256,7 @@ func TestAPITraversalChangesNothing(t *testing.T) {
 	if routes < 6 {
 		t.Fatalf("only %d routes with a name: the route list is wrong", routes)
 	}
-	if after := dump(f.tc.ctx, t, f.tc.admin); !maps.Equal(before, after) {
+	if after := dump(f.tc.Ctx, t, f.tc.Admin); !maps.Equal(before, after) {
 		t.Fatalf("the probes changed the store:\n%s", diffDumps(before, after))
 	}
 }
@@ -346,7 +351,7 @@ func TestAPIBadInputChangesNothing(t *testing.T) {
 			t.Errorf("POST %s with %d bytes: %d %.200s; want 413", target, len(huge), status, body)
 		}
 	}
-	if after := dump(f.tc.ctx, t, f.tc.admin); !maps.Equal(before, after) {
+	if after := dump(f.tc.Ctx, t, f.tc.Admin); !maps.Equal(before, after) {
 		t.Fatalf("the probes changed the store:\n%s", diffDumps(before, after))
 	}
 }
@@ -398,7 +403,7 @@ func TestAPITenantIsolation(t *testing.T) {
 	if status, body, _ := f.raw(t, "GET", "/v1/jobs/other-job", other, nil); status != http.StatusOK {
 		t.Errorf("tenant other reading its own job: %d %s", status, body)
 	}
-	if after := dump(f.tc.ctx, t, f.tc.admin); !maps.Equal(before, after) {
+	if after := dump(f.tc.Ctx, t, f.tc.Admin); !maps.Equal(before, after) {
 		t.Fatalf("another tenant's requests changed the store:\n%s", diffDumps(before, after))
 	}
 }
@@ -437,13 +442,13 @@ func TestAPIQuotaUnderRacingSubmitsAndScales(t *testing.T) {
 			t.Errorf("a racing request got %d", s)
 		}
 	}
-	names, err := f.tc.admin.Children(f.tc.ctx, cluster.JobsKey)
+	names, err := f.tc.Admin.Children(f.tc.Ctx, cluster.JobsKey)
 	if err != nil {
 		t.Fatal(err)
 	}
 	used := 0
 	for _, name := range names {
-		rec, _, err := desired.ReadJob(f.tc.ctx, f.tc.admin, name)
+		rec, _, err := desired.ReadJob(f.tc.Ctx, f.tc.Admin, name)
 		if err == nil && rec.Spec.Tenant == "demo" {
 			used += rec.Spec.TotalWorkers()
 		}
@@ -480,7 +485,7 @@ func TestAPIRateLimitsFailedTokens(t *testing.T) {
 	if status, body, _ := f.raw(t, "GET", "/v1/jobs", f.tokens["demo"], nil); status != http.StatusOK {
 		t.Errorf("a valid token from a limited address: %d %s", status, body)
 	}
-	reg := f.tc.regs[f.m]
+	reg := f.tc.Registry(f.m)
 	if got := testenv.Metric(t, reg, "stormdock_master_api_auth_failures_total", map[string]string{"reason": "limited"}); got != float64(limited) {
 		t.Errorf("stormdock_master_api_auth_failures_total{reason=limited} = %v, want %d", got, limited)
 	}
@@ -517,20 +522,20 @@ func (b *syncBuffer) lines() []map[string]any {
 // TestAuditLogsEveryChangeOnce: each call that changes something (or tries to) gives exactly
 // one audit line with principal, action, object, result and remote address; reads give none.
 func TestAuditLogsEveryChangeOnce(t *testing.T) {
-	tc := newTestCluster(t)
+	tc := clustertest.NewSim(t)
 	var logs syncBuffer
-	m, err := New(tc.connect(-1), Config{ID: "m1", Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	m, err := master.New(tc.Connect(-1), master.Config{ID: "m1", Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(tc.ctx)
+	ctx, cancel := context.WithCancel(tc.Ctx)
 	defer cancel()
 	go func() { _ = m.Run(ctx) }()
-	srv := httptest.NewServer(m.Handler(nil))
+	srv := httptest.NewServer(httpapi.New(m, httpapi.Config{}))
 	defer srv.Close()
 	f := &apiFixture{tc: tc, m: m, srv: srv}
 	f.admin = api.NewToken()
-	if _, err := tc.admin.Create(tc.ctx, cluster.AdminTokenKey, []byte(api.HashToken(f.admin)), coord.Persistent); err != nil {
+	if _, err := tc.Admin.Create(tc.Ctx, cluster.AdminTokenKey, []byte(api.HashToken(f.admin)), coord.Persistent); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "the master answers", testenv.Timeout(5*time.Second), func() bool {

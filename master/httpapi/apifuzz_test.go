@@ -1,4 +1,4 @@
-package master
+package httpapi_test
 
 import (
 	"bufio"
@@ -17,7 +17,10 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/clustertest"
+	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/desired"
+	"github.com/stormdock/stormdock/master/httpapi"
 )
 
 // fuzzMaster is a master that serves its API but never leads: another candidate holds the
@@ -45,7 +48,7 @@ func newFuzzMaster(tb testing.TB) *fuzzMaster {
 		return c
 	}
 	admin := connect()
-	if err := ensureDirs(ctx, admin); err != nil {
+	if err := master.EnsureDirs(ctx, admin); err != nil {
 		tb.Fatal(err)
 	}
 	holder, err := coord.NewElection(connect(), cluster.ElectionKey, "holder")
@@ -55,7 +58,7 @@ func newFuzzMaster(tb testing.TB) *fuzzMaster {
 	if _, err := holder.Campaign(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	m, err := New(connect(), Config{ID: "fuzzed", Logger: quiet})
+	m, err := master.New(connect(), master.Config{ID: "fuzzed", Logger: quiet})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -69,7 +72,7 @@ func newFuzzMaster(tb testing.TB) *fuzzMaster {
 		<-done
 		srv.Close()
 	})
-	f := &fuzzMaster{h: m.Handler(nil), admin: admin, ctx: ctx}
+	f := &fuzzMaster{h: httpapi.New(m, httpapi.Config{}), admin: admin, ctx: ctx}
 	adminToken := api.NewToken()
 	if _, err := admin.Create(ctx, cluster.AdminTokenKey, []byte(api.HashToken(adminToken)), coord.Persistent); err != nil {
 		tb.Fatal(err)
@@ -103,7 +106,7 @@ func newFuzzMaster(tb testing.TB) *fuzzMaster {
 }
 
 func testSpecFor(name, tenant string, workers int) *cluster.JobSpec {
-	s := testSpec(name, workers)
+	s := clustertest.Spec(name, workers)
 	s.Tenant = tenant
 	return s
 }

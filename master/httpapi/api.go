@@ -1,4 +1,4 @@
-package master
+package httpapi
 
 import (
 	"bytes"
@@ -11,65 +11,66 @@ import (
 	"slices"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/console"
+	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/desired"
 )
 
-// Handler returns the master's HTTP API and the web console (at /ui/, package console).
-// Every master serves them, leader or not: reads come from the store's mirror and writes go
-// to the store, where the leader picks them up. gatherer, when not nil, is served at /metrics.
-func (m *Master) Handler(gatherer prometheus.Gatherer) http.Handler {
-	mux := &routeMux{ServeMux: http.NewServeMux()}
-	route := func(pattern string, need role, h http.HandlerFunc) {
-		mux.HandleFunc(pattern, m.secure(pattern, need, h))
-		mux.patterns = append(mux.patterns, pattern)
+// New returns the HTTP API of master m and the web console (at /ui/, package console).
+// Every master serves them, leader or not: reads come from the master's snapshot and
+// mirrors, and writes go to the store (package master/desired), where the leader picks
+// them up.
+func New(m *master.Master, cfg Config) *API {
+	cfg.defaults()
+	if cfg.Registry == nil {
+		cfg.Registry = m.Registry()
 	}
-	route("GET /v1/health", roleNone, m.getHealth)
-	route("GET /v1/jobs", roleTenant, m.listJobs)
-	route("POST /v1/jobs", roleTenant, m.submitJob)
-	route("GET /v1/jobs/{name}", roleTenant, m.getJob)
-	route("POST /v1/jobs/{name}/scale", roleTenant, m.scaleJob)
-	route("POST /v1/jobs/{name}/kill", roleTenant, m.killJob)
-	route("POST /v1/jobs/{name}/update", roleTenant, m.updateJob)
-	route("POST /v1/jobs/{name}/rollback", roleTenant, m.rollbackJob)
-	route("POST /v1/jobs/{name}/restart", roleTenant, m.restartJob)
-	route("POST /v1/jobs/{name}/pause", roleTenant, m.rolloutAction(desired.ActionPause))
-	route("POST /v1/jobs/{name}/resume", roleTenant, m.rolloutAction(desired.ActionResume))
-	route("POST /v1/jobs/{name}/promote", roleTenant, m.rolloutAction(desired.ActionPromote))
-	route("GET /v1/jobs/{name}/history", roleTenant, m.jobHistory)
-	route("GET /v1/jobs/{name}/logs", roleTenant, m.jobLogs)
-	route("GET /v1/events", roleTenant, m.listEvents)
-	route("GET /v1/nodes", roleTenant, m.listNodes)
-	route("POST /v1/nodes/{id}/drain", roleAdmin, m.drainNode(true))
-	route("POST /v1/nodes/{id}/undrain", roleAdmin, m.drainNode(false))
-	route("GET /v1/dcs", roleTenant, m.listDCs)
-	route("POST /v1/dcs/{dc}/fail", roleAdmin, m.setDC(cluster.DCFailed))
-	route("POST /v1/dcs/{dc}/restore", roleAdmin, m.setDC(cluster.DCActive))
-	route("GET /v1/tenants", roleTenant, m.listTenants)
-	route("POST /v1/tenants", roleAdmin, m.createTenant)
-	route("POST /v1/tenants/{name}/token", roleAdmin, m.tenantToken)
-	route("GET /v1/watch", roleTenant, newWatchHub(m).serve)
-	route("GET /v1/jobs/{name}/links", roleTenant, m.getLinks)
-	route("POST /v1/jobs/{name}/failover", roleTenant, m.failover)
+	a := &API{m: m, cfg: cfg, store: m.Store(), log: m.Logger(), authFails: api.NewFailLimiter(),
+		logKey: &logKeyCache{store: m.Store()}, metrics: newMetrics(cfg.Registry)}
+	mux := http.NewServeMux()
+	route := func(pattern string, need role, h http.HandlerFunc) {
+		mux.HandleFunc(pattern, a.secure(pattern, need, h))
+		a.routes = append(a.routes, pattern)
+	}
+	route("GET /v1/health", roleNone, a.getHealth)
+	route("GET /v1/jobs", roleTenant, a.listJobs)
+	route("POST /v1/jobs", roleTenant, a.submitJob)
+	route("GET /v1/jobs/{name}", roleTenant, a.getJob)
+	route("POST /v1/jobs/{name}/scale", roleTenant, a.scaleJob)
+	route("POST /v1/jobs/{name}/kill", roleTenant, a.killJob)
+	route("POST /v1/jobs/{name}/update", roleTenant, a.updateJob)
+	route("POST /v1/jobs/{name}/rollback", roleTenant, a.rollbackJob)
+	route("POST /v1/jobs/{name}/restart", roleTenant, a.restartJob)
+	route("POST /v1/jobs/{name}/pause", roleTenant, a.rolloutAction(desired.ActionPause))
+	route("POST /v1/jobs/{name}/resume", roleTenant, a.rolloutAction(desired.ActionResume))
+	route("POST /v1/jobs/{name}/promote", roleTenant, a.rolloutAction(desired.ActionPromote))
+	route("GET /v1/jobs/{name}/history", roleTenant, a.jobHistory)
+	route("GET /v1/jobs/{name}/logs", roleTenant, a.jobLogs)
+	route("GET /v1/events", roleTenant, a.listEvents)
+	route("GET /v1/nodes", roleTenant, a.listNodes)
+	route("POST /v1/nodes/{id}/drain", roleAdmin, a.drainNode(true))
+	route("POST /v1/nodes/{id}/undrain", roleAdmin, a.drainNode(false))
+	route("GET /v1/dcs", roleTenant, a.listDCs)
+	route("POST /v1/dcs/{dc}/fail", roleAdmin, a.setDC(cluster.DCFailed))
+	route("POST /v1/dcs/{dc}/restore", roleAdmin, a.setDC(cluster.DCActive))
+	route("GET /v1/tenants", roleTenant, a.listTenants)
+	route("POST /v1/tenants", roleAdmin, a.createTenant)
+	route("POST /v1/tenants/{name}/token", roleAdmin, a.tenantToken)
+	route("GET /v1/watch", roleTenant, newWatchHub(a).serve)
+	route("GET /v1/jobs/{name}/links", roleTenant, a.getLinks)
+	route("POST /v1/jobs/{name}/failover", roleTenant, a.failover)
 	mux.Handle("GET "+console.Prefix, console.Handler())
 	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
-	if gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	if cfg.Gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
 	}
-	mux.HandleFunc("/", notFound(mux.ServeMux))
-	return mux
-}
-
-// routeMux is the API's mux with the patterns of its routes, so that tests can probe every
-// one of them.
-type routeMux struct {
-	*http.ServeMux
-	patterns []string
+	mux.HandleFunc("/", notFound(mux))
+	a.mux = mux
+	return a
 }
 
 func fail(w http.ResponseWriter, sentinel error, format string, args ...any) {
@@ -108,11 +109,11 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any, optional ...bool)
 	return true
 }
 
-func (m *Master) getHealth(w http.ResponseWriter, _ *http.Request) {
-	reply(w, http.StatusOK, api.Health{ID: m.cfg.ID, Leader: m.Leader()})
+func (a *API) getHealth(w http.ResponseWriter, _ *http.Request) {
+	reply(w, http.StatusOK, api.Health{ID: a.m.ID(), Leader: a.m.Leader()})
 }
 
-func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
+func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 	data, ok := readBody(w, r)
 	if !ok {
 		return
@@ -130,30 +131,30 @@ func (m *Master) submitJob(w http.ResponseWriter, r *http.Request) {
 	}
 	// The registry is asked before the store, outside its retries: a slow registry delays
 	// this submit only.
-	pin := pinImage(r.Context(), m.cfg.Resolver, spec, 1)
-	rec, err := desired.SubmitJobAs(r.Context(), m.store, spec, pin, principalOf(r.Context()).String())
+	pin := a.m.PinImage(r.Context(), spec, 1)
+	rec, err := desired.SubmitJobAs(r.Context(), a.store, spec, pin, principalOf(r.Context()).String())
 	if err != nil {
 		failErr(w, err)
 		return
 	}
-	m.log.Info("job submitted", "job", spec.Name, "tenant", spec.Tenant, "workers", spec.TotalWorkers())
+	a.log.Info("job submitted", "job", spec.Name, "tenant", spec.Tenant, "workers", spec.TotalWorkers())
 	if pin != nil && pin.Ref != "" {
-		m.log.Info("image pinned", "job", spec.Name, "generation", pin.Generation, "ref", pin.Ref)
+		a.log.Info("image pinned", "job", spec.Name, "generation", pin.Generation, "ref", pin.Ref)
 	} else if pin != nil {
-		m.log.Warn("image not pinned yet; workers pull the tag meanwhile", "job", spec.Name, "image", pin.Image, "err", pin.Error)
+		a.log.Warn("image not pinned yet; workers pull the tag meanwhile", "job", spec.Name, "image", pin.Image, "err", pin.Error)
 	}
 	reply(w, http.StatusCreated, rec)
 }
 
-func (m *Master) scaleJob(w http.ResponseWriter, r *http.Request) {
+func (a *API) scaleJob(w http.ResponseWriter, r *http.Request) {
 	var req api.ScaleRequest
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	if !m.mayUseJob(w, r) {
+	if !a.mayUseJob(w, r) {
 		return
 	}
-	rec, err := desired.ScaleJob(r.Context(), m.store, r.PathValue("name"), req.Workers)
+	rec, err := desired.ScaleJob(r.Context(), a.store, r.PathValue("name"), req.Workers)
 	if err != nil {
 		failErr(w, err)
 		return
@@ -161,15 +162,15 @@ func (m *Master) scaleJob(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusOK, rec)
 }
 
-func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
+func (a *API) killJob(w http.ResponseWriter, r *http.Request) {
 	var req api.KillRequest
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	if !m.mayUseJob(w, r) {
+	if !a.mayUseJob(w, r) {
 		return
 	}
-	rec, err := desired.KillJob(r.Context(), m.store, r.PathValue("name"), req.Grace.Std())
+	rec, err := desired.KillJob(r.Context(), a.store, r.PathValue("name"), req.Grace.Std())
 	if err != nil {
 		failErr(w, err)
 		return
@@ -178,8 +179,8 @@ func (m *Master) killJob(w http.ResponseWriter, r *http.Request) {
 }
 
 // mayUseJob answers 404 or 403 unless the caller may act on the job named in the path.
-func (m *Master) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
-	rec, _, err := desired.ReadJob(r.Context(), m.store, r.PathValue("name"))
+func (a *API) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
+	rec, _, err := desired.ReadJob(r.Context(), a.store, r.PathValue("name"))
 	if err == nil {
 		noteTenant(r, rec.Spec.Tenant)
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
@@ -191,14 +192,14 @@ func (m *Master) mayUseJob(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-func (m *Master) listJobs(w http.ResponseWriter, r *http.Request) {
+func (a *API) listJobs(w http.ResponseWriter, r *http.Request) {
 	p := principalOf(r.Context())
-	st := m.Snapshot()
-	jobs, gen := m.CurrentJobsGen()
+	st := a.m.Snapshot()
+	jobs, gen := a.m.CurrentJobsGen()
 	body := st.List(p.String(), gen, func() []byte {
 		out := []api.JobSummary{}
 		for _, name := range slices.Sorted(maps.Keys(jobs)) {
-			if mayUse(p, jobs[name].rec.Spec.Tenant) == nil {
+			if mayUse(p, jobs[name].Record().Spec.Tenant) == nil {
 				out = append(out, st.Summary(jobs[name]))
 			}
 		}
@@ -215,7 +216,7 @@ func (m *Master) listJobs(w http.ResponseWriter, r *http.Request) {
 
 // getJob answers a job's status; with ?workers=false only its record and summary, which is
 // what `--wait` polls: the same cost for a job of one worker and of a hundred thousand.
-func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
+func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	withWorkers := true
 	switch q := r.URL.Query().Get("workers"); q {
@@ -226,53 +227,54 @@ func (m *Master) getJob(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrBadInput, "workers=%q: want true or false", q)
 		return
 	}
-	j, ok := m.CurrentJobs()[name]
+	j, ok := a.m.CurrentJobs()[name]
 	if !ok {
 		fail(w, api.ErrNotFound, "no job %q (see `stormdock job list`)", name)
 		return
 	}
-	if err := mayUse(principalOf(r.Context()), j.rec.Spec.Tenant); err != nil {
+	rec := j.Record()
+	if err := mayUse(principalOf(r.Context()), rec.Spec.Tenant); err != nil {
 		failErr(w, err)
 		return
 	}
-	st := m.Snapshot()
+	st := a.m.Snapshot()
 	assigned, _ := st.Where()
-	v, unplaced := st.v, st.unplaced
-	out := api.JobStatus{Job: j.rec, Summary: st.Summary(j), Workers: []api.WorkerView{}}
+	v, unplaced := st.View(), st.Unplaced()
+	out := api.JobStatus{Job: rec, Summary: st.Summary(j), Workers: []api.WorkerView{}}
 	if withWorkers {
-		for _, k := range j.rec.Spec.Keys() {
+		for _, k := range rec.Spec.Keys() {
 			wv := api.WorkerView{Job: k.Job, Link: k.Link, Worker: k.Worker, State: api.WorkerPending}
 			if reason, ok := unplaced[k]; ok {
 				wv.State, wv.Reason = api.WorkerUnplaced, reason
 			} else if node, ok := assigned[k]; ok {
 				wv.Node = node
-				if rec, ok := v.nodes[node]; ok {
+				if rec, ok := v.Nodes()[node]; ok {
 					wv.DC, wv.Rack = rec.Node.DC, rec.Node.Rack
 				}
 			}
-			if s, ok := v.statuses[k]; ok && (wv.Node == "" || s.node == wv.Node) {
-				wv.State, wv.PID, wv.Restarts, wv.LastExit, wv.Memory = s.status.State, s.status.PID, s.status.Restarts, s.status.LastExit, s.status.Memory
-				wv.Generation = s.status.Generation
+			if node, s, ok := v.Status(k); ok && (wv.Node == "" || node == wv.Node) {
+				wv.State, wv.PID, wv.Restarts, wv.LastExit, wv.Memory = s.State, s.PID, s.Restarts, s.LastExit, s.Memory
+				wv.Generation = s.Generation
 				if wv.Node == "" {
-					wv.Node = s.node
+					wv.Node = node
 				}
 			}
 			out.Workers = append(out.Workers, wv)
 		}
 	}
-	if j.rec.Spec.Mirrored() {
-		out.Sink = m.SinkView(r.Context(), v, j.rec.Spec.Name)
+	if rec.Spec.Mirrored() {
+		out.Sink = a.m.SinkView(r.Context(), v, rec.Spec.Name)
 	}
 	reply(w, http.StatusOK, out)
 }
 
-func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
-	st := m.Snapshot()
-	v := st.v
+func (a *API) listNodes(w http.ResponseWriter, _ *http.Request) {
+	st := a.m.Snapshot()
+	v := st.View()
 	_, perNode := st.Where()
 	out := []api.NodeView{}
-	for _, id := range slices.Sorted(maps.Keys(v.nodes)) {
-		rec := v.nodes[id]
+	for _, id := range slices.Sorted(maps.Keys(v.Nodes())) {
+		rec := v.Nodes()[id]
 		n := rec.Node
 		used := perNode[id]
 		health := rec.Health.State
@@ -283,7 +285,7 @@ func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
 			SlotsThrottled: rec.Health.Throttled, SlotsFree: max(n.Slots-used-rec.Health.Throttled, 0),
 			Memory: n.Memory, CPU: n.CPU, Health: health, Reason: rec.Health.Reason, Labels: n.Labels,
 			Workers: len(rec.Workers), Isolation: rec.Isolation, Started: rec.Started}
-		if c, ok := v.confs[id]; ok {
+		if c, ok := v.Confs()[id]; ok {
 			nv.Draining = c.Draining
 			nv.Avoid = c.Avoid
 		}
@@ -295,16 +297,16 @@ func (m *Master) listNodes(w http.ResponseWriter, _ *http.Request) {
 	reply(w, http.StatusOK, out)
 }
 
-func (m *Master) drainNode(drain bool) http.HandlerFunc {
+func (a *API) drainNode(drain bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
-		if !m.nodes.has(id) {
-			if !m.confs.has(id) || drain {
+		if !a.m.NodeRegistered(id) {
+			if !a.m.NodeConfigured(id) || drain {
 				fail(w, api.ErrNotFound, "no live node %q (see `stormdock node list`)", id)
 				return
 			}
 		}
-		if err := desired.UpdateNodeConf(r.Context(), m.store, id, func(c *cluster.NodeConf) {
+		if err := desired.UpdateNodeConf(r.Context(), a.store, id, func(c *cluster.NodeConf) {
 			c.Draining = drain
 			if !drain {
 				c.Avoid = nil // an operator who undrains a node vouches for it again
@@ -317,43 +319,43 @@ func (m *Master) drainNode(drain bool) http.HandlerFunc {
 	}
 }
 
-func (m *Master) listTenants(w http.ResponseWriter, r *http.Request) {
-	names, err := m.store.Children(r.Context(), cluster.TenantsKey)
+func (a *API) listTenants(w http.ResponseWriter, r *http.Request) {
+	names, err := a.store.Children(r.Context(), cluster.TenantsKey)
 	if err != nil {
 		failErr(w, err)
 		return
 	}
-	jobs := m.CurrentJobs()
+	jobs := a.m.CurrentJobs()
 	p := principalOf(r.Context())
 	out := []api.TenantView{}
 	for _, name := range names {
 		if !p.admin && p.tenant != name {
 			continue
 		}
-		t, _, err := desired.ReadTenant(r.Context(), m.store, name)
+		t, _, err := desired.ReadTenant(r.Context(), a.store, name)
 		if err != nil {
 			continue
 		}
-		out = append(out, TenantView(jobs, t.Tenant))
+		out = append(out, master.TenantView(jobs, t.Tenant))
 	}
 	reply(w, http.StatusOK, out)
 }
 
-func (m *Master) createTenant(w http.ResponseWriter, r *http.Request) {
+func (a *API) createTenant(w http.ResponseWriter, r *http.Request) {
 	var t cluster.Tenant
 	if !decodeJSON(w, r, &t) {
 		return
 	}
 	noteObject(r, "tenant/"+t.Name)
-	if err := desired.CreateTenant(r.Context(), m.store, cluster.TenantRecord{Tenant: t}); err != nil {
+	if err := desired.CreateTenant(r.Context(), a.store, cluster.TenantRecord{Tenant: t}); err != nil {
 		failErr(w, err)
 		return
 	}
 	reply(w, http.StatusCreated, t)
 }
 
-func (m *Master) tenantToken(w http.ResponseWriter, r *http.Request) {
-	token, err := desired.SetTenantToken(r.Context(), m.store, r.PathValue("name"))
+func (a *API) tenantToken(w http.ResponseWriter, r *http.Request) {
+	token, err := desired.SetTenantToken(r.Context(), a.store, r.PathValue("name"))
 	if err != nil {
 		failErr(w, err)
 		return
@@ -361,14 +363,14 @@ func (m *Master) tenantToken(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusOK, api.TokenReply{Tenant: r.PathValue("name"), Token: token})
 }
 
-func (m *Master) listDCs(w http.ResponseWriter, _ *http.Request) {
-	st := m.Snapshot()
-	v := st.v
+func (a *API) listDCs(w http.ResponseWriter, _ *http.Request) {
+	st := a.m.Snapshot()
+	v := st.View()
 	_, perNode := st.Where()
 	out := []api.DCView{}
-	for _, name := range slices.Sorted(maps.Keys(v.dcs)) {
-		d := api.DCView{Name: name, State: v.dcState(name), Since: v.dcs[name].Since}
-		for id, rec := range v.nodes {
+	for _, name := range slices.Sorted(maps.Keys(v.DCs())) {
+		d := api.DCView{Name: name, State: v.DCState(name), Since: v.DCs()[name].Since}
+		for id, rec := range v.Nodes() {
 			if rec.Node.DC != name {
 				continue
 			}
@@ -382,7 +384,7 @@ func (m *Master) listDCs(w http.ResponseWriter, _ *http.Request) {
 	reply(w, http.StatusOK, out)
 }
 
-func (m *Master) setDC(state string) http.HandlerFunc {
+func (a *API) setDC(state string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req api.DCRequest
 		if !decodeJSON(w, r, &req, true) {
@@ -392,7 +394,7 @@ func (m *Master) setDC(state string) http.HandlerFunc {
 			fail(w, api.ErrBadInput, "--rebalance goes with restore only")
 			return
 		}
-		rec, err := desired.SetDCState(r.Context(), m.store, r.PathValue("dc"), state, req.Rebalance)
+		rec, err := desired.SetDCState(r.Context(), a.store, r.PathValue("dc"), state, req.Rebalance)
 		if err != nil {
 			failErr(w, err)
 			return

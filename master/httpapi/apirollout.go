@@ -1,4 +1,4 @@
-package master
+package httpapi
 
 import (
 	"encoding/json"
@@ -15,13 +15,13 @@ import (
 
 // The API of rollouts: update, rollback, restart, pause, resume, promote and history.
 
-func (m *Master) updateJob(w http.ResponseWriter, r *http.Request) {
+func (a *API) updateJob(w http.ResponseWriter, r *http.Request) {
 	var req api.UpdateRequest
 	if !decodeJSON(w, r, &req) {
 		return
 	}
 	name := r.PathValue("name")
-	rec, _, err := desired.ReadJob(r.Context(), m.store, name)
+	rec, _, err := desired.ReadJob(r.Context(), a.store, name)
 	if err == nil {
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
 	}
@@ -38,21 +38,21 @@ func (m *Master) updateJob(w http.ResponseWriter, r *http.Request) {
 	// and an update that keeps the image keeps its digest.
 	var pin *cluster.ImagePin
 	if spec.Image != rec.Spec.Image || spec.IsolationMode() != rec.Spec.IsolationMode() {
-		pin = pinImage(r.Context(), m.cfg.Resolver, spec, 0)
+		pin = a.m.PinImage(r.Context(), spec, 0)
 	}
-	out, changed, err := desired.UpdateJob(r.Context(), m.store, name, desired.Change{Spec: spec, Pin: pin, Policy: req.Policy, Who: principalOf(r.Context()).String()})
+	out, changed, err := desired.UpdateJob(r.Context(), a.store, name, desired.Change{Spec: spec, Pin: pin, Policy: req.Policy, Who: principalOf(r.Context()).String()})
 	if err != nil {
 		failErr(w, err)
 		return
 	}
 	if changed {
-		m.log.Info("job updated", "job", name, "generation", out.Generation, "rollout", out.Rollout.ID, "by", out.Rollout.Policy.By,
+		a.log.Info("job updated", "job", name, "generation", out.Generation, "rollout", out.Rollout.ID, "by", out.Rollout.Policy.By,
 			"maxParallel", out.Rollout.Policy.MaxParallel)
 	}
 	reply(w, http.StatusOK, api.UpdateReply{Job: out, Changed: changed})
 }
 
-func (m *Master) rollbackJob(w http.ResponseWriter, r *http.Request) {
+func (a *API) rollbackJob(w http.ResponseWriter, r *http.Request) {
 	var req api.RollbackRequest
 	if !decodeJSON(w, r, &req, true) {
 		return
@@ -61,30 +61,30 @@ func (m *Master) rollbackJob(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrBadInput, "--to must be a generation (1 or more)")
 		return
 	}
-	if !m.mayUseJob(w, r) {
+	if !a.mayUseJob(w, r) {
 		return
 	}
 	name := r.PathValue("name")
-	out, changed, err := desired.RollbackJob(r.Context(), m.store, name, desired.Change{To: req.To, Policy: req.Policy, Who: principalOf(r.Context()).String()})
+	out, changed, err := desired.RollbackJob(r.Context(), a.store, name, desired.Change{To: req.To, Policy: req.Policy, Who: principalOf(r.Context()).String()})
 	if err != nil {
 		failErr(w, err)
 		return
 	}
 	if changed {
-		m.log.Info("job rolled back", "job", name, "generation", out.Generation, "rollout", out.Rollout.ID)
+		a.log.Info("job rolled back", "job", name, "generation", out.Generation, "rollout", out.Rollout.ID)
 	}
 	reply(w, http.StatusOK, api.UpdateReply{Job: out, Changed: changed})
 }
 
-func (m *Master) restartJob(w http.ResponseWriter, r *http.Request) {
+func (a *API) restartJob(w http.ResponseWriter, r *http.Request) {
 	var req api.RestartRequest
 	if !decodeJSON(w, r, &req, true) {
 		return
 	}
-	if !m.mayUseJob(w, r) {
+	if !a.mayUseJob(w, r) {
 		return
 	}
-	rec, err := desired.RestartJob(r.Context(), m.store, r.PathValue("name"), req.Workers, req.By, req.MaxParallel, principalOf(r.Context()).String())
+	rec, err := desired.RestartJob(r.Context(), a.store, r.PathValue("name"), req.Workers, req.By, req.MaxParallel, principalOf(r.Context()).String())
 	if err != nil {
 		failErr(w, err)
 		return
@@ -93,27 +93,27 @@ func (m *Master) restartJob(w http.ResponseWriter, r *http.Request) {
 }
 
 // rolloutAction serves pause, resume and promote.
-func (m *Master) rolloutAction(action string) http.HandlerFunc {
+func (a *API) rolloutAction(action string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req struct{}
 		if !decodeJSON(w, r, &req, true) {
 			return
 		}
-		if !m.mayUseJob(w, r) {
+		if !a.mayUseJob(w, r) {
 			return
 		}
-		rec, err := desired.RolloutAction(r.Context(), m.store, r.PathValue("name"), action)
+		rec, err := desired.RolloutAction(r.Context(), a.store, r.PathValue("name"), action)
 		if err != nil {
 			failErr(w, err)
 			return
 		}
-		m.log.Info("rollout "+action, "job", rec.Spec.Name, "rollout", rec.Rollout.ID, "state", rec.Rollout.State)
+		a.log.Info("rollout "+action, "job", rec.Spec.Name, "rollout", rec.Rollout.ID, "state", rec.Rollout.State)
 		reply(w, http.StatusOK, rec)
 	}
 }
 
-func (m *Master) jobHistory(w http.ResponseWriter, r *http.Request) {
-	rec, h, err := desired.ReadHistory(r.Context(), m.store, r.PathValue("name"))
+func (a *API) jobHistory(w http.ResponseWriter, r *http.Request) {
+	rec, h, err := desired.ReadHistory(r.Context(), a.store, r.PathValue("name"))
 	if err == nil {
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
 	}
@@ -141,7 +141,9 @@ func (m *Master) jobHistory(w http.ResponseWriter, r *http.Request) {
 func specDiff(a, b cluster.JobSpec) []api.SpecChange {
 	fa, fb := flatten(a), flatten(b)
 	var out []api.SpecChange
-	for _, k := range slices.Sorted(maps.Keys(mergeKeys(fa, fb))) {
+	keys := maps.Clone(fa)
+	maps.Copy(keys, fb)
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
 		if fa[k] != fb[k] {
 			out = append(out, api.SpecChange{Field: k, From: fa[k], To: fb[k]})
 		}

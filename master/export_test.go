@@ -1,0 +1,30 @@
+package master
+
+import (
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+)
+
+// What the package's cluster tests (package master_test, which runs on clustertest's
+// cluster) read of its internals.
+
+// RolloutCrashRestarts is how many restarts mark a replaced worker crash-looping.
+const RolloutCrashRestarts = rolloutCrashRestarts
+
+// MirrorView is the cluster as m's mirrors hold it now.
+func (m *Master) MirrorView() *View { return m.view() }
+
+// InGrace reports whether m waits for nodes to re-register, and until when.
+func (m *Master) InGrace() (bool, time.Time) { return m.inGrace() }
+
+// ObserveEvents has a reconciler of m's term that began at since observe jobs as its
+// first view of the cluster.
+func ObserveEvents(m *Master, since time.Time, jobs map[string]cluster.JobRecord) {
+	v := &View{jobs: map[string]Job{}}
+	for name, rec := range jobs {
+		v.jobs[name] = Job{rec: rec}
+	}
+	r := &reconciler{m: m, since: since}
+	r.observeEvents(v)
+}
