@@ -50,6 +50,7 @@ type API struct {
 	metrics *metrics
 }
 
+// ServeHTTP serves one request of the API or the console.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
 
 // Routes are the patterns of the API's routes, as given to http.ServeMux.
