@@ -19,10 +19,10 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/provision"
 	"github.com/stormdock/stormdock/provision/nomad"
 	"github.com/stormdock/stormdock/provision/provisiontest"
-	"github.com/stormdock/stormdock/master"
 )
 
 // env is a provider on a recorded Nomad, with a real master and stand-in agents on the
