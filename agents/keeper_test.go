@@ -14,6 +14,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/atomicfile"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -66,7 +67,7 @@ func newKeeperFixture(t *testing.T, grace time.Duration) *keeperFixture {
 
 func (f *keeperFixture) writeRecord(h cluster.NodeHealth) {
 	b, _ := json.Marshal(cluster.NodeRecord{Node: cluster.Node{ID: "n1", Host: "h1", DC: "dc-a", Rack: "r1", Slots: 4}, Health: h})
-	if err := writeFileAtomic(filepath.Join(f.dir, nodeRecordFile), b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(f.dir, nodeRecordFile), b, 0o600); err != nil {
 		f.t.Fatal(err)
 	}
 }
