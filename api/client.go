@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // Client talks to a master's HTTP API.
@@ -377,10 +378,8 @@ func (c *Client) FollowEvents(ctx context.Context, f EventFilter, fn func(Event)
 		if errors.As(err, &ae) && ae.Status != http.StatusServiceUnavailable {
 			return err
 		}
-		select {
-		case <-ctx.Done():
+		if ctxtime.Sleep(ctx, backoff) != nil {
 			return nil
-		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}

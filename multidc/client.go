@@ -17,6 +17,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // APIError is a router's answer other than 2xx.
@@ -366,7 +367,7 @@ func (s *Sender) Send(ctx context.Context, batch []byte) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("multidc: send: %w (last error: %v)", ctx.Err(), err)
 		}
-		if !sleep(ctx, wait) {
+		if ctxtime.Sleep(ctx, wait) != nil {
 			return fmt.Errorf("multidc: send: %w (last error: %v)", ctx.Err(), err)
 		}
 		wait = min(2*wait, s.MaxBackoff)

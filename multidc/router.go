@@ -17,6 +17,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // Config configures a Router.
@@ -372,7 +373,7 @@ func (r *Router) deliverLoop(ctx context.Context) error {
 			}
 			r.m.sinkErrors.Inc()
 			r.log.Warn("sink write failed; retrying", "first", batch[0].Offset, "records", len(batch), "err", err, "backoff", backoff)
-			if !sleep(ctx, backoff) {
+			if ctxtime.Sleep(ctx, backoff) != nil {
 				return nil
 			}
 			backoff = min(2*backoff, 2*time.Second)
@@ -589,16 +590,5 @@ func (r *Router) wake() {
 	select {
 	case r.kick <- struct{}{}:
 	default:
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
