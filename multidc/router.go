@@ -477,15 +477,15 @@ func (r *Router) Failover(to string) (Status, error) {
 	if to == "" {
 		to = r.ord.mostAdvanced(func(n string) bool { return n != act && r.live.alive(n, now) })
 		if to == "" {
-			return Status{}, fmt.Errorf("%w: no live standby link to fail over to", errConflict)
+			return Status{}, fmt.Errorf("%w: no live standby link to fail over to", api.ErrConflict)
 		}
 	}
 	if _, ok := r.ord.byName[to]; !ok {
-		return Status{}, fmt.Errorf("%w: unknown link %q (the router of job %s has %v)", errBadRequest, to, r.cfg.Job, r.cfg.Links)
+		return Status{}, fmt.Errorf("%w: unknown link %q (the router of job %s has %v)", api.ErrBadInput, to, r.cfg.Job, r.cfg.Links)
 	}
 	if to != act {
 		if !r.live.alive(to, now) {
-			return Status{}, fmt.Errorf("%w: link %q is not alive (its workers do not heartbeat): it would be failed over again at once", errConflict, to)
+			return Status{}, fmt.Errorf("%w: link %q is not alive (its workers do not heartbeat): it would be failed over again at once", api.ErrConflict, to)
 		}
 		r.switchLocked(to, ReasonManual, now)
 		r.wake()
