@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -256,7 +257,7 @@ func TestConsole(t *testing.T) {
 
 	t.Log("a standby master serves the same console")
 	sctx, stop := context.WithCancel(ctx)
-	standby, err := daemon.NewMaster(sctx, daemon.MasterConfig{Store: lc.storeURL(), Listen: "127.0.0.1:0", ID: "standby", Logger: testLogger(t)})
+	standby, err := daemon.NewMaster(sctx, daemon.MasterConfig{Store: lc.storeURL(), Listen: "127.0.0.1:0", ID: "standby", Logger: testenv.Logger(t, slog.LevelWarn)})
 	if err != nil {
 		t.Fatal(err)
 	}

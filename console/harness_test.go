@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/png"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -274,7 +273,7 @@ func startLocal(t testing.TB, cfg daemon.LocalConfig) *local {
 	cfg.DataDir = filepath.Join(t.TempDir(), "data")
 	cfg.API = "127.0.0.1:0"
 	cfg.Self = stormdockBin
-	cfg.Logger = testLogger(t)
+	cfg.Logger = testenv.Logger(t, slog.LevelWarn)
 	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(60*time.Second))
 	defer cancel()
 	lc, err := daemon.StartLocal(ctx, cfg)
@@ -323,20 +322,6 @@ func (l *local) running(job string, n int) {
 		return st.Summary.Running == n && st.Summary.Stopping == 0, fmt.Sprintf("%+v", st.Summary)
 	})
 }
-
-// testLogger logs warnings and errors of the cluster into the test's log.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
-var _ io.Writer = testWriter{}
 
 func exceptionText(d *runtime.ExceptionDetails) string {
 	if d.Exception != nil {

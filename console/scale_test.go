@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -26,8 +27,8 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/internal/testenv"
-	"github.com/stormdock/stormdock/placement/placementtest"
 	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/placement/placementtest"
 )
 
 // fixture is a simulated cluster: a real master on an embedded store, and stand-in
@@ -50,21 +51,21 @@ type fixture struct {
 
 func newFixture(b testing.TB, cfg placementtest.Config) *fixture {
 	b.Helper()
-	srv, err := coord.NewServer(coord.ServerOptions{Logger: testLogger(b)})
+	srv, err := coord.NewServer(coord.ServerOptions{Logger: testenv.Logger(b, slog.LevelWarn)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &fixture{b: b, srv: srv, nodes: map[string]*cluster.NodeRecord{}, ctx: ctx}
-	mc, err := srv.Connect(coord.Options{Logger: testLogger(b)})
+	mc, err := srv.Connect(coord.Options{Logger: testenv.Logger(b, slog.LevelWarn)})
 	if err != nil {
 		b.Fatal(err)
 	}
-	if f.agents, err = srv.Connect(coord.Options{Logger: testLogger(b)}); err != nil {
+	if f.agents, err = srv.Connect(coord.Options{Logger: testenv.Logger(b, slog.LevelWarn)}); err != nil {
 		b.Fatal(err)
 	}
 	data := b.TempDir()
-	f.master, err = daemon.NewMaster(ctx, daemon.MasterConfig{OpenedStore: mc, Listen: "127.0.0.1:0", ID: "m1", DataDir: data, Logger: testLogger(b)})
+	f.master, err = daemon.NewMaster(ctx, daemon.MasterConfig{OpenedStore: mc, Listen: "127.0.0.1:0", ID: "m1", DataDir: data, Logger: testenv.Logger(b, slog.LevelWarn)})
 	if err != nil {
 		b.Fatal(err)
 	}

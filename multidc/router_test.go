@@ -24,18 +24,6 @@ import (
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
-// testLogger logs warnings and errors through t, so a failing test shows what the router said.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
 // embeddedStore returns a client of a fresh embedded store.
 func embeddedStore(t testing.TB) (*coord.Server, coord.Store) {
 	t.Helper()
@@ -110,7 +98,7 @@ func startRouter(t testing.TB, store coord.Store, links []string, mod func(*Conf
 	ts := &timedSink{Sink: fs}
 	cfg := Config{
 		Job: "wordcount", Links: links, Store: store, Sink: ts, Listen: "127.0.0.1:0", TokenHash: testTokenHash,
-		HeartbeatTimeout: 600 * time.Millisecond, Logger: testLogger(t),
+		HeartbeatTimeout: 600 * time.Millisecond, Logger: testenv.Logger(t, slog.LevelWarn),
 	}
 	if mod != nil {
 		mod(&cfg)
