@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,11 +101,15 @@ func TestKeeperRegistersRenewsAndPublishes(t *testing.T) {
 		st := f.k.Status()
 		return ok && st.Session != 0 && e.Owner == st.Session && st.State == KeeperLive
 	})
-	var onDisk KeeperStatus
-	b, err := os.ReadFile(filepath.Join(f.dir, keeperStatusFile))
-	if err != nil || json.Unmarshal(b, &onDisk) != nil || onDisk.Session != f.k.Status().Session {
-		t.Fatalf("keeper.json %s (%v) does not carry the session %x", b, err, f.k.Status().Session)
-	}
+	// The keeper writes keeper.json after it changes its status in memory (and syncs it).
+	testenv.EventuallyWith(t, "keeper.json carries the session", 10*time.Second, func() (bool, string) {
+		var onDisk KeeperStatus
+		b, err := os.ReadFile(filepath.Join(f.dir, keeperStatusFile))
+		if err != nil || json.Unmarshal(b, &onDisk) != nil || onDisk.Session != f.k.Status().Session {
+			return false, fmt.Sprintf("keeper.json %s (%v), want the session %x", b, err, f.k.Status().Session)
+		}
+		return true, ""
+	})
 	first := f.stamp()
 	testenv.Eventually(t, "lease stamp renewed", 10*time.Second, func() bool { return f.stamp().After(first) })
 	if lag := time.Since(f.stamp()); lag > time.Second {
