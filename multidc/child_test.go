@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // The kill tests re-execute the test binary as link workers and as routers, so that a
@@ -97,7 +98,7 @@ func (w *linkWorker) run(ctx context.Context) error {
 			start = res.NextOffset // resume where the sink stands
 			break
 		}
-		if !sleep(ctx, 20*time.Millisecond) {
+		if ctxtime.Sleep(ctx, 20*time.Millisecond) != nil {
 			return nil
 		}
 	}
@@ -121,7 +122,7 @@ func (w *linkWorker) run(ctx context.Context) error {
 		if off >= n || off > due {
 			// Idle (input exhausted or not yet available): keep beating, and watch for a
 			// router restart, which means replaying from its position.
-			if !sleep(ctx, 5*time.Millisecond) {
+			if ctxtime.Sleep(ctx, 5*time.Millisecond) != nil {
 				return nil
 			}
 			continue
