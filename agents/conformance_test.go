@@ -2,6 +2,7 @@ package agents_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -23,7 +24,7 @@ func TestConformance(t *testing.T) {
 			h = newHarness(t, "mem") // the driver, state directory and helper; the store is open's
 			ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(20*time.Second))
 			defer cancel()
-			store, err := open(ctx, coord.Options{SessionTimeout: sessionTimeout, Logger: testLogger()})
+			store, err := open(ctx, coord.Options{SessionTimeout: sessionTimeout, Logger: testenv.Logger(t, slog.LevelError)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // ErrNotRunning is returned by Evict for a worker the agent does not run.
@@ -105,10 +106,8 @@ func (a *Agent) Evict(ctx context.Context, id string) error {
 		if stopped {
 			return nil
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		if err := ctxtime.Sleep(ctx, 20*time.Millisecond); err != nil {
+			return err
 		}
 	}
 }

@@ -32,14 +32,6 @@ const (
 	heartbeat      = 100 * time.Millisecond
 )
 
-func testLogger() *slog.Logger {
-	level := slog.LevelError
-	if v := os.Getenv("AGENTS_TEST_LOG"); v != "" {
-		_ = level.UnmarshalText([]byte(v))
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-}
-
 // countingStore counts the writes made through it.
 type countingStore struct {
 	coord.Store
@@ -138,13 +130,13 @@ func newHarness(t *testing.T, kind string) *harness {
 	defer cancel()
 	switch kind {
 	case "mem":
-		srv, err := coord.NewServer(coord.ServerOptions{Logger: testLogger()})
+		srv, err := coord.NewServer(coord.ServerOptions{Logger: testenv.Logger(h.t, slog.LevelError)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { srv.Close() })
 		h.srv = srv
-		s, err := srv.Connect(coord.Options{SessionTimeout: -1, Logger: testLogger()})
+		s, err := srv.Connect(coord.Options{SessionTimeout: -1, Logger: testenv.Logger(h.t, slog.LevelError)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +147,7 @@ func newHarness(t *testing.T, kind string) *harness {
 		name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
 		chroot := fmt.Sprintf("/stormdock-agents-test/%s-%x", name, rand.Uint64())
 		h.zkURL = "zk://" + addr + chroot
-		s, err := coord.Open(ctx, h.zkURL, coord.Options{SessionTimeout: 4 * time.Second, Logger: testLogger()})
+		s, err := coord.Open(ctx, h.zkURL, coord.Options{SessionTimeout: 4 * time.Second, Logger: testenv.Logger(h.t, slog.LevelError)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,7 +174,7 @@ func newHarness(t *testing.T, kind string) *harness {
 		RestartBackoff:  100 * time.Millisecond,
 		MaxBackoff:      2 * time.Second,
 		CrashLoopWindow: time.Minute,
-		Logger:          testLogger(),
+		Logger:          testenv.Logger(h.t, slog.LevelError),
 	}
 	h.drv = h.newDriver()
 	t.Cleanup(h.cleanupWorkers)
@@ -195,7 +187,7 @@ func (h *harness) newDriver() *process.Driver {
 		CgroupParent: h.cgParent,
 		StateDir:     filepath.Join(h.stateDir, "process"),
 		Shim:         shimBin,
-		Logger:       testLogger(),
+		Logger:       testenv.Logger(h.t, slog.LevelError),
 	})
 	if err != nil {
 		h.t.Fatal(err)
@@ -232,12 +224,12 @@ func (h *harness) agentStore() coord.Store {
 	var err error
 	switch h.kind {
 	case "mem":
-		s, err = h.srv.Connect(coord.Options{SessionTimeout: sessionTimeout, Logger: testLogger()})
+		s, err = h.srv.Connect(coord.Options{SessionTimeout: sessionTimeout, Logger: testenv.Logger(h.t, slog.LevelError)})
 	case "zk":
 		h.dialer = &zktest.Partition{}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		s, err = coord.Open(ctx, h.zkURL, coord.Options{SessionTimeout: sessionTimeout, Dialer: h.dialer.Dial, Logger: testLogger()})
+		s, err = coord.Open(ctx, h.zkURL, coord.Options{SessionTimeout: sessionTimeout, Dialer: h.dialer.Dial, Logger: testenv.Logger(h.t, slog.LevelError)})
 	}
 	if err != nil {
 		h.t.Fatal(err)

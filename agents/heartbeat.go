@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/atomicfile"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -191,7 +192,7 @@ func (r *run) publish(force bool) {
 // the node's session.
 func (r *run) write(b []byte) {
 	r.updateMetrics()
-	if err := writeFileAtomic(filepath.Join(r.a.cfg.StateDir, nodeRecordFile), b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(r.a.cfg.StateDir, nodeRecordFile), b, 0o600); err != nil {
 		r.log.Error("write node record", "err", err)
 		return
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // Images fetches docker workers' images onto the node (package images, through the engine,
@@ -155,15 +156,13 @@ func (r *run) syncImages(list []string) {
 	if !next.IsZero() && (r.prepullAt.IsZero() || next.Before(r.prepullAt)) {
 		r.prepullAt = next
 		r.goOp(func() {
-			select {
-			case <-time.After(time.Until(next)):
+			if ctxtime.Sleep(r.ctx, time.Until(next)) == nil {
 				r.post(func() {
 					if r.prepullAt.Equal(next) {
 						r.prepullAt = time.Time{}
 					}
 					r.syncImages(slices.Collect(maps.Keys(r.prepulls)))
 				})
-			case <-r.ctx.Done():
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package agents_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -145,7 +146,7 @@ func (h *harness) startDocker(cli *client.Client, p agents.Images) *dockerAgent 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	dd, err := docker.New(ctx, docker.Config{Client: cli, Node: nodeID, NamePrefix: label + "-",
-		Labels: map[string]string{"io.stormdock.test": label}, Logger: testLogger()})
+		Labels: map[string]string{"io.stormdock.test": label}, Logger: testenv.Logger(h.t, slog.LevelError)})
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/atomicfile"
 )
 
 // The keeper holds a node's liveness: the node's session-bound entry in the store and the
@@ -579,7 +580,7 @@ func (k *Keeper) writeStatus() {
 	k.fileMu.Lock()
 	defer k.fileMu.Unlock()
 	b, _ := json.Marshal(k.Status())
-	if err := writeFileAtomic(filepath.Join(k.cfg.StateDir, keeperStatusFile), b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(k.cfg.StateDir, keeperStatusFile), b, 0o600); err != nil {
 		k.log.Warn("write keeper status", "err", err)
 	}
 }
@@ -685,14 +686,6 @@ func probeSummary(probes []coord.ServerProbe) string {
 		parts[i] = p.Addr + " " + p.State.String()
 	}
 	return strings.Join(parts, ", ")
-}
-
-func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // leaderlessHold is how long after the first leaderless verdict the leases are kept: twice

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/atomicfile"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -66,7 +68,7 @@ func newKeeperFixture(t *testing.T, grace time.Duration) *keeperFixture {
 
 func (f *keeperFixture) writeRecord(h cluster.NodeHealth) {
 	b, _ := json.Marshal(cluster.NodeRecord{Node: cluster.Node{ID: "n1", Host: "h1", DC: "dc-a", Rack: "r1", Slots: 4}, Health: h})
-	if err := writeFileAtomic(filepath.Join(f.dir, nodeRecordFile), b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(f.dir, nodeRecordFile), b, 0o600); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -99,11 +101,15 @@ func TestKeeperRegistersRenewsAndPublishes(t *testing.T) {
 		st := f.k.Status()
 		return ok && st.Session != 0 && e.Owner == st.Session && st.State == KeeperLive
 	})
-	var onDisk KeeperStatus
-	b, err := os.ReadFile(filepath.Join(f.dir, keeperStatusFile))
-	if err != nil || json.Unmarshal(b, &onDisk) != nil || onDisk.Session != f.k.Status().Session {
-		t.Fatalf("keeper.json %s (%v) does not carry the session %x", b, err, f.k.Status().Session)
-	}
+	// The keeper writes keeper.json after it changes its status in memory (and syncs it).
+	testenv.EventuallyWith(t, "keeper.json carries the session", 10*time.Second, func() (bool, string) {
+		var onDisk KeeperStatus
+		b, err := os.ReadFile(filepath.Join(f.dir, keeperStatusFile))
+		if err != nil || json.Unmarshal(b, &onDisk) != nil || onDisk.Session != f.k.Status().Session {
+			return false, fmt.Sprintf("keeper.json %s (%v), want the session %x", b, err, f.k.Status().Session)
+		}
+		return true, ""
+	})
 	first := f.stamp()
 	testenv.Eventually(t, "lease stamp renewed", 10*time.Second, func() bool { return f.stamp().After(first) })
 	if lag := time.Since(f.stamp()); lag > time.Second {

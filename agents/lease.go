@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/atomicfile"
 )
 
 // A lease is a file whose modification time says how long its worker may run: every worker
@@ -46,7 +47,7 @@ func (a *Agent) writeConfig(id string, wa cluster.WorkerAssignment) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(p, b, 0o644); err != nil {
+	if err := atomicfile.WriteFile(p, b, 0o644); err != nil {
 		return fmt.Errorf("config of %s: %w", id, err)
 	}
 	return nil
@@ -76,13 +77,8 @@ func (a *Agent) linkLease(id string) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("lease of %s: %w", id, err)
 	}
-	// Link beside it, then rename over: a launcher never finds its lease missing.
-	tmp := p + ".new"
-	_ = os.Remove(tmp)
-	if err := os.Link(node, tmp); err != nil {
-		return fmt.Errorf("lease of %s: %w", id, err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
+	// Replaced, not removed and linked: a launcher never finds its lease missing.
+	if err := atomicfile.Link(node, p); err != nil {
 		return fmt.Errorf("lease of %s: %w", id, err)
 	}
 	return nil

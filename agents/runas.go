@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/atomicfile"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -118,10 +119,12 @@ func (a *Agent) writeOutputToken(id string, wa cluster.WorkerAssignment, mode st
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("sender token of %s: %w", id, err)
 	}
-	p := filepath.Join(dir, tokenFile)
-	tmp := p + ".tmp"
-	_ = os.Remove(tmp)
-	if err := os.WriteFile(tmp, []byte(wa.OutputToken+"\n"), 0o400); err != nil {
+	f, err := atomicfile.Create(filepath.Join(dir, tokenFile), 0o400)
+	if err != nil {
+		return "", fmt.Errorf("sender token of %s: %w", id, err)
+	}
+	defer f.Cleanup()
+	if _, err := f.Write([]byte(wa.OutputToken + "\n")); err != nil {
 		return "", fmt.Errorf("sender token of %s: %w", id, err)
 	}
 	uid, gid := -1, -1
@@ -131,11 +134,11 @@ func (a *Agent) writeOutputToken(id string, wa cluster.WorkerAssignment, mode st
 		uid, gid = dockerUID, dockerUID
 	}
 	if uid >= 0 {
-		if err := os.Chown(tmp, uid, gid); err != nil && !errors.Is(err, os.ErrPermission) {
+		if err := f.Chown(uid, gid); err != nil && !errors.Is(err, os.ErrPermission) {
 			return "", fmt.Errorf("sender token of %s: %w", id, err)
 		}
 	}
-	if err := os.Rename(tmp, p); err != nil {
+	if err := f.Commit(); err != nil {
 		return "", fmt.Errorf("sender token of %s: %w", id, err)
 	}
 	return a.tokenPath(id, mode), nil

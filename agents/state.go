@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/atomicfile"
 )
 
 // record is what the agent keeps on disk about a worker it started, beside the driver's own
@@ -29,11 +30,7 @@ func (a *Agent) writeRecord(id string, rec record) error {
 	if err != nil {
 		return err
 	}
-	p := a.recordPath(id)
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		return fmt.Errorf("write worker record: %w", err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
+	if err := atomicfile.WriteFile(a.recordPath(id), b, 0o600); err != nil {
 		return fmt.Errorf("write worker record: %w", err)
 	}
 	return nil

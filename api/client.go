@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // Client talks to a master's HTTP API.
@@ -124,11 +125,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, conte
 			strings.Replace(c.base, "http://", "https://", 1))}
 	}
 	if resp.StatusCode >= 300 {
-		var eb ErrorBody
-		if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
-			eb.Error = fmt.Sprintf("master answered %s to %s %s", resp.Status, method, path)
-		}
-		return &Error{Status: resp.StatusCode, Code: eb.Code, Msg: eb.Error}
+		return ParseError(resp.StatusCode, data, fmt.Sprintf("master answered %s to %s %s", resp.Status, method, path))
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
@@ -339,11 +336,7 @@ func (c *Client) stream(ctx context.Context, path string, header http.Header) (*
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		var eb ErrorBody
-		if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
-			eb.Error = fmt.Sprintf("master answered %s to GET %s", resp.Status, path)
-		}
-		return nil, &Error{Status: resp.StatusCode, Code: eb.Code, Msg: eb.Error}
+		return nil, ParseError(resp.StatusCode, data, fmt.Sprintf("master answered %s to GET %s", resp.Status, path))
 	}
 	return resp, nil
 }
@@ -377,10 +370,8 @@ func (c *Client) FollowEvents(ctx context.Context, f EventFilter, fn func(Event)
 		if errors.As(err, &ae) && ae.Status != http.StatusServiceUnavailable {
 			return err
 		}
-		select {
-		case <-ctx.Done():
+		if ctxtime.Sleep(ctx, backoff) != nil {
 			return nil
-		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}

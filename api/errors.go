@@ -7,8 +7,8 @@ import (
 	"strings"
 )
 
-// Errors callers branch on. The master wraps them (fmt.Errorf("%w: ...")); the client
-// gives them back from the error body's code, so both sides of the wire agree.
+// Errors callers branch on. The master and the routers wrap them (fmt.Errorf("%w: ...")); the
+// clients give them back from the error body's code, so both sides of the wire agree.
 var (
 	ErrBadInput     = errors.New("bad input")
 	ErrUnauthorized = errors.New("unauthorized")
@@ -18,13 +18,19 @@ var (
 	// ErrMethodNotAllowed: the path exists, but not with this method.
 	ErrMethodNotAllowed = errors.New("method not allowed")
 	ErrExists           = errors.New("already exists")
-	ErrTooLarge         = errors.New("request too large")
-	ErrRateLimited      = errors.New("too many requests")
+	// ErrConflict: the request is right, but what it asks for cannot be done in the state
+	// things are in (a failover to a link that is not alive).
+	ErrConflict    = errors.New("conflict")
+	ErrTooLarge    = errors.New("request too large")
+	ErrRateLimited = errors.New("too many requests")
 	// ErrBusy: concurrent changes kept conflicting; the same request may succeed later.
 	ErrBusy = errors.New("busy")
 	// ErrUnavailable: the master cannot reach the coordination store.
 	ErrUnavailable = errors.New("store unavailable")
-	ErrInternal    = errors.New("internal error")
+	// ErrNotReady: the server is starting, waiting to lead, or stopping (a router standing
+	// by); another one, or the same one later, may take the request.
+	ErrNotReady = errors.New("not ready")
+	ErrInternal = errors.New("internal error")
 )
 
 // kind is one row of the one table that ties an error to its wire code, its HTTP status
@@ -44,10 +50,12 @@ var kinds = []kind{
 	{ErrNotFound, "not_found", http.StatusNotFound, 2},
 	{ErrMethodNotAllowed, "method_not_allowed", http.StatusMethodNotAllowed, 2},
 	{ErrExists, "exists", http.StatusConflict, 2},
+	{ErrConflict, "conflict", http.StatusConflict, 2},
 	{ErrTooLarge, "too_large", http.StatusRequestEntityTooLarge, 2},
 	{ErrRateLimited, "rate_limited", http.StatusTooManyRequests, 1},
 	{ErrBusy, "busy", http.StatusServiceUnavailable, 1},
 	{ErrUnavailable, "unavailable", http.StatusServiceUnavailable, 1},
+	{ErrNotReady, "not_ready", http.StatusServiceUnavailable, 1},
 	{ErrInternal, "internal", http.StatusInternalServerError, 1},
 }
 
@@ -66,7 +74,17 @@ type ErrorBody struct {
 	Code  string `json:"code,omitempty"`
 }
 
-// Error is an error answered by a master.
+// ParseError is the error an answer of status with body (an ErrorBody) stands for. A body
+// that is not an ErrorBody (a proxy's) leaves the message fallback.
+func ParseError(status int, body []byte, fallback string) *Error {
+	var eb ErrorBody
+	if json.Unmarshal(body, &eb) != nil || eb.Error == "" {
+		eb.Error = fallback
+	}
+	return &Error{Status: status, Code: eb.Code, Msg: eb.Error}
+}
+
+// Error is an error answered by a master or a router.
 type Error struct {
 	Status int
 	Code   string
@@ -95,6 +113,9 @@ func (e *Error) Is(target error) bool {
 	}
 	return match == target
 }
+
+// Code is the wire code an error is answered with.
+func Code(err error) string { return kindOf(err).code }
 
 // Status is the HTTP status an error is answered with.
 func Status(err error) int { return kindOf(err).status }

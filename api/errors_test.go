@@ -53,7 +53,8 @@ func TestErrorWithoutCode(t *testing.T) {
 		{http.StatusUnauthorized, ErrUnauthorized},
 		{http.StatusRequestEntityTooLarge, ErrTooLarge},
 		{http.StatusForbidden, nil},          // forbidden or over quota: neither is claimed
-		{http.StatusServiceUnavailable, nil}, // busy or store unavailable
+		{http.StatusServiceUnavailable, nil}, // busy, store unavailable or not ready
+		{http.StatusConflict, nil},           // exists or conflict
 		{http.StatusMethodNotAllowed, ErrMethodNotAllowed},
 		{http.StatusTeapot, nil},
 	}

@@ -67,12 +67,8 @@ func (c *Client) Watch(ctx context.Context, fn func(m *ClusterMap) error) error 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		var eb ErrorBody
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
-			eb.Error = fmt.Sprintf("master answered %s to GET /v1/watch", resp.Status)
-		}
-		return &Error{Status: resp.StatusCode, Code: eb.Code, Msg: eb.Error}
+		return ParseError(resp.StatusCode, data, fmt.Sprintf("master answered %s to GET /v1/watch", resp.Status))
 	}
 	var m *ClusterMap
 	err = ReadEvents(resp.Body, func(event string, data []byte) error {

@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -257,7 +258,7 @@ func TestConsole(t *testing.T) {
 
 	t.Log("a standby master serves the same console")
 	sctx, stop := context.WithCancel(ctx)
-	standby, err := daemon.NewMaster(sctx, daemon.MasterConfig{Store: lc.StoreURL(), Listen: "127.0.0.1:0", ID: "standby", Logger: testenv.Logger(t)})
+	standby, err := daemon.NewMaster(sctx, daemon.MasterConfig{Store: lc.StoreURL(), Listen: "127.0.0.1:0", ID: "standby", Logger: testenv.Logger(t, slog.LevelWarn)})
 	if err != nil {
 		t.Fatal(err)
 	}

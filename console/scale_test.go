@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -50,21 +51,21 @@ type fixture struct {
 
 func newFixture(b testing.TB, cfg synth.Config) *fixture {
 	b.Helper()
-	srv, err := coord.NewServer(coord.ServerOptions{Logger: testenv.Logger(b)})
+	srv, err := coord.NewServer(coord.ServerOptions{Logger: testenv.Logger(b, slog.LevelWarn)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &fixture{b: b, srv: srv, nodes: map[string]*cluster.NodeRecord{}, ctx: ctx}
-	mc, err := srv.Connect(coord.Options{Logger: testenv.Logger(b)})
+	mc, err := srv.Connect(coord.Options{Logger: testenv.Logger(b, slog.LevelWarn)})
 	if err != nil {
 		b.Fatal(err)
 	}
-	if f.agents, err = srv.Connect(coord.Options{Logger: testenv.Logger(b)}); err != nil {
+	if f.agents, err = srv.Connect(coord.Options{Logger: testenv.Logger(b, slog.LevelWarn)}); err != nil {
 		b.Fatal(err)
 	}
 	data := b.TempDir()
-	f.master, err = daemon.NewMaster(ctx, daemon.MasterConfig{OpenedStore: mc, Listen: "127.0.0.1:0", ID: "m1", DataDir: data, Logger: testenv.Logger(b)})
+	f.master, err = daemon.NewMaster(ctx, daemon.MasterConfig{OpenedStore: mc, Listen: "127.0.0.1:0", ID: "m1", DataDir: data, Logger: testenv.Logger(b, slog.LevelWarn)})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // ErrNoLeader is returned by Leader when nobody holds the election.
@@ -150,7 +152,7 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 				if k, ferr := e.find(dctx, nonce); ferr == nil && k != "" {
 					_ = e.s.Delete(dctx, k, AnyVersion)
 				}
-				_ = pause(dctx)
+				_ = ctxtime.Sleep(dctx, retryPause)
 			}
 		}
 		return nil, fmt.Errorf("coord: campaign %s: %w", e.prefix, err)
@@ -167,7 +169,7 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 					return fail(err)
 				}
 				if me == "" {
-					if err := pause(ctx); err != nil {
+					if err := ctxtime.Sleep(ctx, retryPause); err != nil {
 						return fail(err)
 					}
 				}
@@ -236,17 +238,6 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 		if err := e.waitGone(ctx, pred, sess, &me, owner); err != nil {
 			return fail(err)
 		}
-	}
-}
-
-func pause(ctx context.Context) error {
-	t := time.NewTimer(retryPause)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

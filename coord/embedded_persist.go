@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+
+	"github.com/stormdock/stormdock/internal/atomicfile"
 )
 
 // fileFormat is the embedded store's file: persistent entries only (sessions, and so
@@ -31,8 +33,7 @@ type fileEntry struct {
 
 const fileFormatName = "stormdock-coord/1"
 
-// saveTree writes the persistent entries of t to path atomically: a temporary file in the
-// same directory, synced, then renamed over path.
+// saveTree writes the persistent entries of t to path atomically.
 func saveTree(path string, t *tree) error {
 	f := fileFormat{Format: fileFormatName, Rev: t.rev}
 	for _, k := range slices.Sorted(maps.Keys(t.nodes)) {
@@ -47,31 +48,7 @@ func saveTree(path string, t *tree) error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync() // make the rename durable where the filesystem supports it
-		d.Close()
-	}
-	return nil
+	return atomicfile.WriteFile(path, data, 0o600)
 }
 
 // loadTree reads path; a missing file is an empty tree (its directory is created).

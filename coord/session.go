@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // sessionHub fans session events out to subscribers without ever dropping one: each
@@ -204,12 +206,8 @@ func recreate(ctx context.Context, r rawEphemerals, key string, value []byte, cu
 		default:
 			return err
 		}
-		t := time.NewTimer(retryPause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := ctxtime.Sleep(ctx, retryPause); err != nil {
+			return err
 		}
 	}
 	return err

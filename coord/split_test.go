@@ -3,6 +3,7 @@ package coord_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -52,7 +53,7 @@ func TestZKBufferSize(t *testing.T) {
 	defer cancel()
 	chroot := uniqueChroot(t, "stormdock-test")
 	t.Cleanup(func() { cleanupZK(t, addr, chroot) })
-	s, err := coord.Open(ctx, "zk://"+addr+chroot, coord.Options{BufferSize: 64 << 10, Logger: testLogger(t)})
+	s, err := coord.Open(ctx, "zk://"+addr+chroot, coord.Options{BufferSize: 64 << 10, Logger: testenv.Logger(t, slog.LevelDebug)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,12 +93,12 @@ func TestWatchFunc(t *testing.T) {
 	defer cancel()
 	open := map[string]func(t *testing.T) coord.Store{
 		"embedded": func(t *testing.T) coord.Store {
-			srv, err := coord.NewServer(coord.ServerOptions{Logger: testLogger(t)})
+			srv, err := coord.NewServer(coord.ServerOptions{Logger: testenv.Logger(t, slog.LevelDebug)})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { srv.Close() })
-			s, err := srv.Connect(coord.Options{SessionTimeout: -1, Logger: testLogger(t)})
+			s, err := srv.Connect(coord.Options{SessionTimeout: -1, Logger: testenv.Logger(t, slog.LevelDebug)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,7 +108,7 @@ func TestWatchFunc(t *testing.T) {
 			addr := testenv.ZKAddr(t)
 			chroot := uniqueChroot(t, "stormdock-test")
 			t.Cleanup(func() { cleanupZK(t, addr, chroot) })
-			s, err := coord.Open(ctx, "zk://"+addr+chroot, coord.Options{Logger: testLogger(t)})
+			s, err := coord.Open(ctx, "zk://"+addr+chroot, coord.Options{Logger: testenv.Logger(t, slog.LevelDebug)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // ErrContended is returned by Retry and Update when every attempt met a concurrent writer.
@@ -84,12 +86,8 @@ func retry(ctx context.Context, attempt func() (conflict bool, err error)) error
 	for i := range retryAttempts {
 		if i > 0 {
 			pause := rand.N(min(retryBase<<(i-1), retryMax)) + 1
-			t := time.NewTimer(pause)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
+			if err := ctxtime.Sleep(ctx, pause); err != nil {
+				return err
 			}
 		}
 		if err := ctx.Err(); err != nil {

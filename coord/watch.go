@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"slices"
 	"time"
+
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // waitFunc blocks until an armed one-shot watch fires (nil) or ctx is done (ctx.Err()).
@@ -110,14 +112,7 @@ func pauseAfter(ctx context.Context, err error, key string, log *slog.Logger) bo
 	if !isUnavailable(err) {
 		log.Warn("coord: watch read failed", "key", key, "err", err)
 	}
-	t := time.NewTimer(retryPause)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return ctxtime.Sleep(ctx, retryPause) == nil
 }
 
 func sameEvent(a, b Event) bool {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // ZK is a Store client backed by a ZooKeeper ensemble, confined to a chroot path.
@@ -229,12 +230,8 @@ func read[T any](ctx context.Context, s *ZK, fn func() (T, error)) (T, error) {
 		if err == nil || !isUnavailable(err) {
 			return v, err
 		}
-		t := time.NewTimer(retryPause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return v, ctx.Err()
+		if err := ctxtime.Sleep(ctx, retryPause); err != nil {
+			return v, err
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"strings"
@@ -155,7 +156,7 @@ func startOn(t *testing.T, ctx context.Context, ens *zktest.Ensemble, on *zktest
 	t.Helper()
 	d := &pinDialer{only: on.Addr()}
 	s, err := coord.OpenZK(ctx, strings.Split(ens.Addrs(), ","), "/ensemble",
-		coord.Options{SessionTimeout: timeout, Dialer: d.Dial, Logger: testLogger(t)})
+		coord.Options{SessionTimeout: timeout, Dialer: d.Dial, Logger: testenv.Logger(t, slog.LevelDebug)})
 	if err != nil {
 		t.Fatal(err)
 	}

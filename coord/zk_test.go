@@ -25,33 +25,6 @@ const (
 	sharedTimeout = time.Second
 )
 
-// testLogger logs to t at debug level (shown for failed tests and with -v), dropping
-// records that come after the test's cleanup began.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &testWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testWriter struct {
-	mu   sync.Mutex
-	t    testing.TB
-	done bool
-}
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
 type zkBackend struct {
 	addrs   string // comma-separated host:port list: one server or an ensemble
 	chroot  string
@@ -178,7 +151,7 @@ func TestZKServerRestart(t *testing.T) {
 	srv := zktest.Start(t, zktest.Options{TickTime: 500 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	opts := coord.Options{SessionTimeout: 8 * time.Second, Logger: testLogger(t)}
+	opts := coord.Options{SessionTimeout: 8 * time.Second, Logger: testenv.Logger(t, slog.LevelDebug)}
 	s, err := coord.Open(ctx, srv.URL("/restart"), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -259,7 +232,7 @@ func TestZKServerRestartSessionExpired(t *testing.T) {
 	defer cancel()
 	const timeout = 800 * time.Millisecond
 	d := &zktest.Partition{}
-	s, err := coord.OpenZK(ctx, []string{srv.Addr()}, "/down", coord.Options{SessionTimeout: timeout, Dialer: d.Dial, Logger: testLogger(t)})
+	s, err := coord.OpenZK(ctx, []string{srv.Addr()}, "/down", coord.Options{SessionTimeout: timeout, Dialer: d.Dial, Logger: testenv.Logger(t, slog.LevelDebug)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +305,7 @@ func TestZKServerDownLongerThanSession(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			const timeout = 2 * time.Second
-			s, err := coord.Open(ctx, srv.URL("/down-for-all"), coord.Options{SessionTimeout: timeout, Logger: testLogger(t)})
+			s, err := coord.Open(ctx, srv.URL("/down-for-all"), coord.Options{SessionTimeout: timeout, Logger: testenv.Logger(t, slog.LevelDebug)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/atomicfile"
 )
 
 // EnsureAdminToken makes the cluster's admin token on first start: it stores its hash and
@@ -36,27 +37,21 @@ func EnsureAdminToken(ctx context.Context, s coord.KV, dataDir string) (string, 
 	// The file first: a token whose hash is stored but that nobody holds would lock
 	// everyone out. A temporary file of its own: masters sharing a data directory may start
 	// at the same moment, and only the one whose hash the store takes renames its file.
-	f, err := os.CreateTemp(dataDir, ".admin.token-*")
+	f, err := atomicfile.Create(path, 0o600)
 	if err != nil {
 		return "", fmt.Errorf("write admin token: %w", err)
 	}
-	tmp := f.Name()
-	_, err = f.WriteString(token + "\n")
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(tmp)
+	defer f.Cleanup()
+	if _, err := f.Write([]byte(token + "\n")); err != nil {
 		return "", fmt.Errorf("write admin token: %w", err)
 	}
 	if _, err := s.Create(ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
-		os.Remove(tmp)
 		if errors.Is(err, coord.ErrExists) {
 			return "", nil // another master made it at the same moment
 		}
 		return "", fmt.Errorf("store admin token: %w", err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := f.Commit(); err != nil {
 		return "", fmt.Errorf("write admin token: %w", err)
 	}
 	return path, nil

@@ -1,7 +1,6 @@
 package docs
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -150,24 +148,6 @@ func runScript(t *testing.T, b block, dir string, env []string) {
 	t.Logf("getting-started.md:%d: %s\n%s", b.line, time.Since(start).Round(time.Millisecond), out)
 }
 
-// syncBuffer is a daemon's output, written by its process and read by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // announced is how `stormdock up` says how many nodes it runs.
 var announced = regexp.MustCompile(`stormdock local cluster: (\d+) nodes`)
 
@@ -187,7 +167,7 @@ func startDaemon(t *testing.T, b block, bin, dir, data string, env []string) {
 	l.Close()
 	cmd := exec.Command("bash", "-c", "exec "+cmds[0]+" --api "+addr+" --log-level warn")
 	cmd.Dir, cmd.Env = dir, env
-	var out syncBuffer
+	var out testenv.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,10 +1,12 @@
 package healthcheck
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // BenchmarkProbe is one memory probe: /proc/meminfo, /proc/pressure/memory, /proc/loadavg
@@ -41,7 +43,7 @@ func BenchmarkMonitorCycle(b *testing.B) {
 	cg := newTestCgroup(b, 256<<20)
 	cfg := DefaultConfig()
 	cfg.CgroupParent = cg.rel
-	m, err := NewMonitor(cfg, Options{Slots: 8, Registerer: prometheus.NewRegistry(), Logger: testLogger(b)})
+	m, err := NewMonitor(cfg, Options{Slots: 8, Registerer: prometheus.NewRegistry(), Logger: testenv.Logger(b, slog.LevelInfo)})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"slices"
 	"time"
+
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // Candidate is a running worker the eviction loop may stop.
@@ -129,23 +131,9 @@ func (e *Evictor) Run(ctx context.Context) ([]Candidate, error) {
 		if e.OnEvict != nil {
 			e.OnEvict(v, s)
 		}
-		if err := sleepCtx(ctx, e.Cooldown); err != nil {
+		if err := ctxtime.Sleep(ctx, e.Cooldown); err != nil {
 			return evicted, err
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 

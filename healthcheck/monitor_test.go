@@ -2,7 +2,6 @@ package healthcheck
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,20 +15,6 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
-
-// testLogger sends slog output to the test's log, so that it shows only on failure or -v.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
-var _ io.Writer = tWriter{}
 
 // dialProbe is a probe whose reading the test sets.
 type dialProbe struct {
@@ -115,7 +100,7 @@ func startMonitor(t *testing.T, m *Monitor) {
 func TestMonitorMemoryThrottle(t *testing.T) {
 	probe := &dialProbe{used: 0.5}
 	reg := prometheus.NewRegistry()
-	m, err := NewMonitor(testConfig(), Options{Slots: 8, Probe: probe, Registerer: reg, Logger: testLogger(t)})
+	m, err := NewMonitor(testConfig(), Options{Slots: 8, Probe: probe, Registerer: reg, Logger: testenv.Logger(t, slog.LevelInfo)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +160,7 @@ func TestMonitorScripts(t *testing.T) {
 	cfg.KillWorkersOnUnhealthy = true
 	reg := prometheus.NewRegistry()
 	probe := &dialProbe{used: 0.1}
-	m, err := NewMonitor(cfg, Options{Slots: 6, Probe: probe, Registerer: reg, Logger: testLogger(t)})
+	m, err := NewMonitor(cfg, Options{Slots: 6, Probe: probe, Registerer: reg, Logger: testenv.Logger(t, slog.LevelInfo)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +215,7 @@ func TestMonitorEvicts(t *testing.T) {
 		"lo": {ID: "lo", Priority: 1, Request: 100 * mib, Usage: 460 * mib},
 	}} // 96%
 	reg := prometheus.NewRegistry()
-	m, err := NewMonitor(testConfig(), Options{Slots: 2, Probe: node, Registerer: reg, Logger: testLogger(t),
+	m, err := NewMonitor(testConfig(), Options{Slots: 2, Probe: node, Registerer: reg, Logger: testenv.Logger(t, slog.LevelInfo),
 		Evict: &EvictHooks{Candidates: node.candidates, Stop: node.stop}})
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package healthcheck
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -68,7 +69,7 @@ func TestRealPressure(t *testing.T) {
 	cfg.MemLow, cfg.MemHigh, cfg.MemCritical = 0.30, 0.50, 0.80
 	cfg.ThrottleHold = 800 * time.Millisecond
 	cfg.EvictCooldown = 200 * time.Millisecond
-	m, err := NewMonitor(cfg, Options{Slots: 4, Registerer: prometheus.NewRegistry(), Logger: testLogger(t),
+	m, err := NewMonitor(cfg, Options{Slots: 4, Registerer: prometheus.NewRegistry(), Logger: testenv.Logger(t, slog.LevelInfo),
 		Evict: &EvictHooks{Candidates: candidates, Stop: stop}})
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +179,7 @@ func TestRealCrossingLatency(t *testing.T) {
 	cfg.CgroupParent = cg.rel
 	cfg.MemLow, cfg.MemHigh, cfg.MemCritical = 0.30, 0.50, 0.90
 	cfg.ThrottleHold = 0
-	m, err := NewMonitor(cfg, Options{Slots: 4, Logger: testLogger(t)})
+	m, err := NewMonitor(cfg, Options{Slots: 4, Logger: testenv.Logger(t, slog.LevelInfo)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +227,7 @@ func TestRealCgroupPressure(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.CgroupParent = cg.rel
 	cfg.HealthInterval = 50 * time.Millisecond
-	m, err := NewMonitor(cfg, Options{Slots: 4, Registerer: reg, Logger: testLogger(t)})
+	m, err := NewMonitor(cfg, Options{Slots: 4, Registerer: reg, Logger: testenv.Logger(t, slog.LevelInfo)})
 	if err != nil {
 		t.Fatal(err)
 	}

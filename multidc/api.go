@@ -10,14 +10,12 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/stormdock/stormdock/api"
 )
 
-// Errors of the API, mapped to HTTP statuses.
-var (
-	errNotReady   = errors.New("multidc: router not ready (starting, waiting to lead, or stopping)")
-	errBadRequest = errors.New("multidc: bad request")
-	errConflict   = errors.New("multidc: conflict")
-)
+// errNotReady is every request's answer but the status's while the router does not lead.
+var errNotReady = fmt.Errorf("%w: the router is starting, waiting to lead, or stopping", api.ErrNotReady)
 
 // retryAfter is what a 429 asks senders to wait: about the time the sink takes to free
 // room in a buffer.
@@ -64,6 +62,8 @@ type IngestResult struct {
 	Rejected     int    `json:"rejected,omitempty"`
 	RetryAfterMs int64  `json:"retryAfterMs,omitempty"`
 	Error        string `json:"error,omitempty"`
+	// Code is the api error table's code of a 429 ("rate_limited"), as in an api.ErrorBody.
+	Code string `json:"code,omitempty"`
 	// Instance names this run of the router; NextOffset is the first undelivered offset.
 	// A worker that sees Instance change must rewind its input to NextOffset (see the
 	// package doc).
@@ -76,10 +76,6 @@ type HeartbeatResult struct {
 	Active     string `json:"active"`
 	NextOffset int64  `json:"nextOffset"`
 	Instance   string `json:"instance"`
-}
-
-type errorBody struct {
-	Error string `json:"error"`
 }
 
 type beatKey struct {
@@ -104,7 +100,7 @@ func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request) {
 	if s := q.Get("worker"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
-			writeError(w, fmt.Errorf("%w: worker=%q: want a non-negative integer", errBadRequest, s))
+			writeError(w, fmt.Errorf("%w: worker=%q: want a non-negative integer", api.ErrBadInput, s))
 			return
 		}
 		qworker = n
@@ -113,10 +109,10 @@ func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, IngestResult{Error: fmt.Sprintf("body over %d bytes: send smaller batches", r.cfg.MaxBody)})
+			api.Errorf(w, api.ErrTooLarge, fmt.Sprintf("body over %d bytes: send smaller batches", r.cfg.MaxBody))
 			return
 		}
-		writeError(w, fmt.Errorf("%w: read body: %v", errBadRequest, err))
+		writeError(w, fmt.Errorf("%w: read body: %v", api.ErrBadInput, err))
 		return
 	}
 	recs, beats, err := r.parseRecords(body, qlink, qworker)
@@ -158,6 +154,7 @@ func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request) {
 	if res.Rejected > 0 {
 		res.RetryAfterMs = retryAfter.Milliseconds()
 		res.Error = "buffer full: retry the batch after retryAfterMs (re-sending accepted records is harmless)"
+		res.Code = api.Code(api.ErrRateLimited)
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusTooManyRequests, res)
 		return
@@ -195,31 +192,31 @@ func (r *Router) parseRecords(body []byte, qlink string, qworker int) ([]Record,
 			continue
 		}
 		if line[0] != '{' {
-			return nil, nil, fmt.Errorf("%w: line %d: malformed record: want a JSON object per line", errBadRequest, n)
+			return nil, nil, fmt.Errorf("%w: line %d: malformed record: want a JSON object per line", api.ErrBadInput, n)
 		}
 		v.Offset, v.Link, v.Worker, v.Workers = nil, nil, nil, nil
 		if err := json.Unmarshal(line, &v); err != nil {
-			return nil, nil, fmt.Errorf("%w: line %d: malformed record: %v", errBadRequest, n, err)
+			return nil, nil, fmt.Errorf("%w: line %d: malformed record: %v", api.ErrBadInput, n, err)
 		}
 		if len(v.Offset) == 0 || string(v.Offset) == "null" {
-			return nil, nil, fmt.Errorf("%w: line %d: missing \"offset\"", errBadRequest, n)
+			return nil, nil, fmt.Errorf("%w: line %d: missing \"offset\"", api.ErrBadInput, n)
 		}
 		off, err := strconv.ParseInt(string(v.Offset), 10, 64)
 		if err != nil || off < 0 {
-			return nil, nil, fmt.Errorf("%w: line %d: \"offset\" is %s: want a non-negative integer", errBadRequest, n, v.Offset)
+			return nil, nil, fmt.Errorf("%w: line %d: \"offset\" is %s: want a non-negative integer", api.ErrBadInput, n, v.Offset)
 		}
 		link := qlink
 		switch {
 		case v.Link != nil && qlink != "" && *v.Link != qlink:
-			return nil, nil, fmt.Errorf("%w: line %d: \"link\" %q but the request is for link %q", errBadRequest, n, *v.Link, qlink)
+			return nil, nil, fmt.Errorf("%w: line %d: \"link\" %q but the request is for link %q", api.ErrBadInput, n, *v.Link, qlink)
 		case v.Link != nil:
 			link = *v.Link
 		}
 		if link == "" {
-			return nil, nil, fmt.Errorf("%w: line %d: missing \"link\" (in the record or as ?link=)", errBadRequest, n)
+			return nil, nil, fmt.Errorf("%w: line %d: missing \"link\" (in the record or as ?link=)", api.ErrBadInput, n)
 		}
 		if !slices.Contains(r.cfg.Links, link) {
-			return nil, nil, fmt.Errorf("%w: line %d: %s", errBadRequest, n, r.unknownLinkMsg(link))
+			return nil, nil, fmt.Errorf("%w: line %d: %s", api.ErrBadInput, n, r.unknownLinkMsg(link))
 		}
 		// "worker" and "workers" are hints, not part of the protocol: a record whose schema
 		// uses them otherwise is still taken, it just implies no heartbeat.
@@ -240,7 +237,7 @@ func (r *Router) parseRecords(body []byte, qlink string, qworker int) ([]Record,
 }
 
 func (r *Router) unknownLink(link string) error {
-	return fmt.Errorf("%w: %s", errBadRequest, r.unknownLinkMsg(link))
+	return fmt.Errorf("%w: %s", api.ErrBadInput, r.unknownLinkMsg(link))
 }
 
 func (r *Router) unknownLinkMsg(link string) string {
@@ -252,7 +249,7 @@ func (r *Router) handleHeartbeat(w http.ResponseWriter, req *http.Request) {
 	link := q.Get("link")
 	if !slices.Contains(r.cfg.Links, link) {
 		if link == "" {
-			writeError(w, fmt.Errorf("%w: heartbeat needs ?link=", errBadRequest))
+			writeError(w, fmt.Errorf("%w: heartbeat needs ?link=", api.ErrBadInput))
 			return
 		}
 		writeError(w, r.unknownLink(link))
@@ -260,14 +257,14 @@ func (r *Router) handleHeartbeat(w http.ResponseWriter, req *http.Request) {
 	}
 	worker, err := strconv.Atoi(q.Get("worker"))
 	if err != nil || worker < 0 {
-		writeError(w, fmt.Errorf("%w: heartbeat needs ?worker= a non-negative integer, got %q", errBadRequest, q.Get("worker")))
+		writeError(w, fmt.Errorf("%w: heartbeat needs ?worker= a non-negative integer, got %q", api.ErrBadInput, q.Get("worker")))
 		return
 	}
 	workers := 0
 	if s := q.Get("workers"); s != "" {
 		workers, err = strconv.Atoi(s)
 		if err != nil || workers < 1 || worker >= workers {
-			writeError(w, fmt.Errorf("%w: workers=%q: want an integer above worker=%d", errBadRequest, s, worker))
+			writeError(w, fmt.Errorf("%w: workers=%q: want an integer above worker=%d", api.ErrBadInput, s, worker))
 			return
 		}
 	}
@@ -297,7 +294,7 @@ func (r *Router) handleStatus(w http.ResponseWriter, _ *http.Request) {
 func (r *Router) handleFailover(w http.ResponseWriter, req *http.Request) {
 	q := req.URL.Query()
 	if job := q.Get("job"); job != "" && job != r.cfg.Job {
-		writeJSON(w, http.StatusNotFound, errorBody{Error: fmt.Sprintf("this router serves job %q, not %q", r.cfg.Job, job)})
+		api.Errorf(w, api.ErrNotFound, fmt.Sprintf("this router serves job %q, not %q", r.cfg.Job, job))
 		return
 	}
 	st, err := r.Failover(q.Get("to"))
@@ -308,20 +305,13 @@ func (r *Router) handleFailover(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
+// writeError answers err through the api error table; a router that is not ready says when
+// to ask again.
 func writeError(w http.ResponseWriter, err error) {
-	code := http.StatusInternalServerError
-	switch {
-	case errors.Is(err, errBadRequest):
-		code = http.StatusBadRequest
-	case errors.Is(err, errConflict):
-		code = http.StatusConflict
-	case errors.Is(err, errUnauthorized):
-		code = http.StatusUnauthorized
-	case errors.Is(err, errNotReady):
-		code = http.StatusServiceUnavailable
+	if errors.Is(err, api.ErrNotReady) {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, code, errorBody{Error: err.Error()})
+	api.WriteError(w, err)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/ctxtime"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // The kill tests re-execute the test binary as link workers and as routers, so that a
@@ -97,7 +99,7 @@ func (w *linkWorker) run(ctx context.Context) error {
 			start = res.NextOffset // resume where the sink stands
 			break
 		}
-		if !sleep(ctx, 20*time.Millisecond) {
+		if ctxtime.Sleep(ctx, 20*time.Millisecond) != nil {
 			return nil
 		}
 	}
@@ -121,7 +123,7 @@ func (w *linkWorker) run(ctx context.Context) error {
 		if off >= n || off > due {
 			// Idle (input exhausted or not yet available): keep beating, and watch for a
 			// router restart, which means replaying from its position.
-			if !sleep(ctx, 5*time.Millisecond) {
+			if ctxtime.Sleep(ctx, 5*time.Millisecond) != nil {
 				return nil
 			}
 			continue
@@ -235,25 +237,8 @@ func readFixture(path string) ([]string, error) {
 type child struct {
 	name string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testenv.Buffer
 	done chan struct{}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startChild runs the test binary as a child with env added; it is SIGKILLed at cleanup.
@@ -261,7 +246,7 @@ func startChild(t testing.TB, name string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), env...)
-	c := &child{name: name, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	c := &child{name: name, cmd: cmd, out: &testenv.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = c.out, c.out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)

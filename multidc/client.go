@@ -15,15 +15,22 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
-// APIError is a router's answer other than 2xx.
+// APIError is a router's answer other than 2xx: Code is its HTTP status. It wraps the
+// *api.Error of its body, so that errors.Is matches the api package's sentinels
+// (api.ErrNotReady, api.ErrBadInput, ...) and api.ExitCode works on it as on a master's.
 type APIError struct {
 	Code int
 	Msg  string
+	err  *api.Error
 }
+
+func (e *APIError) Unwrap() error { return e.err }
 
 func (e *APIError) Error() string {
 	return fmt.Sprintf("router: %d %s: %s", e.Code, http.StatusText(e.Code), e.Msg)
@@ -115,12 +122,9 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	return nil
 }
 
-func apiError(code int, body []byte) *APIError {
-	var e errorBody
-	if json.Unmarshal(body, &e) != nil || e.Error == "" {
-		e.Error = strings.TrimSpace(string(body))
-	}
-	return &APIError{Code: code, Msg: e.Error}
+func apiError(status int, body []byte) *APIError {
+	e := api.ParseError(status, body, strings.TrimSpace(string(body)))
+	return &APIError{Code: status, Msg: e.Msg, err: e}
 }
 
 // RestartError says that the router restarted since the sender's previous request: the
@@ -366,7 +370,7 @@ func (s *Sender) Send(ctx context.Context, batch []byte) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("multidc: send: %w (last error: %v)", ctx.Err(), err)
 		}
-		if !sleep(ctx, wait) {
+		if ctxtime.Sleep(ctx, wait) != nil {
 			return fmt.Errorf("multidc: send: %w (last error: %v)", ctx.Err(), err)
 		}
 		wait = min(2*wait, s.MaxBackoff)

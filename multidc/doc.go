@@ -24,11 +24,14 @@
 // ?worker=) make the batch count as a heartbeat of that worker. Answers:
 //
 //	200 {"accepted":N,"duplicates":D,"instance":"..","nextOffset":K}
-//	400 {"error":"multidc: bad request: line 3: ..."}  unknown link, malformed line, missing
+//	400 {"error":"line 3: ...","code":"bad_input"}  unknown link, malformed line, missing
 //	    or bad offset: nothing of the batch was taken; do not retry, fix the sender
-//	429 {"accepted":..,"rejected":R,"retryAfterMs":M,"instance":..,"nextOffset":K}
+//	413 {"error":"body over ...","code":"too_large"}  send smaller batches
+//	429 {"accepted":..,"rejected":R,"retryAfterMs":M,"code":"rate_limited","instance":..,"nextOffset":K}
 //	    backpressure: a buffer is full; the lines counted in accepted were taken
-//	503 {"error":".."}  the router is starting, waiting to lead, or stopping
+//	503 {"error":"..","code":"not_ready"}  the router is starting, waiting to lead, or stopping
+//
+// Error answers are api.ErrorBody values, their codes those of the api package's table.
 //
 // On 429, 503 or a connection error the sender waits (retryAfterMs, or its own backoff)
 // and re-sends the same batch: re-sending is always safe, because the router drops every

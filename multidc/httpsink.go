@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // HTTP sink request headers. Every request carries its offsets, so that a receiver can drop
@@ -84,12 +86,8 @@ func (s *HTTPSink) Write(ctx context.Context, recs []Record) error {
 		s.log.Warn("http sink: delivery failed, retrying", "first", first, "last", last, "attempt", attempt, "err", err)
 		// Full jitter, so that routers of many jobs do not retry in step.
 		d := time.Duration(rand.Int64N(int64(wait))) + wait/2
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("multidc: http sink: offsets %s-%s: %w (last error: %v)", first, last, ctx.Err(), err)
-		case <-t.C:
+		if cerr := ctxtime.Sleep(ctx, d); cerr != nil {
+			return fmt.Errorf("multidc: http sink: offsets %s-%s: %w (last error: %v)", first, last, cerr, err)
 		}
 		wait = min(2*wait, s.opts.MaxBackoff)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -96,7 +97,7 @@ func TestLinkKillFailoverZK(t *testing.T) {
 	chroot := fmt.Sprintf("/stormdock-test/multidc-%d-%d", os.Getpid(), time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	store, err := coord.Open(ctx, "zk://"+addr+chroot, coord.Options{SessionTimeout: 10 * time.Second, Logger: testLogger(t)})
+	store, err := coord.Open(ctx, "zk://"+addr+chroot, coord.Options{SessionTimeout: 10 * time.Second, Logger: testenv.Logger(t, slog.LevelWarn)})
 	if err != nil {
 		t.Fatal(err)
 	}

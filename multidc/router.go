@@ -17,6 +17,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // Config configures a Router.
@@ -372,7 +373,7 @@ func (r *Router) deliverLoop(ctx context.Context) error {
 			}
 			r.m.sinkErrors.Inc()
 			r.log.Warn("sink write failed; retrying", "first", batch[0].Offset, "records", len(batch), "err", err, "backoff", backoff)
-			if !sleep(ctx, backoff) {
+			if ctxtime.Sleep(ctx, backoff) != nil {
 				return nil
 			}
 			backoff = min(2*backoff, 2*time.Second)
@@ -476,15 +477,15 @@ func (r *Router) Failover(to string) (Status, error) {
 	if to == "" {
 		to = r.ord.mostAdvanced(func(n string) bool { return n != act && r.live.alive(n, now) })
 		if to == "" {
-			return Status{}, fmt.Errorf("%w: no live standby link to fail over to", errConflict)
+			return Status{}, fmt.Errorf("%w: no live standby link to fail over to", api.ErrConflict)
 		}
 	}
 	if _, ok := r.ord.byName[to]; !ok {
-		return Status{}, fmt.Errorf("%w: unknown link %q (the router of job %s has %v)", errBadRequest, to, r.cfg.Job, r.cfg.Links)
+		return Status{}, fmt.Errorf("%w: unknown link %q (the router of job %s has %v)", api.ErrBadInput, to, r.cfg.Job, r.cfg.Links)
 	}
 	if to != act {
 		if !r.live.alive(to, now) {
-			return Status{}, fmt.Errorf("%w: link %q is not alive (its workers do not heartbeat): it would be failed over again at once", errConflict, to)
+			return Status{}, fmt.Errorf("%w: link %q is not alive (its workers do not heartbeat): it would be failed over again at once", api.ErrConflict, to)
 		}
 		r.switchLocked(to, ReasonManual, now)
 		r.wake()
@@ -589,16 +590,5 @@ func (r *Router) wake() {
 	select {
 	case r.kick <- struct{}{}:
 	default:
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

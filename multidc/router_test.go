@@ -24,18 +24,6 @@ import (
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
-// testLogger logs warnings and errors through t, so a failing test shows what the router said.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
 // embeddedStore returns a client of a fresh embedded store.
 func embeddedStore(t testing.TB) (*coord.Server, coord.Store) {
 	t.Helper()
@@ -110,7 +98,7 @@ func startRouter(t testing.TB, store coord.Store, links []string, mod func(*Conf
 	ts := &timedSink{Sink: fs}
 	cfg := Config{
 		Job: "wordcount", Links: links, Store: store, Sink: ts, Listen: "127.0.0.1:0", TokenHash: testTokenHash,
-		HeartbeatTimeout: 600 * time.Millisecond, Logger: testLogger(t),
+		HeartbeatTimeout: 600 * time.Millisecond, Logger: testenv.Logger(t, slog.LevelWarn),
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -205,7 +193,7 @@ func TestAPIBadInput(t *testing.T) {
 	for _, c := range []struct {
 		path, body, want string
 	}{
-		{"/v1/records", good + `{"offset":1,"link":"dc-x"}`, `multidc: bad request: line 2: unknown link "dc-x"`},
+		{"/v1/records", good + `{"offset":1,"link":"dc-x"}`, `line 2: unknown link "dc-x"`},
 		{"/v1/records?link=dc-z", good, `unknown link "dc-z"`},
 		{"/v1/records", good + `{"offset":1,"link":"dc-a"`, "line 2: malformed record"},
 		{"/v1/records", good + `[1,2]`, "line 2: malformed record: want a JSON object"},
@@ -221,10 +209,10 @@ func TestAPIBadInput(t *testing.T) {
 		{"/", good + `{"offset":3,"link":"dc-y"}`, `unknown link "dc-y"`},
 	} {
 		code, body := post(t, u+c.path, c.body)
-		var e errorBody
+		var e api.ErrorBody
 		_ = json.Unmarshal([]byte(body), &e)
-		if code != http.StatusBadRequest || !strings.Contains(e.Error, c.want) {
-			t.Errorf("POST %s %q: %d %s, want 400 with %q", c.path, c.body, code, strings.TrimSpace(body), c.want)
+		if code != http.StatusBadRequest || e.Code != "bad_input" || !strings.Contains(e.Error, c.want) {
+			t.Errorf("POST %s %q: %d %s, want 400 bad_input with %q", c.path, c.body, code, strings.TrimSpace(body), c.want)
 		}
 	}
 	code, body := post(t, u+"/v1/records", good+strings.Repeat(" ", 70<<10))
@@ -265,17 +253,17 @@ func TestAPIBadInput(t *testing.T) {
 	}
 	testenv.Eventually(t, "offset 0 delivered", 5*time.Second, func() bool { st, _ := tr.Status(); return st.Delivered >= 0 })
 
-	// Failover errors.
+	// Failover errors: their statuses, and the api error table's sentinels from their codes.
 	cl, err := NewClient(u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cl.Token = testToken
 	var ae *APIError
-	if _, err := cl.Failover(context.Background(), "", "dc-q"); !errors.As(err, &ae) || ae.Code != 400 {
+	if _, err := cl.Failover(context.Background(), "", "dc-q"); !errors.As(err, &ae) || ae.Code != 400 || !errors.Is(err, api.ErrBadInput) {
 		t.Errorf("failover to an unknown link: %v", err)
 	}
-	if _, err := cl.Failover(context.Background(), "other-job", "dc-b"); !errors.As(err, &ae) || ae.Code != 404 {
+	if _, err := cl.Failover(context.Background(), "other-job", "dc-b"); !errors.As(err, &ae) || ae.Code != 404 || !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("failover of another job: %v", err)
 	}
 	testenv.EventuallyWith(t, "every link's heartbeats stale", 5*time.Second, func() (bool, string) {
@@ -290,7 +278,7 @@ func TestAPIBadInput(t *testing.T) {
 		}
 		return true, ""
 	})
-	if _, err := cl.Failover(context.Background(), "wordcount", otherLink(st.Active)); !errors.As(err, &ae) || ae.Code != 409 {
+	if _, err := cl.Failover(context.Background(), "wordcount", otherLink(st.Active)); !errors.As(err, &ae) || ae.Code != 409 || !errors.Is(err, api.ErrConflict) || api.ExitCode(err) != 2 {
 		t.Errorf("failover to a dead link: %v", err)
 	}
 }
@@ -316,8 +304,11 @@ func TestAPINotReady(t *testing.T) {
 	srv := httptest.NewServer(r.Handler())
 	defer srv.Close()
 	for _, p := range []string{"/v1/records", "/v1/heartbeat?link=dc-a&worker=0", "/v1/failover?to=dc-a"} {
-		if code, body := post(t, srv.URL+p, `{"offset":0,"link":"dc-a"}`); code != http.StatusServiceUnavailable {
-			t.Errorf("POST %s before Run: %d %s, want 503", p, code, body)
+		code, body := post(t, srv.URL+p, `{"offset":0,"link":"dc-a"}`)
+		var e api.ErrorBody
+		_ = json.Unmarshal([]byte(body), &e)
+		if code != http.StatusServiceUnavailable || e.Code != "not_ready" {
+			t.Errorf("POST %s before Run: %d %s, want 503 not_ready", p, code, body)
 		}
 	}
 	for _, bad := range []Config{

@@ -108,9 +108,6 @@ func ReadTokenFile() (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// errUnauthorized is a request without the job's sender token.
-var errUnauthorized = errors.New("multidc: unauthorized")
-
 // authorized checks a request's bearer token against the router's token hash, counting
 // failures per remote address (see api.FailLimiter).
 //
@@ -130,14 +127,14 @@ func (r *Router) authorized(w http.ResponseWriter, req *http.Request) bool {
 	if limited, wait := r.fails.Blocked(host); limited {
 		r.m.authFailures.WithLabelValues("limited").Inc()
 		w.Header().Set("Retry-After", fmt.Sprint(int(wait/time.Second)+1))
-		writeJSON(w, http.StatusTooManyRequests, errorBody{Error: fmt.Sprintf("too many failed token checks from %s: try again in %s", host, wait.Round(100*time.Millisecond))})
+		api.Errorf(w, api.ErrRateLimited, fmt.Sprintf("too many failed token checks from %s: try again in %s", host, wait.Round(100*time.Millisecond)))
 		return false
 	}
 	r.fails.Fail(host)
 	r.m.authFailures.WithLabelValues(reason).Inc()
 	r.log.Warn("sender token refused", "remote", req.RemoteAddr, "reason", reason, "path", req.URL.Path)
 	writeError(w, fmt.Errorf("%w: %s sender token: only the workers of job %s may send to its router (the token is in the file $%s names)",
-		errUnauthorized, reason, r.cfg.Job, EnvTokenFile))
+		api.ErrUnauthorized, reason, r.cfg.Job, EnvTokenFile))
 	return false
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/atomicfile"
 	"github.com/stormdock/stormdock/internal/pki"
 )
 
@@ -94,7 +95,7 @@ func (t Tokens) Install(ctx context.Context, kv coord.KV, name string) (token st
 	}
 	token = api.NewToken()
 	// The file first: a stored hash nobody holds the token of would lock everyone out.
-	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
 		return "", nil, fmt.Errorf("write admin token: %w", err)
 	}
 	if _, err := kv.Create(ctx, cluster.AdminTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {

@@ -263,10 +263,9 @@ func TestRateCapsRecords(t *testing.T) {
 }
 
 func TestEmbeddedSampleToStdout(t *testing.T) {
-	var buf bytes.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	w := &lockedBuffer{b: &buf}
+	w := &testenv.Buffer{}
 	go func() { done <- Run(ctx, Config{Worker: 0, Workers: 1, Stdout: w, Logger: quiet()}) }()
 	lines := strings.Count(string(Sample()), "\n")
 	testenv.Eventually(t, "every line's record", 10*time.Second, func() bool { return strings.Count(w.String(), "\n") >= lines })
@@ -278,23 +277,6 @@ func TestEmbeddedSampleToStdout(t *testing.T) {
 	if len(recs) != lines || recs[0].Counts["storm"] != 1 {
 		t.Errorf("%d records (want %d), first %+v", len(recs), lines, recs[0])
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // Records go to an HTTP endpoint as JSON-lines batches; a failed POST is retried, so nothing

@@ -21,6 +21,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/placement/synth"
 )
 
@@ -690,10 +691,8 @@ func (r *run) settle(ctx context.Context, what string, start time.Time, keys []c
 			r.logf("%s: %d/%d assigned, %d acknowledged; agent sessions expired so far: %d", what, assigned, len(keys), acked, r.rep.AgentSessionsExpired+r.expired())
 			lastLog = time.Now()
 		}
-		select {
-		case <-ctx.Done():
-			return p, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		if err := ctxtime.Sleep(ctx, 20*time.Millisecond); err != nil {
+			return p, err
 		}
 	}
 	after, err := r.mark(ctx)
@@ -725,10 +724,8 @@ func (r *run) until(ctx context.Context, what string, cond func() (bool, error))
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s: not after %s (last error: %v)", what, r.cfg.Settle, last)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
+		if err := ctxtime.Sleep(ctx, 250*time.Millisecond); err != nil {
+			return err
 		}
 	}
 }

@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,7 @@ func StartLocal(t testing.TB, binary string, cfg daemon.LocalConfig) *Local {
 	}
 	cfg.Self = binary
 	if cfg.Logger == nil {
-		cfg.Logger = testenv.Logger(t)
+		cfg.Logger = testenv.Logger(t, slog.LevelWarn)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(60*time.Second))
 	defer cancel()

@@ -22,6 +22,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/stormdock/stormdock/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -253,33 +254,11 @@ func WriteFiles(files map[string][]byte, mode os.FileMode) error {
 		if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, b) {
 			continue
 		}
-		if err := writeAtomic(path, b, mode); err != nil {
+		if err := atomicfile.WriteFile(path, b, mode); err != nil {
 			return fmt.Errorf("write %s: %w", path, err)
 		}
 	}
 	return nil
-}
-
-func writeAtomic(path string, b []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp, mode) // CreateTemp makes it 0600
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
 }
 
 // EnsureSelfSigned makes, in dir, a self-signed server certificate and key (certFile,

@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup1"
 	"golang.org/x/sys/unix"
 
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -246,10 +247,8 @@ func (s *v1slot) freezeCtx(ctx context.Context, state string) error {
 		if strings.TrimSpace(string(b)) == state {
 			return nil
 		}
-		select {
-		case <-time.After(time.Millisecond):
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := ctxtime.Sleep(ctx, time.Millisecond); err != nil {
+			return err
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup2"
 	"golang.org/x/sys/unix"
 
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -279,11 +280,8 @@ func (s *v2slot) pause(ctx context.Context) error {
 			return nil
 		}
 		if err == nil {
-			select {
-			case <-time.After(time.Millisecond):
+			if err = ctxtime.Sleep(ctx, time.Millisecond); err == nil {
 				continue
-			case <-ctx.Done():
-				err = ctx.Err()
 			}
 		}
 		_ = s.resume()

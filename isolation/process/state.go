@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stormdock/stormdock/internal/atomicfile"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -37,12 +38,7 @@ func writeState(dir string, st state) error {
 	if err != nil {
 		return err
 	}
-	p := statePath(dir, st.Spec.ID)
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("write state: %w", err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
+	if err := atomicfile.WriteFile(statePath(dir, st.Spec.ID), b, 0o600); err != nil {
 		return fmt.Errorf("write state: %w", err)
 	}
 	return nil

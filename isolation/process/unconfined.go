@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -109,10 +110,8 @@ func (g *group) killAll(ctx context.Context) error {
 		if err != nil || len(p) == 0 {
 			return err
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
+		if err := ctxtime.Sleep(ctx, 5*time.Millisecond); err != nil {
+			return err
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
 // Where events are kept, so that every master, leader or standby, serves the same ones in
@@ -196,7 +197,7 @@ func (l *Log) follow(ctx context.Context) {
 		ch, err := l.store.Watch(ctx, cluster.EventsKey)
 		if err != nil {
 			l.log.Warn("watch events; retrying", "err", err)
-			sleepCtx(ctx, eventRetryDelay)
+			_ = ctxtime.Sleep(ctx, eventRetryDelay)
 			continue
 		}
 		for ev := range ch {
@@ -316,14 +317,14 @@ func (l *Log) flushLoop(ctx context.Context, leader func() bool) {
 			}
 			continue
 		}
-		if wait := l.cfg.Flush - time.Since(last); wait > 0 && !sleepCtx(ctx, wait) {
+		if wait := l.cfg.Flush - time.Since(last); wait > 0 && ctxtime.Sleep(ctx, wait) != nil {
 			return
 		}
 		last = time.Now()
 		more, err := l.flush(ctx)
 		if err != nil && ctx.Err() == nil {
 			l.log.Warn("record events; retrying", "err", err)
-			sleepCtx(ctx, eventRetryDelay)
+			_ = ctxtime.Sleep(ctx, eventRetryDelay)
 		}
 		if more || err != nil {
 			select {
@@ -540,15 +541,4 @@ func (l *Log) Query(f api.EventFilter, limit int) (out []api.Event, wait <-chan 
 		out = out[len(out)-limit:]
 	}
 	return out, l.changed
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

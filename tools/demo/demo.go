@@ -19,6 +19,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/examples"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/tools/commands"
 	jobcmd "github.com/stormdock/stormdock/tools/commands/job"
 )
@@ -225,10 +226,8 @@ func (d *demo) until(ctx context.Context, what string, cond func() (bool, string
 			fmt.Fprintf(d.w, "  %s\n", line)
 			return nil
 		}
-		select {
-		case <-ctx.Done():
+		if ctxtime.Sleep(ctx, 100*time.Millisecond) != nil {
 			return fmt.Errorf("%s: not done after %s (%s)", what, d.timeout, line)
-		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }

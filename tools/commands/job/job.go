@@ -16,6 +16,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/tools/commands"
 )
 
@@ -201,10 +202,8 @@ func jobKill(c *cli.Context) error {
 			}
 			return commands.APIErr(c, err)
 		}
-		select {
-		case <-ctx.Done():
+		if ctxtime.Sleep(ctx, poll.next()) != nil {
 			return cli.Exit(fmt.Sprintf("stormdock: job %s still has workers after %s", name, c.Duration("timeout")), 1)
-		case <-time.After(poll.next()):
 		}
 	}
 }
@@ -645,10 +644,8 @@ func waitRollout(c *cli.Context, cl *api.Client, name string, id int64) error {
 				return nil
 			}
 		}
-		select {
-		case <-ctx.Done():
+		if ctxtime.Sleep(ctx, 250*time.Millisecond) != nil {
 			return cli.Exit(fmt.Sprintf("stormdock: job %s: rollout not done after %s: %s", name, c.Duration("timeout"), last), 1)
-		case <-time.After(250 * time.Millisecond):
 		}
 	}
 }
