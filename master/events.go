@@ -12,6 +12,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/multidc"
 	"github.com/stormdock/stormdock/placement"
 )
@@ -373,7 +374,7 @@ func (m *Master) watchRouters(ctx context.Context, since time.Time) {
 		for ctx.Err() == nil {
 			if err := routers.run(ctx); err != nil && ctx.Err() == nil {
 				m.log.Warn("watch routers failed; retrying", "err", err)
-				sleepCtx(ctx, 200*time.Millisecond)
+				_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
 			}
 		}
 	}()
@@ -383,16 +384,4 @@ func (m *Master) watchRouters(ctx context.Context, since time.Time) {
 	case <-ctx.Done():
 	}
 	<-done
-}
-
-// sleepCtx waits d, or until ctx is done; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

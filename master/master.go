@@ -15,6 +15,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/master/eventlog"
 )
 
@@ -220,12 +221,10 @@ func (m *Master) Run(ctx context.Context) error {
 				return nil
 			}
 			m.log.Warn("campaign failed; retrying", "err", err)
-			select {
-			case <-time.After(500 * time.Millisecond):
-				continue
-			case <-ctx.Done():
+			if ctxtime.Sleep(ctx, 500*time.Millisecond) != nil {
 				return nil
 			}
+			continue
 		}
 		m.log.Info("leading")
 		since := time.Now()
@@ -300,10 +299,7 @@ func (m *Master) lead(ctx context.Context, since time.Time) error {
 	for {
 		if err := r.reconcile(ctx); err != nil && ctx.Err() == nil {
 			m.log.Warn("reconcile failed; retrying", "err", err)
-			select {
-			case <-time.After(200 * time.Millisecond):
-			case <-ctx.Done():
-			}
+			_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
 			m.poke()
 		}
 		select {

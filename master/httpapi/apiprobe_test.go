@@ -494,23 +494,10 @@ func TestAPIRateLimitsFailedTokens(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink a handler and the test share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) lines() []map[string]any {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// jsonLines decodes the JSON log lines a handler wrote.
+func jsonLines(text string) []map[string]any {
 	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
 		var m map[string]any
 		if json.Unmarshal([]byte(l), &m) == nil {
 			out = append(out, m)
@@ -523,7 +510,7 @@ func (b *syncBuffer) lines() []map[string]any {
 // one audit line with principal, action, object, result and remote address; reads give none.
 func TestAuditLogsEveryChangeOnce(t *testing.T) {
 	tc := clustertest.NewSim(t)
-	var logs syncBuffer
+	var logs testenv.Buffer
 	m, err := master.New(tc.Connect(-1), master.Config{ID: "m1", Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -559,7 +546,7 @@ func TestAuditLogsEveryChangeOnce(t *testing.T) {
 		f.raw(t, c.method, c.target, c.token, []byte(c.body))
 	}
 	var audit []map[string]any
-	for _, l := range logs.lines() {
+	for _, l := range jsonLines(logs.String()) {
 		if l["msg"] == "audit" {
 			audit = append(audit, l)
 		}
