@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stormdock/stormdock/agents/sim"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
@@ -26,7 +27,7 @@ import (
 	"github.com/stormdock/stormdock/provision/provisiontest"
 )
 
-// env is a provider on a recorded Nomad, with a real master and stand-in agents on the
+// env is a provider on a recorded Nomad, with a real master and simulated agents on the
 // shared ZooKeeper playing what Nomad's clients would start.
 type env struct {
 	p      *nomad.Provider
@@ -250,8 +251,8 @@ func checkJob(t *testing.T, body []byte, spec provision.Spec) {
 }
 
 // fakeCluster plays what the Nomad job would run: a real master (in process, serving its
-// API on an httptest server) and agents that register their node records, without
-// workers.
+// API on an httptest server) and simulated agents (agents/sim: the agent that passes the
+// conformance suite, without worker processes).
 type fakeCluster struct {
 	t      *testing.T
 	url    string
@@ -262,11 +263,11 @@ type fakeCluster struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	master coord.Store
-	agents map[string]coord.Store
+	agents map[string]*sim.Agent
 }
 
 func newFakeCluster(t *testing.T, url string, events *eventLog) *fakeCluster {
-	return &fakeCluster{t: t, url: url, events: events, agents: map[string]coord.Store{}}
+	return &fakeCluster{t: t, url: url, events: events, agents: map[string]*sim.Agent{}}
 }
 
 func (f *fakeCluster) open() coord.Store {
@@ -312,22 +313,16 @@ func (f *fakeCluster) startMaster() {
 }
 
 func (f *fakeCluster) join(id, dc, rack string) {
-	s := f.open()
-	if s == nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := sim.Start(ctx, sim.Config{Store: f.url, Options: coord.Options{SessionTimeout: 2 * time.Second}, Heartbeat: 100 * time.Millisecond},
+		cluster.Node{ID: id, Host: id, DC: dc, Rack: rack, Slots: 4, Memory: 1 << 30, CPU: 2000})
+	if err != nil {
+		f.t.Errorf("simulated agent %s: %v", id, err)
 		return
 	}
-	rec := cluster.NodeRecord{
-		Node:      cluster.Node{ID: id, Host: id, DC: dc, Rack: rack, Slots: 4, Memory: 1 << 30, CPU: 2000},
-		Isolation: []string{cluster.IsolationProcess}, Agent: "fake-" + id, Started: time.Now(),
-	}
-	b, _ := json.Marshal(rec)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := s.Create(ctx, cluster.NodesKey+"/"+id, b, coord.Ephemeral); err != nil {
-		f.t.Errorf("fake agent %s: %v", id, err)
-	}
 	f.mu.Lock()
-	f.agents[id] = s
+	f.agents[id] = a
 	f.mu.Unlock()
 }
 
@@ -344,7 +339,7 @@ func (f *fakeCluster) leave(id string) {
 func (f *fakeCluster) stop() {
 	f.mu.Lock()
 	agents := f.agents
-	f.agents = map[string]coord.Store{}
+	f.agents = map[string]*sim.Agent{}
 	cancel, done, srv, master := f.cancel, f.done, f.srv, f.master
 	f.cancel, f.srv, f.master = nil, nil, nil
 	f.mu.Unlock()
