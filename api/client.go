@@ -253,6 +253,13 @@ func (c *Client) CreateTenant(ctx context.Context, t cluster.Tenant) error {
 	return c.doJSON(ctx, http.MethodPost, "/v1/tenants", t, nil)
 }
 
+// UpdateTenant changes a tenant's caps (admin only) and returns the tenant as stored.
+func (c *Client) UpdateTenant(ctx context.Context, name string, ch TenantChange) (cluster.Tenant, error) {
+	var out cluster.Tenant
+	err := c.doJSON(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(name)+"/update", ch, &out)
+	return out, err
+}
+
 // Health tells whether the master answers and leads.
 func (c *Client) Health(ctx context.Context) (Health, error) {
 	var h Health

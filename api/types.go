@@ -121,6 +121,14 @@ type Health struct {
 	Leader bool   `json:"leader"`
 }
 
+// TenantChange is what the admin changes on an existing tenant (POST
+// /v1/tenants/NAME/update); nil fields stay as they are.
+type TenantChange struct {
+	MaxWorkers  *int           `json:"maxWorkers,omitempty"`
+	MaxMemory   *cluster.Bytes `json:"maxMemory,omitempty"`
+	MaxPriority *int           `json:"maxPriority,omitempty"`
+}
+
 // TokenReply carries a new tenant token; it is shown once and only its hash is kept.
 type TokenReply struct {
 	Tenant string `json:"tenant"`

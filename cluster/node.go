@@ -48,7 +48,16 @@ type Tenant struct {
 	// MaxWorkers and MaxMemory cap the tenant's jobs together; 0 means no cap.
 	MaxWorkers int   `json:"maxWorkers,omitempty" yaml:"maxWorkers,omitempty"`
 	MaxMemory  Bytes `json:"maxMemory,omitempty" yaml:"maxMemory,omitempty"`
+	// MaxPriority is the highest priority the tenant's jobs may ask for, set by the admin
+	// alone. The default, 0, is the lowest class: preemption takes only workers of strictly
+	// lower priority, so a tenant without a cap (a record stored before caps existed
+	// included) preempts no one.
+	MaxPriority int `json:"maxPriority" yaml:"maxPriority"`
 }
+
+// PriorityCap is the highest priority a job of t is placed with: its cap, within the
+// range priorities have.
+func (t *Tenant) PriorityCap() int { return min(max(t.MaxPriority, 0), MaxPriority) }
 
 // Inventory is the nodes of a cluster as a file gives them: {"nodes": [...]}.
 type Inventory struct {

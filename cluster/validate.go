@@ -309,6 +309,9 @@ func (t *Tenant) Validate() error {
 	if t.MaxMemory < 0 {
 		ps.add("maxMemory", "must not be negative (0 means no cap)")
 	}
+	if t.MaxPriority < 0 || t.MaxPriority > MaxPriority {
+		ps.add("maxPriority", "must be between 0 (the lowest class: preempts no one) and %d", MaxPriority)
+	}
 	if len(ps) == 0 {
 		return nil
 	}

@@ -78,6 +78,7 @@ type NodeEntry struct {
 // keeps the node records it decoded across calls, and passes them in.
 func (m *Master) ViewOf(nodes map[string]NodeEntry) *View {
 	v := decodeView(m.log, m.jobs.snapshot(), nil, m.confs.snapshot(), m.dcs.snapshot())
+	v.setCaps(m.log, m.tenants.snapshot())
 	workers := 0
 	for _, n := range nodes {
 		workers += len(n.Record.Workers)

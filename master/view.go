@@ -26,6 +26,7 @@ type View struct {
 	dcs      map[string]cluster.DCRecord
 	statuses map[cluster.WorkerKey]nodeWorker // what agents report, by worker
 	copies   []nodeWorker                     // every worker every agent reports
+	caps     map[string]int                   // each tenant's priority cap
 }
 
 type Job struct {
@@ -238,8 +239,23 @@ func (m *Master) view() *View {
 		}
 		return conf, ok
 	}, func(id string, _ int64, conf cluster.NodeConf) { v.confs[id] = conf })
+	v.setCaps(m.log, m.tenants.snapshot())
 	v.addRouters(m.cfg.RouterStore)
 	return v
+}
+
+// setCaps notes each tenant's priority cap from its record. A tenant without a readable
+// record has none: its jobs are placed at the lowest priority.
+func (v *View) setCaps(log *slog.Logger, tenants map[string]coord.Entry) {
+	v.caps = make(map[string]int, len(tenants))
+	for name, e := range tenants {
+		var t cluster.TenantRecord
+		if err := json.Unmarshal(e.Value, &t); err != nil {
+			log.Warn("ignoring unreadable tenant record", "tenant", name, "err", err)
+			continue
+		}
+		v.caps[name] = t.PriorityCap()
+	}
 }
 
 // addNode adds a node's live record to the view: the node and every worker it reports.
@@ -299,6 +315,9 @@ func (v *View) runningJobs() []cluster.JobSpec {
 			continue
 		}
 		spec := rec.Spec
+		// Placement sees a job at most at its tenant's cap: a spec stored before the cap
+		// was lowered (or forced into the store) cannot preempt beyond what the admin allows.
+		spec.Priority = min(spec.Priority, v.caps[spec.Tenant])
 		labels := maps.Clone(spec.Placement.NodeLabels)
 		if labels == nil {
 			labels = map[string]string{}

@@ -56,7 +56,7 @@ type Move struct {
 	From   string `json:"from"`
 	To     string `json:"to"`
 	// Reason says why the worker left From: "node lost", "node draining", "scaled in",
-	// "preempted by job X", ...
+	// "preempted by job X of tenant T (priority 100 over 10)", ...
 	Reason string `json:"reason,omitempty"`
 }
 

@@ -249,7 +249,7 @@ func TestPriorityPreemption(t *testing.T) {
 		t.Fatalf("moves %+v unplaced %+v: want 3 low workers stopped", r.Moves, r.Unplaced)
 	}
 	for _, m := range r.Moves {
-		if m.Job != "low" || m.To != "" || m.Reason != "preempted by job high" {
+		if m.Job != "low" || m.To != "" || m.Reason != "preempted by job high of tenant "+high.Tenant+" (priority 500 over 0)" {
 			t.Errorf("move %+v", m)
 		}
 	}

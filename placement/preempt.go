@@ -2,6 +2,7 @@ package placement
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 )
 
@@ -87,7 +88,7 @@ func (p *planner) preempt(st *gstate) int32 {
 	for _, r := range bestSet {
 		o := p.groups[r.g]
 		p.evict(o, r.w)
-		p.displaced[r] = "preempted by job " + g.job.Name
+		p.displaced[r] = fmt.Sprintf("preempted by job %s of tenant %s (priority %d over %d)", g.job.Name, g.job.Tenant, g.prio, o.prio)
 		o.pending = append(o.pending, r.w)
 	}
 	return best

@@ -59,6 +59,9 @@ func SubmitJobAs(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cl
 		if err != nil {
 			return err
 		}
+		if err := checkPriority(t, spec); err != nil {
+			return err
+		}
 		if _, err := s.Get(ctx, jobKey); err == nil {
 			return fmt.Errorf("%w: job %q already exists: scale it with `stormdock job scale` or kill it first", api.ErrExists, spec.Name)
 		}

@@ -110,6 +110,16 @@ func checkQuota(t cluster.TenantRecord, usedW int, usedM cluster.Bytes, spec *cl
 	return nil
 }
 
+// checkPriority refuses a spec asking for more than its tenant's priority cap, saying
+// who may raise the cap and how.
+func checkPriority(t cluster.TenantRecord, spec *cluster.JobSpec) error {
+	if most := t.PriorityCap(); spec.Priority > most {
+		return fmt.Errorf("%w: tenant %s may use priority up to %d, job %s asks for %d: lower the job's priority, or the admin raises the cap with `stormdock tenant update %s --max-priority %d`",
+			api.ErrQuota, t.Name, most, spec.Name, spec.Priority, t.Name, spec.Priority)
+	}
+	return nil
+}
+
 // quotaOp is the transaction's guard on the tenant a job change was checked against. With
 // caps, the tenant's version is bumped, so that two changes cannot both pass the quota on
 // one reading of it; without caps there is no usage to count, and the record is only
@@ -120,6 +130,41 @@ func quotaOp(t cluster.TenantRecord, key string, e coord.Entry) coord.Op {
 		return coord.CheckOp(key, e.Version)
 	}
 	return coord.PutOp(key, e.Value, e.Version)
+}
+
+// UpdateTenant applies c (what the admin may change) to a tenant's record and returns the tenant as stored. Lowering a
+// cap below what the tenant's jobs use or ask for is allowed: the jobs keep running (the
+// placement caps their priority), and only changes that ask for more are refused.
+func UpdateTenant(ctx context.Context, s coord.KV, name string, c api.TenantChange) (cluster.Tenant, error) {
+	var out cluster.Tenant
+	key, err := keyOf(cluster.TenantKey(name))
+	if err != nil {
+		return out, err
+	}
+	_, err = coord.Update(ctx, s, key, func(cur []byte, exists bool) ([]byte, error) {
+		t, err := decodeTenant(name, cur, exists)
+		if err != nil {
+			return nil, err
+		}
+		if c.MaxWorkers != nil {
+			t.MaxWorkers = *c.MaxWorkers
+		}
+		if c.MaxMemory != nil {
+			t.MaxMemory = *c.MaxMemory
+		}
+		if c.MaxPriority != nil {
+			t.MaxPriority = *c.MaxPriority
+		}
+		if err := t.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
+		}
+		out = t.Tenant
+		return json.Marshal(t)
+	})
+	if err != nil {
+		return cluster.Tenant{}, busy(err, "tenant "+name)
+	}
+	return out, nil
 }
 
 // SetTenantToken makes a new token for a tenant, replacing the old one, and returns it.

@@ -187,6 +187,9 @@ func changeJob(ctx context.Context, s coord.KV, name, kind string, c Change,
 		if err != nil {
 			return err
 		}
+		if err := checkPriority(t, &spec); err != nil {
+			return err
+		}
 		if spec.Workers > rec.Spec.Workers {
 			usedW, usedM, err := tenantUsage(ctx, s, t, name)
 			if err != nil {

@@ -60,6 +60,7 @@ func New(m *master.Master, cfg Config) *API {
 	route("GET /v1/tenants", roleTenant, a.listTenants)
 	route("POST /v1/tenants", roleAdmin, a.createTenant)
 	route("POST /v1/tenants/{name}/token", roleAdmin, a.tenantToken)
+	route("POST /v1/tenants/{name}/update", roleAdmin, a.updateTenant)
 	route("GET /v1/watch", roleTenant, newWatchHub(a).serve)
 	route("GET /v1/jobs/{name}/links", roleTenant, a.getLinks)
 	route("POST /v1/jobs/{name}/failover", roleTenant, a.failover)
@@ -352,6 +353,23 @@ func (a *API) createTenant(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reply(w, http.StatusCreated, t)
+}
+
+// updateTenant changes what the admin sets on a tenant: its caps, the priority cap among
+// them (admin only: a tenant cannot raise its own).
+func (a *API) updateTenant(w http.ResponseWriter, r *http.Request) {
+	var c api.TenantChange
+	if !decodeJSON(w, r, &c) {
+		return
+	}
+	name := r.PathValue("name")
+	noteObject(r, "tenant/"+name)
+	t, err := desired.UpdateTenant(r.Context(), a.store, name, c)
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	reply(w, http.StatusOK, t)
 }
 
 func (a *API) tenantToken(w http.ResponseWriter, r *http.Request) {
