@@ -171,7 +171,7 @@ func rolloutCluster(t *testing.T, masters int) (*clustertest.Sim, *tally, []*mas
 		t.Fatal(err)
 	}
 	cl := apiClient(tc, ms, token)
-	if err := cl.CreateTenant(tc.Ctx, cluster.Tenant{Name: "search"}); err != nil {
+	if err := cl.CreateTenant(tc.Ctx, cluster.Tenant{Name: "search", MaxPriority: 10}); err != nil {
 		t.Fatal(err)
 	}
 	for job, n := range map[string]int{"wc": 12, "other": 3} {

@@ -1,5 +1,5 @@
 // Package tenant is `stormdock tenant`: create tenants, list them and issue their tokens
-// through a master's API.
+// through a master's API, and let the admin change their caps.
 package tenant
 
 import (
@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/tools/commands"
 )
@@ -23,8 +24,19 @@ var Command = &cli.Command{
 			ArgsUsage: "NAME",
 			Flags: append(commands.MasterFlags(),
 				&cli.IntFlag{Name: "max-workers", Usage: "most workers the tenant's jobs may have together (0: no cap)"},
-				&cli.StringFlag{Name: "max-memory", Usage: "most memory the tenant's workers may ask for together, like 64Gi (empty: no cap)"}),
+				&cli.StringFlag{Name: "max-memory", Usage: "most memory the tenant's workers may ask for together, like 64Gi (empty: no cap)"},
+				maxPriorityFlag),
 			Action: tenantCreate,
+		},
+		{
+			Name:      "update",
+			Usage:     "change a tenant's quota and priority cap (admin only); flags not given stay as they are",
+			ArgsUsage: "NAME",
+			Flags: append(commands.MasterFlags(),
+				&cli.IntFlag{Name: "max-workers", Usage: "most workers the tenant's jobs may have together (0: no cap)"},
+				&cli.StringFlag{Name: "max-memory", Usage: "most memory the tenant's workers may ask for together, like 64Gi (0: no cap)"},
+				maxPriorityFlag),
+			Action: tenantUpdate,
 		},
 		{
 			Name:      "token",
@@ -42,11 +54,16 @@ var Command = &cli.Command{
 	},
 }
 
+// maxPriorityFlag is the tenant's priority cap. Its default, 0, is the lowest class:
+// preemption takes only workers of strictly lower priority, so such a tenant preempts no one.
+var maxPriorityFlag = &cli.IntFlag{Name: "max-priority",
+	Usage: fmt.Sprintf("highest priority the tenant's jobs may ask for, 0 to %d (0, the lowest class: its jobs preempt no one)", cluster.MaxPriority)}
+
 func tenantCreate(c *cli.Context) error {
 	if err := commands.WantName(c, "the tenant NAME"); err != nil {
 		return err
 	}
-	t := cluster.Tenant{Name: c.Args().First(), MaxWorkers: c.Int("max-workers")}
+	t := cluster.Tenant{Name: c.Args().First(), MaxWorkers: c.Int("max-workers"), MaxPriority: c.Int("max-priority")}
 	if s := c.String("max-memory"); s != "" {
 		m, err := cluster.ParseBytes(s)
 		if err != nil {
@@ -68,6 +85,41 @@ func tenantCreate(c *cli.Context) error {
 	return nil
 }
 
+func tenantUpdate(c *cli.Context) error {
+	if err := commands.WantName(c, "the tenant NAME"); err != nil {
+		return err
+	}
+	var ch api.TenantChange
+	if c.IsSet("max-workers") {
+		n := c.Int("max-workers")
+		ch.MaxWorkers = &n
+	}
+	if c.IsSet("max-memory") {
+		m, err := cluster.ParseBytes(c.String("max-memory"))
+		if err != nil {
+			return commands.UsageErr("--max-memory: %v", err)
+		}
+		ch.MaxMemory = &m
+	}
+	if c.IsSet("max-priority") {
+		n := c.Int("max-priority")
+		ch.MaxPriority = &n
+	}
+	if ch == (api.TenantChange{}) {
+		return commands.UsageErr("nothing to change: give --max-workers, --max-memory or --max-priority")
+	}
+	cl, err := commands.NewClient(c)
+	if err != nil {
+		return err
+	}
+	t, err := cl.UpdateTenant(c.Context, c.Args().First(), ch)
+	if err != nil {
+		return commands.APIErr(c, err)
+	}
+	fmt.Fprintf(c.App.Writer, "tenant %s updated: max priority %d\n", t.Name, t.MaxPriority)
+	return nil
+}
+
 func tenantList(c *cli.Context) error {
 	if err := commands.WantArgs(c, 0, "no arguments"); err != nil {
 		return err
@@ -81,7 +133,7 @@ func tenantList(c *cli.Context) error {
 		return commands.APIErr(c, err)
 	}
 	return commands.PrintOut(c, ts, func(w io.Writer) {
-		fmt.Fprintln(w, "NAME\tJOBS\tWORKERS\tMAX WORKERS\tMEMORY\tMAX MEMORY")
+		fmt.Fprintln(w, "NAME\tJOBS\tWORKERS\tMAX WORKERS\tMEMORY\tMAX MEMORY\tMAX PRIORITY")
 		for _, t := range ts {
 			maxW, maxM := "-", "-"
 			if t.MaxWorkers > 0 {
@@ -90,7 +142,7 @@ func tenantList(c *cli.Context) error {
 			if t.MaxMemory > 0 {
 				maxM = t.MaxMemory.String()
 			}
-			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\n", commands.Clip(t.Name, 24), t.Jobs, t.UsedWorkers, maxW, t.UsedMemory, maxM)
+			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%d\n", commands.Clip(t.Name, 24), t.Jobs, t.UsedWorkers, maxW, t.UsedMemory, maxM, t.PriorityCap())
 		}
 	})
 }
