@@ -297,7 +297,13 @@ func (r *reconciler) planEvents(v *View, before map[cluster.WorkerKey]string, pl
 			continue
 		}
 		r.seen.unplaced[k] = u.Reason
-		emit(workerEvent(v, api.EventWorkerUnplaced, k, before[k], u.Reason))
+		reason := u.Reason
+		if mv := moves[k].Reason; mv != "" {
+			// Why it left its node (a preemption names the preempting job, its tenant and
+			// both priorities), then why it fits nowhere else.
+			reason = mv + "; " + u.Reason
+		}
+		emit(workerEvent(v, api.EventWorkerUnplaced, k, before[k], reason))
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(before), func(a, b cluster.WorkerKey) int { return a.Compare(b) }) {
 		if placed[k] || r.seen.unplaced[k] != "" {
