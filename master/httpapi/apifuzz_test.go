@@ -151,6 +151,7 @@ func FuzzMasterAPI(f *testing.F) {
 		{"POST /v1/jobs", 1, "name: a\ntenant: demo\nworkers: 1e9\n"},
 		{"POST /v1/tenants", 1, `{"name": "t1", "maxWorkers": 3}`},
 		{"POST /v1/tenants/demo/token", 3, ``},
+		{"POST /v1/tenants/demo/update", 2, `{"maxPriority": 1000}`},
 		{"POST /v1/dcs/dc-a/restore", 1, `{"rebalance": true}`},
 		{"POST /v1/nodes/%2e%2e/drain", 1, ``},
 		{"GET /v1/jobs/other-job", 2, ``},
