@@ -124,7 +124,8 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m.nodes.decode = m.nodeDecoder
 	m.confs = newMirror(store, cluster.NodeConfsKey, m.poke)
 	m.assigns = newMirror(store, cluster.AssignmentsKey, func() {})
-	m.tenants = newMirror(store, cluster.TenantsKey, func() {})
+	// A tenant's priority cap changes what placement sees of its jobs: replan on a change.
+	m.tenants = newMirror(store, cluster.TenantsKey, m.poke)
 	m.dcs = newMirror(store, cluster.DCsKey, m.poke)
 	return m, nil
 }

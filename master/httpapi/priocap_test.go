@@ -13,6 +13,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/master/httpapi"
 )
 
@@ -135,4 +136,17 @@ func TestPriorityCaps(t *testing.T) {
 		}
 		return n == 4, fmt.Sprintf("%d preemption events", n)
 	})
+
+	// Lowering b's cap leaves b's stored spec at 100, but placement sees min(100, 0): b can
+	// no longer hold what it preempted, and a-low (10) takes its slots back.
+	zero := 0
+	if _, err := admin.UpdateTenant(ctx, "b", api.TenantChange{MaxPriority: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "a-low back on b's slots", 5*time.Second, func() bool {
+		return running("a-low") == 4 && running("b") == 0 && running("a-eq") == 4
+	})
+	if rec, _, err := desired.ReadJob(ctx, tc.Admin, "b"); err != nil || rec.Spec.Priority != 100 {
+		t.Fatalf("b's stored spec: priority %d, %v; want 100 kept", rec.Spec.Priority, err)
+	}
 }
