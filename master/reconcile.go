@@ -234,9 +234,10 @@ func workerAssignment(v *View, j cluster.JobRecord, k cluster.WorkerKey, outputK
 		Pinned:     j.Image.PinnedFor(j.Generation),
 		Env:        env,
 		Resources:  s.Resources,
-		Priority:   s.Priority,
-		Grace:      cluster.Duration(s.Grace()),
-		Output:     s.Output,
+		// The agent orders evictions and OOM scores by it: never above the tenant's cap.
+		Priority: min(s.Priority, v.caps[s.Tenant]),
+		Grace:    cluster.Duration(s.Grace()),
+		Output:   s.Output,
 	}
 	if s.Mirrored() {
 		// Link workers send to the job's routers, whose leader alone writes to the job's
