@@ -97,7 +97,7 @@ func newFixture(b testing.TB, cfg synth.Config) *fixture {
 	for _, spec := range cfg.JobSpecs() {
 		if !tenants[spec.Tenant] {
 			tenants[spec.Tenant] = true
-			if err := desired.CreateTenant(ctx, mc, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
+			if err := desired.CreateTenant(ctx, mc, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant, MaxPriority: cluster.MaxPriority}}); err != nil {
 				b.Fatal(err)
 			}
 		}

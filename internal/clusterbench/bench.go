@@ -378,7 +378,7 @@ func (r *run) register(ctx context.Context) error {
 	for _, j := range r.jobs {
 		if !seen[j.Tenant] {
 			seen[j.Tenant] = true
-			if err := r.cl.CreateTenant(ctx, cluster.Tenant{Name: j.Tenant}); err != nil && !errors.Is(err, api.ErrExists) {
+			if err := r.cl.CreateTenant(ctx, cluster.Tenant{Name: j.Tenant, MaxPriority: cluster.MaxPriority}); err != nil && !errors.Is(err, api.ErrExists) {
 				return fmt.Errorf("create tenant %s: %w", j.Tenant, err)
 			}
 		}

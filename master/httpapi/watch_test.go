@@ -529,7 +529,7 @@ func BenchmarkWatchMap(b *testing.B) {
 	for _, spec := range cfg.JobSpecs() {
 		if !tenants[spec.Tenant] {
 			tenants[spec.Tenant] = true
-			if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant}}); err != nil {
+			if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: spec.Tenant, MaxPriority: cluster.MaxPriority}}); err != nil {
 				b.Fatal(err)
 			}
 		}
