@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +39,8 @@ func (c Credential) GoString() string { return c.String() }
 // credentials can be rotated without a restart.
 type Auth struct {
 	path string
+	// static is set for credentials given as bytes (ParseAuth): there is no file to reread.
+	static bool
 
 	mu      sync.Mutex
 	mod     time.Time
@@ -54,8 +58,66 @@ func LoadAuth(path string) (*Auth, error) {
 	return a, nil
 }
 
-// Path is the file the credentials come from.
-func (a *Auth) Path() string { return a.path }
+// ParseAuth checks credentials given as bytes in Docker's config.json format (a tenant's,
+// as the store keeps them). source names them in errors ("tenant acme's registry
+// credentials"); errors never show a secret.
+func ParseAuth(b []byte, source string) (*Auth, error) {
+	entries, err := parseAuth(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrAuthFile, err)
+	}
+	if len(entries) == 0 {
+		return nil, fmt.Errorf(`%w: no registry in "auths": give at least one {"auths": {"HOST:PORT": {"auth": "base64 of user:password"}}}`, ErrAuthFile)
+	}
+	return &Auth{path: source, static: true, entries: entries}, nil
+}
+
+// Path is the file the credentials come from (or what ParseAuth was told they are).
+func (a *Auth) Path() string {
+	if a == nil {
+		return ""
+	}
+	return a.path
+}
+
+// Hosts lists the registry hosts the credentials are for, sorted.
+func (a *Auth) Hosts() []string {
+	if a == nil {
+		return nil
+	}
+	if err := a.reload(); err != nil {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Sorted(maps.Keys(a.entries))
+}
+
+// Marshal writes the credentials back in Docker's config.json format, with only what
+// stormdock reads (auths, by normalized host): what the store keeps of a tenant's file.
+func (a *Auth) Marshal() []byte {
+	type entry struct {
+		Auth          string `json:"auth,omitempty"`
+		IdentityToken string `json:"identitytoken,omitempty"`
+	}
+	out := struct {
+		Auths map[string]entry `json:"auths"`
+	}{Auths: map[string]entry{}}
+	if a != nil && a.reload() == nil {
+		a.mu.Lock()
+		for host, c := range a.entries {
+			var e entry
+			if c.Username != "" {
+				e.Auth = base64.StdEncoding.EncodeToString([]byte(c.Username + ":" + c.Password))
+			}
+			e.IdentityToken = c.IdentityToken
+			out.Auths[host] = e
+		}
+		a.mu.Unlock()
+	}
+	b, _ := json.Marshal(out)
+	return b
+}
 
 // For returns the credential for a registry host ("127.0.0.1:5055", "docker.io").
 func (a *Auth) For(domain string) (Credential, bool, error) {
@@ -73,6 +135,9 @@ func (a *Auth) For(domain string) (Credential, bool, error) {
 
 // reload reads the file when it changed since the last read.
 func (a *Auth) reload() error {
+	if a.static {
+		return nil
+	}
 	fi, err := os.Stat(a.path)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrAuthFile, err)

@@ -54,6 +54,47 @@ type Resolver struct {
 // Resolve returns the digest (sha256:...) the registry serves for ref's tag now. A reference
 // that carries a digest already resolves to it without a request.
 func (r *Resolver) Resolve(ctx context.Context, ref string) (string, error) {
+	return r.resolve(ctx, ref, r.Auth)
+}
+
+// ResolveAccess resolves ref as Resolve does, with the credentials acc says: the resolver's
+// own (Auth) for a shared image, the tenant's otherwise.
+func (r *Resolver) ResolveAccess(ctx context.Context, ref string, acc Access) (string, error) {
+	d, err := r.resolve(ctx, ref, acc.auth(r.Auth))
+	return d, acc.explain(ref, err)
+}
+
+// CheckAccess asks the registry whether acc's credentials may read ref's manifest (a HEAD,
+// by tag or by digest, so a digest is checked too): how an agent tells that a tenant may
+// run an image the node already has, which another tenant's pull left there.
+func (r *Resolver) CheckAccess(ctx context.Context, ref string, acc Access) error {
+	p, err := ParseRef(ref)
+	if err != nil {
+		return err
+	}
+	if !p.Explicit {
+		return nil
+	}
+	what := p.Tag
+	if p.Digest != "" {
+		what = p.Digest
+	}
+	scheme := "https"
+	if Loopback(p.Domain) {
+		scheme = "http"
+	}
+	u := fmt.Sprintf("%s://%s/v2/%s/manifests/%s", scheme, p.Domain, p.Path, url.PathEscape(what))
+	resp, err := r.do(ctx, http.MethodHead, u, p, acc.auth(r.Auth))
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			err = statusErr(p, ref, resp.StatusCode, nil)
+		}
+	}
+	return acc.explain(ref, err)
+}
+
+func (r *Resolver) resolve(ctx context.Context, ref string, auth *Auth) (string, error) {
 	p, err := ParseRef(ref)
 	if err != nil {
 		return "", err
@@ -69,7 +110,7 @@ func (r *Resolver) Resolve(ctx context.Context, ref string) (string, error) {
 		scheme = "http"
 	}
 	u := fmt.Sprintf("%s://%s/v2/%s/manifests/%s", scheme, p.Domain, p.Path, url.PathEscape(p.Tag))
-	resp, err := r.do(ctx, http.MethodHead, u, p)
+	resp, err := r.do(ctx, http.MethodHead, u, p, auth)
 	if err != nil {
 		return "", err
 	}
@@ -80,7 +121,7 @@ func (r *Resolver) Resolve(ctx context.Context, ref string) (string, error) {
 		}
 	}
 	// No digest header, or an error, whose explanation is only in a body: ask again with GET.
-	resp, err = r.do(ctx, http.MethodGet, u, p)
+	resp, err = r.do(ctx, http.MethodGet, u, p, auth)
 	if err != nil {
 		return "", err
 	}
@@ -100,8 +141,8 @@ func (r *Resolver) Resolve(ctx context.Context, ref string) (string, error) {
 }
 
 // do sends one request, answering a Basic or Bearer challenge with the credential for the
-// registry.
-func (r *Resolver) do(ctx context.Context, method, u string, p Ref) (*http.Response, error) {
+// registry in auth.
+func (r *Resolver) do(ctx context.Context, method, u string, p Ref, auth *Auth) (*http.Response, error) {
 	cl := r.Client
 	if cl == nil {
 		cl = &http.Client{Timeout: 10 * time.Second}
@@ -127,7 +168,7 @@ func (r *Resolver) do(ctx context.Context, method, u string, p Ref) (*http.Respo
 	}
 	challenge := resp.Header.Get("WWW-Authenticate")
 	resp.Body.Close()
-	cred, ok, err := r.Auth.For(p.Domain)
+	cred, ok, err := auth.For(p.Domain)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +193,7 @@ func (r *Resolver) do(ctx context.Context, method, u string, p Ref) (*http.Respo
 	resp, err = send(authz)
 	if err == nil && resp.StatusCode == http.StatusUnauthorized {
 		resp.Body.Close()
-		return nil, fmt.Errorf("%w: registry %s did not accept the credential for %s from %s", ErrUnauthorized, p.Domain, cred.Username, r.Auth.Path())
+		return nil, fmt.Errorf("%w: registry %s did not accept the credential for %s from %s", ErrUnauthorized, p.Domain, cred.Username, auth.Path())
 	}
 	return resp, err
 }

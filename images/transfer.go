@@ -66,11 +66,23 @@ func (m *Manager) Push(ctx context.Context, ref string, pr Progress) (string, er
 // Pull pulls ref through the engine with the credential for its registry. Errors are as
 // Push's.
 func (m *Manager) Pull(ctx context.Context, ref string, pr Progress) error {
+	return m.pull(ctx, ref, m.auth, pr)
+}
+
+// PullAccess pulls ref with the credentials acc says: the manager's own for a shared image,
+// the tenant's (or none) otherwise. A refusal names the image and what the tenant can do.
+// A pull is no check of the tenant's access to an image the engine has: by digest, the
+// engine does not ask the registry at all (TestTenantAccess); Resolver.CheckAccess is.
+func (m *Manager) PullAccess(ctx context.Context, ref string, acc Access, pr Progress) error {
+	return acc.explain(ref, m.pull(ctx, ref, acc.auth(m.auth), pr))
+}
+
+func (m *Manager) pull(ctx context.Context, ref string, a *Auth, pr Progress) error {
 	p, err := ParseRef(ref)
 	if err != nil {
 		return err
 	}
-	auth, err := engineAuth(m.auth, p.Domain)
+	auth, err := engineAuth(a, p.Domain)
 	if err != nil {
 		return err
 	}
