@@ -267,6 +267,39 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	return h, err
 }
 
+// SetRegistryAuth gives a tenant registry credentials (config, Docker's config.json), for
+// its images alone; the admin may for any tenant, a tenant's token for its own. The answer
+// names the registry hosts, never the credentials.
+func (c *Client) SetRegistryAuth(ctx context.Context, tenant string, config []byte) ([]string, error) {
+	var out RegistryAuthReply
+	err := c.do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(tenant)+"/registry-auth", config, "application/json", &out)
+	return out.Hosts, err
+}
+
+// ClearRegistryAuth removes a tenant's registry credentials.
+func (c *Client) ClearRegistryAuth(ctx context.Context, tenant string) error {
+	return c.doJSON(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(tenant)+"/registry-auth/clear", nil, nil)
+}
+
+// SharedImages lists the shared repository prefixes (admin only).
+func (c *Client) SharedImages(ctx context.Context) ([]string, error) {
+	var out SharedImages
+	err := c.doJSON(ctx, http.MethodGet, "/v1/images/shared", nil, &out)
+	return out.Prefixes, err
+}
+
+// ShareImages shares (share true) or unshares a repository prefix (admin only) and returns
+// the list as stored.
+func (c *Client) ShareImages(ctx context.Context, prefix string, share bool) ([]string, error) {
+	path := "/v1/images/unshare"
+	if share {
+		path = "/v1/images/share"
+	}
+	var out SharedImages
+	err := c.doJSON(ctx, http.MethodPost, path, SharePrefix{Prefix: prefix}, &out)
+	return out.Prefixes, err
+}
+
 // TenantToken makes a new token for a tenant (admin only) and returns it.
 func (c *Client) TenantToken(ctx context.Context, name string) (string, error) {
 	var out TokenReply

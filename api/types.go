@@ -103,6 +103,28 @@ type TenantView struct {
 	UsedWorkers int           `json:"usedWorkers"`
 	UsedMemory  cluster.Bytes `json:"usedMemory"`
 	Jobs        int           `json:"jobs"`
+	// RegistryAuth tells whether the tenant has registry credentials of its own, and
+	// RegistryHosts for which registries: never the credentials themselves.
+	RegistryAuth  bool     `json:"registryAuth"`
+	RegistryHosts []string `json:"registryHosts,omitempty"`
+}
+
+// RegistryAuthReply answers a change of a tenant's registry credentials (POST
+// /v1/tenants/NAME/registry-auth and .../clear): the hosts they are for now, nothing else.
+type RegistryAuthReply struct {
+	Tenant string   `json:"tenant"`
+	Hosts  []string `json:"hosts"`
+}
+
+// SharePrefix is the body of POST /v1/images/share and /v1/images/unshare.
+type SharePrefix struct {
+	Prefix string `json:"prefix"`
+}
+
+// SharedImages is the answer of GET /v1/images/shared and of a share or unshare: the
+// repository prefixes whose images nodes fetch with their own registry credentials.
+type SharedImages struct {
+	Prefixes []string `json:"prefixes"`
 }
 
 // ScaleRequest changes a job's worker count.

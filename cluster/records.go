@@ -35,7 +35,31 @@ const (
 	// EventsKey holds the cluster's events (written by the masters, see package scheduler):
 	// its value is the head (the next event id), its children the slots of events.
 	EventsKey = "/events"
+	// SharedImagesKey holds the SharedImages: the repository prefixes the admin shared,
+	// whose images nodes and masters fetch with their own registry credentials.
+	SharedImagesKey = "/shared-images"
 )
+
+// registryAuthChild is the name of a tenant's registry credentials below its record: a key
+// of its own, so that nothing that reads tenant records (the API's list, the masters'
+// mirror, token checks) ever holds them.
+const registryAuthChild = "registry-auth"
+
+// TenantRegistryAuthKey is the store key of a tenant's registry credentials (Docker's
+// config.json, as images.Auth.Marshal writes it).
+func TenantRegistryAuthKey(name string) (string, error) {
+	k, err := TenantKey(name)
+	if err != nil {
+		return "", err
+	}
+	return k + "/" + registryAuthChild, nil
+}
+
+// SharedImages is the admin's list of shared repository prefixes (normalized by
+// images.CheckPrefix: REGISTRY[/PATH], no trailing slash), sorted.
+type SharedImages struct {
+	Prefixes []string `json:"prefixes"`
+}
 
 // The key builders below are the only way store keys are made from names. Each refuses a
 // name CheckName refuses (wrapping ErrInvalidName), so that a name no entry point checked

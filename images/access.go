@@ -50,9 +50,16 @@ func (a Access) explain(ref string, err error) error {
 	if _, ok, _ := a.Auth.For(host); ok {
 		why = fmt.Sprintf("registry %s refused tenant %s's credentials", host, t)
 	}
-	return fmt.Errorf("%w: %w: image %s: %s: give the tenant registry credentials with `stormdock tenant registry-auth %s FILE`, or ask the admin to share it (`stormdock image share PREFIX`)",
-		ErrNoAccess, ErrUnauthorized, ref, why, t)
+	return &accessError{msg: fmt.Sprintf("image %s: %s: give the tenant registry credentials with `stormdock tenant registry-auth %s FILE`, or ask the admin to share it (`stormdock image share PREFIX`)",
+		ref, why, t)}
 }
+
+// accessError is a tenant's refusal: ErrNoAccess and ErrUnauthorized, without their texts.
+type accessError struct{ msg string }
+
+func (e *accessError) Error() string { return e.msg }
+
+func (e *accessError) Is(target error) bool { return target == ErrNoAccess || target == ErrUnauthorized }
 
 // Explain is explain for callers outside the package (an engine pull's refusal).
 func (a Access) Explain(ref string, err error) error { return a.explain(ref, err) }

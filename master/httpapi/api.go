@@ -61,6 +61,11 @@ func New(m *master.Master, cfg Config) *API {
 	route("POST /v1/tenants", roleAdmin, a.createTenant)
 	route("POST /v1/tenants/{name}/token", roleAdmin, a.tenantToken)
 	route("POST /v1/tenants/{name}/update", roleAdmin, a.updateTenant)
+	route("POST /v1/tenants/{name}/registry-auth", roleTenant, a.setRegistryAuth)
+	route("POST /v1/tenants/{name}/registry-auth/clear", roleTenant, a.clearRegistryAuth)
+	route("GET /v1/images/shared", roleAdmin, a.sharedImages)
+	route("POST /v1/images/share", roleAdmin, a.shareImages(true))
+	route("POST /v1/images/unshare", roleAdmin, a.shareImages(false))
 	route("GET /v1/watch", roleTenant, newWatchHub(a).serve)
 	route("GET /v1/jobs/{name}/links", roleTenant, a.getLinks)
 	route("POST /v1/jobs/{name}/failover", roleTenant, a.failover)
@@ -337,9 +342,78 @@ func (a *API) listTenants(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			continue
 		}
-		out = append(out, master.TenantView(jobs, t.Tenant))
+		tv := master.TenantView(jobs, t.Tenant)
+		// Whether it has registry credentials, and for which hosts: never what they are.
+		if auth, err := desired.TenantRegistryAuth(r.Context(), a.store, name); err == nil && auth != nil {
+			tv.RegistryAuth, tv.RegistryHosts = true, auth.Hosts()
+		}
+		out = append(out, tv)
 	}
 	reply(w, http.StatusOK, out)
+}
+
+// setRegistryAuth stores a tenant's registry credentials: the body is Docker's config.json.
+// The admin may set any tenant's, a tenant's token only its own. Neither the answer, nor an
+// error, nor the audit line carries a value of the body.
+func (a *API) setRegistryAuth(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := mayUse(principalOf(r.Context()), name); err != nil {
+		failErr(w, fmt.Errorf("%w: the token of tenant %s cannot set tenant %s's registry credentials", api.ErrForbidden, principalOf(r.Context()).tenant, name))
+		return
+	}
+	data, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	hosts, err := desired.SetTenantRegistryAuth(r.Context(), a.store, name, data)
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	a.log.Info("tenant registry credentials set", "tenant", name, "hosts", hosts)
+	reply(w, http.StatusOK, api.RegistryAuthReply{Tenant: name, Hosts: hosts})
+}
+
+func (a *API) clearRegistryAuth(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := mayUse(principalOf(r.Context()), name); err != nil {
+		failErr(w, fmt.Errorf("%w: the token of tenant %s cannot clear tenant %s's registry credentials", api.ErrForbidden, principalOf(r.Context()).tenant, name))
+		return
+	}
+	if err := desired.ClearTenantRegistryAuth(r.Context(), a.store, name); err != nil {
+		failErr(w, err)
+		return
+	}
+	a.log.Info("tenant registry credentials cleared", "tenant", name)
+	reply(w, http.StatusOK, api.RegistryAuthReply{Tenant: name, Hosts: []string{}})
+}
+
+func (a *API) sharedImages(w http.ResponseWriter, r *http.Request) {
+	ps, err := desired.SharedImages(r.Context(), a.store)
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	reply(w, http.StatusOK, api.SharedImages{Prefixes: ps})
+}
+
+// shareImages adds or removes a shared repository prefix: images under it are fetched with
+// the nodes' and masters' own registry credentials, for every tenant.
+func (a *API) shareImages(share bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req api.SharePrefix
+		if !decodeJSON(w, r, &req) {
+			return
+		}
+		noteObject(r, "image/"+req.Prefix)
+		ps, err := desired.ShareImages(r.Context(), a.store, req.Prefix, share)
+		if err != nil {
+			failErr(w, err)
+			return
+		}
+		a.log.Info("shared images changed", "prefix", req.Prefix, "shared", share)
+		reply(w, http.StatusOK, api.SharedImages{Prefixes: ps})
+	}
 }
 
 func (a *API) createTenant(w http.ResponseWriter, r *http.Request) {

@@ -14,6 +14,7 @@ import (
 	"github.com/moby/term"
 	"github.com/urfave/cli/v2"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/docker"
@@ -64,6 +65,27 @@ var Command = &cli.Command{
 			Name:   "prune",
 			Usage:  "remove stormdock images no container uses",
 			Action: imagePrune,
+		},
+		{
+			Name: "share",
+			Usage: "share a repository prefix (REGISTRY/PATH/, like 127.0.0.1:5055/base/) with every tenant: its images are pinned and pulled " +
+				"with the master's and the nodes' own --registry-auth (admin only; other images only with their tenant's credentials)",
+			ArgsUsage: "PREFIX",
+			Flags:     commands.MasterFlags(),
+			Action:    imageShare(true),
+		},
+		{
+			Name:      "unshare",
+			Usage:     "stop sharing a repository prefix (admin only)",
+			ArgsUsage: "PREFIX",
+			Flags:     commands.MasterFlags(),
+			Action:    imageShare(false),
+		},
+		{
+			Name:   "shared",
+			Usage:  "list the shared repository prefixes (admin only)",
+			Flags:  append(commands.MasterFlags(), commands.OutputFlag),
+			Action: imageShared,
 		},
 	},
 }
@@ -272,4 +294,51 @@ func parseLabels(flags []string) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
+}
+
+// imageShare shares or unshares a prefix through the master; the prefix is checked here first.
+func imageShare(share bool) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if err := commands.WantArgs(c, 1, "a repository PREFIX (REGISTRY/PATH/)"); err != nil {
+			return err
+		}
+		prefix := c.Args().First()
+		if _, err := images.CheckPrefix(prefix); err != nil {
+			return commands.UsageErr("%v", err)
+		}
+		cl, err := commands.NewClient(c)
+		if err != nil {
+			return err
+		}
+		ps, err := cl.ShareImages(c.Context, prefix, share)
+		if err != nil {
+			return commands.APIErr(c, err)
+		}
+		verb := "shared"
+		if !share {
+			verb = "unshared"
+		}
+		fmt.Fprintf(c.App.Writer, "%s %s; shared now: %s\n", verb, prefix, commands.OrDash(strings.Join(ps, ", ")))
+		return nil
+	}
+}
+
+func imageShared(c *cli.Context) error {
+	if err := commands.WantArgs(c, 0, "no arguments"); err != nil {
+		return err
+	}
+	cl, err := commands.NewClient(c)
+	if err != nil {
+		return err
+	}
+	ps, err := cl.SharedImages(c.Context)
+	if err != nil {
+		return commands.APIErr(c, err)
+	}
+	return commands.PrintOut(c, api.SharedImages{Prefixes: ps}, func(w io.Writer) {
+		fmt.Fprintln(w, "PREFIX")
+		for _, p := range ps {
+			fmt.Fprintln(w, p)
+		}
+	})
 }

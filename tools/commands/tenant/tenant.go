@@ -5,11 +5,14 @@ package tenant
 import (
 	"fmt"
 	"io"
+	"os"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/tools/commands"
 )
 
@@ -44,6 +47,14 @@ var Command = &cli.Command{
 			ArgsUsage: "NAME",
 			Flags:     commands.MasterFlags(),
 			Action:    tenantToken,
+		},
+		{
+			Name: "registry-auth",
+			Usage: "give a tenant registry credentials (Docker's config.json; - reads stdin), used for its images alone; " +
+				"--clear removes them (the admin for any tenant, a tenant's token for its own)",
+			ArgsUsage: "NAME FILE|-",
+			Flags:     append(commands.MasterFlags(), &cli.BoolFlag{Name: "clear", Usage: "remove the tenant's registry credentials (no FILE)"}),
+			Action:    tenantRegistryAuth,
 		},
 		{
 			Name:   "list",
@@ -133,7 +144,7 @@ func tenantList(c *cli.Context) error {
 		return commands.APIErr(c, err)
 	}
 	return commands.PrintOut(c, ts, func(w io.Writer) {
-		fmt.Fprintln(w, "NAME\tJOBS\tWORKERS\tMAX WORKERS\tMEMORY\tMAX MEMORY\tMAX PRIORITY")
+		fmt.Fprintln(w, "NAME\tJOBS\tWORKERS\tMAX WORKERS\tMEMORY\tMAX MEMORY\tMAX PRIORITY\tREGISTRY-AUTH")
 		for _, t := range ts {
 			maxW, maxM := "-", "-"
 			if t.MaxWorkers > 0 {
@@ -142,9 +153,66 @@ func tenantList(c *cli.Context) error {
 			if t.MaxMemory > 0 {
 				maxM = t.MaxMemory.String()
 			}
-			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%d\n", commands.Clip(t.Name, 24), t.Jobs, t.UsedWorkers, maxW, t.UsedMemory, maxM, t.PriorityCap())
+			regAuth := "no"
+			if t.RegistryAuth {
+				regAuth = "yes (" + strings.Join(t.RegistryHosts, ", ") + ")"
+			}
+			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%d\t%s\n", commands.Clip(t.Name, 24), t.Jobs, t.UsedWorkers, maxW, t.UsedMemory, maxM, t.PriorityCap(), regAuth)
 		}
 	})
+}
+
+// tenantRegistryAuth sends a tenant's registry credentials, checked here first with the
+// parser the master uses, so that a wrong file is refused before any request. Nothing of the
+// file is ever printed.
+func tenantRegistryAuth(c *cli.Context) error {
+	name := c.Args().First()
+	if c.Bool("clear") {
+		if err := commands.WantName(c, "the tenant NAME (and no FILE with --clear)"); err != nil {
+			return err
+		}
+	} else {
+		if err := commands.WantArgs(c, 2, "the tenant NAME and a FILE in Docker's config.json format (- for stdin)"); err != nil {
+			return err
+		}
+		if err := cluster.CheckName(name); err != nil {
+			return commands.UsageErr("the tenant NAME: %v", err)
+		}
+	}
+	cl, err := commands.NewClient(c)
+	if err != nil {
+		return err
+	}
+	if c.Bool("clear") {
+		if err := cl.ClearRegistryAuth(c.Context, name); err != nil {
+			return commands.APIErr(c, err)
+		}
+		fmt.Fprintf(c.App.Writer, "tenant %s: registry credentials removed\n", name)
+		return nil
+	}
+	file := c.Args().Get(1)
+	var data []byte
+	if file == "-" {
+		data, err = io.ReadAll(io.LimitReader(c.App.Reader, api.MaxBodyBytes+1))
+	} else {
+		data, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return commands.UsageErr("read registry credentials %s: %v", file, err)
+	}
+	source := file
+	if file == "-" {
+		source = "stdin"
+	}
+	if _, err := images.ParseAuth(data, source); err != nil {
+		return commands.UsageErr("%s: %v", source, err)
+	}
+	hosts, err := cl.SetRegistryAuth(c.Context, name, data)
+	if err != nil {
+		return commands.APIErr(c, err)
+	}
+	fmt.Fprintf(c.App.Writer, "tenant %s: registry credentials set for %s\n", name, strings.Join(hosts, ", "))
+	return nil
 }
 
 func tenantToken(c *cli.Context) error {
