@@ -59,7 +59,9 @@ type accessError struct{ msg string }
 
 func (e *accessError) Error() string { return e.msg }
 
-func (e *accessError) Is(target error) bool { return target == ErrNoAccess || target == ErrUnauthorized }
+func (e *accessError) Is(target error) bool {
+	return target == ErrNoAccess || target == ErrUnauthorized
+}
 
 // Explain is explain for callers outside the package (an engine pull's refusal).
 func (a Access) Explain(ref string, err error) error { return a.explain(ref, err) }
