@@ -222,6 +222,8 @@ type Agent struct {
 	ran    bool
 	cur    *run     // the running loop, for Victims and Evict
 	wanted []string // images the assignment needs (WantedImages)
+	// accessChecks holds when tenants' access checks of cached images passed (images.go).
+	accessChecks map[string]time.Time
 }
 
 // New returns an agent for the node in cfg that runs workers through drivers and keeps its

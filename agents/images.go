@@ -2,6 +2,10 @@ package agents
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -11,17 +15,92 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
-// Images fetches docker workers' images onto the node (package images, through the engine,
-// with the agent's registry credentials). Credentials stay behind it: the agent never sees
-// or logs them.
+// Images fetches docker workers' images onto the node (package images, through the engine).
+// Whose registry credentials it uses, acc says: the node's own (--registry-auth, kept behind
+// it) for an image under a prefix the admin shared, the worker's tenant's otherwise (from the
+// store), never another tenant's. Credentials are never logged.
 type Images interface {
 	// Has reports whether ref is on the node.
 	Has(ctx context.Context, ref string) (bool, error)
-	// Pull fetches ref; its error names the registry and says why.
-	Pull(ctx context.Context, ref string) error
+	// Pull fetches ref with acc's credentials; its error names the registry and says why.
+	Pull(ctx context.Context, ref string, acc images.Access) error
+	// Check asks the registry whether acc's credentials may read ref's manifest. An image
+	// on the node may have been pulled for another tenant, and the engine pulls a digest it
+	// has without asking the registry: so a tenant's worker starts on a cached image only
+	// after this check.
+	Check(ctx context.Context, ref string, acc images.Access) error
+}
+
+// checkTTL is how long a tenant's successful access check of an image is trusted: a worker
+// that restarts within it starts without a registry round trip. Credentials taken away, or
+// changed, take effect after it at most (changed ones at once: they are part of the key).
+const checkTTL = time.Minute
+
+// imageAccess reads from the store whose credentials fetch tenant's image ref: the node's
+// own when ref is under a shared prefix, the tenant's otherwise (nil when it has none).
+func (a *Agent) imageAccess(ctx context.Context, tenant, ref string) (images.Access, error) {
+	acc := images.Access{Tenant: tenant}
+	e, err := a.store.Get(ctx, cluster.SharedImagesKey)
+	switch {
+	case err == nil:
+		var si cluster.SharedImages
+		if err := json.Unmarshal(e.Value, &si); err != nil {
+			return acc, fmt.Errorf("read shared images: %w", err)
+		}
+		if images.SharedUnder(si.Prefixes, ref) {
+			acc.Shared = true
+			return acc, nil
+		}
+	case !errors.Is(err, coord.ErrNotFound):
+		return acc, fmt.Errorf("read shared images: %w", err)
+	}
+	if tenant == "" {
+		return acc, nil
+	}
+	key, err := cluster.TenantRegistryAuthKey(tenant)
+	if err != nil {
+		return acc, err
+	}
+	e, err = a.store.Get(ctx, key)
+	switch {
+	case errors.Is(err, coord.ErrNotFound):
+		return acc, nil
+	case err != nil:
+		return acc, fmt.Errorf("read tenant %s's registry credentials: %w", tenant, err)
+	}
+	if acc.Auth, err = images.ParseAuth(e.Value, "tenant "+tenant+"'s registry credentials"); err != nil {
+		return acc, fmt.Errorf("read tenant %s's registry credentials: %w", tenant, err)
+	}
+	return acc, nil
+}
+
+// checked reports whether tenant passed an access check of ref with these credentials within
+// checkTTL; ok records a check that passed.
+func (a *Agent) checked(tenant, ref string, acc images.Access, ok bool) bool {
+	sum := sha256.Sum256(acc.Auth.Marshal())
+	key := tenant + "\x00" + ref + "\x00" + hex.EncodeToString(sum[:])
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	if ok {
+		if a.accessChecks == nil {
+			a.accessChecks = map[string]time.Time{}
+		}
+		for k, at := range a.accessChecks {
+			if now.Sub(at) > checkTTL {
+				delete(a.accessChecks, k)
+			}
+		}
+		a.accessChecks[key] = now
+		return true
+	}
+	at, found := a.accessChecks[key]
+	return found && now.Sub(at) <= checkTTL
 }
 
 // imageRef is the image a docker worker runs: pinned by digest when the master pinned it.
@@ -63,29 +142,53 @@ func newImageMetrics(reg prometheus.Registerer) (*imageMetrics, error) {
 	return m, nil
 }
 
-// pull fetches ref unless the node has it; onPull runs (in the caller's goroutine) once it
-// turns out a pull is needed.
-func (a *Agent) pull(ctx context.Context, ref string, onPull func()) error {
-	ok, err := a.cfg.Images.Has(ctx, ref)
-	if err != nil || ok {
+// pull fetches tenant's image ref unless the node has it, with the credentials imageAccess
+// says; an image the node has is used only once the tenant's credentials pass the registry's
+// check (a shared one needs none). onPull runs (in the caller's goroutine) once it turns out
+// a pull is needed.
+func (a *Agent) pull(ctx context.Context, tenant, ref string, onPull func()) error {
+	acc, err := a.imageAccess(ctx, tenant, ref)
+	if err != nil {
 		return err
+	}
+	ok, err := a.cfg.Images.Has(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if acc.Shared || !explicitRegistry(ref) || a.checked(tenant, ref, acc, false) {
+			return nil
+		}
+		if err := a.cfg.Images.Check(ctx, ref, acc); err != nil {
+			return err
+		}
+		a.checked(tenant, ref, acc, true)
+		return nil
 	}
 	onPull()
 	t0 := time.Now()
-	err = a.cfg.Images.Pull(ctx, ref)
+	err = a.cfg.Images.Pull(ctx, ref, acc)
 	if err != nil {
 		a.imageMetrics.pulls.WithLabelValues("failed").Inc()
 		return err
 	}
 	a.imageMetrics.pulls.WithLabelValues("ok").Inc()
 	a.imageMetrics.duration.Observe(time.Since(t0).Seconds())
+	a.checked(tenant, ref, acc, true) // the pull asked the registry with these credentials
 	return nil
+}
+
+// explicitRegistry reports whether ref names its registry. One that does not (built on the
+// node, or a Docker Hub short name) has no registry to check it against: see docs/images.md.
+func explicitRegistry(ref string) bool {
+	p, err := images.ParseRef(ref)
+	return err == nil && p.Explicit
 }
 
 // fetch pulls the image of a docker worker being started when the node lacks it, showing the
 // worker as pulling meanwhile.
-func (r *run) fetch(ctx context.Context, s *slot, seq int, ref string) error {
-	return r.a.pull(ctx, ref, func() {
+func (r *run) fetch(ctx context.Context, s *slot, seq int, tenant, ref string) error {
+	return r.a.pull(ctx, tenant, ref, func() {
 		r.post(func() {
 			if s.seq == seq && s.busy {
 				s.state, s.since = cluster.WorkerPulling, time.Now()
@@ -185,9 +288,9 @@ func (r *run) startPrepull(ref string, p *prepull) {
 		r.prepullDone(ref, p, p.seq, fmt.Errorf("this node pulls no images: its agent offers no docker isolation"))
 		return
 	}
-	seq, ctx := p.seq, r.ctx
+	seq, ctx, tenant := p.seq, r.ctx, r.prepullTenants[ref]
 	r.goOp(func() {
-		err := r.a.pull(ctx, ref, func() {})
+		err := r.a.pull(ctx, tenant, ref, func() {})
 		r.post(func() { r.prepullDone(ref, p, seq, err) })
 	})
 }

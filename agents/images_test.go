@@ -117,11 +117,12 @@ func dockerClient(t *testing.T) *client.Client {
 // hold a pull at.
 type puller struct {
 	m    *images.Manager
-	gate chan struct{} // nil: never held
+	res  *images.Resolver // nil: anonymous, as a node without --registry-auth
+	gate chan struct{}    // nil: never held
 }
 
 func (p puller) Has(ctx context.Context, ref string) (bool, error) { return p.m.Has(ctx, ref) }
-func (p puller) Pull(ctx context.Context, ref string) error {
+func (p puller) Pull(ctx context.Context, ref string, acc images.Access) error {
 	if p.gate != nil {
 		select {
 		case <-p.gate:
@@ -129,7 +130,14 @@ func (p puller) Pull(ctx context.Context, ref string) error {
 			return ctx.Err()
 		}
 	}
-	return p.m.Pull(ctx, ref, images.Progress{})
+	return p.m.PullAccess(ctx, ref, acc, images.Progress{})
+}
+func (p puller) Check(ctx context.Context, ref string, acc images.Access) error {
+	res := p.res
+	if res == nil {
+		res = &images.Resolver{}
+	}
+	return res.CheckAccess(ctx, ref, acc)
 }
 
 // dockerAgent is an agent with both drivers, whose containers carry a label of the test's

@@ -207,7 +207,7 @@ func (r *run) start(s *slot) {
 			}
 		}
 		if pull {
-			if err := r.fetch(ctx, s, seq, spec.Image); err != nil {
+			if err := r.fetch(ctx, s, seq, s.assign.Tenant, spec.Image); err != nil {
 				r.post(func() { r.pullFailed(s, seq, err) })
 				return
 			}

@@ -55,6 +55,8 @@ type run struct {
 
 	prepulls  map[string]*prepull // by reference: the assignment's pre-pull list (images.go)
 	prepullAt time.Time           // when a retry of failed pre-pulls is due, if one is set
+	// prepullTenants names whose credentials pull each pre-pulled image (images.go).
+	prepullTenants map[string]string
 }
 
 // minWrite bounds how often the node record is written: the master sees a worker's or the
@@ -223,6 +225,7 @@ func (r *run) setAssignment(ev coord.Event) {
 		}
 		r.assignSession = na.Session
 		prepull = na.Prepull
+		r.prepullTenants = na.PrepullTenants
 		for _, wa := range na.Workers {
 			id := workerID(r.a.cfg.Node.ID, wa.Key)
 			if wa.Stop {

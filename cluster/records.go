@@ -303,6 +303,10 @@ type NodeAssignment struct {
 	// rollout that replaces a worker with a new image stops it only for stop and start; the
 	// agent reports them in its NodeRecord's Images.
 	Prepull []string `json:"prepull,omitempty"`
+	// PrepullTenants names, for each Prepull image, the tenant whose registry credentials
+	// pull it (a shared image is pulled with the node's own): an agent never fetches a
+	// tenant's image with credentials another gave.
+	PrepullTenants map[string]string `json:"prepullTenants,omitempty"`
 	// Session is the store session owning the node's entry when the master wrote this: the
 	// node's agent acts only on an assignment stamped with its current session, one written
 	// after the master saw the node as it is registered now.

@@ -93,11 +93,19 @@ type Agent struct {
 }
 
 // puller adapts images.Manager to agents.Images.
-type puller struct{ m *images.Manager }
+// puller is the agent's images: pulls through the engine, access checks through the
+// registry's HTTP API, both with the node's own credentials for shared images only.
+type puller struct {
+	m   *images.Manager
+	res *images.Resolver
+}
 
 func (p puller) Has(ctx context.Context, ref string) (bool, error) { return p.m.Has(ctx, ref) }
-func (p puller) Pull(ctx context.Context, ref string) error {
-	return p.m.Pull(ctx, ref, images.Progress{})
+func (p puller) Pull(ctx context.Context, ref string, acc images.Access) error {
+	return p.m.PullAccess(ctx, ref, acc, images.Progress{})
+}
+func (p puller) Check(ctx context.Context, ref string, acc images.Access) error {
+	return p.res.CheckAccess(ctx, ref, acc)
 }
 
 // NewAgent builds the node's drivers (with the cgroup fallback), its health monitor, its
@@ -200,7 +208,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 			}
 		}
 		mgr = images.New(a.drivers.Docker, images.WithAuth(auth), images.WithLogger(log))
-		pull = puller{mgr}
+		pull = puller{m: mgr, res: &images.Resolver{Auth: auth}}
 	}
 	ds := make([]agents.Driver, len(a.drivers.List))
 	for i, d := range a.drivers.List {

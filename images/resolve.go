@@ -59,7 +59,15 @@ func (r *Resolver) Resolve(ctx context.Context, ref string) (string, error) {
 
 // ResolveAccess resolves ref as Resolve does, with the credentials acc says: the resolver's
 // own (Auth) for a shared image, the tenant's otherwise.
+// A reference by digest is checked too (CheckAccess): a digest another tenant's job made
+// known is no way into its image.
 func (r *Resolver) ResolveAccess(ctx context.Context, ref string, acc Access) (string, error) {
+	if p, err := ParseRef(ref); err == nil && p.Digest != "" && p.Explicit {
+		if err := r.CheckAccess(ctx, ref, acc); err != nil {
+			return "", err
+		}
+		return p.Digest, nil
+	}
 	d, err := r.resolve(ctx, ref, acc.auth(r.Auth))
 	return d, acc.explain(ref, err)
 }

@@ -11,12 +11,31 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/master/desired"
 )
 
 // Resolver turns an image tag into the digest its registry serves now (images.Resolver,
-// through the registry's HTTP API).
+// through the registry's HTTP API), with the credentials acc says: the master's own
+// (--registry-auth) for a shared image, the tenant's otherwise.
 type Resolver interface {
-	Resolve(ctx context.Context, ref string) (string, error)
+	ResolveAccess(ctx context.Context, ref string, acc images.Access) (string, error)
+}
+
+// ImageAccess says whose credentials fetch a tenant's image: the master's and the nodes' own
+// when the image is under a prefix the admin shared, the tenant's (from the store) otherwise,
+// never another tenant's.
+func ImageAccess(ctx context.Context, s coord.KV, tenant, ref string) (images.Access, error) {
+	acc := images.Access{Tenant: tenant}
+	shared, err := desired.SharedImages(ctx, s)
+	if err != nil {
+		return acc, err
+	}
+	if images.SharedUnder(shared, ref) {
+		acc.Shared = true
+		return acc, nil
+	}
+	acc.Auth, err = desired.TenantRegistryAuth(ctx, s, tenant)
+	return acc, err
 }
 
 // Pinning: the master resolves a docker job's image tag to a digest when the job is
@@ -24,7 +43,10 @@ type Resolver interface {
 // decide. So the digest is known before any worker starts; workers started at once on many
 // nodes cannot see different images when the tag moves meanwhile; job status shows it at
 // once; and a rollout can have the new generation's image pre-pulled before it stops a
-// worker. It costs the master a route to the registry and its credentials (--registry-auth).
+// worker. It costs the master a route to the registry, and credentials: the tenant's own
+// (`stormdock tenant registry-auth`), or the master's (--registry-auth) for images under a
+// prefix the admin shared (`stormdock image share`), so that a tenant cannot pin another
+// tenant's private image.
 // A job is accepted when its image cannot be resolved yet (registry down, tag not pushed
 // yet): its workers pull the tag, the reason is shown, and the leader tries again every
 // PinRetry until the image is pinned.
@@ -38,7 +60,7 @@ const DefaultPinRetry = 5 * time.Second
 // pinImage resolves the image of spec for generation gen. It returns nil for a job that has
 // no image to pin: not docker, or an image that names no registry (built on the nodes, or
 // from Docker Hub by short name).
-func pinImage(ctx context.Context, res Resolver, spec *cluster.JobSpec, gen int64) *cluster.ImagePin {
+func pinImage(ctx context.Context, res Resolver, store coord.KV, spec *cluster.JobSpec, gen int64) *cluster.ImagePin {
 	if res == nil || spec.IsolationMode() != cluster.IsolationDocker || spec.Image == "" {
 		return nil
 	}
@@ -49,7 +71,11 @@ func pinImage(ctx context.Context, res Resolver, spec *cluster.JobSpec, gen int6
 	pin := &cluster.ImagePin{Generation: gen, Image: spec.Image}
 	ctx, cancel := context.WithTimeout(ctx, pinTimeout)
 	defer cancel()
-	dgst, err := res.Resolve(ctx, spec.Image)
+	var dgst string
+	acc, err := ImageAccess(ctx, store, spec.Tenant, spec.Image)
+	if err == nil {
+		dgst, err = res.ResolveAccess(ctx, spec.Image, acc)
+	}
 	if err == nil {
 		pin.Ref, err = ref.WithDigest(dgst)
 	}
@@ -81,7 +107,7 @@ func (m *Master) repin(ctx context.Context) {
 			if json.Unmarshal(snap[name].Value, &rec) != nil || !unpinned(rec) {
 				continue
 			}
-			pin := pinImage(ctx, m.cfg.Resolver, &rec.Spec, rec.Generation)
+			pin := pinImage(ctx, m.cfg.Resolver, m.store, &rec.Spec, rec.Generation)
 			if pin == nil || (pin.Ref == "" && pin.Error == rec.Image.Error) {
 				continue
 			}

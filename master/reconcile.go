@@ -202,6 +202,12 @@ func (r *reconciler) desired(v *View, placements []cluster.Placement, stopping m
 			a.DC, a.Rack, a.Session = rec.Node.DC, rec.Node.Rack, v.sessions[node]
 			if r.ro != nil {
 				a.Prepull = r.ro.prepull[node]
+				for _, ref := range a.Prepull {
+					if a.PrepullTenants == nil {
+						a.PrepullTenants = map[string]string{}
+					}
+					a.PrepullTenants[ref] = r.ro.prepullTenant[ref]
+				}
 			}
 		} else {
 			old := r.assign[node].a

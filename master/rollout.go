@@ -48,6 +48,8 @@ type rolloutPlan struct {
 	cur     map[cluster.WorkerKey]assigned // where each worker is assigned now, and as what
 	jobs    map[string]*jobRollout         // jobs whose rollout holds workers
 	prepull map[string][]string            // images each node pulls ahead
+	// prepullTenant is the tenant whose credentials pull each pre-pulled image.
+	prepullTenant map[string]string
 	wake    time.Time                      // when a rollout needs a reconcile by time alone
 }
 
@@ -120,7 +122,7 @@ func (r *reconciler) targetFor(v *View, rec cluster.JobRecord, k cluster.WorkerK
 // placements with the workers a rollout holds kept where they run and moves sequenced.
 func (r *reconciler) rollouts(ctx context.Context, v *View, placements []cluster.Placement) ([]cluster.Placement, error) {
 	now := time.Now()
-	plan := &rolloutPlan{cur: r.assignedWorkers(v), jobs: map[string]*jobRollout{}, prepull: map[string][]string{}}
+	plan := &rolloutPlan{cur: r.assignedWorkers(v), jobs: map[string]*jobRollout{}, prepull: map[string][]string{}, prepullTenant: map[string]string{}}
 	r.ro = plan
 	planned := make(map[cluster.WorkerKey]string, len(placements))
 	for _, p := range placements {
@@ -167,6 +169,9 @@ func (r *reconciler) rollouts(ctx context.Context, v *View, placements []cluster
 		if in.image != "" {
 			for _, node := range slices.Sorted(maps.Keys(st.prepull)) {
 				plan.prepull[node] = append(plan.prepull[node], in.image)
+			}
+			if _, ok := plan.prepullTenant[in.image]; !ok {
+				plan.prepullTenant[in.image] = rec.Spec.Tenant // jobs in name order: the first one's
 			}
 		}
 		if !st.wake.IsZero() && (plan.wake.IsZero() || st.wake.Before(plan.wake)) {
