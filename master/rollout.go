@@ -50,7 +50,7 @@ type rolloutPlan struct {
 	prepull map[string][]string            // images each node pulls ahead
 	// prepullTenant is the tenant whose credentials pull each pre-pulled image.
 	prepullTenant map[string]string
-	wake    time.Time                      // when a rollout needs a reconcile by time alone
+	wake          time.Time // when a rollout needs a reconcile by time alone
 }
 
 // assigned is a worker's current assignment and node.
