@@ -59,7 +59,7 @@ var AgentCommand = &cli.Command{
 		&cli.StringFlag{Name: "run-as", Usage: "`USER` (name or UID:GID) process workers run as, with no new privileges (default: nobody when the agent runs as root; root keeps them root)"},
 		&cli.StringFlag{Name: "state-dir", Usage: "agent and driver state `DIR`", Value: "/var/lib/stormdock/agent"},
 		&cli.StringFlag{Name: "docker-host", Usage: "docker engine for --isolation docker (default: DOCKER_HOST or the local socket)"},
-		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) docker workers' images are pulled with"},
+		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for images under the prefixes the admin shares (`stormdock image share`); tenants' other images are pulled with their own (`stormdock tenant registry-auth`)"},
 		&cli.IntFlag{Name: "image-gc-keep", Usage: "keep at most N stormdock images no container uses, removing the least recently used beyond (0: no count cap)", Value: 5},
 		&cli.StringFlag{Name: "image-gc-max-size", Usage: "remove unused stormdock images, least recently used first, while all of them take more than `QUANTITY` (e.g. 5Gi; 0: no size cap)", Value: "0"},
 		&cli.DurationFlag{Name: "image-gc-unused", Usage: "an image is removed only after no container used it for this long", Value: images.DefaultGCUnused},

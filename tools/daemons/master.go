@@ -77,7 +77,7 @@ var MasterCommand = &cli.Command{
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600), api.url and, with --tls, ca.crt, ca.key, master.crt and master.key", Value: commands.DefaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 		&cli.DurationFlag{Name: "reregister-grace", Usage: "after this master starts leading or its store comes back, how long nodes missing from the store are waited for before their workers move", Value: master.DefaultReregisterGrace},
-		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin docker jobs' image tags to digests with"},
+		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin the images under shared prefixes (`stormdock image share`) to digests with; tenants' other images are pinned with their own (`stormdock tenant registry-auth`)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS: a CA and a server certificate are made in --data at the first start"},
 		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
 	), eventsFlags()...),

@@ -28,7 +28,7 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the store, the admin token and the agents' state", Value: commands.DefaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` of the master's API and /metrics", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT)"},
-		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for pinning and pulling docker workers' images"},
+		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for pinning and pulling the images under shared prefixes (`stormdock image share`); tenants' other images use their own (`stormdock tenant registry-auth`)"},
 		&cli.StringFlag{Name: "run-as", Usage: "`USER` (name or UID:GID) process workers run as, with no new privileges; --data must then be reachable by that user (default: as you)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS (a CA and certificate are made in --data at the first start; the CLI trusts them by itself)", Value: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
