@@ -31,7 +31,9 @@ var Command = &cli.Command{
 	Description: "Talks to the engine at DOCKER_HOST or the default socket. Images pushed to a registry (--tag REGISTRY/NAME:TAG)\n" +
 		"are pulled by agents that lack them. The stormdock binary put into images is this one if it is static\n" +
 		"(CGO_ENABLED=0), else name one with --binary; stormdock-shim, the small binary every process worker\n" +
-		"starts with, goes in beside it. Flags go first.",
+		"starts with, goes in beside it. share, unshare and shared talk to the master instead (admin only): images under a\n" +
+		"shared prefix are fetched with the master's and agents' own --registry-auth, every other image with its tenant's\n" +
+		"(`stormdock tenant registry-auth`). Flags go first.",
 	Subcommands: []*cli.Command{
 		{
 			Name:      "build",
