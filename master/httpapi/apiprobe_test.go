@@ -386,6 +386,11 @@ func TestAPITenantIsolation(t *testing.T) {
 			}
 			status, answer, _ := f.raw(t, method, target, other, body)
 			switch {
+			case pattern == "GET /v1/images/shared":
+				// The admin's list: a tenant's token is refused (it is no list of a tenant's).
+				if status != http.StatusForbidden {
+					t.Errorf("%s %s as tenant other: %d %.300s; want 403", method, target, status, answer)
+				}
 			case method == http.MethodGet && !strings.Contains(pattern, "{"):
 				// Lists: answered, and nothing of tenant demo in them.
 				if status != http.StatusOK || strings.Contains(answer, "demo-job") || strings.Contains(answer, `"demo"`) {
