@@ -122,7 +122,10 @@ func TestPinningPerTenant(t *testing.T) {
 		{"b clears a's credentials", func() error { return clients["b"].ClearRegistryAuth(ctx, "a") }, api.ErrForbidden},
 		{"b shares a prefix", func() error { _, err := clients["b"].ShareImages(ctx, srv.Addr+"/private/", true); return err }, api.ErrForbidden},
 		{"b lists the shared prefixes", func() error { _, err := clients["b"].SharedImages(ctx); return err }, api.ErrForbidden},
-		{"a sends no config.json", func() error { _, err := clients["a"].SetRegistryAuth(ctx, "a", []byte(`{"auths": {"h": {"auth": "s3cret!!"}}}`)); return err }, api.ErrBadInput},
+		{"a sends no config.json", func() error {
+			_, err := clients["a"].SetRegistryAuth(ctx, "a", []byte(`{"auths": {"h": {"auth": "s3cret!!"}}}`))
+			return err
+		}, api.ErrBadInput},
 		{"credentials for an unknown tenant", func() error { _, err := admin.SetRegistryAuth(ctx, "nobody", conf); return err }, api.ErrNotFound},
 		{"a bad prefix", func() error { _, err := admin.ShareImages(ctx, "private/", true); return err }, api.ErrBadInput},
 	} {
