@@ -14,6 +14,9 @@ type ImagePin struct {
 	Resolved time.Time `json:"resolved,omitzero"`
 	// Error says why it is not pinned (yet): the registry's answer. The master tries again.
 	Error string `json:"error,omitempty"`
+	// NoAccess: the tenant may not read the image (neither its own registry credentials
+	// nor a shared prefix reach it), so no worker will run it either until that changes.
+	NoAccess bool `json:"noAccess,omitempty"`
 }
 
 // PinnedFor returns the pinned reference for generation gen, or "".

@@ -100,7 +100,9 @@ func TestTenantRegistryAuth(t *testing.T) {
 	// b names a's image: by tag (not on the node under that name: a pull with b's
 	// credentials) and by digest (on the node: the registry check with b's credentials).
 	for job, image := range map[string]string{"wb": tag, "wbd": pinned} {
-		c.ok("job", "submit", spec(job, "b", image), "--token", tokens["b"])
+		if out := c.ok("job", "submit", spec(job, "b", image), "--token", tokens["b"]); !strings.Contains(out, "not pinned, no worker will run it") {
+			t.Errorf("b's submit of %s: %s", job, out)
+		}
 		want := fmt.Sprintf("image pull failed: image %s: tenant b has no credentials for registry %s: give the tenant registry credentials with `stormdock tenant registry-auth b FILE`, or ask the admin to share it", image, srv.Addr)
 		testenv.EventuallyWith(t, job+" refused", 60*time.Second, func() (bool, string) {
 			st := c.status(job, tokens["b"])

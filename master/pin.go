@@ -80,7 +80,7 @@ func pinImage(ctx context.Context, res Resolver, store coord.KV, spec *cluster.J
 		pin.Ref, err = ref.WithDigest(dgst)
 	}
 	if err != nil {
-		pin.Error = err.Error()
+		pin.Error, pin.NoAccess = err.Error(), errors.Is(err, images.ErrNoAccess)
 		return pin
 	}
 	pin.Digest, pin.Resolved = dgst, time.Now().UTC()
@@ -108,7 +108,7 @@ func (m *Master) repin(ctx context.Context) {
 				continue
 			}
 			pin := pinImage(ctx, m.cfg.Resolver, m.store, &rec.Spec, rec.Generation)
-			if pin == nil || (pin.Ref == "" && pin.Error == rec.Image.Error) {
+			if pin == nil || (pin.Ref == "" && pin.Error == rec.Image.Error && pin.NoAccess == rec.Image.NoAccess) {
 				continue
 			}
 			key, err := cluster.JobKey(name)

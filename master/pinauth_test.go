@@ -154,7 +154,7 @@ func TestPinningPerTenant(t *testing.T) {
 	for _, c := range []struct{ job, image string }{{"wb", tag}, {"wb-digest", pinned}} {
 		rec, err := clients["b"].SubmitJob(ctx, spec(c.job, "b", c.image))
 		want := fmt.Sprintf("image %s: tenant b has no credentials for registry %s: give the tenant registry credentials with `stormdock tenant registry-auth b FILE`, or ask the admin to share it", c.image, srv.Addr)
-		if err != nil || rec.Image == nil || rec.Image.Ref != "" || !strings.HasPrefix(rec.Image.Error, want) {
+		if err != nil || rec.Image == nil || rec.Image.Ref != "" || !strings.HasPrefix(rec.Image.Error, want) || !rec.Image.NoAccess {
 			t.Fatalf("b's job naming %s: %+v, %v; want it unpinned with %q", c.image, rec.Image, err, want)
 		}
 		t.Logf("b's job %s: %s", c.job, rec.Image.Error)

@@ -49,7 +49,7 @@ var Command = &cli.Command{
 				&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout of the master and agents", Value: provision.DefaultSessionTimeout},
 				&cli.StringSliceFlag{Name: "agent-arg", Usage: "extra flag for every agent (repeatable), e.g. --agent-arg=--health-interval=1s"},
 				&cli.BoolFlag{Name: "docker-workers", Usage: "agents run docker workers too, pulling their images (docker: they get the engine's socket, root on the host)"},
-				&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` on the Docker host (Docker's config.json format) for the master's pinning and the agents' pulls"},
+				&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` on the Docker host (Docker's config.json format) for the master's pinning and the agents' pulls of images under shared prefixes (`stormdock image share`)"},
 				commands.OutputFlag,
 			),
 			Action: clusterCreate,

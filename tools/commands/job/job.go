@@ -404,6 +404,9 @@ func imageLine(rec cluster.JobRecord) string {
 	case p.Ref != "":
 		return fmt.Sprintf("image %s pinned for generation %d: %s", p.Image, p.Generation, p.Ref)
 	}
+	if p.NoAccess {
+		return fmt.Sprintf("image %s not pinned, no worker will run it (the master tries again): %s", p.Image, p.Error)
+	}
 	return fmt.Sprintf("image %s not pinned yet (workers pull the tag; the master tries again): %s", p.Image, p.Error)
 }
 
