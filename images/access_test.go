@@ -132,6 +132,21 @@ func TestTenantAccess(t *testing.T) {
 	if ok, _ := node.Has(ctx, pinned); !ok {
 		t.Fatal("not on the engine after the pull")
 	}
+	// The engine finds the image by a prefix of its ID too; Has does not, so no tenant runs
+	// it by guessing hex digits.
+	info, err := cli.ImageInspect(ctx, pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := strings.TrimPrefix(info.ID, "sha256:")[:12]
+	if _, err := cli.ImageInspect(ctx, short); err != nil {
+		t.Fatalf("the engine does not find %s by its short ID %s (%v): the case Has guards against is gone", pinned, short, err)
+	}
+	for _, ref := range []string{short, short[:4]} {
+		if ok, err := node.Has(ctx, ref); ok || err != nil {
+			t.Errorf("Has(%s) = %v, %v; want false: the image is not named so", ref, ok, err)
+		}
+	}
 	res := &Resolver{}
 	if err := res.CheckAccess(ctx, pinned, a); err != nil {
 		t.Fatalf("check for tenant a: %v", err)

@@ -97,16 +97,40 @@ func (m *Manager) pull(ctx context.Context, ref string, a *Auth, pr Progress) er
 	return nil
 }
 
-// Has reports whether ref is on the engine.
+// Has reports whether ref is on the engine under that name: a tag it carries, or a digest
+// it was pulled or pushed by. The engine also finds an image by a prefix of its ID (a short
+// name like "cb48" reads as one); that is not the image the name stands for, and it would
+// let a tenant run an image that another tenant's pull left on the node by guessing a few
+// hex digits, so it is reported missing (a pull of the name then fails, or fetches what the
+// name really is).
 func (m *Manager) Has(ctx context.Context, ref string) (bool, error) {
-	_, err := m.api.ImageInspect(ctx, ref)
+	info, err := m.api.ImageInspect(ctx, ref)
 	switch {
 	case err == nil:
-		return true, nil
+		return namedAs(ref, info.RepoTags, info.RepoDigests), nil
 	case errdefs.IsNotFound(err):
 		return false, nil
 	}
 	return false, fmt.Errorf("inspect image %s: %w", ref, err)
+}
+
+// namedAs reports whether ref is one of an image's tags or digests.
+func namedAs(ref string, tags, digests []string) bool {
+	want, err := ParseRef(ref)
+	if err != nil {
+		return false
+	}
+	names := tags
+	if want.Digest != "" {
+		names = digests
+	}
+	for _, n := range names {
+		got, err := ParseRef(n)
+		if err == nil && got.Domain == want.Domain && got.Path == want.Path && got.Tag == want.Tag && got.Digest == want.Digest {
+			return true
+		}
+	}
+	return false
 }
 
 // readStream reads a push or pull stream to its end, always draining and closing it, shows
