@@ -41,7 +41,8 @@ func (l *lockedBuffer) String() string {
 // image is pulled with a's credentials (from the store) and runs; tenant b, without
 // credentials, naming the same image (by digest and by tag) once a's worker left it on the
 // node, is refused with the one-line error and no container starts, though the node's own
-// credentials would reach the registry: they are only for shared images. Once the admin
+// credentials would reach the registry: they are only for shared images; nor by a prefix of
+// the image's ID, which the engine would resolve. Once the admin
 // shares the prefix, b's worker runs with the node's credentials. No credential reaches the
 // agent's log or its node record.
 func TestTenantRegistryAccess(t *testing.T) {
@@ -124,6 +125,22 @@ func TestTenantRegistryAccess(t *testing.T) {
 			t.Errorf("%v failed pulls: b's refusals of a cached digest should be checks, not pulls", n)
 		}
 	}
+
+	// A prefix of the image's ID, which the engine would resolve to a's image: not that
+	// image's name, so pulled as the Docker Hub name it reads as, and refused.
+	short := wa("img-b", "b", strings.TrimPrefix(img.ID, "sha256:")[:6], "")
+	short.Generation = 4
+	h.assign(a, short)
+	rec = h.waitRecord("tenant b's short-ID worker refused", 30*time.Second, func(rec cluster.NodeRecord) bool {
+		w := states(rec)["img-b/0"]
+		return w.Generation == 4 && w.State == cluster.WorkerFailed && strings.HasPrefix(w.LastExit, "image pull failed: ")
+	})
+	t.Logf("tenant b by short ID %s: %s", short.Image, states(rec)["img-b/0"].LastExit)
+	testenv.AssertUntil(t, "tenant b's short-ID worker never runs", 2*time.Second, func() (bool, string) {
+		rec, _, _ := h.record()
+		w := states(rec)["img-b/0"]
+		return w.State != cluster.WorkerRunning && w.ContainerID == "", fmt.Sprintf("%+v", w)
+	})
 
 	// Shared: b's worker runs with the node's credentials.
 	share, _ := json.Marshal(cluster.SharedImages{Prefixes: []string{srv.Addr + "/private"}})
