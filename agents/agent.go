@@ -224,6 +224,9 @@ type Agent struct {
 	wanted []string // images the assignment needs (WantedImages)
 	// accessChecks holds when tenants' access checks of cached images passed (images.go).
 	accessChecks map[string]time.Time
+	// lastAccess holds what the store last said of shared images and tenants' registry
+	// credentials, for starts while it does not answer (images.go).
+	lastAccess map[string][]byte
 }
 
 // New returns an agent for the node in cfg that runs workers through drivers and keeps its

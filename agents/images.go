@@ -42,22 +42,24 @@ type Images interface {
 const checkTTL = time.Minute
 
 // imageAccess reads from the store whose credentials fetch tenant's image ref: the node's
-// own when ref is under a shared prefix, the tenant's otherwise (nil when it has none).
+// own when ref is under a shared prefix, the tenant's otherwise (nil when it has none). When
+// the store does not answer, what it last said is used (a worker restarting during a store
+// outage still starts), and only when it never answered is the start refused.
 func (a *Agent) imageAccess(ctx context.Context, tenant, ref string) (images.Access, error) {
 	acc := images.Access{Tenant: tenant}
-	e, err := a.store.Get(ctx, cluster.SharedImagesKey)
-	switch {
-	case err == nil:
+	shared, err := a.storeValue(ctx, cluster.SharedImagesKey)
+	if err != nil {
+		return acc, fmt.Errorf("read shared images: %w", err)
+	}
+	if shared != nil {
 		var si cluster.SharedImages
-		if err := json.Unmarshal(e.Value, &si); err != nil {
+		if err := json.Unmarshal(shared, &si); err != nil {
 			return acc, fmt.Errorf("read shared images: %w", err)
 		}
 		if images.SharedUnder(si.Prefixes, ref) {
 			acc.Shared = true
 			return acc, nil
 		}
-	case !errors.Is(err, coord.ErrNotFound):
-		return acc, fmt.Errorf("read shared images: %w", err)
 	}
 	if tenant == "" {
 		return acc, nil
@@ -66,17 +68,40 @@ func (a *Agent) imageAccess(ctx context.Context, tenant, ref string) (images.Acc
 	if err != nil {
 		return acc, err
 	}
-	e, err = a.store.Get(ctx, key)
-	switch {
-	case errors.Is(err, coord.ErrNotFound):
-		return acc, nil
-	case err != nil:
+	val, err := a.storeValue(ctx, key)
+	if err != nil {
 		return acc, fmt.Errorf("read tenant %s's registry credentials: %w", tenant, err)
 	}
-	if acc.Auth, err = images.ParseAuth(e.Value, "tenant "+tenant+"'s registry credentials"); err != nil {
+	if val == nil {
+		return acc, nil
+	}
+	if acc.Auth, err = images.ParseAuth(val, "tenant "+tenant+"'s registry credentials"); err != nil {
 		return acc, fmt.Errorf("read tenant %s's registry credentials: %w", tenant, err)
 	}
 	return acc, nil
+}
+
+// storeValue reads key (nil when it does not exist), or, when the store does not answer,
+// the value it last read there.
+func (a *Agent) storeValue(ctx context.Context, key string) ([]byte, error) {
+	e, err := a.store.Get(ctx, key)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.lastAccess == nil {
+		a.lastAccess = map[string][]byte{}
+	}
+	switch {
+	case err == nil:
+		a.lastAccess[key] = e.Value
+		return e.Value, nil
+	case errors.Is(err, coord.ErrNotFound):
+		a.lastAccess[key] = nil
+		return nil, nil
+	}
+	if v, ok := a.lastAccess[key]; ok {
+		return v, nil
+	}
+	return nil, err
 }
 
 // checked reports whether tenant passed an access check of ref with these credentials within
