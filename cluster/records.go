@@ -21,7 +21,12 @@ const (
 	// of whoever made it (a master's data directory, or the operator's for a provisioned
 	// cluster).
 	AdminTokenKey = "/master/admin"
-	// MasterDirKey holds the masters' own entries: ElectionKey, MasterKey, the admin token.
+	// MetricsTokenKey holds the hash of the scrape token, which reads /metrics (masters',
+	// agents' and routers') and nothing else; the token itself is only in the file of the
+	// master that made it (DATA/metrics.token).
+	MetricsTokenKey = "/master/metrics-token"
+	// MasterDirKey holds the masters' own entries: ElectionKey, MasterKey, the admin and scrape
+	// tokens.
 	MasterDirKey = "/master"
 	// OutputKeyKey holds the key that mirrored jobs' sender tokens are made with (see
 	// package multidc); only masters read it.

@@ -293,6 +293,10 @@ func (c *Local) API() string { return c.master.URL() }
 // TokenPath is the admin token's file ("" when another master made the token).
 func (c *Local) TokenPath() string { return c.master.TokenPath() }
 
+// MetricsTokenPath is the scrape token's file ("" when another master made the token):
+// /metrics (the master's and the agents') answers to `Authorization: Bearer <its content>`.
+func (c *Local) MetricsTokenPath() string { return c.master.MetricsTokenPath() }
+
 // CAFile is the CA certificate that signs the API's certificate ("" without TLS).
 func (c *Local) CAFile() string {
 	if !c.cfg.TLS {
@@ -301,7 +305,8 @@ func (c *Local) CAFile() string {
 	return filepath.Join(c.cfg.DataDir, CACertFile)
 }
 
-// Registry holds the master's metrics, served at API()/metrics.
+// Registry holds the master's metrics, served at API()/metrics to the scrape token
+// (MetricsTokenPath) or the admin token.
 func (c *Local) Registry() *prometheus.Registry { return c.master.Registry() }
 
 // Confined reports whether workers run in cgroups.

@@ -69,6 +69,8 @@ type Master struct {
 	registry  *prometheus.Registry
 	srv       *http.Server
 	tokenPath string
+	// metricsPath is the scrape token's file (see EnsureMetricsToken).
+	metricsPath string
 }
 
 // NewMaster listens on the API address, opens the store, makes the admin token on the
@@ -107,6 +109,9 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	}
 	if cfg.DataDir != "" {
 		if m.tokenPath, err = EnsureAdminToken(ctx, m.store, cfg.DataDir); err != nil {
+			return nil, err
+		}
+		if m.metricsPath, err = EnsureMetricsToken(ctx, m.store, cfg.DataDir); err != nil {
 			return nil, err
 		}
 		if err := pki.WriteFiles(map[string][]byte{filepath.Join(cfg.DataDir, api.URLFile): []byte(m.URL() + "\n")}, 0o644); err != nil {
@@ -160,7 +165,12 @@ func (m *Master) URL() string {
 // TokenPath is the admin token's file, or "" when another master (or data directory) made it.
 func (m *Master) TokenPath() string { return m.tokenPath }
 
-// Registry holds the master's metrics, served at URL()/metrics.
+// MetricsTokenPath is the scrape token's file, or "" when another master (or data
+// directory) made it.
+func (m *Master) MetricsTokenPath() string { return m.metricsPath }
+
+// Registry holds the master's metrics, served at URL()/metrics to the scrape token or the
+// admin token.
 func (m *Master) Registry() *prometheus.Registry { return m.registry }
 
 // Scheduler is the master's scheduler.

@@ -123,6 +123,11 @@ var MasterCommand = &cli.Command{
 		} else {
 			log.Info("admin token was made by another master; this data directory has none", "data", c.String("data"))
 		}
+		if m.MetricsTokenPath() != "" {
+			log.Info("scrape token for /metrics", "path", m.MetricsTokenPath())
+		} else {
+			log.Info("scrape token was made by another master; this data directory has none (the admin token reads /metrics too)", "data", c.String("data"))
+		}
 		return m.Run(c.Context)
 	},
 }

@@ -92,10 +92,13 @@ func runUp(c *cli.Context) error {
 	w := c.App.Writer
 	fmt.Fprintf(w, "stormdock local cluster: %d nodes in %s\n", c.Int("nodes"), strings.Join(dcs, ", "))
 	fmt.Fprintf(w, "  API       %s   (export STORMDOCK_MASTER=%s)\n", lc.API(), lc.API())
-	fmt.Fprintf(w, "  metrics   %s/metrics\n", lc.API())
+	fmt.Fprintf(w, "  metrics   %s/metrics   (%s)\n", lc.API(), daemon.ScrapeHint(lc.API(), lc.MetricsTokenPath(), lc.CAFile()))
 	fmt.Fprintf(w, "  console   %s/ui/   (log in with the admin token)\n", lc.API())
 	if lc.TokenPath() != "" {
 		fmt.Fprintf(w, "  admin token %s (the CLI finds it by itself)\n", lc.TokenPath())
+	}
+	if lc.MetricsTokenPath() != "" {
+		fmt.Fprintf(w, "  scrape token %s (reads /metrics and nothing else; Prometheus: authorization.credentials_file)\n", lc.MetricsTokenPath())
 	}
 	if ca := lc.CAFile(); ca != "" {
 		fmt.Fprintf(w, "  CA        %s (the CLI trusts it by itself; elsewhere: --ca or STORMDOCK_CA)\n", ca)
