@@ -67,7 +67,8 @@ func New(m *master.Master, cfg Config) *API {
 	mux.Handle("GET "+console.Prefix, console.Handler())
 	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	if cfg.Gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+		// Not one of a.routes: no API token opens it, and the scrape token opens nothing else.
+		mux.HandleFunc("GET /metrics", a.guard(roleScrape, promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}).ServeHTTP))
 	}
 	mux.HandleFunc("/", notFound(mux))
 	a.mux = mux
