@@ -22,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/metricsauth"
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/isolation"
 )
@@ -56,7 +57,8 @@ type AgentConfig struct {
 	Health healthcheck.Config
 	// ProtectOOM asks the kernel to spare the agent when it kills for memory.
 	ProtectOOM bool
-	// Metrics is where /metrics is served ("" serves none).
+	// Metrics is where /metrics is served ("" serves none), to the scrape token or the admin
+	// token (package internal/metricsauth).
 	Metrics string
 	// LogsListen is where the agent serves its workers' logs to the masters (HOST:PORT; ""
 	// means the node's advertised address, any free port); the port is published in the
@@ -307,7 +309,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.metrics != nil {
 		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+		// The figures name jobs (restarts, OOM kills, evictions by job): for the scrape
+		// token or the admin token alone, checked against their hashes in the store.
+		mux.Handle("GET /metrics", metricsauth.New(a.store, log).Wrap(promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{})))
 		srv := api.NewServer(mux)
 		served := make(chan struct{})
 		go func() {

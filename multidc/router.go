@@ -35,7 +35,9 @@ type Config struct {
 	// Listen, if set, is the address New listens on and Run serves the API on
 	// ("127.0.0.1:0" picks a port; see URL).
 	Listen string
-	// Metrics, if set, is served at /metrics next to the API.
+	// Metrics, if set, is served at /metrics next to the API. Its series name the job: the
+	// caller guards it (the router command serves it to the scrape token or the admin
+	// token, package internal/metricsauth).
 	Metrics http.Handler
 	// HeartbeatTimeout is how long a worker may be silent before its link counts as dead.
 	// Default 600 ms (workers beat every 200 ms).

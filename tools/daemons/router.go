@@ -16,6 +16,7 @@ import (
 
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/internal/metricsauth"
 	"github.com/stormdock/stormdock/multidc"
 	"github.com/stormdock/stormdock/tools/commands"
 )
@@ -29,7 +30,7 @@ var RouterCommand = &cli.Command{
 	UsageText: "stormdock router --store URL --job JOB --links dc-a,dc-b --sink file:///PATH|http://HOST/PATH " +
 		"--listen 127.0.0.1:PORT [--heartbeat-timeout D]",
 	Description: "Workers post their records to http://LISTEN/v1/records and heartbeat at /v1/heartbeat\n" +
-		"(protocol: go doc github.com/stormdock/stormdock/multidc). Status: GET /v1/status, metrics: /metrics.\n\n" +
+		"(protocol: go doc github.com/stormdock/stormdock/multidc). Status: GET /v1/status, metrics: /metrics (with the scrape token).\n\n" +
 		"Flags:\n" + multidc.RouterUsage(),
 	SkipFlagParsing: true,
 	// No help subcommand: every argument is the command line's own.
@@ -80,6 +81,9 @@ func routerRun(c *cli.Context) error {
 	defer store.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Every series is labelled with the job: for the scrape token or the admin token alone,
+	// checked against their hashes in the store.
+	metricsHandler := metricsauth.New(store, log).Wrap(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	r, err := multidc.New(multidc.Config{
 		Job:   a.Job,
 		Links: a.Links,
@@ -91,7 +95,7 @@ func routerRun(c *cli.Context) error {
 		// and the port its agent gave the router.
 		Listen:             os.ExpandEnv(a.Listen),
 		TokenHash:          a.TokenHash,
-		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Metrics:            metricsHandler,
 		HeartbeatTimeout:   a.HeartbeatTimeout,
 		CloseGrace:         a.CloseGrace,
 		CheckpointInterval: a.CheckpointInterval,
