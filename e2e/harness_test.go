@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -49,14 +50,24 @@ func newEnsembleHarness(t testing.TB, n int, session time.Duration) *harness {
 	return &harness{clustertest.NewEnsemble(t, binary, n, session)}
 }
 
-// reconciles reads how many reconciles the master at url has finished, from its /metrics.
-func reconciles(t testing.TB, url string) float64 {
+// reconciles reads how many reconciles the master at url has finished, from its /metrics,
+// with the cluster's scrape token.
+func reconciles(t testing.TB, h *harness, url string) float64 {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
+	req, err := http.NewRequest(http.MethodGet, url+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+h.MetricsToken())
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("%s/metrics with the scrape token: %s: %s", url, resp.Status, b)
+	}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "stormdock_master_reconcile_duration_seconds_count "); ok {

@@ -389,6 +389,26 @@ func AdminClient(t testing.TB, dataDir, url string) *api.Client {
 	return cl
 }
 
+// MetricsToken returns the scrape token the first master wrote into the cluster's data
+// directory: /metrics (masters', agents', routers') wants it as a bearer token.
+func (c *Cluster) MetricsToken() string {
+	c.T.Helper()
+	return MetricsToken(c.T, filepath.Join(c.Dir, "data"))
+}
+
+// MetricsToken returns the scrape token a master wrote into dataDir (waited for: a master
+// writes it when it starts).
+func MetricsToken(t testing.TB, dataDir string) string {
+	t.Helper()
+	var tok []byte
+	testenv.Eventually(t, "scrape token", 10*time.Second, func() bool {
+		var err error
+		tok, err = os.ReadFile(filepath.Join(dataDir, api.MetricsTokenFile))
+		return err == nil && len(tok) > 0
+	})
+	return strings.TrimSpace(string(tok))
+}
+
 // AssignmentVersions maps each node to the version of its assignment entry: a master that
 // writes an assignment changes it.
 func (c *Cluster) AssignmentVersions() map[string]int64 {
