@@ -23,14 +23,16 @@ const scrapeHelp = "/metrics needs the scrape token (metrics.token in the first 
 type scrapeHashes struct {
 	mu            sync.Mutex
 	scrape, admin []byte
+	read          bool // the store was read once
 }
 
-// hashes returns the tokens' hashes: read from the store when it answers, else the last ones
-// read.
-func (c *scrapeHashes) hashes(a *API, r *http.Request, storeUp bool) (scrape, admin []byte) {
+// hashes returns the tokens' hashes: read from the store when it answers and fresh is set
+// (or nothing was read yet), else the last ones read.
+func (c *scrapeHashes) hashes(a *API, r *http.Request, storeUp, fresh bool) (scrape, admin []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if storeUp {
+	if storeUp && (fresh || !c.read) {
+		c.read = true
 		if e, err := a.store.Get(r.Context(), cluster.MetricsTokenKey); err == nil {
 			c.scrape = e.Value
 		} else if errors.Is(err, coord.ErrNotFound) {
@@ -56,7 +58,8 @@ func (a *API) authenticateScrape(r *http.Request, fresh bool) (principal, error)
 	}
 	hash := []byte(api.HashToken(token))
 	storeUp := a.m.StoreUnavailable() == ""
-	scrape, admin := a.scrapeHashes.hashes(a, r, storeUp)
+	// An address that used up its failures (fresh false) costs no store reads.
+	scrape, admin := a.scrapeHashes.hashes(a, r, storeUp, fresh)
 	// Both compared, whichever matches: the time taken says nothing of which one it was.
 	isScrape := len(scrape) > 0 && subtle.ConstantTimeCompare(scrape, hash) == 1
 	isAdmin := len(admin) > 0 && subtle.ConstantTimeCompare(admin, hash) == 1
