@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -50,25 +51,36 @@ func newEnsembleHarness(t testing.TB, n int, session time.Duration) *harness {
 	return &harness{clustertest.NewEnsemble(t, binary, n, session)}
 }
 
-// reconciles reads how many reconciles the master at url has finished, from its /metrics,
-// with the cluster's scrape token.
-func reconciles(t testing.TB, h *harness, url string) float64 {
+// getMetrics reads url/metrics with token ("" sends none) and returns the status and body.
+func getMetrics(t testing.TB, url, token string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url+"/metrics", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+h.MetricsToken())
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		t.Fatalf("%s/metrics with the scrape token: %s: %s", url, resp.Status, b)
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// reconciles reads how many reconciles the master at url has finished, from its /metrics,
+// with the cluster's scrape token.
+func reconciles(t testing.TB, h *harness, url string) float64 {
+	t.Helper()
+	status, body := getMetrics(t, url, h.MetricsToken())
+	if status != http.StatusOK {
+		t.Fatalf("%s/metrics with the scrape token: %d: %s", url, status, body)
 	}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(strings.NewReader(body))
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "stormdock_master_reconcile_duration_seconds_count "); ok {
 			n, err := strconv.ParseFloat(v, 64)
