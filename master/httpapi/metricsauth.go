@@ -32,17 +32,22 @@ func (c *scrapeHashes) hashes(a *API, r *http.Request, storeUp, fresh bool) (scr
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if storeUp && (fresh || !c.read) {
-		c.read = true
-		if e, err := a.store.Get(r.Context(), cluster.MetricsTokenKey); err == nil {
-			c.scrape = e.Value
-		} else if errors.Is(err, coord.ErrNotFound) {
-			c.scrape = nil
+		// A failed read leaves the last hashes in force.
+		read := func(key string, into *[]byte) bool {
+			e, err := a.store.Get(r.Context(), key)
+			switch {
+			case err == nil:
+				*into = e.Value
+			case errors.Is(err, coord.ErrNotFound):
+				*into = nil
+			default:
+				return false
+			}
+			return true
 		}
-		if e, err := a.store.Get(r.Context(), cluster.AdminTokenKey); err == nil {
-			c.admin = e.Value
-		} else if errors.Is(err, coord.ErrNotFound) {
-			c.admin = nil
-		}
+		okScrape := read(cluster.MetricsTokenKey, &c.scrape)
+		okAdmin := read(cluster.AdminTokenKey, &c.admin)
+		c.read = c.read || (okScrape && okAdmin)
 	}
 	return c.scrape, c.admin
 }
