@@ -146,6 +146,10 @@ func Run() {
 	// reach. Any other program the worker's user must be able to reach and run, as it could
 	// by itself: the drop comes first.
 	self := sameExecutable(prog)
+	if self && !selfPlaced {
+		// Best effort (see showEnv): what the host sees, not what the launcher gets.
+		_ = showEnv(env)
+	}
 	if u := os.Getenv(UserEnv); u != "" {
 		os.Unsetenv(UserEnv)
 		drop := Drop
@@ -183,6 +187,62 @@ func Run() {
 	_, _ = syscall.Write(StatusFD, []byte{Exec})
 	err = syscall.Exec(prog, os.Args[2:], env)
 	fail("exec " + os.Args[1] + ": " + err.Error())
+}
+
+// shownEnv is the block /proc/PID/environ shows for the launcher run in place (showEnv):
+// kept for the life of the process.
+var shownEnv []byte
+
+// mmMap is the kernel's struct prctl_mm_map (PR_SET_MM_MAP).
+type mmMap struct {
+	startCode, endCode, startData, endData, startBrk, brk, startStack uint64
+	argStart, argEnd, envStart, envEnd                                uint64
+	auxv                                                              uint64
+	auxvSize, exeFD                                                   uint32
+}
+
+// showEnv makes the host's view of this process's environment (/proc/PID/environ, ps e) the
+// worker's, for a program run in place: that view is the block the kernel gave the shim at
+// its exec (the protocol's variables), whatever Setenv does later. PR_SET_MM_MAP moves it,
+// without privileges, given the process's map as it is (/proc/self/stat); a kernel without
+// it (CONFIG_CHECKPOINT_RESTORE) leaves the view the shim's, which holds nothing secret.
+func showEnv(env []string) error {
+	block := EncodeEnv(env)
+	shownEnv = make([]byte, max(len(block), 1))
+	copy(shownEnv, block)
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return err
+	}
+	// Fields after the command name, which ends with the last ')': the 3rd of stat is f[0].
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return errors.New("bad /proc/self/stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	field := func(n int) uint64 { // n as in proc(5), from 1
+		if n-3 >= len(f) {
+			return 0
+		}
+		v, _ := strconv.ParseUint(f[n-3], 10, 64)
+		return v
+	}
+	if len(f) < 52-3 {
+		return errors.New("/proc/self/stat too short")
+	}
+	brk, _, _ := syscall.RawSyscall(syscall.SYS_BRK, 0, 0, 0)
+	start := uint64(uintptr(unsafe.Pointer(&shownEnv[0])))
+	m := mmMap{
+		startCode: field(26), endCode: field(27), startStack: field(28),
+		startData: field(45), endData: field(46), startBrk: field(47), brk: uint64(brk),
+		argStart: field(48), argEnd: field(49),
+		envStart: start, envEnd: start + uint64(len(block)),
+		exeFD: ^uint32(0), // the same executable
+	}
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRCTL, unix.PR_SET_MM, unix.PR_SET_MM_MAP, uintptr(unsafe.Pointer(&m)), unsafe.Sizeof(m), 0, 0); e != 0 {
+		return e
+	}
+	return nil
 }
 
 // readEnv reads the worker's environment from fd (see EnvFD): NUL-ended KEY=VALUE entries,
