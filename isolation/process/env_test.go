@@ -318,3 +318,38 @@ func dynamic(t *testing.T, path string) bool {
 	defer f.Close()
 	return slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP })
 }
+
+// TestShimOfAnotherProtocol: a shim that ends without confirming the exec (one that does not
+// know this protocol's magic, as an older stormdock-shim, which prints its usage and exits)
+// fails the start with an error saying what to install, and leaves nothing behind: the
+// driver never takes the shim's end for the worker's. Named stormdock-shim, it is first
+// asked to place itself (v1), then started again and moved by the driver.
+func TestShimOfAnotherProtocol(t *testing.T) {
+	dir := t.TempDir()
+	b, err := os.ReadFile("/bin/true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := filepath.Join(dir, "stormdock-shim")
+	if err := os.WriteFile(named, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, shim := range []string{"/bin/true", named} {
+		t.Run(filepath.Base(shim), func(t *testing.T) {
+			d := newDriverWith(t, shim)
+			spec := harness().Spec(t, "other-protocol-"+filepath.Base(shim), "unused")
+			spec.Command = []string{"/bin/sleep", "100000"}
+			_, err := d.Start(context.Background(), spec)
+			if err == nil || !strings.Contains(err.Error(), "without running the program") || !strings.Contains(err.Error(), shim) {
+				t.Fatalf("start with shim %s: %v; want an error naming the shim that ran nothing", shim, err)
+			}
+			t.Logf("start refused: %v", err)
+			if harness().Exists(t, isolation.Worker{Spec: spec}) {
+				t.Error("the refused start left its cgroup")
+			}
+			if ws, _ := d.List(context.Background()); len(ws) != 0 {
+				t.Errorf("the refused start left workers: %v", ws)
+			}
+		})
+	}
+}

@@ -162,13 +162,14 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 		switch {
 		case len(msg) > 0:
 			return nil, fmt.Errorf("%w: %s", errExec, msg)
-		case werr != nil:
-			return nil, fmt.Errorf("release shim: %w", werr)
 		case rerr != nil:
 			return nil, fmt.Errorf("read shim status: %w", rerr)
-		default:
+		case !execd:
+			// Whether or not the go-ahead reached it (a shim gone before fails the write).
 			return nil, fmt.Errorf("shim %s ended (%v) without running the program: it does not speak protocol %s (a stormdock-shim of another version?): install the stormdock-shim built with this stormdock beside it",
 				o.shim, cmd.ProcessState, magic)
+		default:
+			return nil, fmt.Errorf("release shim: %w", werr)
 		}
 	}
 	o.phase("exec")
