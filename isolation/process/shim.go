@@ -25,7 +25,9 @@ import (
 // an exec failure back, so Start reports "no such file" synchronously and returns only once
 // the worker's program is running. Where the kernel can start a process inside a cgroup
 // (cgroup v2, clone3 with CLONE_INTO_CGROUP, Linux 5.7) the shim is born there and released
-// at once: there is no move after fork.
+// at once: there is no move after fork. The shim runs as the driver's user until it drops to
+// the worker's, so its own environment is the protocol's alone; the worker's comes on a memfd
+// and is its program's only.
 //
 // The shim is Config.Shim, by default stormdock-shim beside the running binary. Without one,
 // the running binary is its own shim: the init below hands it over to the shim package.
