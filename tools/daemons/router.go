@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/multidc"
@@ -44,7 +45,8 @@ func routerRun(c *cli.Context) error {
 	// The environment gives defaults that flags on the command line override (the flag
 	// package keeps the last value).
 	var env []string
-	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"}} {
+	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"},
+		{"sink-dir", multidc.EnvSinkDir}, {"tenant", "STORMDOCK_TENANT"}} {
 		if v, ok := os.LookupEnv(fe[1]); ok {
 			env = append(env, "--"+fe[0]+"="+v)
 		}
@@ -60,8 +62,15 @@ func routerRun(c *cli.Context) error {
 	}
 	log := slog.Default()
 	// Checked now, opened once this router leads: a standby holds no sink.
-	if _, err := multidc.CheckSink(a.Sink); err != nil {
+	u, err := multidc.CheckSink(a.Sink)
+	if err != nil {
 		return commands.UsageErr("--sink: %v", err)
+	}
+	if u.Scheme == "file" {
+		// Checked here and again, without following symlinks, where the file is opened.
+		if err := cluster.CheckSinkPath(a.SinkDir, a.Tenant, u.Path); err != nil {
+			return commands.UsageErr("--sink: %v", err)
+		}
 	}
 	if _, err := coord.ParseURL(a.Store); err != nil {
 		return commands.UsageErr("--store: %v", err)
@@ -84,13 +93,15 @@ func routerRun(c *cli.Context) error {
 		Job:   a.Job,
 		Links: a.Links,
 		Store: store,
-		OpenSink: func() (multidc.Sink, error) {
-			return multidc.OpenSink(a.Sink, multidc.SinkOptions{Job: a.Job, Logger: log})
+		OpenSink: func(ev *multidc.SinkEvidence) (multidc.Sink, error) {
+			return multidc.OpenSink(a.Sink, multidc.SinkOptions{Job: a.Job, SinkDir: a.SinkDir, Tenant: a.Tenant, Evidence: ev, Logger: log})
 		},
 		// The master writes $STORMDOCK_ADDR:$STORMDOCK_PORT: the node's advertised address
 		// and the port its agent gave the router.
 		Listen:             os.ExpandEnv(a.Listen),
 		TokenHash:          a.TokenHash,
+		LinkTokenHashes:    a.LinkTokenHashes,
+		MaxBody:            a.MaxBody,
 		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		HeartbeatTimeout:   a.HeartbeatTimeout,
 		CloseGrace:         a.CloseGrace,
