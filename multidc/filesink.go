@@ -41,9 +41,13 @@ const (
 // file only grows by the router's own appends, so any evidence the router ever left stays
 // true of its file; one that does not match was replaced, rewritten or is someone else's.
 type SinkEvidence struct {
-	Dev  uint64 `json:"dev"`
-	Ino  uint64 `json:"ino"`
-	Size int64  `json:"size"`
+	Dev uint64 `json:"dev"`
+	Ino uint64 `json:"ino"`
+	// Born is the file's birth time (statx btime, ns since the epoch) where the filesystem
+	// keeps one: inode numbers are reused, so a file put where the router's was removed
+	// may have its number.
+	Born int64 `json:"born,omitempty"`
+	Size int64 `json:"size"`
 	// Tail is the hex SHA-256 of the tailBytes bytes (or fewer, the whole file) before Size.
 	Tail string `json:"tail"`
 	// Last is the offset of the record that ends at Size, -1 for none.
@@ -88,6 +92,7 @@ type FileSink struct {
 	broken   error
 	buf      []byte
 	dev, ino uint64
+	born     int64
 	ev       *SinkEvidence // as last made durable
 }
 
@@ -121,6 +126,19 @@ func openat2(dirfd int, path string, flags int, mode uint32) (int, error) {
 		return -1, err
 	}
 	return -1, unix.EAGAIN
+}
+
+// openatDir opens the directory name beneath dirfd; a symlink there is ELOOP (O_NOFOLLOW
+// with O_DIRECTORY says ENOTDIR of it).
+func openatDir(dirfd int, name string) (int, error) {
+	fd, err := openat2(dirfd, name, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+	if errors.Is(err, unix.ENOTDIR) {
+		var st unix.Stat_t
+		if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return -1, unix.ELOOP
+		}
+	}
+	return fd, err
 }
 
 // confinedErr words an openat2 error for the file sink's path.
@@ -162,7 +180,7 @@ func OpenFileSink(sinkDir, tenant, path string, opts FileSinkOptions) (*FileSink
 	if err != nil {
 		return nil, fmt.Errorf("multidc: file sink %s: sink dir %s: %w", path, sinkDir, err)
 	}
-	cur, err := openat2(root, tenant, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+	cur, err := openatDir(root, tenant)
 	unix.Close(root)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, fmt.Errorf("multidc: file sink %s: the tenant's sink directory %s does not exist (the agent makes it before it starts the router)", path, base)
@@ -171,7 +189,7 @@ func OpenFileSink(sinkDir, tenant, path string, opts FileSinkOptions) (*FileSink
 		return nil, fmt.Errorf("multidc: %w", confinedErr(path, err))
 	}
 	for _, c := range comps[:len(comps)-1] {
-		next, err := openat2(cur, c, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+		next, err := openatDir(cur, c)
 		if errors.Is(err, unix.ENOENT) {
 			// mkdirat does not follow a symlink in the last place; whatever it finds
 			// there, the openat2 after it refuses anything but a real directory.
@@ -179,7 +197,7 @@ func OpenFileSink(sinkDir, tenant, path string, opts FileSinkOptions) (*FileSink
 				unix.Close(cur)
 				return nil, fmt.Errorf("multidc: file sink %s: make directory %s: %w", path, c, merr)
 			}
-			next, err = openat2(cur, c, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+			next, err = openatDir(cur, c)
 		}
 		unix.Close(cur)
 		if err != nil {
@@ -226,6 +244,10 @@ func (s *FileSink) open(created bool, ev *SinkEvidence) error {
 		return fmt.Errorf("multidc: file sink %s: in use by another router: %w", s.path, err)
 	}
 	s.dev, s.ino = st.Dev, st.Ino
+	var sx unix.Statx_t
+	if err := unix.Statx(int(s.f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_BTIME, &sx); err == nil && sx.Mask&unix.STATX_BTIME != 0 {
+		s.born = sx.Btime.Sec*1e9 + int64(sx.Btime.Nsec)
+	}
 	if created {
 		// The evidence of the empty file, at once: a router that dies before its first
 		// checkpoint finds its file its own.
@@ -251,7 +273,7 @@ func (s *FileSink) open(created bool, ev *SinkEvidence) error {
 
 // matches reports whether ev is true of the open file of size size.
 func (s *FileSink) matches(ev *SinkEvidence, size int64) bool {
-	if ev.Dev != s.dev || ev.Ino != s.ino || ev.Size < 0 || ev.Size > size {
+	if ev.Dev != s.dev || ev.Ino != s.ino || ev.Born != s.born || ev.Size < 0 || ev.Size > size {
 		return false
 	}
 	tail, err := s.tailHash(ev.Size)
@@ -340,7 +362,7 @@ func (s *FileSink) evidence() (*SinkEvidence, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &SinkEvidence{Dev: s.dev, Ino: s.ino, Size: s.size, Tail: tail, Last: s.last}, nil
+	return &SinkEvidence{Dev: s.dev, Ino: s.ino, Born: s.born, Size: s.size, Tail: tail, Last: s.last}, nil
 }
 
 // saveEvidence writes the evidence of what the file holds now to the sidecar (atomically:
