@@ -1,8 +1,8 @@
 package master_test
 
 import (
-	"encoding/json"
 	"encoding/hex"
+	"encoding/json"
 	"testing"
 	"time"
 
