@@ -107,7 +107,7 @@ func TestMirroredJob(t *testing.T) {
 	if err := os.WriteFile(input, []byte(text.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(dir, "out.jsonl")
+	out := h.SinkPath("e2e", "out.jsonl") // below the cluster's --sink-dir
 	spec := fmt.Sprintf(`name: mirror
 tenant: e2e
 workers: 2

@@ -95,7 +95,7 @@ func TestSecuredCluster(t *testing.T) {
 	if err := os.WriteFile(input, []byte(text.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(io, "out.jsonl")
+	out := h.SinkPath("e2e", "out.jsonl") // below the cluster's --sink-dir
 	who := `name: who
 tenant: e2e
 workers: 1
