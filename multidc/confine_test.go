@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // victim is a file a tenant must not be able to touch through a file sink: its bytes and
@@ -279,5 +282,67 @@ func TestCheckSinkPath(t *testing.T) {
 		if err != nil && c.dir != "" && !strings.Contains(err.Error(), "below") && !strings.Contains(err.Error(), "tenant") {
 			t.Errorf("error %q does not say where sinks go", err)
 		}
+	}
+}
+
+// TestRouterSinkEvidence: a router that would write a foreign file stops with the refusal
+// and leaves it untouched; a router's own file, its sidecar gone, is recognised by the
+// evidence in the router's record, and the next router continues after it.
+func TestRouterSinkEvidence(t *testing.T) {
+	base := testSinkBase(t)
+	sinkDir := filepath.Dir(base)
+	open := func(path string, got **SinkEvidence) func(ev *SinkEvidence) (Sink, error) {
+		return func(ev *SinkEvidence) (Sink, error) {
+			if got != nil {
+				*got = ev
+			}
+			return OpenSink("file://"+path, SinkOptions{SinkDir: sinkDir, Tenant: testTenant, Evidence: ev})
+		}
+	}
+
+	// A foreign file: Run fails with the refusal, the file is as it was.
+	_, store := embeddedStore(t)
+	v := newVictim(t, filepath.Join(base, "foreign.jsonl"))
+	r, err := New(Config{Job: "wordcount", Links: []string{"dc-a", "dc-b"}, Store: store, OpenSink: open(v.path, nil), TokenHash: testTokenHash})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.Run(ctx); err == nil || !errors.Is(err, ErrSinkBroken) || !strings.Contains(err.Error(), "was not written by this router") {
+		t.Fatalf("router on a foreign file: %v", err)
+	}
+	v.check(t)
+
+	// The router's own file: written, the router stopped, the sidecar removed.
+	path := filepath.Join(base, "own.jsonl")
+	tr := startRouter(t, store, []string{"dc-a", "dc-b"}, func(c *Config) { c.Sink, c.OpenSink = nil, open(path, nil) })
+	waitReady(t, tr.URL())
+	var body strings.Builder
+	for off := range 10 {
+		fmt.Fprintf(&body, "{\"offset\":%d,\"link\":\"dc-a\",\"worker\":0,\"workers\":1}\n", off)
+	}
+	testenv.EventuallyWith(t, "10 records delivered", 10*time.Second, func() (bool, string) {
+		post(t, tr.URL()+"/v1/records?link=dc-a&worker=0", body.String())
+		post(t, tr.URL()+"/v1/heartbeat?link=dc-b&worker=0&workers=1", "")
+		st, _ := tr.Status()
+		return st.Delivered == 9, fmt.Sprintf("delivered %d", st.Delivered)
+	})
+	tr.stop(t)
+	rec, ok, err := ReadRecord(context.Background(), store, "wordcount")
+	if err != nil || !ok || rec.Sink == nil || rec.Sink.Last != 9 {
+		t.Fatalf("router record: %+v %v %v; want the evidence of offset 9", rec.Sink, ok, err)
+	}
+	if err := os.Remove(filepath.Join(base, sidecarName("own.jsonl"))); err != nil {
+		t.Fatal(err)
+	}
+	var given *SinkEvidence
+	tr = startRouter(t, store, []string{"dc-a", "dc-b"}, func(c *Config) { c.Sink, c.OpenSink = nil, open(path, &given) })
+	waitReady(t, tr.URL())
+	if given == nil || given.Size != rec.Sink.Size {
+		t.Fatalf("the next router's sink got evidence %+v, want the record's %+v", given, rec.Sink)
+	}
+	if st, _ := tr.Status(); st.Checkpoint != 9 {
+		t.Fatalf("the next router starts at checkpoint %d, want 9", st.Checkpoint)
 	}
 }
