@@ -41,6 +41,8 @@ const (
 // file only grows by the router's own appends, so any evidence the router ever left stays
 // true of its file; one that does not match was replaced, rewritten or is someone else's.
 type SinkEvidence struct {
+	// Dev is the device the router saw the file on, for the operator: a shared filesystem
+	// has another on each host, so recognition does not rest on it.
 	Dev uint64 `json:"dev"`
 	Ino uint64 `json:"ino"`
 	// Born is the file's birth time (statx btime, ns since the epoch) where the filesystem
@@ -273,7 +275,10 @@ func (s *FileSink) open(created bool, ev *SinkEvidence) error {
 
 // matches reports whether ev is true of the open file of size size.
 func (s *FileSink) matches(ev *SinkEvidence, size int64) bool {
-	if ev.Dev != s.dev || ev.Ino != s.ino || ev.Born != s.born || ev.Size < 0 || ev.Size > size {
+	// Dev is not compared: the standby router on another host sees a shared filesystem
+	// under another device number (NFS's are per mount); the inode number, birth time and
+	// tail are the file's wherever it is mounted.
+	if ev.Ino != s.ino || ev.Born != s.born || ev.Size < 0 || ev.Size > size {
 		return false
 	}
 	tail, err := s.tailHash(ev.Size)
