@@ -118,7 +118,7 @@ func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request, allowed
 	if !ok {
 		return
 	}
-	recs, beats, err := r.parseRecords(body, qlink, qworker)
+	recs, beats, err := r.parseRecords(body, qlink, qworker, allowed)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -167,7 +167,8 @@ func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request, allowed
 
 // parseRecords checks a whole batch before any of it is taken, so that a bad line leaves
 // no trace. It returns the records and the workers the batch names (implied heartbeats).
-func (r *Router) parseRecords(body []byte, qlink string, qworker int) ([]Record, []impliedBeat, error) {
+// allowed is the link the sender's token sends for ("": any).
+func (r *Router) parseRecords(body []byte, qlink string, qworker int, allowed string) ([]Record, []impliedBeat, error) {
 	var recs []Record
 	var beats []impliedBeat
 	seenBeat := map[beatKey]bool{}
@@ -210,6 +211,9 @@ func (r *Router) parseRecords(body []byte, qlink string, qworker int) ([]Record,
 		}
 		link := qlink
 		switch {
+		case v.Link != nil && allowed != "" && *v.Link != allowed:
+			return nil, nil, fmt.Errorf("%w: line %d: link %s's token cannot send for link %q: each link's workers send with their own link's token",
+				api.ErrForbidden, n, allowed, *v.Link)
 		case v.Link != nil && qlink != "" && *v.Link != qlink:
 			return nil, nil, fmt.Errorf("%w: line %d: \"link\" %q but the request is for link %q", api.ErrBadInput, n, *v.Link, qlink)
 		case v.Link != nil:

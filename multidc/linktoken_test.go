@@ -49,8 +49,8 @@ func TestRouterLinkTokens(t *testing.T) {
 		code                    int
 	}{
 		{"dc-a's token for dc-b's records (query)", "/v1/records?link=dc-b&worker=0", `{"offset":0}`, tok["dc-a"], http.StatusForbidden},
-		{"dc-a's token for dc-b's records (in the record)", "/v1/records?worker=0", `{"offset":0,"link":"dc-b"}`, tok["dc-a"], http.StatusBadRequest},
-		{"dc-a's token for a batch mixing links", "/v1/records", "{\"offset\":0,\"link\":\"dc-a\"}\n{\"offset\":0,\"link\":\"dc-b\"}", tok["dc-a"], http.StatusBadRequest},
+		{"dc-a's token for dc-b's records (in the record)", "/v1/records?worker=0", `{"offset":0,"link":"dc-b"}`, tok["dc-a"], http.StatusForbidden},
+		{"dc-a's token for a batch mixing links", "/v1/records", "{\"offset\":0,\"link\":\"dc-a\"}\n{\"offset\":0,\"link\":\"dc-b\"}", tok["dc-a"], http.StatusForbidden},
 		{"dc-a's token, dc-b's heartbeat", "/v1/heartbeat?link=dc-b&worker=0&workers=1", "", tok["dc-a"], http.StatusForbidden},
 		{"the job's token sends records", "/v1/records?link=dc-a&worker=0", `{"offset":0}`, testToken, http.StatusForbidden},
 		{"the job's token heartbeats", "/v1/heartbeat?link=dc-a&worker=0&workers=1", "", testToken, http.StatusForbidden},
