@@ -125,11 +125,17 @@ type JobRecord struct {
 	Epoch int64 `json:"epoch,omitempty"`
 	// Rollout is the job's current or last rollout (job update, rollback, restart).
 	Rollout *Rollout `json:"rollout,omitempty"`
-	// OutputTokenHash is the hash of the sender token a mirrored job's link workers present
-	// to its router; the token itself is in no record (see package multidc).
-	OutputTokenHash string    `json:"outputTokenHash,omitempty"`
-	Submitted       time.Time `json:"submitted"`
-	Updated         time.Time `json:"updated"`
+	// OutputTokenHash is the hash of a mirrored job's own token, which the masters present
+	// to its router to fail its output over; the token itself is in no record (see package
+	// multidc).
+	OutputTokenHash string `json:"outputTokenHash,omitempty"`
+	// OutputLinkTokenHashes are the hashes of the sender tokens of the job's links, by link:
+	// a link's workers present theirs with every batch and heartbeat, and the router takes
+	// a link's records only with that link's token. A job stored before per-link tokens has
+	// none; its workers then present the job's token.
+	OutputLinkTokenHashes map[string]string `json:"outputLinkTokenHashes,omitempty"`
+	Submitted             time.Time         `json:"submitted"`
+	Updated               time.Time         `json:"updated"`
 }
 
 // TenantRecord is a tenant with the hash of its API token.

@@ -48,6 +48,8 @@ type AgentConfig struct {
 	NoLease        bool
 	// RunAs is who process workers run as (see agents.Config.RunAs); nil: the agent's user.
 	RunAs *isolation.User
+	// SinkDir is where the node's routers' file sinks lie (agents.Config.SinkDir).
+	SinkDir string
 	// RestartGrace is how long the node's workers outlive the agent's process, held by a
 	// keeper process (see agents.Keeper); 0 keeps the keeper inside the agent.
 	RestartGrace time.Duration
@@ -218,6 +220,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		LeaseTTL:             cfg.LeaseTTL,
 		NoLease:              cfg.NoLease,
 		RunAs:                cfg.RunAs,
+		SinkDir:              cfg.SinkDir,
 		Self:                 self,
 		Launcher:             launcher,
 		StoreURL:             plainStore,

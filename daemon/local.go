@@ -56,6 +56,9 @@ type LocalConfig struct {
 	RegistryAuth string
 	// RunAs is who every node's process workers run as (nil: this process's user).
 	RunAs *isolation.User
+	// SinkDir is where mirrored jobs' file sinks lie, SinkDir/<tenant>/... (default
+	// DataDir/sinks; "off" turns file sinks off).
+	SinkDir string
 	// Health is every node's health-check configuration (its cgroup parent is the node's
 	// own); the zero value means healthcheck.DefaultConfig.
 	Health *healthcheck.Config
@@ -100,6 +103,21 @@ func (c *LocalConfig) defaults() error {
 	}
 	if c.Store == "" {
 		c.Store = "file://" + filepath.Join(c.DataDir, "store.json")
+	}
+	switch c.SinkDir {
+	case "off":
+		c.SinkDir = ""
+	case "":
+		c.SinkDir = filepath.Join(c.DataDir, "sinks")
+	}
+	if c.SinkDir != "" {
+		// Specs name sink files by absolute path: so is the directory they are checked
+		// against.
+		abs, err := filepath.Abs(c.SinkDir)
+		if err != nil {
+			return fmt.Errorf("sink dir: %w", err)
+		}
+		c.SinkDir = abs
 	}
 	if c.API == "" {
 		c.API = "127.0.0.1:7070"
@@ -185,7 +203,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	// Its nodes start with the master, in this process: they need no longer than a session
 	// to register, not a whole cluster's re-registration window (the demo loses a node
 	// seconds after the start).
-	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir,
+	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir, SinkDir: cfg.SinkDir,
 		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, ReregisterGrace: cfg.SessionTimeout, Logger: cfg.Logger}
 	if cfg.TLS {
 		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {
@@ -257,6 +275,7 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 		StoreOptions:         coord.Options{SessionTimeout: c.cfg.SessionTimeout, Credentials: c.creds},
 		StoreCredentialsFile: c.credFile,
 		RunAs:                c.cfg.RunAs,
+		SinkDir:              c.cfg.SinkDir,
 		StateDir:             filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
 		Drivers: DriverConfig{Isolation: iso, Cgroups: cgroups, Docker: c.docker,
 			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},

@@ -46,6 +46,8 @@ type MasterConfig struct {
 	// DataDir receives admin.token at the cluster's first start, and api.url (the URL the
 	// API is served at, which the CLI reads when no --master is given).
 	DataDir string
+	// SinkDir is where file sinks must lie (master.Config.SinkDir); "" turns them off.
+	SinkDir string
 	// RouterStore is the store URL the master's output routers open (default: Store when it
 	// is ZooKeeper).
 	RouterStore string
@@ -135,7 +137,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 			return nil, err
 		}
 	}
-	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore,
+	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore, SinkDir: cfg.SinkDir,
 		ReregisterGrace: cfg.ReregisterGrace, Resolver: res, Events: cfg.Events, Logger: cfg.Logger, Registry: m.registry})
 	if err != nil {
 		return nil, err

@@ -379,7 +379,7 @@ func TestEventsAndLogs(t *testing.T) {
 	}
 	submit("mirror", fmt.Sprintf("name: mirror\ntenant: t1\nworkers: 1\nresources: {memory: 64Mi, cpu: 0.1}\n"+
 		"command: [stormdock, worker, wordcount, --input, %s, --rate, '100']\nlinks: [dc-a, dc-b]\noutput: file://%s\n"+
-		"placement: {dcs: [dc-a, dc-b]}\ngracePeriod: 1s\n", input, filepath.Join(h.Dir, "io", "out.jsonl")))
+		"placement: {dcs: [dc-a, dc-b]}\ngracePeriod: 1s\n", input, h.SinkPath("t1", "out.jsonl")))
 	testenv.EventuallyWith(t, "the mirrored job's output flowing from a link", 60*time.Second, func() (bool, string) {
 		st := c.status("mirror")
 		return st.Sink != nil && st.Sink.Fed, fmt.Sprintf("%+v", st.Sink)

@@ -131,6 +131,10 @@ func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
+	if err := a.m.CheckSinkDir(spec); err != nil {
+		failErr(w, err)
+		return
+	}
 	// The registry is asked before the store, outside its retries: a slow registry delays
 	// this submit only.
 	pin := a.m.PinImage(r.Context(), spec, 1)

@@ -30,6 +30,7 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT)"},
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for pinning and pulling docker workers' images"},
 		&cli.StringFlag{Name: "run-as", Usage: "`USER` (name or UID:GID) process workers run as, with no new privileges; --data must then be reachable by that user (default: as you)"},
+		&cli.StringFlag{Name: "sink-dir", Usage: "`DIR` below which mirrored jobs' file sinks live, as DIR/TENANT/...; off turns file sinks off (default: DATA-DIR/sinks)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS (a CA and certificate are made in --data at the first start; the CLI trusts them by itself)", Value: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
@@ -85,6 +86,7 @@ func runUp(c *cli.Context) error {
 		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log, TLS: c.Bool("tls"), RunAs: runAs,
 		RegistryAuth: c.String("registry-auth"),
 		CgroupParent: c.String("cgroup-parent"),
+		SinkDir:      c.String("sink-dir"),
 	})
 	if err != nil {
 		return cli.Exit("stormdock up: "+err.Error(), 1)
