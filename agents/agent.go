@@ -111,6 +111,11 @@ type Config struct {
 	// own workers (output routers) run as the agent. The state directory must then be
 	// reachable by that user down to the leases (see prepareStateDir).
 	RunAs *isolation.User
+	// SinkDir is where mirrored jobs' file sinks live, as SinkDir/<tenant>/... (--sink-dir):
+	// the agent makes SinkDir/<tenant> (0750, owned by the router's user) before it starts a
+	// router and names SinkDir in the router's environment (STORMDOCK_SINK_DIR). "" leaves
+	// routers without one: they refuse file sinks.
+	SinkDir string
 	// RestartBackoff is the first delay before restarting a crashed worker; it doubles with
 	// every restart within CrashLoopWindow, up to MaxBackoff.
 	RestartBackoff  time.Duration

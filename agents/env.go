@@ -31,6 +31,9 @@ const (
 	EnvConfig = "STORMDOCK_CONFIG"
 	// EnvOutputTokenFile names a link worker's sender token file (multidc.EnvTokenFile).
 	EnvOutputTokenFile = "STORMDOCK_OUTPUT_TOKEN_FILE"
+	// EnvSinkDir names, in an output router's environment, the directory its file sink
+	// must lie below (multidc.EnvSinkDir).
+	EnvSinkDir = "STORMDOCK_SINK_DIR"
 )
 
 // containerLeaseDir is where a docker worker sees its lease directory (read-only).
@@ -89,6 +92,9 @@ func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int, config string) 
 	env[EnvConfig] = config
 	if wa.System && a.cfg.StoreCredentialsFile != "" {
 		env[EnvStoreCredentialsFile] = a.cfg.StoreCredentialsFile
+	}
+	if wa.System && a.cfg.SinkDir != "" {
+		env[EnvSinkDir] = a.cfg.SinkDir
 	}
 	return env
 }

@@ -151,3 +151,40 @@ func (a *Agent) tokenPath(id, mode string) string {
 	}
 	return filepath.Join(filepath.Dir(a.leaseFile(id)), tokenFile)
 }
+
+// prepareSinkDir makes the tenant's sink directory, SinkDir/<tenant> (mode 0750), before an
+// output router starts, owned by the user the router runs as: the router opens its file
+// below it, and makes nothing above it. A directory that is there is kept but must be a
+// real directory (not a symlink), and is given the router's user and the mode again.
+func (a *Agent) prepareSinkDir(wa cluster.WorkerAssignment, mode string) error {
+	if !wa.System || a.cfg.SinkDir == "" {
+		return nil
+	}
+	if err := cluster.CheckName(wa.Tenant); err != nil {
+		return fmt.Errorf("sink dir of tenant %q: %w", wa.Tenant, err)
+	}
+	if err := os.MkdirAll(a.cfg.SinkDir, 0o755); err != nil {
+		return fmt.Errorf("sink dir: %w", err)
+	}
+	dir := cluster.TenantSinkDir(a.cfg.SinkDir, wa.Tenant)
+	if err := os.Mkdir(dir, 0o750); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("sink dir of tenant %s: %w", wa.Tenant, err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("sink dir of tenant %s: %w", wa.Tenant, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("sink dir of tenant %s: %s is not a directory (a symlink?): remove it, the agent makes it", wa.Tenant, dir)
+	}
+	if u := a.userOf(wa, mode); u != nil {
+		// Lchown: dir was just checked to be no symlink, and must not become one's target.
+		if err := os.Lchown(dir, int(u.UID), int(u.GID)); err != nil {
+			return fmt.Errorf("sink dir of tenant %s: %w", wa.Tenant, err)
+		}
+	}
+	if err := os.Chmod(dir, 0o750); err != nil {
+		return fmt.Errorf("sink dir of tenant %s: %w", wa.Tenant, err)
+	}
+	return nil
+}

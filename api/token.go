@@ -11,6 +11,10 @@ import (
 // for a provisioned cluster, in the operator's clusters/NAME directory).
 const AdminTokenFile = "admin.token"
 
+// MetricsTokenFile is the name of the scrape token's file in a master's data directory: the
+// token /metrics answers to (with the admin token), and which no other route takes.
+const MetricsTokenFile = "metrics.token"
+
 // URLFile is the name of the file in a master's data directory that holds the URL its API
 // is served at (https:// when it serves TLS): the CLI's master when none is given.
 const URLFile = "api.url"

@@ -21,7 +21,12 @@ const (
 	// of whoever made it (a master's data directory, or the operator's for a provisioned
 	// cluster).
 	AdminTokenKey = "/master/admin"
-	// MasterDirKey holds the masters' own entries: ElectionKey, MasterKey, the admin token.
+	// MetricsTokenKey holds the hash of the scrape token, which reads /metrics (masters',
+	// agents' and routers') and nothing else; the token itself is only in the file of the
+	// master that made it (DATA/metrics.token).
+	MetricsTokenKey = "/master/metrics-token"
+	// MasterDirKey holds the masters' own entries: ElectionKey, MasterKey, the admin and scrape
+	// tokens.
 	MasterDirKey = "/master"
 	// OutputKeyKey holds the key that mirrored jobs' sender tokens are made with (see
 	// package multidc); only masters read it.
@@ -144,11 +149,17 @@ type JobRecord struct {
 	Epoch int64 `json:"epoch,omitempty"`
 	// Rollout is the job's current or last rollout (job update, rollback, restart).
 	Rollout *Rollout `json:"rollout,omitempty"`
-	// OutputTokenHash is the hash of the sender token a mirrored job's link workers present
-	// to its router; the token itself is in no record (see package multidc).
-	OutputTokenHash string    `json:"outputTokenHash,omitempty"`
-	Submitted       time.Time `json:"submitted"`
-	Updated         time.Time `json:"updated"`
+	// OutputTokenHash is the hash of a mirrored job's own token, which the masters present
+	// to its router to fail its output over; the token itself is in no record (see package
+	// multidc).
+	OutputTokenHash string `json:"outputTokenHash,omitempty"`
+	// OutputLinkTokenHashes are the hashes of the sender tokens of the job's links, by link:
+	// a link's workers present theirs with every batch and heartbeat, and the router takes
+	// a link's records only with that link's token. A job stored before per-link tokens has
+	// none; its workers then present the job's token.
+	OutputLinkTokenHashes map[string]string `json:"outputLinkTokenHashes,omitempty"`
+	Submitted             time.Time         `json:"submitted"`
+	Updated               time.Time         `json:"updated"`
 }
 
 // TenantRecord is a tenant with the hash of its API token.

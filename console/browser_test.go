@@ -92,7 +92,7 @@ func TestConsole(t *testing.T) {
 	input := inputFile(t)
 	lc.Submit(wordcountSpec(input))
 	lc.Submit(clicksSpec(input))
-	lc.Submit(mirrorSpec(input, filepath.Join(t.TempDir(), "out.jsonl")))
+	lc.Submit(mirrorSpec(input, lc.SinkPath("demo", "out.jsonl"))) // below the cluster's sink dir
 	lc.WaitRunning("wordcount", 4)
 	lc.WaitRunning("clicks", 3)
 	lc.WaitRunning("mirror", 4)

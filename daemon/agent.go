@@ -22,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/metricsauth"
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/isolation"
 )
@@ -47,6 +48,8 @@ type AgentConfig struct {
 	NoLease        bool
 	// RunAs is who process workers run as (see agents.Config.RunAs); nil: the agent's user.
 	RunAs *isolation.User
+	// SinkDir is where the node's routers' file sinks lie (agents.Config.SinkDir).
+	SinkDir string
 	// RestartGrace is how long the node's workers outlive the agent's process, held by a
 	// keeper process (see agents.Keeper); 0 keeps the keeper inside the agent.
 	RestartGrace time.Duration
@@ -56,7 +59,8 @@ type AgentConfig struct {
 	Health healthcheck.Config
 	// ProtectOOM asks the kernel to spare the agent when it kills for memory.
 	ProtectOOM bool
-	// Metrics is where /metrics is served ("" serves none).
+	// Metrics is where /metrics is served ("" serves none), to the scrape token or the admin
+	// token (package internal/metricsauth).
 	Metrics string
 	// LogsListen is where the agent serves its workers' logs to the masters (HOST:PORT; ""
 	// means the node's advertised address, any free port); the port is published in the
@@ -224,6 +228,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		LeaseTTL:             cfg.LeaseTTL,
 		NoLease:              cfg.NoLease,
 		RunAs:                cfg.RunAs,
+		SinkDir:              cfg.SinkDir,
 		Self:                 self,
 		Launcher:             launcher,
 		StoreURL:             plainStore,
@@ -315,7 +320,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.metrics != nil {
 		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+		// The figures name jobs (restarts, OOM kills, evictions by job): for the scrape
+		// token or the admin token alone, checked against their hashes in the store.
+		mux.Handle("GET /metrics", metricsauth.New(a.store, log).Wrap(promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{})))
 		srv := api.NewServer(mux)
 		served := make(chan struct{})
 		go func() {

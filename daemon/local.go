@@ -56,6 +56,9 @@ type LocalConfig struct {
 	RegistryAuth string
 	// RunAs is who every node's process workers run as (nil: this process's user).
 	RunAs *isolation.User
+	// SinkDir is where mirrored jobs' file sinks lie, SinkDir/<tenant>/... (default
+	// DataDir/sinks; "off" turns file sinks off).
+	SinkDir string
 	// Health is every node's health-check configuration (its cgroup parent is the node's
 	// own); the zero value means healthcheck.DefaultConfig.
 	Health *healthcheck.Config
@@ -100,6 +103,21 @@ func (c *LocalConfig) defaults() error {
 	}
 	if c.Store == "" {
 		c.Store = "file://" + filepath.Join(c.DataDir, "store.json")
+	}
+	switch c.SinkDir {
+	case "off":
+		c.SinkDir = ""
+	case "":
+		c.SinkDir = filepath.Join(c.DataDir, "sinks")
+	}
+	if c.SinkDir != "" {
+		// Specs name sink files by absolute path: so is the directory they are checked
+		// against.
+		abs, err := filepath.Abs(c.SinkDir)
+		if err != nil {
+			return fmt.Errorf("sink dir: %w", err)
+		}
+		c.SinkDir = abs
 	}
 	if c.API == "" {
 		c.API = "127.0.0.1:7070"
@@ -185,7 +203,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	// Its nodes start with the master, in this process: they need no longer than a session
 	// to register, not a whole cluster's re-registration window (the demo loses a node
 	// seconds after the start).
-	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir,
+	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir, SinkDir: cfg.SinkDir,
 		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, ReregisterGrace: cfg.SessionTimeout, Logger: cfg.Logger}
 	if cfg.TLS {
 		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {
@@ -257,6 +275,7 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 		StoreOptions:         coord.Options{SessionTimeout: c.cfg.SessionTimeout, Credentials: c.creds},
 		StoreCredentialsFile: c.credFile,
 		RunAs:                c.cfg.RunAs,
+		SinkDir:              c.cfg.SinkDir,
 		StateDir:             filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
 		Drivers: DriverConfig{Isolation: iso, Cgroups: cgroups, Docker: c.docker,
 			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},
@@ -293,6 +312,10 @@ func (c *Local) API() string { return c.master.URL() }
 // TokenPath is the admin token's file ("" when another master made the token).
 func (c *Local) TokenPath() string { return c.master.TokenPath() }
 
+// MetricsTokenPath is the scrape token's file ("" when another master made the token):
+// /metrics (the master's and the agents') answers to `Authorization: Bearer <its content>`.
+func (c *Local) MetricsTokenPath() string { return c.master.MetricsTokenPath() }
+
 // CAFile is the CA certificate that signs the API's certificate ("" without TLS).
 func (c *Local) CAFile() string {
 	if !c.cfg.TLS {
@@ -301,7 +324,8 @@ func (c *Local) CAFile() string {
 	return filepath.Join(c.cfg.DataDir, CACertFile)
 }
 
-// Registry holds the master's metrics, served at API()/metrics.
+// Registry holds the master's metrics, served at API()/metrics to the scrape token
+// (MetricsTokenPath) or the admin token.
 func (c *Local) Registry() *prometheus.Registry { return c.master.Registry() }
 
 // Confined reports whether workers run in cgroups.

@@ -46,6 +46,8 @@ type MasterConfig struct {
 	// DataDir receives admin.token at the cluster's first start, and api.url (the URL the
 	// API is served at, which the CLI reads when no --master is given).
 	DataDir string
+	// SinkDir is where file sinks must lie (master.Config.SinkDir); "" turns them off.
+	SinkDir string
 	// RouterStore is the store URL the master's output routers open (default: Store when it
 	// is ZooKeeper).
 	RouterStore string
@@ -69,6 +71,8 @@ type Master struct {
 	registry  *prometheus.Registry
 	srv       *http.Server
 	tokenPath string
+	// metricsPath is the scrape token's file (see EnsureMetricsToken).
+	metricsPath string
 }
 
 // NewMaster listens on the API address, opens the store, makes the admin token on the
@@ -109,6 +113,9 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		if m.tokenPath, err = EnsureAdminToken(ctx, m.store, cfg.DataDir); err != nil {
 			return nil, err
 		}
+		if m.metricsPath, err = EnsureMetricsToken(ctx, m.store, cfg.DataDir); err != nil {
+			return nil, err
+		}
 		if err := pki.WriteFiles(map[string][]byte{filepath.Join(cfg.DataDir, api.URLFile): []byte(m.URL() + "\n")}, 0o644); err != nil {
 			return nil, err
 		}
@@ -130,7 +137,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 			return nil, err
 		}
 	}
-	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore,
+	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore, SinkDir: cfg.SinkDir,
 		ReregisterGrace: cfg.ReregisterGrace, Resolver: res, Events: cfg.Events, Logger: cfg.Logger, Registry: m.registry})
 	if err != nil {
 		return nil, err
@@ -160,7 +167,12 @@ func (m *Master) URL() string {
 // TokenPath is the admin token's file, or "" when another master (or data directory) made it.
 func (m *Master) TokenPath() string { return m.tokenPath }
 
-// Registry holds the master's metrics, served at URL()/metrics.
+// MetricsTokenPath is the scrape token's file, or "" when another master (or data
+// directory) made it.
+func (m *Master) MetricsTokenPath() string { return m.metricsPath }
+
+// Registry holds the master's metrics, served at URL()/metrics to the scrape token or the
+// admin token.
 func (m *Master) Registry() *prometheus.Registry { return m.registry }
 
 // Scheduler is the master's scheduler.

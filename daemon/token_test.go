@@ -14,33 +14,65 @@ import (
 	"github.com/stormdock/stormdock/coord"
 )
 
-func TestEnsureAdminToken(t *testing.T) {
+// The admin token and the scrape token are made alike: the file (0600) holds the token whose
+// hash the store has, a second start keeps it, another data directory gets none.
+func TestEnsureTokens(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		ensure func(context.Context, coord.KV, string) (string, error)
+		key    string
+		file   string
+	}{
+		{"admin", EnsureAdminToken, cluster.AdminTokenKey, api.AdminTokenFile},
+		{"metrics", EnsureMetricsToken, cluster.MetricsTokenKey, api.MetricsTokenFile},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s, err := coord.Open(ctx, "mem://tokens-"+tc.name, coord.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			dir := t.TempDir()
+			path, err := tc.ensure(ctx, s, dir)
+			if err != nil || path != filepath.Join(dir, tc.file) {
+				t.Fatalf("first start: %q, %v", path, err)
+			}
+			fi, err := os.Stat(path)
+			if err != nil || fi.Mode().Perm() != 0o600 {
+				t.Fatalf("token file mode: %v, %v", fi, err)
+			}
+			b, _ := os.ReadFile(path)
+			e, err := s.Get(ctx, tc.key)
+			if err != nil || string(e.Value) != api.HashToken(strings.TrimSpace(string(b))) {
+				t.Fatalf("stored hash does not match the file: %v", err)
+			}
+			if strings.Contains(string(e.Value), strings.TrimSpace(string(b))) {
+				t.Fatal("the store holds the token itself")
+			}
+			if again, err := tc.ensure(ctx, s, dir); err != nil || again != path {
+				t.Fatalf("second start: %q, %v", again, err)
+			}
+			// Another master's data directory: the token is not its to show.
+			if other, err := tc.ensure(ctx, s, t.TempDir()); err != nil || other != "" {
+				t.Fatalf("another data directory: %q, %v", other, err)
+			}
+		})
+	}
+	// Two tokens, not one: the scrape token must not be the admin token.
 	ctx := context.Background()
-	s, err := coord.Open(ctx, "mem://"+t.Name(), coord.Options{})
+	s, err := coord.Open(ctx, "mem://tokens-both", coord.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	dir := t.TempDir()
-	path, err := EnsureAdminToken(ctx, s, dir)
-	if err != nil || path == "" {
-		t.Fatalf("first start: %q, %v", path, err)
-	}
-	fi, err := os.Stat(path)
-	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("token file mode: %v, %v", fi, err)
-	}
-	b, _ := os.ReadFile(path)
-	e, err := s.Get(ctx, cluster.AdminTokenKey)
-	if err != nil || string(e.Value) != api.HashToken(strings.TrimSpace(string(b))) {
-		t.Fatalf("stored hash does not match the file: %v", err)
-	}
-	if again, err := EnsureAdminToken(ctx, s, dir); err != nil || again != path {
-		t.Fatalf("second start: %q, %v", again, err)
-	}
-	// Another master's data directory: the token is not its to show.
-	if other, err := EnsureAdminToken(ctx, s, t.TempDir()); err != nil || other != "" {
-		t.Fatalf("another data directory: %q, %v", other, err)
+	a, aerr := EnsureAdminToken(ctx, s, dir)
+	m, merr := EnsureMetricsToken(ctx, s, dir)
+	ab, _ := os.ReadFile(a)
+	mb, _ := os.ReadFile(m)
+	if aerr != nil || merr != nil || len(ab) == 0 || string(ab) == string(mb) {
+		t.Fatalf("admin %q (%v), scrape %q (%v)", ab, aerr, mb, merr)
 	}
 }
 

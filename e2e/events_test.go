@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -378,7 +379,7 @@ func TestEventsAndLogs(t *testing.T) {
 	}
 	submit("mirror", fmt.Sprintf("name: mirror\ntenant: t1\nworkers: 1\nresources: {memory: 64Mi, cpu: 0.1}\n"+
 		"command: [stormdock, worker, wordcount, --input, %s, --rate, '100']\nlinks: [dc-a, dc-b]\noutput: file://%s\n"+
-		"placement: {dcs: [dc-a, dc-b]}\ngracePeriod: 1s\n", input, filepath.Join(h.Dir, "io", "out.jsonl")))
+		"placement: {dcs: [dc-a, dc-b]}\ngracePeriod: 1s\n", input, h.SinkPath("t1", "out.jsonl")))
 	testenv.EventuallyWith(t, "the mirrored job's output flowing from a link", 60*time.Second, func() (bool, string) {
 		st := c.status("mirror")
 		return st.Sink != nil && st.Sink.Fed, fmt.Sprintf("%+v", st.Sink)
@@ -463,16 +464,37 @@ func TestEventsAndLogs(t *testing.T) {
 	t.Logf("figure: cause -> event line on events -f, all causes: p50 %s, p99 %s, max %s over %d events (%d events seen in all)",
 		pct(all, 0.5).Round(time.Millisecond), pct(all, 0.99).Round(time.Millisecond), slices.Max(all).Round(time.Millisecond), len(all), len(evs))
 
-	// Every metric the alert rules and the dashboard use is exported by this cluster.
+	// Every metric the alert rules and the dashboard use is exported by this cluster, to the
+	// scrape token; an anonymous caller gets 401 and learns no job or tenant name.
 	exported := map[string]bool{}
+	scrapeToken := h.MetricsToken()
+	named := regexp.MustCompile(`\b(crash|oom|hog|tick|t2job|mirror|dlogs|t1|t2)\b`)
 	scrape := func(u string, client *http.Client) {
-		resp, err := client.Get(u)
-		if err != nil {
-			t.Errorf("scrape %s: %v", u, err)
+		get := func(token string) (int, []byte) {
+			req, err := http.NewRequest(http.MethodGet, u, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Errorf("scrape %s: %v", u, err)
+				return 0, nil
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, b
+		}
+		if status, b := get(""); status != http.StatusUnauthorized || named.Match(b) {
+			t.Errorf("anonymous %s: %d %s", u, status, clipOut(string(b)))
+		}
+		status, b := get(scrapeToken)
+		if status != http.StatusOK {
+			t.Errorf("scrape %s with the scrape token: %d %s", u, status, clipOut(string(b)))
 			return
 		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
 		for _, line := range strings.Split(string(b), "\n") {
 			if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
 				exported[strings.Fields(name)[0]] = true

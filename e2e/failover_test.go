@@ -105,7 +105,7 @@ func TestClusterLifecycle(t *testing.T) {
 	})
 	// Once the new leader has reconciled (a standby never does), it must have rewritten no
 	// assignment, and no worker may have changed.
-	testenv.Eventually(t, "a reconcile of m2", 15*time.Second, func() bool { return reconciles(t, m2) > 0 })
+	testenv.Eventually(t, "a reconcile of m2", 15*time.Second, func() bool { return reconciles(t, h, m2) > 0 })
 	if now := h.AssignmentVersions(); !maps.Equal(versions, now) {
 		t.Errorf("assignments rewritten across master failover: versions %v -> %v", versions, now)
 	}

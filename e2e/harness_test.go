@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -49,15 +51,36 @@ func newEnsembleHarness(t testing.TB, n int, session time.Duration) *harness {
 	return &harness{clustertest.NewEnsemble(t, binary, n, session)}
 }
 
-// reconciles reads how many reconciles the master at url has finished, from its /metrics.
-func reconciles(t testing.TB, url string) float64 {
+// getMetrics reads url/metrics with token ("" sends none) and returns the status and body.
+func getMetrics(t testing.TB, url, token string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// reconciles reads how many reconciles the master at url has finished, from its /metrics,
+// with the cluster's scrape token.
+func reconciles(t testing.TB, h *harness, url string) float64 {
+	t.Helper()
+	status, body := getMetrics(t, url, h.MetricsToken())
+	if status != http.StatusOK {
+		t.Fatalf("%s/metrics with the scrape token: %d: %s", url, status, body)
+	}
+	sc := bufio.NewScanner(strings.NewReader(body))
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "stormdock_master_reconcile_duration_seconds_count "); ok {
 			n, err := strconv.ParseFloat(v, 64)

@@ -135,7 +135,7 @@ func (lc *labCluster) StartMaster(id string) {
 	lc.mu.Unlock()
 	addr := net.JoinHostPort(host.IP(), strconv.Itoa(labMasterPort))
 	args := []string{"master", "--store", lc.StoreURL(), "--api", addr, "--id", id,
-		"--session-timeout", lc.Session.String(), "--data", filepath.Join(lc.Dir, "data")}
+		"--session-timeout", lc.Session.String(), "--data", filepath.Join(lc.Dir, "data"), "--sink-dir", lc.SinkDir}
 	if lc.spec.reregisterGrace > 0 {
 		args = append(args, "--reregister-grace", lc.spec.reregisterGrace.String())
 	}

@@ -36,7 +36,8 @@ type mirrorJob struct {
 func startMirror(t *testing.T, lc *labCluster, name string, rate int) *mirrorJob {
 	t.Helper()
 	dir := t.TempDir()
-	m := &mirrorJob{name: name, input: filepath.Join(dir, "input.txt"), sink: filepath.Join(dir, "sink.jsonl"), workers: 2,
+	// The sink below the cluster's sink dir, in the tenant's part of it.
+	m := &mirrorJob{name: name, input: filepath.Join(dir, "input.txt"), sink: lc.SinkPath("e2e", name+".jsonl"), workers: 2,
 		stopped: make(chan struct{}), done: make(chan struct{})}
 	m.append(t, rate)
 	spec := fmt.Sprintf(`name: %s

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/multidc"
@@ -107,7 +110,7 @@ func TestMirroredJob(t *testing.T) {
 	if err := os.WriteFile(input, []byte(text.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(dir, "out.jsonl")
+	out := h.SinkPath("e2e", "out.jsonl") // below the cluster's --sink-dir
 	spec := fmt.Sprintf(`name: mirror
 tenant: e2e
 workers: 2
@@ -219,4 +222,114 @@ func sinkOffsets(t testing.TB, path string) []int64 {
 		out = append(out, rec.Offset)
 	}
 	return out
+}
+
+// TestFileSinkConfined is the attack of issue 27 on a real cluster: a tenant names, as its
+// mirrored job's file sink, a root-owned file outside the sink dir (refused at submit), a
+// symlink to it inside its own sink dir, and a file there it did not make. Each router
+// refuses to open its file and exits (its agent restarts it, and it refuses again), and,
+// seen from the host, the files are byte for byte and mode as they were.
+func TestFileSinkConfined(t *testing.T) {
+	h := newHarness(t, 2*time.Second)
+	cl := h.AdminClient(h.StartMaster("m1"))
+	ctx := context.Background()
+	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1"} {
+		h.StartAgent(n, n[:4], n[5:], 4)
+	}
+	testenv.Eventually(t, "3 nodes", 20*time.Second, func() bool { return len(h.NodeRecords()) == 3 })
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(h.Dir, "io")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	input := filepath.Join(dir, "input.txt")
+	if err := os.WriteFile(input, []byte("one line\nanother line\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Root's file, without a trailing newline (the old recovery cut after the last one).
+	victim := filepath.Join(h.Dir, "root-victim")
+	victimData := []byte("root-only data\nno newline at the end")
+	if err := os.WriteFile(victim, victimData, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The tenant's sink dir, as the agent makes it, with the traps in it.
+	tenantDir := filepath.Join(h.SinkDir, "e2e")
+	if err := os.MkdirAll(tenantDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, h.SinkPath("e2e", "via-symlink.jsonl")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Dir(victim), h.SinkPath("e2e", "dir")); err != nil {
+		t.Fatal(err)
+	}
+	foreign := h.SinkPath("e2e", "foreign.jsonl")
+	foreignData := []byte("{\"offset\":0,\"link\":\"dc-a\",\"record\":{}}\n{\"offset\":1,\"link\":\"dc-a\",\"rec")
+	if err := os.WriteFile(foreign, foreignData, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec := func(name, out string) []byte {
+		return fmt.Appendf(nil, "name: %s\ntenant: e2e\nworkers: 1\nresources: {memory: 64Mi, cpu: 0.1}\n"+
+			"command: [stormdock, worker, wordcount, --input, %s, --rate, '10']\nlinks: [dc-a, dc-b]\noutput: file://%s\ngracePeriod: 1s\n", name, input, out)
+	}
+	if _, err := cl.SubmitJob(ctx, spec("outside", victim)); !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), "name a file below "+tenantDir+"/") {
+		t.Fatalf("a sink outside the sink dir: %v", err)
+	}
+	jobs := map[string]string{
+		"symlinked": h.SinkPath("e2e", "via-symlink.jsonl"),
+		"dirlinked": h.SinkPath("e2e", "dir/root-victim"),
+		"foreign":   foreign,
+	}
+	for name, out := range jobs {
+		if _, err := cl.SubmitJob(ctx, spec(name, out)); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	// Evidence that each router tried: its worker exited, and was restarted, at least once.
+	testenv.EventuallyWith(t, "every router refusing its sink and restarted", 60*time.Second, func() (bool, string) {
+		tried := map[string]string{}
+		for _, rec := range h.NodeRecords() {
+			for _, w := range rec.Workers {
+				if strings.HasSuffix(w.Key.Job, ".router") && w.Restarts > 0 {
+					tried[strings.TrimSuffix(w.Key.Job, ".router")] = w.LastExit
+				}
+			}
+		}
+		if len(tried) == len(jobs) {
+			t.Logf("routers restarted, last exits: %v", tried)
+		}
+		return len(tried) == len(jobs), fmt.Sprintf("routers restarted: %v", tried)
+	})
+	// What they said: a line of each router's log, from its agent's state directory.
+	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1"} {
+		logs, _ := filepath.Glob(filepath.Join(h.StateDir(n), "*", "*", "*.router*.log*"))
+		for _, l := range logs {
+			if b, err := os.ReadFile(l); err == nil && bytes.Contains(b, []byte("stormdock router:")) {
+				i := bytes.Index(b, []byte("stormdock router:"))
+				t.Logf("%s: %s", filepath.Base(l), bytes.SplitN(b[i:], []byte("\n"), 2)[0])
+			}
+		}
+	}
+	for path, want := range map[string][]byte{victim: victimData, foreign: foreignData} {
+		got, err := os.ReadFile(path)
+		fi, serr := os.Lstat(path)
+		if err != nil || serr != nil || !bytes.Equal(got, want) || fi.Mode() != 0o600 {
+			t.Errorf("%s changed: %q mode %v (%v %v), was %q mode 0600", path, got, fi.Mode(), err, serr, want)
+		}
+	}
+	// Nothing was made beside the victim, nor any sidecar for the refused files.
+	if ents, _ := os.ReadDir(filepath.Dir(victim)); len(ents) > 0 {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".root-victim") {
+				t.Errorf("a router wrote %s beside the victim", e.Name())
+			}
+		}
+	}
+	for _, name := range []string{".foreign.jsonl.router", ".via-symlink.jsonl.router"} {
+		if _, err := os.Lstat(filepath.Join(tenantDir, name)); err == nil {
+			t.Errorf("a router wrote the evidence %s of a file it refused", name)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"syscall"
@@ -54,6 +55,11 @@ func startOutageCluster(t *testing.T, h *harness, workers int) *outageCluster {
 	}
 	oc.waitWorkers(t, workers)
 	oc.watch = watchFence(t, oc.job, 0) // nothing is fenced in these outages
+	// A scrape before any outage, as Prometheus' would be: the master then knows the
+	// scrape token's hash when the store is out (see unavailable).
+	if status, body := getMetrics(t, oc.masters[0], h.MetricsToken()); status != http.StatusOK {
+		t.Fatalf("/metrics with the scrape token: %d %s", status, body)
+	}
 	return oc
 }
 
@@ -146,6 +152,14 @@ func (oc *outageCluster) unavailable(t *testing.T, name string) {
 		_, err := cl.Jobs(ctx)
 		return errors.Is(err, api.ErrUnavailable) && strings.HasPrefix(err.Error(), "store unavailable: "), fmt.Sprint(err)
 	})
+	// /metrics still answers the scrape token (its hash as last read: the figures of an
+	// outage matter most), and still refuses a caller without it.
+	if status, body := getMetrics(t, oc.masters[0], oc.h.MetricsToken()); status != http.StatusOK || !strings.Contains(body, "stormdock_master_store_connected") {
+		t.Errorf("%s: /metrics with the scrape token: %d %.300s", name, status, body)
+	}
+	if status, body := getMetrics(t, oc.masters[0], ""); status != http.StatusUnauthorized || strings.Contains(body, oc.job) {
+		t.Errorf("%s: anonymous /metrics: %d %.300s", name, status, body)
+	}
 }
 
 func TestOutagesOnEnsemble(t *testing.T) {

@@ -49,7 +49,7 @@ func TestSecuredCluster(t *testing.T) {
 	addr := clustertest.FreeAddr(t)
 	data := filepath.Join(h.Dir, "data")
 	m := h.Start("master-m1", "master", "--store", h.StoreURL(), "--store-credentials-file", credFile, "--api", addr, "--id", "m1",
-		"--session-timeout", h.Session.String(), "--data", data, "--tls")
+		"--session-timeout", h.Session.String(), "--data", data, "--tls", "--sink-dir", h.SinkDir)
 	h.SetMaster("m1", m)
 	for _, dc := range []string{"dc-a", "dc-b", "dc-c"} {
 		h.StartAgent(dc+"-r1", dc, "r1", 4, "--store-credentials-file", credFile)
@@ -95,7 +95,7 @@ func TestSecuredCluster(t *testing.T) {
 	if err := os.WriteFile(input, []byte(text.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(io, "out.jsonl")
+	out := h.SinkPath("e2e", "out.jsonl") // below the cluster's --sink-dir
 	who := `name: who
 tenant: e2e
 workers: 1

@@ -29,6 +29,10 @@ type Config struct {
 	// zk:// URL; for an embedded store, which one process holds, "mem://": the router then
 	// recovers from its file sink alone).
 	RouterStore string
+	// SinkDir is the directory mirrored jobs' file sinks must lie below, as
+	// SinkDir/<tenant>/... (the operator's --sink-dir); "" turns file sinks off. Submits and
+	// updates are checked against it (CheckSinkDir); the routers check again on their node.
+	SinkDir string
 	// CrashLoopRestarts is how many restarts within an agent's window make the master move a
 	// worker to another node; 0 means 5.
 	CrashLoopRestarts int

@@ -251,7 +251,13 @@ func workerAssignment(v *View, j cluster.JobRecord, k cluster.WorkerKey, outputK
 		// configuration: a router moving restarts no link worker.
 		wa.Output = ""
 		wa.Routers = v.RouterURLs(s.Name)
-		if outputKey != nil {
+		switch {
+		case outputKey == nil:
+		case len(j.OutputLinkTokenHashes) > 0:
+			// A link's workers get their link's token: they cannot send as another link.
+			wa.OutputToken = multidc.LinkSenderToken(outputKey, s.Name, k.Link, j.Submitted)
+		default:
+			// A job stored before per-link tokens: its router knows the job's token only.
 			wa.OutputToken = multidc.SenderToken(outputKey, s.Name, j.Submitted)
 		}
 	}

@@ -41,7 +41,9 @@ func routerRecord(rec cluster.JobRecord, store string, nodes int) cluster.JobRec
 	}
 	args := multidc.DefaultRouterArgs()
 	args.Store, args.Job, args.Links, args.Sink, args.Listen = store, j.Name, j.Links, j.Output, routerListen
-	args.TokenHash = rec.OutputTokenHash
+	args.TokenHash, args.LinkTokenHashes = rec.OutputTokenHash, rec.OutputLinkTokenHashes
+	// The router's agent gives it the sink dir; the tenant is the job's.
+	args.Tenant = j.Tenant
 	r := cluster.JobSpec{
 		Name:      j.Name + routerSuffix,
 		Tenant:    j.Tenant,
@@ -136,4 +138,13 @@ func (v *View) record(name string) (cluster.JobRecord, bool) {
 	}
 	r, ok := v.routers[name]
 	return r, ok
+}
+
+// CheckSinkDir refuses a spec whose file sink is not confined to the cluster's sink dir
+// (cluster.JobSpec.CheckSinkDir), as api.ErrBadInput.
+func (m *Master) CheckSinkDir(spec *cluster.JobSpec) error {
+	if err := spec.CheckSinkDir(m.cfg.SinkDir); err != nil {
+		return fmt.Errorf("%w: %v", api.ErrBadInput, err)
+	}
+	return nil
 }

@@ -13,7 +13,7 @@ import (
 // router from its environment).
 func TestRouterCommand(t *testing.T) {
 	rec := cluster.JobRecord{Spec: cluster.JobSpec{Name: "mirror", Tenant: "t", Links: []string{"dc-a", "dc-b"},
-		Output: "file:///var/out.jsonl"}}
+		Output: "file:///var/out.jsonl"}, OutputLinkTokenHashes: map[string]string{"dc-a": "aa", "dc-b": "bb"}}
 	rr := routerRecord(rec, "zk://127.0.0.1:2181/sd", 6)
 	cmd := rr.Spec.Command
 	if len(cmd) < 2 || cmd[0] != "stormdock" || cmd[1] != multidc.RouterCommand {
@@ -25,6 +25,8 @@ func TestRouterCommand(t *testing.T) {
 	}
 	want := multidc.DefaultRouterArgs()
 	want.Store, want.Job, want.Links, want.Sink, want.Listen = "zk://127.0.0.1:2181/sd", "mirror", []string{"dc-a", "dc-b"}, "file:///var/out.jsonl", "$STORMDOCK_ADDR:$STORMDOCK_PORT"
+	// The tenant's part of the sink dir, and each link's token hash.
+	want.Tenant, want.LinkTokenHashes = "t", map[string]string{"dc-a": "aa", "dc-b": "bb"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("router reads %+v, want %+v", got, want)
 	}

@@ -1,5 +1,7 @@
-// Package monitoring ships stormdock's Prometheus alert rules (alerts.yml) and Grafana
-// dashboard (dashboard.json), and says which metrics they use, so tests can hold them to what runs.
+// Package monitoring ships stormdock's Prometheus alert rules (alerts.yml), Grafana
+// dashboard (dashboard.json) and an example Prometheus configuration (prometheus.yml, which
+// scrapes with the cluster's scrape token), and says which metrics they use, so tests can
+// hold them to what runs.
 package monitoring
 
 import (

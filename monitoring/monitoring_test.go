@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -30,6 +32,55 @@ func TestRulesParse(t *testing.T) {
 	}
 	if out, err := exec.Command(promtool, "check", "rules", bad).CombinedOutput(); err == nil {
 		t.Fatalf("promtool accepted a broken expression:\n%s", out)
+	}
+}
+
+// TestPrometheusConfig: the example configuration passes promtool (with its files made in a
+// temporary directory: promtool opens them) and every scrape sends the scrape token from a
+// file, keeping the series' own job label.
+func TestPrometheusConfig(t *testing.T) {
+	src, err := os.ReadFile("prometheus.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ScrapeConfigs []struct {
+			JobName       string `yaml:"job_name"`
+			HonorLabels   bool   `yaml:"honor_labels"`
+			Authorization struct {
+				Type            string `yaml:"type"`
+				CredentialsFile string `yaml:"credentials_file"`
+			} `yaml:"authorization"`
+		} `yaml:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal(src, &cfg); err != nil {
+		t.Fatalf("prometheus.yml: %v", err)
+	}
+	if len(cfg.ScrapeConfigs) != 3 {
+		t.Errorf("want scrapes of masters, agents and routers, got %d", len(cfg.ScrapeConfigs))
+	}
+	for _, sc := range cfg.ScrapeConfigs {
+		if sc.Authorization.Type != "Bearer" || filepath.Base(sc.Authorization.CredentialsFile) != "metrics.token" || !sc.HonorLabels {
+			t.Errorf("scrape %s: authorization %+v, honor_labels %v: want the Bearer scrape token from metrics.token, and honor_labels", sc.JobName, sc.Authorization, sc.HonorLabels)
+		}
+	}
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		testenv.Missing(t, "promtool: %v (apt-get install prometheus)", err)
+	}
+	dir := t.TempDir()
+	for name, body := range map[string]string{"metrics.token": "sdt_example\n", "ca.crt": "", "routers.json": "[]\n", "alerts.yml": string(Rules)} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(conf, []byte(strings.ReplaceAll(string(src), "/etc/prometheus/stormdock/", dir+"/")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(promtool, "check", "config", conf).CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool check config: %v\n%s", err, out)
 	}
 }
 

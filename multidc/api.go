@@ -2,6 +2,7 @@ package multidc
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,15 +30,16 @@ const retryAfter = 100 * time.Millisecond
 //	POST /v1/failover          ?to=L (optional) [&job=J]
 //	GET  /healthz, /readyz
 //
-// The POST routes need the job's sender token (see Config.TokenHash); without it: 401 and
-// nothing is taken.
+// The POST routes need a token (see Config.TokenHash and LinkTokenHashes); without one: 401
+// and nothing is taken. Records and heartbeats for a link need that link's token (403
+// otherwise), a failover the job's own. Bodies are bounded (Config.MaxBody: 413 above it).
 func (r *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/records", r.auth(r.handleRecords))
-	mux.HandleFunc("POST /{$}", r.auth(r.handleRecords))
-	mux.HandleFunc("POST /v1/heartbeat", r.auth(r.handleHeartbeat))
+	mux.HandleFunc("POST /v1/records", r.authLink(r.handleRecords))
+	mux.HandleFunc("POST /{$}", r.authLink(r.handleRecords))
+	mux.HandleFunc("POST /v1/heartbeat", r.authLink(r.handleHeartbeat))
 	mux.HandleFunc("GET /v1/status", r.handleStatus)
-	mux.HandleFunc("POST /v1/failover", r.auth(r.handleFailover))
+	mux.HandleFunc("POST /v1/failover", r.authJob(r.handleFailover))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		r.mu.Lock()
@@ -89,13 +91,20 @@ type impliedBeat struct {
 	workers int
 }
 
-func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request) {
+func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request, allowed string) {
 	q := req.URL.Query()
 	qlink := q.Get("link")
 	if qlink != "" && !slices.Contains(r.cfg.Links, qlink) {
 		writeError(w, r.unknownLink(qlink))
 		return
 	}
+	if err := r.checkLink(allowed, cmp.Or(qlink, allowed)); err != nil {
+		writeError(w, err)
+		return
+	}
+	// A link's token sends for its link only: every record of the batch is taken as the
+	// token's link's, and parseRecords refuses one that names another.
+	qlink = cmp.Or(qlink, allowed)
 	qworker := -1
 	if s := q.Get("worker"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -105,17 +114,11 @@ func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request) {
 		}
 		qworker = n
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			api.Errorf(w, api.ErrTooLarge, fmt.Sprintf("body over %d bytes: send smaller batches", r.cfg.MaxBody))
-			return
-		}
-		writeError(w, fmt.Errorf("%w: read body: %v", api.ErrBadInput, err))
+	body, ok := r.readBody(w, req, r.cfg.MaxBody)
+	if !ok {
 		return
 	}
-	recs, beats, err := r.parseRecords(body, qlink, qworker)
+	recs, beats, err := r.parseRecords(body, qlink, qworker, allowed)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -164,7 +167,8 @@ func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request) {
 
 // parseRecords checks a whole batch before any of it is taken, so that a bad line leaves
 // no trace. It returns the records and the workers the batch names (implied heartbeats).
-func (r *Router) parseRecords(body []byte, qlink string, qworker int) ([]Record, []impliedBeat, error) {
+// allowed is the link the sender's token sends for ("": any).
+func (r *Router) parseRecords(body []byte, qlink string, qworker int, allowed string) ([]Record, []impliedBeat, error) {
 	var recs []Record
 	var beats []impliedBeat
 	seenBeat := map[beatKey]bool{}
@@ -207,6 +211,9 @@ func (r *Router) parseRecords(body []byte, qlink string, qworker int) ([]Record,
 		}
 		link := qlink
 		switch {
+		case v.Link != nil && allowed != "" && *v.Link != allowed:
+			return nil, nil, fmt.Errorf("%w: line %d: link %s's token cannot send for link %q: each link's workers send with their own link's token",
+				api.ErrForbidden, n, allowed, *v.Link)
 		case v.Link != nil && qlink != "" && *v.Link != qlink:
 			return nil, nil, fmt.Errorf("%w: line %d: \"link\" %q but the request is for link %q", api.ErrBadInput, n, *v.Link, qlink)
 		case v.Link != nil:
@@ -244,7 +251,31 @@ func (r *Router) unknownLinkMsg(link string) string {
 	return fmt.Sprintf("unknown link %q (the router of job %s has %v)", link, r.cfg.Job, r.cfg.Links)
 }
 
-func (r *Router) handleHeartbeat(w http.ResponseWriter, req *http.Request) {
+// readBody reads a request's body, at most limit bytes: a larger one is answered 413 (and
+// the connection closed) after reading no more than limit+1 bytes of it, so that a sender
+// cannot make the router hold more.
+func (r *Router) readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, bool) {
+	if req.ContentLength > limit {
+		api.Errorf(w, api.ErrTooLarge, fmt.Sprintf("body of %d bytes is over the router's limit of %d: send smaller batches", req.ContentLength, limit))
+		return nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, limit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			api.Errorf(w, api.ErrTooLarge, fmt.Sprintf("body over the router's limit of %d bytes: send smaller batches", limit))
+			return nil, false
+		}
+		writeError(w, fmt.Errorf("%w: read body: %v", api.ErrBadInput, err))
+		return nil, false
+	}
+	return body, true
+}
+
+// maxSmallBody bounds the bodies of heartbeats and failovers, which carry nothing.
+const maxSmallBody = 64 << 10
+
+func (r *Router) handleHeartbeat(w http.ResponseWriter, req *http.Request, allowed string) {
 	q := req.URL.Query()
 	link := q.Get("link")
 	if !slices.Contains(r.cfg.Links, link) {
@@ -268,7 +299,13 @@ func (r *Router) handleHeartbeat(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(req.Body, 64<<10))
+	if err := r.checkLink(allowed, link); err != nil {
+		writeError(w, err)
+		return
+	}
+	if _, ok := r.readBody(w, req, maxSmallBody); !ok {
+		return
+	}
 	r.mu.Lock()
 	if r.state != ready {
 		r.mu.Unlock()
@@ -292,6 +329,9 @@ func (r *Router) handleStatus(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (r *Router) handleFailover(w http.ResponseWriter, req *http.Request) {
+	if _, ok := r.readBody(w, req, maxSmallBody); !ok {
+		return
+	}
 	q := req.URL.Query()
 	if job := q.Get("job"); job != "" && job != r.cfg.Job {
 		api.Errorf(w, api.ErrNotFound, fmt.Sprintf("this router serves job %q, not %q", r.cfg.Job, job))

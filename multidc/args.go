@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,8 +34,16 @@ type RouterArgs struct {
 	Links []string // in order of preference; --links is comma-separated
 	// TokenHash is the hash of the job's sender token (Config.TokenHash): not a secret.
 	TokenHash string
-	Sink      string // file:///PATH[?fsync=...] or http(s)://HOST/PATH (OpenSink)
-	Listen    string
+	// LinkTokenHashes are the hashes of the links' sender tokens (Config.LinkTokenHashes);
+	// --link-token-hashes is LINK=HEX,LINK=HEX.
+	LinkTokenHashes map[string]string
+	Sink            string // file:///SINKDIR/TENANT/PATH[?fsync=...] or http(s)://HOST/PATH (OpenSink)
+	// SinkDir confines a file sink below SinkDir/Tenant (SinkOptions); the agent gives it
+	// (env STORMDOCK_SINK_DIR, STORMDOCK_TENANT).
+	SinkDir string
+	Tenant  string
+	Listen  string
+	MaxBody int64 // Config.MaxBody
 
 	HeartbeatTimeout   time.Duration
 	CloseGrace         time.Duration
@@ -52,12 +62,13 @@ func DefaultRouterArgs() RouterArgs {
 		CheckpointInterval: 100 * time.Millisecond,
 		BufferRecords:      8192,
 		BufferBytes:        32 << 20,
+		MaxBody:            DefaultMaxBody,
 	}
 }
 
 // flags binds the flags of `stormdock router` to a's fields, with their defaults.
 // --links goes through links, split by Parse.
-func (a *RouterArgs) flags(links *string) *flag.FlagSet {
+func (a *RouterArgs) flags(links, linkHashes *string) *flag.FlagSet {
 	d := DefaultRouterArgs()
 	fs := cmdline.NewFlagSet(RouterCommand)
 	fs.StringVar(&a.Store, "store", d.Store, "coordination store `URL`: zk://HOST:PORT[,HOST:PORT]/CHROOT, file:///PATH or mem://NAME (required; env STORMDOCK_STORE)")
@@ -66,7 +77,11 @@ func (a *RouterArgs) flags(links *string) *flag.FlagSet {
 	fs.StringVar(&a.Job, "job", d.Job, "the mirrored `JOB` (required)")
 	fs.StringVar(&a.TokenHash, "token-hash", d.TokenHash, "`HEX` SHA-256 of the job's sender token: requests without the token are refused (required)")
 	fs.StringVar(links, "links", strings.Join(d.Links, ","), "the job's `LINKS`, comma-separated, in order of preference (required)")
-	fs.StringVar(&a.Sink, "sink", d.Sink, "output `URL`: file:///PATH[?fsync=checkpoint|always|never] or http(s)://HOST/PATH (required)")
+	fs.StringVar(linkHashes, "link-token-hashes", "", "`LINK=HEX,...` SHA-256 of each link's sender token: a link's records are taken with its own token only")
+	fs.StringVar(&a.Sink, "sink", d.Sink, "output `URL`: file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never] or http(s)://HOST/PATH (required)")
+	fs.StringVar(&a.SinkDir, "sink-dir", d.SinkDir, "`DIR` below which file sinks live, as SINKDIR/TENANT/... (env STORMDOCK_SINK_DIR, set by the agent; none: file sinks refused)")
+	fs.StringVar(&a.Tenant, "tenant", d.Tenant, "the job's `TENANT`, whose part of --sink-dir a file sink is in (env STORMDOCK_TENANT)")
+	fs.Int64Var(&a.MaxBody, "max-body", d.MaxBody, "`BYTES` a records request's body may hold (413 above)")
 	fs.StringVar(&a.Listen, "listen", d.Listen, "`ADDR` of the ingest and status API")
 	fs.DurationVar(&a.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "a link whose workers are silent this long fails over")
 	fs.DurationVar(&a.CloseGrace, "close-grace", d.CloseGrace, "a worker whose connection closed and that is silent this long counts as dead (0: heartbeat-timeout/2, negative: off)")
@@ -84,6 +99,19 @@ func (a RouterArgs) Args() []string {
 	args := []string{"--store", a.Store, "--job", a.Job, "--links", strings.Join(a.Links, ","), "--sink", a.Sink, "--listen", a.Listen}
 	if a.TokenHash != d.TokenHash {
 		args = append(args, "--token-hash", a.TokenHash)
+	}
+	if len(a.LinkTokenHashes) > 0 {
+		var kv []string
+		for _, l := range slices.Sorted(maps.Keys(a.LinkTokenHashes)) {
+			kv = append(kv, l+"="+a.LinkTokenHashes[l])
+		}
+		args = append(args, "--link-token-hashes", strings.Join(kv, ","))
+	}
+	if a.SinkDir != d.SinkDir {
+		args = append(args, "--sink-dir", a.SinkDir)
+	}
+	if a.Tenant != d.Tenant {
+		args = append(args, "--tenant", a.Tenant)
 	}
 	dur := func(name string, v, def time.Duration) {
 		if v != def {
@@ -104,6 +132,7 @@ func (a RouterArgs) Args() []string {
 	dur("checkpoint-interval", a.CheckpointInterval, d.CheckpointInterval)
 	num("buffer-records", a.BufferRecords, d.BufferRecords)
 	num("buffer-bytes", a.BufferBytes, d.BufferBytes)
+	num("max-body", a.MaxBody, d.MaxBody)
 	return args
 }
 
@@ -113,8 +142,8 @@ func (a RouterArgs) Args() []string {
 // argument gives ErrRouterArgs, -h or --help flag.ErrHelp. On error a is left as it was.
 func (a *RouterArgs) Parse(args []string) error {
 	var p RouterArgs
-	var links string
-	fs := p.flags(&links)
+	var links, linkHashes string
+	fs := p.flags(&links, &linkHashes)
 	if err := cmdline.Parse(fs, args, "store", "job", "links", "sink"); err != nil {
 		return err
 	}
@@ -126,6 +155,19 @@ func (a *RouterArgs) Parse(args []string) error {
 			p.Links = append(p.Links, l)
 		}
 	}
+	for _, kv := range strings.Split(linkHashes, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		l, h, ok := strings.Cut(kv, "=")
+		if !ok || l == "" || h == "" {
+			return fmt.Errorf("--link-token-hashes: %q: want LINK=HEX", kv)
+		}
+		if p.LinkTokenHashes == nil {
+			p.LinkTokenHashes = map[string]string{}
+		}
+		p.LinkTokenHashes[l] = h
+	}
 	*a = p
 	return nil
 }
@@ -133,6 +175,6 @@ func (a *RouterArgs) Parse(args []string) error {
 // RouterUsage lists the flags of `stormdock router`, for its help.
 func RouterUsage() string {
 	var a RouterArgs
-	var links string
-	return cmdline.Usage(a.flags(&links))
+	var links, linkHashes string
+	return cmdline.Usage(a.flags(&links, &linkHashes))
 }

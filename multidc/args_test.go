@@ -67,6 +67,12 @@ func TestRouterArgs(t *testing.T) {
 		}},
 		{name: "links trimmed, empty ones dropped", args: append(want[:len(want):len(want)], "--links", " dc-a, ,dc-b,", "-heartbeat-timeout=1s", "--buffer-bytes", "0x10"),
 			change: func(a *RouterArgs) { a.HeartbeatTimeout, a.BufferBytes = time.Second, 16 }},
+		{name: "sink dir, tenant and link token hashes", args: append(want[:len(want):len(want)], "--sink-dir", "/srv/sinks", "--tenant", "acme",
+			"--link-token-hashes", "dc-a=aa, dc-b=bb"),
+			change: func(a *RouterArgs) {
+				a.SinkDir, a.Tenant, a.LinkTokenHashes = "/srv/sinks", "acme", map[string]string{"dc-a": "aa", "dc-b": "bb"}
+			}},
+		{name: "bad link token hashes", args: append(want[:len(want):len(want)], "--link-token-hashes", "dc-a"), errText: "want LINK=HEX"},
 		{name: "positional argument", args: append(want[:len(want):len(want)], "extra"), wantErr: ErrRouterArgs},
 		{name: "missing sink and job", args: []string{"--store", "s", "--links", "a"}, errText: `required flags "job, sink" not set`},
 		{name: "unknown flag", args: append(want[:len(want):len(want)], "--bogus"), errText: "flag provided but not defined: -bogus"},
@@ -99,5 +105,19 @@ func TestRouterArgs(t *testing.T) {
 				t.Fatalf("a failed Parse changed the args: %+v", got)
 			}
 		})
+	}
+}
+
+func TestRouterArgsRoundTripConfinement(t *testing.T) {
+	a := DefaultRouterArgs()
+	a.Store, a.Job, a.Links, a.Sink, a.Listen = "zk://h/sd", "wc", []string{"dc-a", "dc-b"}, "file:///srv/sinks/acme/out", "l"
+	a.SinkDir, a.Tenant, a.MaxBody = "/srv/sinks", "acme", 1<<20
+	a.LinkTokenHashes = map[string]string{"dc-b": "bb", "dc-a": "aa"}
+	var got RouterArgs
+	if err := got.Parse(a.Args()); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, a) {
+		t.Fatalf("Parse(Args(a)) = %+v, want %+v (args %q)", got, a, a.Args())
 	}
 }

@@ -16,6 +16,9 @@ import (
 type RouterRecord struct {
 	Status
 	Instance string `json:"instance"`
+	// Sink is the evidence of a file sink as the router last made it durable: how the next
+	// router knows the file as its own (see SinkEvidence).
+	Sink *SinkEvidence `json:"sink,omitempty"`
 }
 
 // ReadRecord reads a job's router record. ok is false while no router has written one.

@@ -184,7 +184,7 @@ func routerChild() int {
 		return 2
 	}
 	defer store.Close()
-	sink, err := OpenFileSink(os.Getenv(envSink), FsyncCheckpoint)
+	sink, err := openTestFileSink(os.Getenv(envSink), FsyncCheckpoint)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "router child:", err)
 		return 2

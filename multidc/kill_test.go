@@ -228,7 +228,7 @@ func TestRouterKillRestart(t *testing.T) {
 	}
 	dir := t.TempDir()
 	storeURL := "file://" + filepath.Join(dir, "store.json")
-	sinkPath := filepath.Join(dir, "sink.jsonl")
+	sinkPath := filepath.Join(testSinkBase(t), "sink.jsonl")
 	listen := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
 	url := "http://" + listen
 	var routers []*child

@@ -28,14 +28,21 @@ type Config struct {
 	Sink  Sink        // the router closes it when Run returns
 	// OpenSink, when Sink is nil, opens the sink once the router leads the job's election:
 	// a standby router must not hold the sink (a file sink is locked by its writer).
-	OpenSink func() (Sink, error)
-	// TokenHash is the hash (api.HashToken) of the job's sender token: records, heartbeats
-	// and failovers without the token are refused (401).
+	// It gets the evidence of a file sink that the router's record keeps (nil: none).
+	OpenSink func(ev *SinkEvidence) (Sink, error)
+	// TokenHash is the hash (api.HashToken) of the job's own token (SenderToken): failovers
+	// need it. Without LinkTokenHashes (a job from before per-link tokens), records and
+	// heartbeats of every link are taken with it too.
 	TokenHash string
+	// LinkTokenHashes are the hashes of the links' tokens (LinkSenderToken), by link: a
+	// link's records and heartbeats are taken with its token alone (403 with another's).
+	LinkTokenHashes map[string]string
 	// Listen, if set, is the address New listens on and Run serves the API on
 	// ("127.0.0.1:0" picks a port; see URL).
 	Listen string
-	// Metrics, if set, is served at /metrics next to the API.
+	// Metrics, if set, is served at /metrics next to the API. Its series name the job: the
+	// caller guards it (the router command serves it to the scrape token or the admin
+	// token, package internal/metricsauth).
 	Metrics http.Handler
 	// HeartbeatTimeout is how long a worker may be silent before its link counts as dead.
 	// Default 600 ms (workers beat every 200 ms).
@@ -54,12 +61,16 @@ type Config struct {
 	Limits         Limits
 	// MaxBatch bounds the records of one sink write. Default 1024.
 	MaxBatch int
-	// MaxBody bounds a records request's body. Default 16 MiB.
+	// MaxBody bounds a records request's body (413 above it). Default DefaultMaxBody.
 	MaxBody int64
 	// Registerer receives the router's metrics (labelled job=Job); nil means none.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
+
+// DefaultMaxBody is the default bound of a records request's body: far above a batch of
+// the sizes workers send (a thousand records of a few KiB), far below the router's memory.
+const DefaultMaxBody = 8 << 20
 
 // Router forwards one link's output of a mirrored job to the sink. Build it with New, run
 // it with Run; Handler serves its API, which Run also serves on Config.Listen.
@@ -116,6 +127,14 @@ func New(cfg Config) (*Router, error) {
 	if len(cfg.TokenHash) != 64 {
 		return nil, errors.New("multidc: a router needs the hash of its job's sender token (--token-hash)")
 	}
+	for l, h := range cfg.LinkTokenHashes {
+		if !slices.Contains(cfg.Links, l) || len(h) != 64 {
+			return nil, fmt.Errorf("multidc: link token hash for %q: want LINK=HEX for one of the links %v", l, cfg.Links)
+		}
+	}
+	if len(cfg.LinkTokenHashes) > 0 && len(cfg.LinkTokenHashes) != len(cfg.Links) {
+		return nil, fmt.Errorf("multidc: link token hashes for %d of %d links: give one per link", len(cfg.LinkTokenHashes), len(cfg.Links))
+	}
 	if cfg.HeartbeatTimeout <= 0 {
 		cfg.HeartbeatTimeout = 600 * time.Millisecond
 	}
@@ -135,7 +154,7 @@ func New(cfg Config) (*Router, error) {
 		cfg.MaxBatch = 1024
 	}
 	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = 16 << 20
+		cfg.MaxBody = DefaultMaxBody
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	if cfg.Logger == nil {
@@ -236,7 +255,12 @@ func (r *Router) Run(ctx context.Context) (err error) {
 		_ = lead.Resign(rctx)
 	}()
 	if r.cfg.Sink == nil {
-		sink, err := r.cfg.OpenSink()
+		// The record's evidence lets a file sink know its file (see SinkEvidence).
+		rec, _, err := r.ckpt.load(ctx)
+		if err != nil {
+			return err
+		}
+		sink, err := r.cfg.OpenSink(rec.Sink)
 		if err != nil {
 			return fmt.Errorf("multidc: open sink: %w", err)
 		}
@@ -294,6 +318,9 @@ func fatal(ctx context.Context) error {
 	}
 	return err
 }
+
+// evidencer is a sink that leaves evidence of what it wrote (FileSink).
+type evidencer interface{ Evidence() *SinkEvidence }
 
 // lastOffsetter is a sink that knows the last offset it holds (FileSink).
 type lastOffsetter interface {
@@ -548,7 +575,11 @@ func (r *Router) saveCheckpoint(ctx context.Context) error {
 	st := r.statusLocked(time.Now())
 	r.mu.Unlock()
 	st.Checkpoint = delivered
-	if err := r.ckpt.save(ctx, RouterRecord{Status: st, Instance: r.instance}); err != nil {
+	rec := RouterRecord{Status: st, Instance: r.instance}
+	if ev, ok := r.cfg.Sink.(evidencer); ok {
+		rec.Sink = ev.Evidence()
+	}
+	if err := r.ckpt.save(ctx, rec); err != nil {
 		return err
 	}
 	r.mu.Lock()

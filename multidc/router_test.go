@@ -90,8 +90,8 @@ type testRouter struct {
 // startRouter runs a router with a file sink in the test's temp dir on a loopback port.
 func startRouter(t testing.TB, store coord.Store, links []string, mod func(*Config)) *testRouter {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "sink.jsonl")
-	fs, err := OpenFileSink(path, FsyncCheckpoint)
+	path := filepath.Join(testSinkBase(t), "sink.jsonl")
+	fs, err := openTestFileSink(path, FsyncCheckpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func otherLink(l string) string {
 
 func TestAPINotReady(t *testing.T) {
 	_, store := embeddedStore(t)
-	fs, err := OpenFileSink(filepath.Join(t.TempDir(), "s"), FsyncNever)
+	fs, err := openTestFileSink(filepath.Join(testSinkBase(t), "s"), FsyncNever)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,13 +28,19 @@ var ErrSinkBroken = errors.New("multidc: sink broken")
 
 // SinkOptions tune OpenSink.
 type SinkOptions struct {
-	Job    string // named in HTTP sink requests
-	Logger *slog.Logger
+	Job string // named in HTTP sink requests
+	// SinkDir and Tenant confine a file sink below SINKDIR/<tenant>/ (see FileSink); without
+	// a SinkDir, file sinks are refused.
+	SinkDir string
+	Tenant  string
+	// Evidence is what the router's record says of its file sink (see SinkEvidence).
+	Evidence *SinkEvidence
+	Logger   *slog.Logger
 }
 
 // OpenSink opens the sink named by a job's output URL:
 //
-//	file:///ABS/PATH[?fsync=checkpoint|always|never]   see FileSink
+//	file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never]   see FileSink
 //	http://HOST/PATH, https://HOST/PATH                 see HTTPSink
 func OpenSink(raw string, opts SinkOptions) (Sink, error) {
 	u, err := CheckSink(raw)
@@ -49,7 +55,7 @@ func OpenSink(raw string, opts SinkOptions) (Sink, error) {
 		if policy == "" {
 			policy = FsyncCheckpoint
 		}
-		return OpenFileSink(u.Path, policy)
+		return OpenFileSink(opts.SinkDir, opts.Tenant, u.Path, FileSinkOptions{Policy: policy, Evidence: opts.Evidence})
 	}
 	return NewHTTPSink(raw, HTTPSinkOptions{Job: opts.Job, Logger: opts.Logger}), nil
 }

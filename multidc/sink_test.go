@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -59,15 +60,15 @@ func readSinkFile(t testing.TB, path string) []sinkLine {
 
 func TestFileSinkWriteAndRecover(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "out", "sink.jsonl")
-	s, err := OpenFileSink(path, FsyncCheckpoint)
+	path := filepath.Join(testSinkBase(t), "out", "sink.jsonl")
+	s, err := openTestFileSink(path, FsyncCheckpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if last, _ := s.LastOffset(ctx); last != -1 {
 		t.Fatalf("new file: last = %d", last)
 	}
-	if _, err := OpenFileSink(path, FsyncCheckpoint); err == nil {
+	if _, err := openTestFileSink(path, FsyncCheckpoint); err == nil {
 		t.Fatal("a second sink on the same file opened: two routers could write it")
 	}
 	if err := s.Write(ctx, recs("dc-a", 0, 3)); err != nil {
@@ -109,7 +110,7 @@ func TestFileSinkWriteAndRecover(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	s, err = OpenFileSink(path, FsyncAlways)
+	s, err = openTestFileSink(path, FsyncAlways)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,10 +133,10 @@ func TestFileSinkWriteAndRecover(t *testing.T) {
 }
 
 func TestFileSinkRecoverLongLinesAndForeignFiles(t *testing.T) {
-	dir := t.TempDir()
+	dir := testSinkBase(t)
 	// Lines longer than the tail-reading chunk.
 	path := filepath.Join(dir, "long.jsonl")
-	s, err := OpenFileSink(path, FsyncNever)
+	s, err := openTestFileSink(path, FsyncNever)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func TestFileSinkRecoverLongLinesAndForeignFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	s, err = OpenFileSink(path, FsyncNever)
+	s, err = openTestFileSink(path, FsyncNever)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,17 +159,17 @@ func TestFileSinkRecoverLongLinesAndForeignFiles(t *testing.T) {
 	if err := os.WriteFile(path, []byte("{\"offset\":0,\"link\":\"dc-a\",\"record\":{}}\nhello world\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenFileSink(path, FsyncNever); err == nil {
+	if _, err := openTestFileSink(path, FsyncNever); err == nil {
 		t.Fatal("opened a file whose last line is not a router record")
 	}
-	if _, err := OpenFileSink(filepath.Join(dir, "x"), "sometimes"); err == nil {
+	if _, err := openTestFileSink(filepath.Join(dir, "x"), "sometimes"); err == nil {
 		t.Fatal("unknown fsync policy accepted")
 	}
 }
 
 func TestOpenSink(t *testing.T) {
-	dir := t.TempDir()
-	s, err := OpenSink("file://"+filepath.Join(dir, "a.jsonl")+"?fsync=always", SinkOptions{})
+	dir := testSinkBase(t)
+	s, err := OpenSink("file://"+filepath.Join(dir, "a.jsonl")+"?fsync=always", SinkOptions{SinkDir: filepath.Dir(dir), Tenant: testTenant})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,6 +181,13 @@ func TestOpenSink(t *testing.T) {
 		t.Fatal(err)
 	} else if _, ok := s.(*HTTPSink); !ok {
 		t.Fatalf("got %T", s)
+	}
+	// Without a sink dir, or outside the tenant's part of it, a file sink does not open.
+	if _, err := OpenSink("file://"+filepath.Join(dir, "b.jsonl"), SinkOptions{}); err == nil {
+		t.Error("a file sink opened without a sink dir")
+	}
+	if _, err := OpenSink("file://"+filepath.Join(dir, "b.jsonl"), SinkOptions{SinkDir: filepath.Dir(dir), Tenant: "other"}); err == nil {
+		t.Error("a file sink opened in another tenant's sink dir")
 	}
 	for _, bad := range []string{"file://host/x", "file:rel", "kafka://b/t", "http:///x", "::"} {
 		if _, err := OpenSink(bad, SinkOptions{}); err == nil {
@@ -276,4 +284,27 @@ func TestHTTPSinkRetriesAndIsIdempotentByOffset(t *testing.T) {
 	if err := s.Write(cctx, recs("dc-a", 100, 101)); err == nil {
 		t.Fatal("write to a closed server succeeded")
 	}
+}
+
+// testTenant owns the tests' file sinks: they live below SINKDIR/testTenant/.
+const testTenant = "acme"
+
+// testSinkBase makes a sink dir with the test tenant's directory in it, as an agent does,
+// and returns the tenant's directory, SINKDIR/acme.
+func testSinkBase(t testing.TB) string {
+	t.Helper()
+	base := filepath.Join(t.TempDir(), "sinks", testTenant)
+	if err := os.MkdirAll(base, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return base
+}
+
+// openTestFileSink opens a file sink at path, below some SINKDIR/acme/ (testSinkBase).
+func openTestFileSink(path string, policy FsyncPolicy) (*FileSink, error) {
+	i := strings.LastIndex(path, "/"+testTenant+"/")
+	if i < 0 {
+		return nil, fmt.Errorf("test sink %s is not below a dir named %s", path, testTenant)
+	}
+	return OpenFileSink(path[:i], testTenant, path, FileSinkOptions{Policy: policy})
 }

@@ -17,10 +17,12 @@ import (
 )
 
 // Tokens keeps the admin tokens of the clusters this operator created, one file per
-// cluster: Dir/NAME/admin.token, mode 0600. It is the only thing kept on the operator's
-// machine: the CLI makes the token before the master starts and stores its hash at
-// cluster.AdminTokenKey, so the master (which finds the hash there) never writes a token
-// of its own, and nothing secret goes into container labels or job specs.
+// cluster: Dir/NAME/admin.token, mode 0600, and beside it the scrape token
+// (metrics.token, for /metrics alone). They are the only things kept on the operator's
+// machine: the CLI makes them before the master starts and stores their hashes at
+// cluster.AdminTokenKey and cluster.MetricsTokenKey, so the master (which finds the hashes
+// there) never writes tokens of its own, and nothing secret goes into container labels or
+// job specs.
 type Tokens struct {
 	Dir string
 }
@@ -102,24 +104,58 @@ func (t Tokens) Install(ctx context.Context, kv coord.KV, name string) (token st
 		os.Remove(path)
 		return "", nil, fmt.Errorf("store admin token: %w", err)
 	}
-	return token, func(ctx context.Context) {
+	undoAdmin := func(ctx context.Context) {
 		_ = kv.Delete(ctx, cluster.AdminTokenKey, coord.AnyVersion)
 		t.RemoveFile(name)
+	}
+	if err := installScrapeToken(ctx, kv, filepath.Dir(path)); err != nil {
+		undoAdmin(ctx)
+		return "", nil, err
+	}
+	return token, func(ctx context.Context) {
+		_ = kv.Delete(ctx, cluster.MetricsTokenKey, coord.AnyVersion)
+		undoAdmin(ctx)
 	}, nil
 }
 
-// Remove drops cluster name's admin token from the store (kv may be nil) and its file.
+// installScrapeToken makes the cluster's scrape token beside its admin token
+// (dir/metrics.token, 0600) and stores its hash, so that the operator holds the token their
+// Prometheus scrapes /metrics with: the master finds the hash and writes none of its own.
+// A hash already stored is left alone (the master, or an earlier create, made it).
+func installScrapeToken(ctx context.Context, kv coord.KV, dir string) error {
+	if _, err := kv.Get(ctx, cluster.MetricsTokenKey); err == nil {
+		return nil
+	} else if !errors.Is(err, coord.ErrNotFound) {
+		return fmt.Errorf("read scrape token from the store: %w", err)
+	}
+	path := filepath.Join(dir, api.MetricsTokenFile)
+	token := api.NewToken()
+	if err := atomicfile.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
+		return fmt.Errorf("write scrape token: %w", err)
+	}
+	if _, err := kv.Create(ctx, cluster.MetricsTokenKey, []byte(api.HashToken(token)), coord.Persistent); err != nil {
+		os.Remove(path)
+		return fmt.Errorf("store scrape token: %w", err)
+	}
+	return nil
+}
+
+// Remove drops cluster name's admin and scrape tokens from the store (kv may be nil) and
+// their files.
 func (t Tokens) Remove(ctx context.Context, kv coord.KV, name string) error {
 	if kv != nil {
 		if err := kv.Delete(ctx, cluster.AdminTokenKey, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
 			return fmt.Errorf("remove admin token from the store: %w", err)
+		}
+		if err := kv.Delete(ctx, cluster.MetricsTokenKey, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
+			return fmt.Errorf("remove scrape token from the store: %w", err)
 		}
 	}
 	t.RemoveFile(name)
 	return nil
 }
 
-// RemoveFile deletes the token file, the cluster's CA and certificate, and their directory
+// RemoveFile deletes the token files, the cluster's CA and certificate, and their directory
 // unless the store's credentials are in it: the cluster's data stays in its chroot, which
 // only they open.
 func (t Tokens) RemoveFile(name string) {
@@ -128,7 +164,7 @@ func (t Tokens) RemoveFile(name string) {
 		return
 	}
 	dir := filepath.Dir(path)
-	for _, f := range []string{path, filepath.Join(dir, pki.CACertFile), filepath.Join(dir, pki.CAKeyFile),
+	for _, f := range []string{path, filepath.Join(dir, api.MetricsTokenFile), filepath.Join(dir, pki.CACertFile), filepath.Join(dir, pki.CAKeyFile),
 		filepath.Join(dir, pki.MasterCertFile), filepath.Join(dir, pki.MasterKeyFile)} {
 		os.Remove(f)
 	}

@@ -36,8 +36,13 @@ func TestLinksThroughRouter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	out := filepath.Join(t.TempDir(), "out.jsonl")
-	sink, err := multidc.OpenSink("file://"+out, multidc.SinkOptions{})
+	// The file sink below a sink dir, in its tenant's part, as the agent makes it.
+	sinkDir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(sinkDir, "acme"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(sinkDir, "acme", "out.jsonl")
+	sink, err := multidc.OpenSink("file://"+out, multidc.SinkOptions{SinkDir: sinkDir, Tenant: "acme"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -648,7 +648,7 @@ func (r *run) mark(ctx context.Context) (sample, error) {
 		return sample{}, fmt.Errorf("read ZooKeeper's counters: %w", err)
 	}
 	u, _ := procUsage(r.master.pid)
-	n, secs := reconcileMetrics(ctx, r.master.url)
+	n, secs := reconcileMetrics(ctx, r.master.url, r.master.scrape)
 	return sample{at: time.Now(), zk: z, cpu: u.cpu, reconciles: n, reconcileSecs: secs}, nil
 }
 

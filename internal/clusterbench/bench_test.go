@@ -38,6 +38,10 @@ func TestBenchCluster(t *testing.T) {
 	if rep.Submit.Left != 0 || rep.Submit.Workers != 2000 {
 		t.Errorf("submit: %d of %d workers not acknowledged", rep.Submit.Left, rep.Submit.Workers)
 	}
+	// Read from the leader's /metrics with the scrape token: none would mean the scrape was refused.
+	if rep.Submit.Reconciles == 0 {
+		t.Errorf("submit: no reconciles read from the master's /metrics")
+	}
 	if rep.StartedTwice != 0 {
 		t.Errorf("%d workers started more than once", rep.StartedTwice)
 	}

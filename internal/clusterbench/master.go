@@ -26,9 +26,12 @@ import (
 type master struct {
 	url   string
 	token string
-	pid   int // 0 for a master in this process
-	once  sync.Once
-	halt  func() error
+	// scrape is the scrape token, which /metrics wants (the admin token would do too: the
+	// benchmark reads the figures as Prometheus would).
+	scrape string
+	pid    int // 0 for a master in this process
+	once   sync.Once
+	halt   func() error
 }
 
 // stop stops the master; later calls do nothing.
@@ -74,8 +77,10 @@ func startMaster(ctx context.Context, cfg Config, storeURL, dir string) (*master
 	for {
 		u, uerr := os.ReadFile(filepath.Join(dir, api.URLFile))
 		t, terr := os.ReadFile(filepath.Join(dir, api.AdminTokenFile))
-		if uerr == nil && terr == nil && len(u) > 0 && len(t) > 0 {
-			m.url, m.token = strings.TrimSpace(string(u)), strings.TrimSpace(string(t))
+		// The master writes its URL's file after both tokens'.
+		sc, serr := os.ReadFile(filepath.Join(dir, api.MetricsTokenFile))
+		if uerr == nil && terr == nil && serr == nil && len(u) > 0 && len(t) > 0 {
+			m.url, m.token, m.scrape = strings.TrimSpace(string(u)), strings.TrimSpace(string(t)), strings.TrimSpace(string(sc))
 			return m, nil
 		}
 		select {
@@ -114,6 +119,10 @@ func startInProcess(ctx context.Context, cfg Config, storeURL, dir string) (*mas
 	done := make(chan error, 1)
 	go func() { done <- dm.Run(rctx) }()
 	token, err := os.ReadFile(dm.TokenPath())
+	var scrape []byte
+	if err == nil {
+		scrape, err = os.ReadFile(dm.MetricsTokenPath())
+	}
 	if err != nil {
 		cancel()
 		<-done
@@ -121,7 +130,7 @@ func startInProcess(ctx context.Context, cfg Config, storeURL, dir string) (*mas
 		logFile.Close()
 		return nil, err
 	}
-	return &master{url: dm.URL(), token: strings.TrimSpace(string(token)), halt: func() error {
+	return &master{url: dm.URL(), token: strings.TrimSpace(string(token)), scrape: strings.TrimSpace(string(scrape)), halt: func() error {
 		cancel()
 		err := <-done
 		dm.Close()
@@ -175,19 +184,24 @@ func procUsage(pid int) (usage, error) {
 	return u, nil
 }
 
-// reconcileMetrics reads the leader's reconcile count and total duration from its /metrics.
-func reconcileMetrics(ctx context.Context, base string) (int, float64) {
+// reconcileMetrics reads the leader's reconcile count and total duration from its /metrics,
+// with the scrape token.
+func reconcileMetrics(ctx context.Context, base, token string) (int, float64) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
 		return 0, 0
 	}
+	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, 0
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0 // a refused token reads as no figures, not as the error's text
+	}
 	var n int
 	var sum float64
 	s := bufio.NewScanner(resp.Body)

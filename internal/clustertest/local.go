@@ -22,6 +22,9 @@ type Local struct {
 	T testing.TB
 	// DataDir is the cluster's data directory (store, admin token, certificates).
 	DataDir string
+	// SinkDir is the cluster's sink dir (DataDir/sinks unless cfg says otherwise): a
+	// mirrored job's file sink goes below SinkDir/<tenant>/ (SinkPath).
+	SinkDir string
 	// Token is the admin token; Client an admin client of the cluster's master.
 	Token  string
 	Client *api.Client
@@ -56,7 +59,14 @@ func StartLocal(t testing.TB, binary string, cfg daemon.LocalConfig) *Local {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &Local{Local: lc, T: t, DataDir: cfg.DataDir, Token: strings.TrimSpace(string(tok))}
+	sinkDir := cfg.SinkDir
+	switch sinkDir {
+	case "":
+		sinkDir = filepath.Join(cfg.DataDir, "sinks") // daemon.LocalConfig's default
+	case "off":
+		sinkDir = ""
+	}
+	l := &Local{Local: lc, T: t, DataDir: cfg.DataDir, SinkDir: sinkDir, Token: strings.TrimSpace(string(tok))}
 	if l.Client, err = api.NewClient(lc.API(), l.Token); err != nil {
 		t.Fatal(err)
 	}
@@ -67,6 +77,9 @@ func StartLocal(t testing.TB, binary string, cfg daemon.LocalConfig) *Local {
 	})
 	return l
 }
+
+// SinkPath is where a file sink of tenant named name goes: SinkDir/<tenant>/name.
+func (l *Local) SinkPath(tenant, name string) string { return filepath.Join(l.SinkDir, tenant, name) }
 
 // StoreURL is the cluster's embedded store, which another master in this process shares.
 func (l *Local) StoreURL() string { return "file://" + filepath.Join(l.DataDir, "store.json") }

@@ -54,6 +54,9 @@ type Cluster struct {
 	Session     time.Duration
 	// Cgroup is the cgroup parent of every worker of the cluster's nodes.
 	Cgroup string
+	// SinkDir is the --sink-dir of every master and agent (Dir/sinks): a mirrored job's
+	// file sink goes below SinkDir/<tenant>/ (SinkPath).
+	SinkDir string
 	// Command, when set, makes the command of a process by its name (a lab cluster runs
 	// each in its host's network); Dialer, when set, connects the test's own store client.
 	Command func(name string, args []string) *exec.Cmd
@@ -95,6 +98,7 @@ func (c *Cluster) Init(session time.Duration) {
 	t := c.T
 	c.Chroot, c.Dir, c.Session = "/e2e", t.TempDir(), session
 	c.Cgroup = TestCgroup()
+	c.SinkDir = filepath.Join(c.Dir, "sinks")
 	c.masters, c.agents = map[string]*Proc{}, map[string]*Proc{}
 	// Agents run their workers as nobody: let them reach their leases in c.Dir, as they
 	// would in /var/lib (files in it stay the owner's).
@@ -163,7 +167,7 @@ func FreeAddr(t testing.TB) string {
 func (c *Cluster) StartMaster(id string, extra ...string) string {
 	addr := FreeAddr(c.T)
 	p := c.Start("master-"+id, append([]string{"master", "--store", c.StoreURL(), "--api", addr, "--id", id,
-		"--session-timeout", c.Session.String(), "--data", filepath.Join(c.Dir, "data")}, extra...)...)
+		"--session-timeout", c.Session.String(), "--data", filepath.Join(c.Dir, "data"), "--sink-dir", c.SinkDir}, extra...)...)
 	c.SetMaster(id, p)
 	return "http://" + addr
 }
@@ -178,12 +182,15 @@ func (c *Cluster) StartAgent(id, dc, rack string, slots int, extra ...string) {
 	args := []string{"agent", "--store", c.StoreURL(), "--node-id", id, "--dc", dc, "--rack", rack, "--port-base", fmt.Sprint(base),
 		"--slots", fmt.Sprint(slots), "--memory", "8Gi", "--cpu", "8", "--session-timeout", c.Session.String(),
 		"--heartbeat", "500ms", "--state-dir", c.StateDir(id), "--cgroup-parent", c.Cgroup + "/" + id,
-		"--metrics", "off"}
+		"--metrics", "off", "--sink-dir", c.SinkDir}
 	p := c.Start("agent-"+id, append(args, extra...)...)
 	c.mu.Lock()
 	c.agents[id] = p
 	c.mu.Unlock()
 }
+
+// SinkPath is where a file sink of tenant named name goes: SinkDir/<tenant>/name.
+func (c *Cluster) SinkPath(tenant, name string) string { return filepath.Join(c.SinkDir, tenant, name) }
 
 // StateDir is node id's agent state directory.
 func (c *Cluster) StateDir(id string) string { return filepath.Join(c.Dir, "agent-"+id) }
@@ -387,6 +394,26 @@ func AdminClient(t testing.TB, dataDir, url string) *api.Client {
 		t.Fatal(err)
 	}
 	return cl
+}
+
+// MetricsToken returns the scrape token the first master wrote into the cluster's data
+// directory: /metrics (masters', agents', routers') wants it as a bearer token.
+func (c *Cluster) MetricsToken() string {
+	c.T.Helper()
+	return MetricsToken(c.T, filepath.Join(c.Dir, "data"))
+}
+
+// MetricsToken returns the scrape token a master wrote into dataDir (waited for: a master
+// writes it when it starts).
+func MetricsToken(t testing.TB, dataDir string) string {
+	t.Helper()
+	var tok []byte
+	testenv.Eventually(t, "scrape token", 10*time.Second, func() bool {
+		var err error
+		tok, err = os.ReadFile(filepath.Join(dataDir, api.MetricsTokenFile))
+		return err == nil && len(tok) > 0
+	})
+	return strings.TrimSpace(string(tok))
 }
 
 // AssignmentVersions maps each node to the version of its assignment entry: a master that

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/shim"
 )
@@ -23,7 +25,9 @@ import (
 // an exec failure back, so Start reports "no such file" synchronously and returns only once
 // the worker's program is running. Where the kernel can start a process inside a cgroup
 // (cgroup v2, clone3 with CLONE_INTO_CGROUP, Linux 5.7) the shim is born there and released
-// at once: there is no move after fork.
+// at once: there is no move after fork. The shim runs as the driver's user until it drops to
+// the worker's, so its own environment is the protocol's alone; the worker's comes on a memfd
+// and is its program's only.
 //
 // The shim is Config.Shim, by default stormdock-shim beside the running binary. Without one,
 // the running binary is its own shim: the init below hands it over to the shim package.
@@ -77,16 +81,23 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 	if o.selfPlace != nil {
 		magic = shim.MagicSelf
 	}
-	// The protocol's variables are the driver's alone (who the worker runs as, which files
-	// the shim writes as root): the worker's environment loses any of them here, not only to
-	// os/exec keeping the last value of a name.
-	env := slices.DeleteFunc(slices.Clone(o.env), func(kv string) bool { return strings.HasPrefix(kv, shim.EnvPrefix) })
-	env = append(env, shim.Env+"="+magic)
+	// The shim's own environment is the protocol's alone: it runs as the driver's user until
+	// the drop, and nothing of the worker's (LD_PRELOAD for a cgo-linked shim's loader,
+	// GODEBUG for its runtime) may steer it. The worker's comes on EnvFD.
+	env := []string{shim.Env + "=" + magic}
 	if o.selfPlace != nil {
 		env = append(env, shim.PlaceEnv+"="+strings.Join(o.selfPlace, shim.PlaceSep))
 	}
 	if u := o.user; u != nil {
 		env = append(env, shim.UserEnv+"="+shim.UserSpec(u.UID, u.GID, u.Groups))
+	}
+	envF, err := envFile(o.env)
+	if err != nil {
+		goR.Close()
+		goW.Close()
+		stR.Close()
+		stW.Close()
+		return nil, err
 	}
 	cmd := &exec.Cmd{
 		Path:       o.shim,
@@ -95,7 +106,7 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 		Dir:        o.dir,
 		Stdout:     o.out,
 		Stderr:     o.out,
-		ExtraFiles: []*os.File{goR, stW},
+		ExtraFiles: []*os.File{goR, stW, envF},
 		// A process group of its own: a Ctrl-C meant for the agent's terminal must not reach
 		// workers, which are stopped with their grace period instead.
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
@@ -106,6 +117,7 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 	err = cmd.Start()
 	goR.Close()
 	stW.Close()
+	envF.Close()
 	if err != nil {
 		goW.Close()
 		stR.Close()
@@ -137,24 +149,56 @@ func launch(o launchOpts) (*exec.Cmd, error) {
 		}
 		o.phase("place")
 	}
-	// EOF without data: the status pipe closed on a successful exec (or the shim died, which
-	// the caller's wait reports).
+	// Exec, then EOF: the status pipe closed on a successful exec (or the program died,
+	// which the caller's wait reports). EOF without Exec: the shim ended without running
+	// anything, as one that does not speak this protocol does.
 	msg, rerr := io.ReadAll(stR)
 	stR.Close()
-	if werr != nil || rerr != nil || len(msg) > 0 {
+	execd := len(msg) > 0 && msg[0] == shim.Exec
+	if execd {
+		msg = msg[1:]
+	}
+	if werr != nil || rerr != nil || len(msg) > 0 || !execd {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		switch {
 		case len(msg) > 0:
 			return nil, fmt.Errorf("%w: %s", errExec, msg)
-		case werr != nil:
-			return nil, fmt.Errorf("release shim: %w", werr)
-		default:
+		case rerr != nil:
 			return nil, fmt.Errorf("read shim status: %w", rerr)
+		case !execd:
+			// Whether or not the go-ahead reached it (a shim gone before fails the write).
+			return nil, fmt.Errorf("shim %s ended (%v) without running the program: it does not speak protocol %s (a stormdock-shim of another version?): install the stormdock-shim built with this stormdock beside it",
+				o.shim, cmd.ProcessState, magic)
+		default:
+			return nil, fmt.Errorf("release shim: %w", werr)
 		}
 	}
 	o.phase("exec")
 	return cmd, nil
+}
+
+// envFile is the worker's environment as the shim reads it on shim.EnvFD: a memfd written
+// whole before the shim starts, so that neither side waits for the other, whatever its size.
+// The protocol's variables are the driver's alone (who the worker runs as, which files the
+// shim writes as root): the worker's environment loses any of them here.
+func envFile(env []string) (*os.File, error) {
+	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, shim.EnvPrefix) })
+	for _, kv := range env {
+		if strings.IndexByte(kv, 0) >= 0 {
+			return nil, fmt.Errorf("%w: environment entry %q holds a NUL byte: remove it", errExec, kv)
+		}
+	}
+	fd, err := unix.MemfdCreate("stormdock-worker-env", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("worker environment file: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "worker-env")
+	if _, err := f.Write(shim.EncodeEnv(env)); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("write worker environment: %w", err)
+	}
+	return f, nil
 }
 
 // phases times the steps of one start for the driver's debug log: where a start's time goes.

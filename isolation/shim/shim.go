@@ -10,16 +10,31 @@
 // stormdock-shim beside it (go run).
 //
 // The protocol: the driver starts the shim with Env=Magic in its environment, argv [Arg0,
-// program, argv...], the read end of the go-ahead pipe as fd GoFD and the write end of the
-// status pipe as fd StatusFD (both pipes close-on-exec on the driver's side). The shim blocks
-// reading one byte from GoFD, which the driver writes once the shim is in its cgroup (or at
-// once, when the kernel started it there: CLONE_INTO_CGROUP); EOF without a byte means the
-// driver could not place it, and the shim exits ExitAbort running nothing. Released, it drops
-// to the user in UserEnv, if any, and execs the program in place, keeping its pid; an exec
-// failure is written to StatusFD and the shim exits ExitExec. The status pipe closes on the
-// successful exec (close-on-exec), which tells the driver that the program runs. So no
-// instruction of the worker's program, and no child of it, ever runs outside its cgroup or
-// as the driver's user.
+// program, argv...], the read end of the go-ahead pipe as fd GoFD, the write end of the
+// status pipe as fd StatusFD (both pipes close-on-exec on the driver's side) and the worker's
+// environment as fd EnvFD. The shim's own environment is fixed and minimal: the protocol's
+// variables (Env, PlaceEnv, UserEnv) and nothing of the worker's, because the shim runs as
+// the driver's user (root) until the drop, and a tenant's LD_PRELOAD, LD_AUDIT,
+// LD_LIBRARY_PATH (read by the dynamic loader of a cgo-linked shim, the stormdock binary),
+// GODEBUG, GOTRACEBACK or GOMAXPROCS (read by the Go runtime) would steer a process running
+// as root. EnvFD is a file (a memfd) holding the worker's environment from offset 0 to its
+// end: KEY=VALUE entries, each ended by a NUL byte. The shim reads it whole and uses it only
+// for the worker's program: the environment of its exec, or, for the lease launcher run in
+// place, the process's environment, installed after the drop.
+//
+// The shim blocks reading one byte from GoFD, which the driver writes once the shim is in
+// its cgroup (or at once, when the kernel started it there: CLONE_INTO_CGROUP); EOF without
+// a byte means the driver could not place it, and the shim exits ExitAbort running nothing.
+// Released, it reads the worker's environment, drops to the user in UserEnv, if any, writes
+// Exec to StatusFD and execs the program in place, keeping its pid; an exec failure is
+// written to StatusFD after it and the shim exits ExitExec (a failure before, without Exec).
+// The status pipe closes on the successful exec (close-on-exec): Exec and then EOF tell the
+// driver that the program runs; EOF without Exec, that the shim ended before trying, which
+// is what a binary that does not know Magic does (an older stormdock-shim, which knew only
+// the "-v1" values and took its environment for the worker's: it prints its usage and exits,
+// running nothing), so the driver refuses the start. So no instruction of the worker's
+// program, and no child of it, ever runs outside its cgroup, as the driver's user, or with
+// another environment than its own.
 //
 // With Env=MagicSelf (cgroup v1) the shim places itself once released: its main thread
 // writes "0" into the tasks file of the worker's cgroup in every hierarchy (PlaceEnv), then
@@ -40,7 +55,6 @@ import (
 	"errors"
 	"os"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -54,26 +68,35 @@ const (
 	// EnvPrefix begins every variable of the protocol: a worker's environment has none (the
 	// driver removes them).
 	EnvPrefix = "_STORMDOCK_ISOLATION_"
-	// Env marks a process started as a shim; its value is Magic.
+	// Env marks a process started as a shim; its value is Magic. The "-v2" values mark the
+	// protocol in which the worker's environment comes on EnvFD: a shim that knows only
+	// "-v1" (whose own environment was the worker's) does not take them for its own.
 	Env   = "_STORMDOCK_ISOLATION_SHIM"
-	Magic = "exec-after-placement-v1"
+	Magic = "exec-after-placement-v2"
 	// MagicSelf asks the shim to place itself (cgroup v1) into the tasks files in PlaceEnv,
 	// separated by PlaceSep.
-	MagicSelf = "place-self-then-exec-v1"
+	MagicSelf = "place-self-then-exec-v2"
 	PlaceEnv  = "_STORMDOCK_ISOLATION_PLACE"
 	PlaceSep  = ":"
 	// Placed is written to StatusFD by a shim that placed itself.
 	Placed = 'P'
+	// Exec is written to StatusFD right before the worker's program runs (exec, or the
+	// launcher in place): a shim that ends without it ran nothing of the worker.
+	Exec = 'X'
 	// UserEnv carries "uid:gid:group,..." (groups may be empty) when the worker runs as
 	// another user than the driver: the shim drops to it once placed (see Drop).
 	UserEnv = "_STORMDOCK_ISOLATION_USER"
 	// Arg0 is the shim's argv[0].
 	Arg0 = "stormdock-shim"
 
-	// GoFD and StatusFD are the pipes' descriptors in the shim (os/exec maps ExtraFiles
-	// from 3 up).
+	// GoFD and StatusFD are the pipes' descriptors in the shim, EnvFD the file of the
+	// worker's environment (os/exec maps ExtraFiles from 3 up).
 	GoFD     = 3
 	StatusFD = 4
+	EnvFD    = 5
+	// MaxEnv bounds what the shim reads from EnvFD (the kernel's own bound on an exec's
+	// arguments and environment is about a quarter of the stack limit, 2MiB by default).
+	MaxEnv = 32 << 20
 
 	// ExitAbort is the shim's status when the driver gave up before releasing it.
 	ExitAbort = 125
@@ -97,6 +120,7 @@ func Run() {
 	runtime.LockOSThread()
 	syscall.CloseOnExec(GoFD)
 	syscall.CloseOnExec(StatusFD)
+	syscall.CloseOnExec(EnvFD)
 	var b [1]byte
 	if n, _ := syscall.Read(GoFD, b[:]); n != 1 {
 		// The driver closed the pipe without a byte: it could not place us. Run nothing.
@@ -112,11 +136,20 @@ func Run() {
 	if len(os.Args) < 3 {
 		fail("shim: no program given")
 	}
+	env, err := readEnv(EnvFD)
+	if err != nil {
+		fail("worker environment: " + err.Error())
+	}
+	syscall.Close(EnvFD)
 	prog := os.Args[1]
 	// Decided before the drop: as the worker's user the driver's own directory may be out of
 	// reach. Any other program the worker's user must be able to reach and run, as it could
 	// by itself: the drop comes first.
 	self := sameExecutable(prog)
+	if self && !selfPlaced {
+		// Best effort (see showEnv): what the host sees, not what the launcher gets.
+		_ = showEnv(env)
+	}
 	if u := os.Getenv(UserEnv); u != "" {
 		os.Unsetenv(UserEnv)
 		drop := Drop
@@ -128,10 +161,19 @@ func Run() {
 		}
 	}
 	if self && !selfPlaced {
-		// Closing the status pipe tells the driver the program runs, as the close-on-exec of
-		// a successful exec would; main then sees the program's argv.
-		os.Unsetenv(Env)
-		os.Unsetenv(PlaceEnv)
+		// The worker's environment becomes the process's, now that it runs as the worker's
+		// user: what the launcher reads and gives its child. What the runtime read at its
+		// start (GOMAXPROCS, GOTRACEBACK) stays the shim's; GODEBUG takes effect on Setenv.
+		os.Clearenv()
+		for _, kv := range env {
+			k, v, _ := strings.Cut(kv, "=")
+			if err := os.Setenv(k, v); err != nil {
+				fail("worker environment: " + strconv.Quote(k) + ": " + err.Error())
+			}
+		}
+		// Exec and closing the status pipe tell the driver the program runs, as the
+		// close-on-exec of a successful exec would; main then sees the program's argv.
+		_, _ = syscall.Write(StatusFD, []byte{Exec})
 		syscall.Close(GoFD)
 		syscall.Close(StatusFD)
 		os.Args = os.Args[2:]
@@ -142,11 +184,121 @@ func Run() {
 		// wherever the binary's directory is.
 		prog = "/proc/self/exe"
 	}
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, Env+"=") || strings.HasPrefix(kv, UserEnv+"=") || strings.HasPrefix(kv, PlaceEnv+"=")
-	})
-	err := syscall.Exec(prog, os.Args[2:], env)
+	_, _ = syscall.Write(StatusFD, []byte{Exec})
+	err = syscall.Exec(prog, os.Args[2:], env)
 	fail("exec " + os.Args[1] + ": " + err.Error())
+}
+
+// shownEnv is the block /proc/PID/environ shows for the launcher run in place (showEnv):
+// kept for the life of the process.
+var shownEnv []byte
+
+// mmMap is the kernel's struct prctl_mm_map (PR_SET_MM_MAP).
+type mmMap struct {
+	startCode, endCode, startData, endData, startBrk, brk, startStack uint64
+	argStart, argEnd, envStart, envEnd                                uint64
+	auxv                                                              uint64
+	auxvSize, exeFD                                                   uint32
+}
+
+// showEnv makes the host's view of this process's environment (/proc/PID/environ, ps e) the
+// worker's, for a program run in place: that view is the block the kernel gave the shim at
+// its exec (the protocol's variables), whatever Setenv does later. PR_SET_MM_MAP moves it,
+// without privileges, given the process's map as it is (/proc/self/stat); a kernel without
+// it (CONFIG_CHECKPOINT_RESTORE) leaves the view the shim's, which holds nothing secret.
+func showEnv(env []string) error {
+	block := EncodeEnv(env)
+	shownEnv = make([]byte, max(len(block), 1))
+	copy(shownEnv, block)
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return err
+	}
+	// Fields after the command name, which ends with the last ')': the 3rd of stat is f[0].
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return errors.New("bad /proc/self/stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	field := func(n int) uint64 { // n as in proc(5), from 1
+		if n-3 >= len(f) {
+			return 0
+		}
+		v, _ := strconv.ParseUint(f[n-3], 10, 64)
+		return v
+	}
+	if len(f) < 52-3 {
+		return errors.New("/proc/self/stat too short")
+	}
+	brk, _, _ := syscall.RawSyscall(syscall.SYS_BRK, 0, 0, 0)
+	start := uint64(uintptr(unsafe.Pointer(&shownEnv[0])))
+	m := mmMap{
+		startCode: field(26), endCode: field(27), startStack: field(28),
+		startData: field(45), endData: field(46), startBrk: field(47), brk: uint64(brk),
+		argStart: field(48), argEnd: field(49),
+		envStart: start, envEnd: start + uint64(len(block)),
+		exeFD: ^uint32(0), // the same executable
+	}
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRCTL, unix.PR_SET_MM, unix.PR_SET_MM_MAP, uintptr(unsafe.Pointer(&m)), unsafe.Sizeof(m), 0, 0); e != 0 {
+		return e
+	}
+	return nil
+}
+
+// readEnv reads the worker's environment from fd (see EnvFD): NUL-ended KEY=VALUE entries,
+// from offset 0 to the end. Entries without a name, or of the protocol, are refused: the
+// driver writes neither.
+func readEnv(fd int) ([]string, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return nil, errors.New("fd " + strconv.Itoa(fd) + ": " + err.Error())
+	}
+	if st.Size < 0 || st.Size > MaxEnv {
+		return nil, errors.New(strconv.FormatInt(st.Size, 10) + " bytes, more than " + strconv.Itoa(MaxEnv))
+	}
+	buf := make([]byte, st.Size)
+	for off := 0; off < len(buf); {
+		n, err := syscall.Pread(fd, buf[off:], int64(off))
+		if err != nil {
+			return nil, errors.New("read: " + err.Error())
+		}
+		if n == 0 {
+			return nil, errors.New("truncated at " + strconv.Itoa(off) + " of " + strconv.Itoa(len(buf)) + " bytes")
+		}
+		off += n
+	}
+	if len(buf) == 0 {
+		return []string{}, nil
+	}
+	if buf[len(buf)-1] != 0 {
+		return nil, errors.New("the last entry is not ended by a NUL byte")
+	}
+	all := string(buf[:len(buf)-1])
+	env := make([]string, 0, strings.Count(all, "\x00")+1)
+	for kv := range strings.SplitSeq(all, "\x00") {
+		if i := strings.IndexByte(kv, '='); i <= 0 {
+			return nil, errors.New("bad entry " + strconv.Quote(kv) + ": want KEY=VALUE")
+		}
+		if strings.HasPrefix(kv, EnvPrefix) {
+			return nil, errors.New("entry " + strconv.Quote(kv[:strings.IndexByte(kv, '=')]) + " is the protocol's")
+		}
+		env = append(env, kv)
+	}
+	return env, nil
+}
+
+// EncodeEnv is the content of EnvFD for env (see readEnv).
+func EncodeEnv(env []string) []byte {
+	n := 0
+	for _, kv := range env {
+		n += len(kv) + 1
+	}
+	b := make([]byte, 0, n)
+	for _, kv := range env {
+		b = append(b, kv...)
+		b = append(b, 0)
+	}
+	return b
 }
 
 // placeThread moves the calling thread into the cgroups whose tasks files are listed in files

@@ -75,7 +75,7 @@ func SubmitJobAs(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cl
 		now := time.Now().UTC()
 		rec = cluster.JobRecord{Spec: *spec, Generation: 1, Epoch: 1, State: cluster.JobRunning, Image: pin, Submitted: now, Updated: now}
 		if spec.Mirrored() {
-			if rec.OutputTokenHash, err = outputTokenHash(ctx, s, rec); err != nil {
+			if rec.OutputTokenHash, rec.OutputLinkTokenHashes, err = outputTokenHashes(ctx, s, rec); err != nil {
 				return err
 			}
 		}
@@ -225,11 +225,13 @@ func KillJob(ctx context.Context, s coord.KV, name string, grace time.Duration) 
 	return rec, nil
 }
 
-// outputTokenHash is the hash the record of a mirrored job submitted at rec.Submitted keeps.
-func outputTokenHash(ctx context.Context, s coord.KV, rec cluster.JobRecord) (string, error) {
+// outputTokenHashes are the hashes the record of a mirrored job submitted at rec.Submitted
+// keeps: of the job's own token and of each link's.
+func outputTokenHashes(ctx context.Context, s coord.KV, rec cluster.JobRecord) (string, map[string]string, error) {
 	key, err := multidc.EnsureOutputKey(ctx, s)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return api.HashToken(multidc.SenderToken(key, rec.Spec.Name, rec.Submitted)), nil
+	return api.HashToken(multidc.SenderToken(key, rec.Spec.Name, rec.Submitted)),
+		multidc.LinkTokenHashes(key, rec.Spec.Name, rec.Spec.Links, rec.Submitted), nil
 }

@@ -72,7 +72,8 @@ func New(m *master.Master, cfg Config) *API {
 	mux.Handle("GET "+console.Prefix, console.Handler())
 	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	if cfg.Gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+		// Not one of a.routes: no API token opens it, and the scrape token opens nothing else.
+		mux.HandleFunc("GET /metrics", a.guard(roleScrape, promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}).ServeHTTP))
 	}
 	mux.HandleFunc("/", notFound(mux))
 	a.mux = mux
@@ -132,6 +133,10 @@ func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 	noteObject(r, "job/"+spec.Name)
 	noteTenant(r, spec.Tenant)
 	if err := mayUse(principalOf(r.Context()), spec.Tenant); err != nil {
+		failErr(w, err)
+		return
+	}
+	if err := a.m.CheckSinkDir(spec); err != nil {
 		failErr(w, err)
 		return
 	}

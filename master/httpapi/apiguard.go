@@ -137,6 +137,9 @@ func (p principal) String() string {
 	if p.admin {
 		return "admin"
 	}
+	if p.scrape {
+		return "scrape"
+	}
 	return "tenant/" + p.tenant
 }
 

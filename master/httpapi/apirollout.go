@@ -34,6 +34,10 @@ func (a *API) updateJob(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrBadInput, "%v", err)
 		return
 	}
+	if err := a.m.CheckSinkDir(spec); err != nil {
+		failErr(w, err)
+		return
+	}
 	// Only a changed image is resolved: the registry is asked outside the store's retries,
 	// and an update that keeps the image keeps its digest.
 	var pin *cluster.ImagePin

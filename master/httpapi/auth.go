@@ -17,7 +17,9 @@ import (
 
 // principal is who makes an API call: the admin, or one tenant.
 type principal struct {
-	admin  bool
+	admin bool
+	// scrape is the scrape token's holder: it reads /metrics (roleScrape) and nothing else.
+	scrape bool
 	tenant string
 }
 
@@ -35,6 +37,7 @@ const (
 	roleNone   role = iota // no token needed
 	roleTenant             // any valid token; handlers scope tenants to their own jobs
 	roleAdmin              // the admin token
+	roleScrape             // the scrape token or the admin token: /metrics alone
 )
 
 // authenticate finds who holds the request's bearer token. With fresh false it looks at the
@@ -87,7 +90,8 @@ func (a *API) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		// Tokens and everything else live in the store: say so at once rather than hang.
-		if msg := a.m.StoreUnavailable(); msg != "" {
+		// Not for /metrics, which checks its tokens against their last known hashes then.
+		if msg := a.m.StoreUnavailable(); msg != "" && need != roleScrape {
 			fail(w, api.ErrUnavailable, "%s", msg)
 			return
 		}
@@ -96,7 +100,11 @@ func (a *API) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 		// them), but its guesses cost no store reads and no log lines: they get 429.
 		host := api.RemoteHost(r)
 		limited, wait := a.authFails.Blocked(host)
-		p, err := a.authenticate(r, !limited)
+		authenticate := a.authenticate
+		if need == roleScrape {
+			authenticate = a.authenticateScrape
+		}
+		p, err := authenticate(r, !limited)
 		if limited && err != nil {
 			a.metrics.authFailures.WithLabelValues("limited").Inc()
 			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
@@ -117,6 +125,16 @@ func (a *API) guard(need role, h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		notePrincipal(r, p)
+		if p.scrape && need != roleScrape {
+			// Not reached (only /metrics authenticates the scrape token): kept so that a
+			// route added wrongly refuses it rather than lets it through as a tenant "".
+			fail(w, api.ErrUnauthorized, "the scrape token reads /metrics only; use an API token (--token or STORMDOCK_TOKEN)")
+			return
+		}
+		if need == roleScrape && !p.admin && !p.scrape {
+			fail(w, api.ErrForbidden, "this needs the scrape token or the admin token; tenant %s's token cannot read /metrics (the figures name every tenant's jobs)", p.tenant)
+			return
+		}
 		if need == roleAdmin && !p.admin {
 			fail(w, api.ErrForbidden, "this needs the admin token; tenant %s's token cannot do it", p.tenant)
 			return

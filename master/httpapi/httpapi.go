@@ -21,7 +21,8 @@ type Config struct {
 	// Registry is where the API's metrics are registered; nil registers them on the
 	// master's registry (master.Config.Registry), where there is one.
 	Registry prometheus.Registerer
-	// Gatherer, when not nil, is served at /metrics.
+	// Gatherer, when not nil, is served at /metrics, to the scrape token
+	// (cluster.MetricsTokenKey) or the admin token.
 	Gatherer prometheus.Gatherer
 	// WatchReauth is how often a watch stream checks that its token is still valid: a
 	// tenant whose token was replaced stops seeing the map within this long. Default 10s.
@@ -48,6 +49,8 @@ type API struct {
 	// logKey signs this master's requests for workers' logs to agents (logs.go).
 	logKey  *logKeyCache
 	metrics *metrics
+	// scrapeHashes are the tokens /metrics answers to (metricsauth.go).
+	scrapeHashes scrapeHashes
 }
 
 // ServeHTTP serves one request of the API or the console.

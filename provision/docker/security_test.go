@@ -2,8 +2,10 @@ package docker_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/provision"
@@ -37,7 +40,7 @@ func TestCreateLocksTheClusterDown(t *testing.T) {
 	}
 	tokens := provision.Tokens{Dir: p.TokenDir()}
 	dir, _ := tokens.ClusterDir(spec.Name)
-	for _, f := range []string{provision.StoreCredentialsFile, "admin.token", "ca.key", "master.key"} {
+	for _, f := range []string{provision.StoreCredentialsFile, "admin.token", "metrics.token", "ca.key", "master.key"} {
 		fi, err := os.Stat(filepath.Join(dir, f))
 		if err != nil || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v, mode %v; want 0600", f, err, fi.Mode().Perm())
@@ -68,6 +71,30 @@ func TestCreateLocksTheClusterDown(t *testing.T) {
 	}
 	if out, err := exec.Command("curl", "-sS", "-o", "/dev/null", c.API+"/v1/health").CombinedOutput(); err == nil {
 		t.Errorf("curl without the CA reached the master: %s", out)
+	}
+	// /metrics: the scrape token create wrote reads it; an anonymous caller gets 401.
+	pool, err := api.CAPool(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	scrape, _ := os.ReadFile(filepath.Join(dir, "metrics.token"))
+	for _, tc := range []struct {
+		token  string
+		status int
+	}{{"", http.StatusUnauthorized}, {strings.TrimSpace(string(scrape)), http.StatusOK}} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.API+"/metrics", nil)
+		if tc.token != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.token)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("GET /metrics (token %v): %s, want %d", tc.token != "", resp.Status, tc.status)
+		}
 	}
 	// No secret on a command line: the containers' nor the host's processes'.
 	ctrs, err := dc.ContainerList(ctx, container.ListOptions{Filters: filters.NewArgs(filters.Arg("label", pdocker.LabelCluster+"="+spec.Name))})

@@ -56,6 +56,7 @@ var AgentCommand = &cli.Command{
 		&cli.DurationFlag{Name: "restart-grace", Usage: "how long the node's workers keep running while the agent is not (an upgrade, a crash): a keeper process holds the node meanwhile; 0 ties the node to the agent's process", Value: 30 * time.Second},
 		&cli.DurationFlag{Name: "store-silence", Usage: "how long workers keep running while no store server answers at all (a partition of this node, or every store host down); default: the session timeout, so that no worker runs twice for longer"},
 		&cli.BoolFlag{Name: "no-lease", Usage: "run workers without the lease launcher (they then outlive a dead agent)"},
+		sinkDirFlag(),
 		&cli.StringFlag{Name: "run-as", Usage: "`USER` (name or UID:GID) process workers run as, with no new privileges (default: nobody when the agent runs as root; root keeps them root)"},
 		&cli.StringFlag{Name: "state-dir", Usage: "agent and driver state `DIR`", Value: "/var/lib/stormdock/agent"},
 		&cli.StringFlag{Name: "docker-host", Usage: "docker engine for --isolation docker (default: DOCKER_HOST or the local socket)"},
@@ -64,7 +65,7 @@ var AgentCommand = &cli.Command{
 		&cli.StringFlag{Name: "image-gc-max-size", Usage: "remove unused stormdock images, least recently used first, while all of them take more than `QUANTITY` (e.g. 5Gi; 0: no size cap)", Value: "0"},
 		&cli.DurationFlag{Name: "image-gc-unused", Usage: "an image is removed only after no container used it for this long", Value: images.DefaultGCUnused},
 		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers", Value: agents.DefaultPortBase},
-		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics (\"off\" to disable)", Value: "127.0.0.1:0"},
+		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics, to the scrape token or the admin token (\"off\" to disable)", Value: "127.0.0.1:0"},
 		&cli.StringFlag{Name: "logs-listen", Usage: "`ADDR` (HOST:PORT) where the masters read this node's workers' logs (default: --advertise-addr, any free port, published in the node record; \"off\" serves none)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the workers' logs over TLS, with a certificate made in --state-dir that the masters trust by its hash (use it when the masters serve TLS)"},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
@@ -120,6 +121,10 @@ func runAgent(c *cli.Context) error {
 	if runAs == nil && os.Geteuid() == 0 {
 		log.Warn("process workers run as root (--run-as root)")
 	}
+	sinkDir, err := sinkDirOf(c)
+	if err != nil {
+		return err
+	}
 	hcfg, err := healthConfig(c)
 	if err != nil {
 		return cli.Exit("stormdock agent: "+err.Error(), 2)
@@ -167,6 +172,7 @@ func runAgent(c *cli.Context) error {
 		LeaseTTL:       c.Duration("lease-ttl"),
 		NoLease:        c.Bool("no-lease"),
 		RunAs:          runAs,
+		SinkDir:        sinkDir,
 		RestartGrace:   c.Duration("restart-grace"),
 		StoreSilence:   c.Duration("store-silence"),
 		Health:         hcfg,

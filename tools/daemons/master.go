@@ -75,6 +75,7 @@ var MasterCommand = &cli.Command{
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` the HTTP API and /metrics listen on", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "advertise-api", Aliases: []string{"advertise"}, Usage: "`ADDR` (HOST:PORT) clients on other hosts reach the API at, published in the store; the TLS certificate covers it (default: --api; when that is every interface, the address that reaches the store)"},
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
+		sinkDirFlag(),
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600), api.url and, with --tls, ca.crt, ca.key, master.crt and master.key", Value: commands.DefaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 		&cli.DurationFlag{Name: "reregister-grace", Usage: "after this master starts leading or its store comes back, how long nodes missing from the store are waited for before their workers move", Value: master.DefaultReregisterGrace},
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin the images under shared prefixes (`stormdock image share`) to digests with; tenants' other images are pinned with their own (`stormdock tenant registry-auth`)"},
@@ -89,6 +90,10 @@ var MasterCommand = &cli.Command{
 			return commands.UsageErr("--store: %v", err)
 		}
 		log := slog.Default()
+		sinkDir, err := sinkDirOf(c)
+		if err != nil {
+			return err
+		}
 		tlsConf, err := masterTLS(c)
 		if err != nil {
 			return err
@@ -110,6 +115,7 @@ var MasterCommand = &cli.Command{
 			TLS:             tlsConf,
 			ID:              c.String("id"),
 			DataDir:         c.String("data"),
+			SinkDir:         sinkDir,
 			ReregisterGrace: c.Duration("reregister-grace"),
 			RegistryAuth:    c.String("registry-auth"),
 			Logger:          log,
@@ -122,6 +128,11 @@ var MasterCommand = &cli.Command{
 			log.Info("admin token", "path", m.TokenPath())
 		} else {
 			log.Info("admin token was made by another master; this data directory has none", "data", c.String("data"))
+		}
+		if m.MetricsTokenPath() != "" {
+			log.Info("scrape token for /metrics", "path", m.MetricsTokenPath())
+		} else {
+			log.Info("scrape token was made by another master; this data directory has none (the admin token reads /metrics too)", "data", c.String("data"))
 		}
 		return m.Run(c.Context)
 	},

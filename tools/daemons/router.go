@@ -14,8 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/internal/metricsauth"
 	"github.com/stormdock/stormdock/multidc"
 	"github.com/stormdock/stormdock/tools/commands"
 )
@@ -26,10 +28,10 @@ import (
 var RouterCommand = &cli.Command{
 	Name:  multidc.RouterCommand,
 	Usage: "run the output router of a mirrored job: one link's output to the sink, exactly once, with failover",
-	UsageText: "stormdock router --store URL --job JOB --links dc-a,dc-b --sink file:///PATH|http://HOST/PATH " +
+	UsageText: "stormdock router --store URL --job JOB --links dc-a,dc-b --sink file:///SINKDIR/TENANT/PATH|http://HOST/PATH --sink-dir SINKDIR --tenant TENANT " +
 		"--listen 127.0.0.1:PORT [--heartbeat-timeout D]",
 	Description: "Workers post their records to http://LISTEN/v1/records and heartbeat at /v1/heartbeat\n" +
-		"(protocol: go doc github.com/stormdock/stormdock/multidc). Status: GET /v1/status, metrics: /metrics.\n\n" +
+		"(protocol: go doc github.com/stormdock/stormdock/multidc). Status: GET /v1/status, metrics: /metrics (with the scrape token).\n\n" +
 		"Flags:\n" + multidc.RouterUsage(),
 	SkipFlagParsing: true,
 	// No help subcommand: every argument is the command line's own.
@@ -44,7 +46,8 @@ func routerRun(c *cli.Context) error {
 	// The environment gives defaults that flags on the command line override (the flag
 	// package keeps the last value).
 	var env []string
-	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"}} {
+	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"},
+		{"sink-dir", multidc.EnvSinkDir}, {"tenant", "STORMDOCK_TENANT"}} {
 		if v, ok := os.LookupEnv(fe[1]); ok {
 			env = append(env, "--"+fe[0]+"="+v)
 		}
@@ -60,8 +63,15 @@ func routerRun(c *cli.Context) error {
 	}
 	log := slog.Default()
 	// Checked now, opened once this router leads: a standby holds no sink.
-	if _, err := multidc.CheckSink(a.Sink); err != nil {
+	u, err := multidc.CheckSink(a.Sink)
+	if err != nil {
 		return commands.UsageErr("--sink: %v", err)
+	}
+	if u.Scheme == "file" {
+		// Checked here and again, without following symlinks, where the file is opened.
+		if err := cluster.CheckSinkPath(a.SinkDir, a.Tenant, u.Path); err != nil {
+			return commands.UsageErr("--sink: %v", err)
+		}
 	}
 	if _, err := coord.ParseURL(a.Store); err != nil {
 		return commands.UsageErr("--store: %v", err)
@@ -80,18 +90,23 @@ func routerRun(c *cli.Context) error {
 	defer store.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Every series is labelled with the job: for the scrape token or the admin token alone,
+	// checked against their hashes in the store.
+	metricsHandler := metricsauth.New(store, log).Wrap(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	r, err := multidc.New(multidc.Config{
 		Job:   a.Job,
 		Links: a.Links,
 		Store: store,
-		OpenSink: func() (multidc.Sink, error) {
-			return multidc.OpenSink(a.Sink, multidc.SinkOptions{Job: a.Job, Logger: log})
+		OpenSink: func(ev *multidc.SinkEvidence) (multidc.Sink, error) {
+			return multidc.OpenSink(a.Sink, multidc.SinkOptions{Job: a.Job, SinkDir: a.SinkDir, Tenant: a.Tenant, Evidence: ev, Logger: log})
 		},
 		// The master writes $STORMDOCK_ADDR:$STORMDOCK_PORT: the node's advertised address
 		// and the port its agent gave the router.
 		Listen:             os.ExpandEnv(a.Listen),
 		TokenHash:          a.TokenHash,
-		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		LinkTokenHashes:    a.LinkTokenHashes,
+		MaxBody:            a.MaxBody,
+		Metrics:            metricsHandler,
 		HeartbeatTimeout:   a.HeartbeatTimeout,
 		CloseGrace:         a.CloseGrace,
 		CheckpointInterval: a.CheckpointInterval,

@@ -30,6 +30,7 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT)"},
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for pinning and pulling the images under shared prefixes (`stormdock image share`); tenants' other images use their own (`stormdock tenant registry-auth`)"},
 		&cli.StringFlag{Name: "run-as", Usage: "`USER` (name or UID:GID) process workers run as, with no new privileges; --data must then be reachable by that user (default: as you)"},
+		&cli.StringFlag{Name: "sink-dir", Usage: "`DIR` below which mirrored jobs' file sinks live, as DIR/TENANT/...; off turns file sinks off (default: DATA-DIR/sinks)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS (a CA and certificate are made in --data at the first start; the CLI trusts them by itself)", Value: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
@@ -85,6 +86,7 @@ func runUp(c *cli.Context) error {
 		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log, TLS: c.Bool("tls"), RunAs: runAs,
 		RegistryAuth: c.String("registry-auth"),
 		CgroupParent: c.String("cgroup-parent"),
+		SinkDir:      c.String("sink-dir"),
 	})
 	if err != nil {
 		return cli.Exit("stormdock up: "+err.Error(), 1)
@@ -92,10 +94,13 @@ func runUp(c *cli.Context) error {
 	w := c.App.Writer
 	fmt.Fprintf(w, "stormdock local cluster: %d nodes in %s\n", c.Int("nodes"), strings.Join(dcs, ", "))
 	fmt.Fprintf(w, "  API       %s   (export STORMDOCK_MASTER=%s)\n", lc.API(), lc.API())
-	fmt.Fprintf(w, "  metrics   %s/metrics\n", lc.API())
+	fmt.Fprintf(w, "  metrics   %s/metrics   (%s)\n", lc.API(), daemon.ScrapeHint(lc.API(), lc.MetricsTokenPath(), lc.CAFile()))
 	fmt.Fprintf(w, "  console   %s/ui/   (log in with the admin token)\n", lc.API())
 	if lc.TokenPath() != "" {
 		fmt.Fprintf(w, "  admin token %s (the CLI finds it by itself)\n", lc.TokenPath())
+	}
+	if lc.MetricsTokenPath() != "" {
+		fmt.Fprintf(w, "  scrape token %s (reads /metrics and nothing else; Prometheus: authorization.credentials_file)\n", lc.MetricsTokenPath())
 	}
 	if ca := lc.CAFile(); ca != "" {
 		fmt.Fprintf(w, "  CA        %s (the CLI trusts it by itself; elsewhere: --ca or STORMDOCK_CA)\n", ca)

@@ -90,7 +90,7 @@ func runDemo(c *cli.Context) error {
 		mode = "as plain processes (not root: no cgroup limits)"
 	}
 	fmt.Fprintf(d.w, "local cluster: %d nodes in 3 data centers x 2 racks, workers run %s\n", len(lc.Nodes()), mode)
-	fmt.Fprintf(d.w, "API %s, metrics %s/metrics\n\n", lc.API(), lc.API())
+	fmt.Fprintf(d.w, "API %s, metrics %s/metrics (%s)\n\n", lc.API(), lc.API(), daemon.ScrapeHint(lc.API(), lc.MetricsTokenPath(), lc.CAFile()))
 	if err := d.run(ctx, lc); err != nil {
 		return cli.Exit("stormdock demo: "+err.Error(), 1)
 	}

@@ -27,8 +27,9 @@ var Command = &cli.Command{
 	Name:  "cluster",
 	Usage: "create, scale and destroy whole stormdock clusters (master + agents) on Docker or Nomad",
 	Description: "A cluster is found again from its containers' labels (docker) or its job's meta (nomad):\n" +
-		"nothing is kept locally but the admin token, written to " + provision.DefaultTokenDir() + "/NAME/admin.token\n" +
-		"(mode 0600) by create and removed by destroy. The store is an existing ZooKeeper ensemble:\n" +
+		"nothing is kept locally but the admin token and the scrape token (it reads /metrics alone), written to\n" +
+		provision.DefaultTokenDir() + "/NAME/admin.token and metrics.token (mode 0600) by create and removed\n" +
+		"by destroy. The store is an existing ZooKeeper ensemble:\n" +
 		"--store zk://HOST:PORT/CHROOT, a chroot per cluster.",
 	Subcommands: []*cli.Command{
 		{
