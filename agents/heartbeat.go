@@ -94,7 +94,10 @@ func (r *run) record() cluster.NodeRecord {
 		})
 	}
 	slices.SortFunc(ws, func(a, b cluster.WorkerStatus) int { return a.Key.Compare(b.Key) })
+	granted, requested := r.a.sessionTimeouts()
 	return cluster.NodeRecord{
+		SessionTimeout:   granted,
+		SessionRequested: requested,
 		Node:      node,
 		Health:    r.health,
 		Workers:   ws,
