@@ -98,14 +98,14 @@ func (r *run) record() cluster.NodeRecord {
 	return cluster.NodeRecord{
 		SessionTimeout:   granted,
 		SessionRequested: requested,
-		Node:      node,
-		Health:    r.health,
-		Workers:   ws,
-		Isolation: r.a.modes,
-		Images:    r.imageStatuses(),
-		Logs:      r.a.cfg.Logs,
-		Agent:     r.a.instance,
-		Started:   r.began,
+		Node:             node,
+		Health:           r.health,
+		Workers:          ws,
+		Isolation:        r.a.modes,
+		Images:           r.imageStatuses(),
+		Logs:             r.a.cfg.Logs,
+		Agent:            r.a.instance,
+		Started:          r.began,
 	}
 }
 
