@@ -3,6 +3,7 @@ package master_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -169,8 +170,8 @@ func testDeposedLeader(t *testing.T, st fenceStore) {
 	start := func(id string) (*master.Master, coord.Store) {
 		c := st.connect(t)
 		reg := prometheus.NewRegistry()
-		m, err := master.New(c, master.Config{ID: id, Logger: quiet, Debounce: 20 * time.Millisecond, Registry: reg,
-			ReregisterGrace: 50 * time.Millisecond})
+		m, err := master.New(c, master.Config{ID: id, API: id + ".example:8080", Logger: quiet, Debounce: 20 * time.Millisecond,
+			Registry: reg, ReregisterGrace: 50 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,6 +245,16 @@ func testDeposedLeader(t *testing.T, st fenceStore) {
 	heal := st.expire(t, c1)
 	testenv.Eventually(t, "m2 leads", 20*time.Second, m2.Leader)
 	reconciled(m2)
+	advertised := func() string {
+		e, err := admin.Get(ctx, cluster.MasterKey)
+		if err != nil {
+			return err.Error()
+		}
+		var info cluster.MasterInfo
+		_ = json.Unmarshal(e.Value, &info)
+		return info.ID
+	}
+	testenv.Eventually(t, "m2 advertised", 10*time.Second, func() bool { return advertised() == "m2" })
 	before := assignmentState(t, ctx, admin)
 	close(release)
 	heal()
@@ -268,5 +279,11 @@ func testDeposedLeader(t *testing.T, st fenceStore) {
 	}
 	if n := assignedWorkers(t, ctx, admin); n != 4 {
 		t.Errorf("%d workers assigned, want wc's 4 (the killed job's none)", n)
+	}
+	// m1's term ends with the held transaction, and with it its advertisement's removal,
+	// which must leave the new leader's alone.
+	testenv.Eventually(t, "m1's term over", 20*time.Second, func() bool { return !m1.Leader() })
+	if who := advertised(); who != "m2" {
+		t.Errorf("after the deposed leader's term ended, the advertisement is %q, want m2's", who)
 	}
 }
