@@ -258,3 +258,48 @@ func TestDockerJobWithoutCommandRefusedAtSubmit(t *testing.T) {
 		t.Errorf("the refused job was stored: %v", err)
 	}
 }
+
+// TestEndRebalanceNeverUndoesAFail: the leader clears a restore's rebalance request with
+// compare-and-set, and only while the record still asks for it: a `dc fail` written since
+// the leader read the record stays (a blind write of the record read would undo it).
+func TestEndRebalanceNeverUndoesAFail(t *testing.T) {
+	tc := newTestStore(t)
+	if err := PutDC(tc.ctx, tc.admin, cluster.DCRecord{Name: "dc-a", State: cluster.DCActive, Rebalance: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SetDCState(tc.ctx, tc.admin, "dc-a", cluster.DCFailed, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc2 := range []struct {
+		name      string
+		before    func()
+		wantDone  bool
+		wantState string
+	}{
+		{"failed meanwhile", func() {}, false, cluster.DCFailed},
+		{"restored with rebalance", func() {
+			if _, err := SetDCState(tc.ctx, tc.admin, "dc-a", cluster.DCActive, true); err != nil {
+				t.Fatal(err)
+			}
+		}, true, cluster.DCActive},
+	} {
+		t.Run(tc2.name, func(t *testing.T) {
+			tc2.before()
+			done, err := EndRebalance(tc.ctx, tc.admin, "dc-a")
+			if err != nil || done != tc2.wantDone {
+				t.Fatalf("EndRebalance = %v, %v; want %v", done, err, tc2.wantDone)
+			}
+			e, err := tc.admin.Get(tc.ctx, "/dcs/dc-a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec cluster.DCRecord
+			if err := json.Unmarshal(e.Value, &rec); err != nil {
+				t.Fatal(err)
+			}
+			if rec.State != tc2.wantState || rec.Rebalance {
+				t.Errorf("record %+v; want state %s without a rebalance asked", rec, tc2.wantState)
+			}
+		})
+	}
+}
