@@ -245,7 +245,6 @@ func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
 		return nil, errors.New("agent: no isolation driver")
 	}
 	a := &Agent{cfg: cfg, store: store, drivers: map[string]isolation.Driver{}}
-	defer a.noteGranted(coord.GrantedSessionTimeout(store), "agent")
 	for _, d := range drivers {
 		switch d.Isolation {
 		case cluster.IsolationProcess, cluster.IsolationDocker:
@@ -274,6 +273,7 @@ func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
 	if a.imageMetrics, err = newImageMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
+	a.noteGranted(coord.GrantedSessionTimeout(store), "agent")
 	return a, nil
 }
 
