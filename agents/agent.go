@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -103,7 +104,8 @@ type Config struct {
 	// ContainerSelf is the stormdock binary's path inside worker images. Default /stormdock.
 	ContainerSelf string
 	// LeaseTTL is how long a worker outlives its agent's last lease renewal. Default
-	// SessionTimeout.
+	// SessionTimeout. Either way the lease ttl is at most the session timeout the store
+	// granted (ZooKeeper caps sessions at its maxSessionTimeout): see leaseTTL.
 	LeaseTTL time.Duration
 	// NoLease runs workers without the lease launcher: they then outlive a dead agent.
 	NoLease bool
@@ -223,6 +225,11 @@ type Agent struct {
 
 	imageMetrics *imageMetrics
 
+	// granted is the shortest session timeout the store granted (the agent's session or
+	// the keeper's), 0 while unknown; shortOnce logs a grant shorter than asked, once.
+	granted   atomic.Int64
+	shortOnce sync.Once
+
 	mu     sync.Mutex
 	ran    bool
 	cur    *run     // the running loop, for Victims and Evict
@@ -276,6 +283,7 @@ func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
 	if a.imageMetrics, err = newImageMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
+	a.noteGranted(coord.GrantedSessionTimeout(store), "agent")
 	return a, nil
 }
 
@@ -354,4 +362,51 @@ func lockDir(dir string) (func(), error) {
 		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
 		f.Close()
 	}, nil
+}
+
+// noteGranted takes a session timeout the store granted (to the agent's session or, by its
+// status, to the keeper's; 0: unknown). A grant shorter than the one asked for is logged
+// once: the leases then last only as long as the grant, since the session they stand for
+// ends that long after the node goes silent.
+func (a *Agent) noteGranted(g time.Duration, whose string) {
+	if g <= 0 {
+		return
+	}
+	for {
+		cur := a.granted.Load()
+		if cur != 0 && cur <= int64(g) {
+			break
+		}
+		if a.granted.CompareAndSwap(cur, int64(g)) {
+			break
+		}
+	}
+	if g < a.cfg.SessionTimeout {
+		a.shortOnce.Do(func() {
+			a.log.Warn("the store granted a shorter session than asked: leases last the granted timeout",
+				"session", whose, "asked", a.cfg.SessionTimeout, "granted", g, "lease_ttl", a.leaseTTL())
+		})
+	}
+}
+
+// leaseTTL is the workers' lease ttl: the configured one (the requested session timeout by
+// default), but never longer than the session timeout the store granted.
+func (a *Agent) leaseTTL() time.Duration {
+	if g := time.Duration(a.granted.Load()); g > 0 && g < a.cfg.LeaseTTL {
+		return g
+	}
+	return a.cfg.LeaseTTL
+}
+
+// sessionTimeouts are the session timeouts for the node record: the granted one, and the
+// requested one only when the store granted less.
+func (a *Agent) sessionTimeouts() (granted, requested cluster.Duration) {
+	g := time.Duration(a.granted.Load())
+	if g <= 0 {
+		return 0, 0
+	}
+	if g < a.cfg.SessionTimeout {
+		return cluster.Duration(g), cluster.Duration(a.cfg.SessionTimeout)
+	}
+	return cluster.Duration(g), 0
 }

@@ -129,7 +129,7 @@ func (a *Agent) command(wa cluster.WorkerAssignment, mode, leaseFile string) []s
 		// launcher cannot wrap without inspecting the image.
 		return cmd
 	}
-	lc := launcher.Config{Lease: leaseFile, TTL: a.cfg.LeaseTTL, Grace: wa.Grace.Std(), Command: cmd}
+	lc := launcher.Config{Lease: leaseFile, TTL: a.leaseTTL(), Grace: wa.Grace.Std(), Command: cmd}
 	bin := self // a docker worker's image holds stormdock, and maybe nothing else of ours
 	if mode == cluster.IsolationProcess {
 		bin = a.cfg.Launcher

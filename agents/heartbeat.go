@@ -94,15 +94,18 @@ func (r *run) record() cluster.NodeRecord {
 		})
 	}
 	slices.SortFunc(ws, func(a, b cluster.WorkerStatus) int { return a.Key.Compare(b.Key) })
+	granted, requested := r.a.sessionTimeouts()
 	return cluster.NodeRecord{
-		Node:      node,
-		Health:    r.health,
-		Workers:   ws,
-		Isolation: r.a.modes,
-		Images:    r.imageStatuses(),
-		Logs:      r.a.cfg.Logs,
-		Agent:     r.a.instance,
-		Started:   r.began,
+		SessionTimeout:   granted,
+		SessionRequested: requested,
+		Node:             node,
+		Health:           r.health,
+		Workers:          ws,
+		Isolation:        r.a.modes,
+		Images:           r.imageStatuses(),
+		Logs:             r.a.cfg.Logs,
+		Agent:            r.a.instance,
+		Started:          r.began,
 	}
 }
 

@@ -71,6 +71,9 @@ type KeeperStatus struct {
 	Node           string           `json:"node"`
 	Store          string           `json:"store"`
 	SessionTimeout cluster.Duration `json:"sessionTimeout"`
+	// Granted is the session timeout the store granted the keeper's session, 0 when
+	// unknown; the keeper's leases last no longer.
+	Granted cluster.Duration `json:"granted,omitempty"`
 	// Session is the store session owning the node's entry: the master stamps the node's
 	// assignment with it, and the agent acts on an assignment only when they match.
 	Session int64     `json:"session"`
@@ -94,9 +97,18 @@ func (s KeeperStatus) canRun() bool {
 		// while the state stays silent, the master may run the workers elsewhere, and a worker
 		// restarted here would run twice until its launcher stops it (seen across hosts: a
 		// crashed worker's backoff ending during a partition).
-		return s.Session != 0 && time.Since(s.Stamp) < s.SessionTimeout.Std()
+		return s.Session != 0 && time.Since(s.Stamp) < s.ttl()
 	}
 	return false
+}
+
+// ttl is how long the leases last past Stamp: the session timeout, or the granted one when
+// the store granted less.
+func (s KeeperStatus) ttl() time.Duration {
+	if g := s.Granted.Std(); g > 0 && g < s.SessionTimeout.Std() {
+		return g
+	}
+	return s.SessionTimeout.Std()
 }
 
 // DefaultRejoinGrace is KeeperConfig.RejoinGrace's default: half the masters' default
@@ -199,6 +211,17 @@ func NewKeeper(cfg KeeperConfig, store coord.Store) (*Keeper, error) {
 	}
 	k.status = KeeperStatus{PID: os.Getpid(), Node: cfg.Node, Store: storeName,
 		SessionTimeout: cluster.Duration(cfg.SessionTimeout), State: KeeperStarting, Since: time.Now()}
+	// The session lasts what the store granted, which may be less than asked (ZooKeeper's
+	// maxSessionTimeout): the leases, which stand for the session, last no longer. The
+	// status keeps the timeout asked for, which names the keeper's settings (startKeeper).
+	if g := coord.GrantedSessionTimeout(store); g > 0 {
+		k.status.Granted = cluster.Duration(g)
+		if g < k.cfg.SessionTimeout {
+			k.log.Warn("the store granted a shorter session than asked: leases last the granted timeout",
+				"asked", k.cfg.SessionTimeout, "granted", g)
+			k.cfg.SessionTimeout = g
+		}
+	}
 	return k, nil
 }
 

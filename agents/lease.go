@@ -59,7 +59,7 @@ func (a *Agent) nodeLease() string { return filepath.Join(a.leasesDir(), nodeLea
 // worker run now, with a margin for a launcher's check interval.
 func (a *Agent) leaseValid(now time.Time) bool {
 	fi, err := os.Stat(a.nodeLease())
-	return err == nil && now.Before(fi.ModTime().Add(a.cfg.LeaseTTL*3/4))
+	return err == nil && now.Before(fi.ModTime().Add(a.leaseTTL()*3/4))
 }
 
 func (a *Agent) aliveFile() string { return filepath.Join(a.cfg.StateDir, agentAliveFile) }

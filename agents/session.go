@@ -63,6 +63,7 @@ func (r *run) checkKeeper() {
 		}
 	}
 	st := r.keeper.Status()
+	r.a.noteGranted(st.Granted.Std(), "keeper")
 	if d := st.Writes - r.keeperWrites; d > 0 {
 		r.a.metrics.storeWrites.Add(float64(d))
 	}

@@ -95,6 +95,10 @@ type NodeView struct {
 	Workers        int               `json:"workers"`
 	Isolation      []string          `json:"isolation,omitempty"`
 	Started        time.Time         `json:"started"`
+	// SessionTimeout is the store session timeout granted to the node, which its workers'
+	// leases last; SessionRequested is what its agent asked for, only when it got less.
+	SessionTimeout   cluster.Duration `json:"sessionTimeout,omitempty"`
+	SessionRequested cluster.Duration `json:"sessionRequested,omitempty"`
 }
 
 // TenantView is a tenant with what its jobs use.

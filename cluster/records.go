@@ -239,6 +239,12 @@ type NodeRecord struct {
 	Logs    *LogsEndpoint `json:"logs,omitempty"`
 	Agent   string        `json:"agent"` // agent instance id, new at every start
 	Started time.Time     `json:"started"`
+	// SessionTimeout is the store session timeout granted to the node (the shortest of the
+	// agent's and its keeper's sessions): the workers' leases last no longer. 0: unknown.
+	SessionTimeout Duration `json:"sessionTimeout,omitempty"`
+	// SessionRequested is the session timeout the agent asked for, shown only when the
+	// store granted less (its maxSessionTimeout is lower).
+	SessionRequested Duration `json:"sessionRequested,omitempty"`
 }
 
 // WorkerAssignment is everything an agent needs to run one worker. A change of what it runs

@@ -229,3 +229,64 @@ func BenchmarkLeaderFailover(b *testing.B) {
 	b.ReportMetric(float64(took[len(took)/2].Milliseconds()), "p50-ms")
 	b.ReportMetric(float64(took[len(took)-1].Milliseconds()), "max-ms")
 }
+
+// BenchmarkFencedTxn is the cost of the leadership check on an assignment transaction: the
+// same versioned puts of assignment-sized values (2 KiB), with and without the fence's
+// CheckOp on a held election entry (compare with benchstat -col /fence).
+func BenchmarkFencedTxn(b *testing.B) {
+	forEachBackend(b, func(b *testing.B, open func() coord.Store) {
+		for _, ops := range []int{1, 50} {
+			for _, fenced := range []bool{false, true} {
+				name := fmt.Sprintf("ops=%d/fence=off", ops)
+				if fenced {
+					name = fmt.Sprintf("ops=%d/fence=on", ops)
+				}
+				b.Run(name, func(b *testing.B) {
+					ctx := context.Background()
+					s := open()
+					el, err := coord.NewElection(s, "/bench/election", "bench")
+					if err != nil {
+						b.Fatal(err)
+					}
+					lead, err := el.Campaign(ctx)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer func() { _ = lead.Resign(ctx) }()
+					kv := coord.KV(s)
+					if fenced {
+						kv = coord.Fenced(s, lead.Fence())
+					}
+					value := make([]byte, 2<<10)
+					versions := make([]int64, ops)
+					for i := range ops {
+						if _, err := s.Put(ctx, fmt.Sprintf("/bench/assign/n%d", i), value, coord.AnyVersion); err != nil {
+							b.Fatal(err)
+						}
+						e, _ := s.Get(ctx, fmt.Sprintf("/bench/assign/n%d", i))
+						versions[i] = e.Version
+					}
+					batch := make([]coord.Op, ops)
+					lat := make(latencies, 0, b.N)
+					b.ResetTimer()
+					for range b.N {
+						for i := range ops {
+							batch[i] = coord.PutOp(fmt.Sprintf("/bench/assign/n%d", i), value, versions[i])
+						}
+						start := time.Now()
+						res, err := kv.Txn(ctx, batch...)
+						lat = append(lat, time.Since(start))
+						if err != nil {
+							b.Fatal(err)
+						}
+						for i := range ops {
+							versions[i] = res[i].Version
+						}
+					}
+					b.StopTimer()
+					lat.report(b)
+				})
+			}
+		}
+	})
+}

@@ -40,6 +40,7 @@ func NewElection(s Store, prefix, id string) (*Election, error) {
 type Leadership struct {
 	e      *Election
 	key    string
+	fence  Fence
 	done   chan struct{}
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -54,6 +55,12 @@ func (l *Leadership) Done() <-chan struct{} { return l.done }
 
 // Key returns the leader's candidate entry.
 func (l *Leadership) Key() string { return l.key }
+
+// Fence is this term's claim to lead, for the leader's writes (see Fenced): its candidate
+// entry at the version it won with. The entry goes with the session or the resignation,
+// so a write that carries the fence succeeds only while this term lasts in the store's
+// own order, whatever this client has noticed of it yet.
+func (l *Leadership) Fence() Fence { return l.fence }
 
 // Resign gives up leadership and removes the candidate entry, letting the next candidate
 // lead.
@@ -310,7 +317,7 @@ func (e *Election) waitGone(ctx context.Context, key string, sess <-chan Session
 // lead starts the goroutine that watches for the loss of leadership.
 func (e *Election) lead(me string, ent Entry, sess <-chan SessionEvent, subCancel context.CancelFunc) *Leadership {
 	mctx, cancel := context.WithCancel(context.Background())
-	l := &Leadership{e: e, key: me, done: make(chan struct{}), cancel: cancel}
+	l := &Leadership{e: e, key: me, fence: Fence{Key: me, Version: ent.Version}, done: make(chan struct{}), cancel: cancel}
 	ch, err := e.s.Watch(mctx, me)
 	l.wg.Add(1)
 	go func() {

@@ -521,3 +521,7 @@ func OpenEmbedded(t Target, opts Options) (*Embedded, error) {
 	}
 	return c, nil
 }
+
+// GrantedSessionTimeout is the session timeout the client asked for: the embedded server
+// grants any (0 for sessions that never time out).
+func (c *Embedded) GrantedSessionTimeout() time.Duration { return max(c.timeout, 0) }

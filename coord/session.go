@@ -212,3 +212,14 @@ func recreate(ctx context.Context, r rawEphemerals, key string, value []byte, cu
 	}
 	return err
 }
+
+// GrantedSessionTimeout is the session timeout the store granted s's current session, 0
+// when unknown (no session yet, or a Store that does not say). ZooKeeper may grant less
+// than was asked (its maxSessionTimeout); whatever is bound to the session (worker leases)
+// must last no longer than the granted value.
+func GrantedSessionTimeout(s Store) time.Duration {
+	if g, ok := s.(interface{ GrantedSessionTimeout() time.Duration }); ok {
+		return g.GrantedSessionTimeout()
+	}
+	return 0
+}

@@ -2,6 +2,7 @@ package coord
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -38,6 +40,10 @@ type ZK struct {
 	evMu   sync.Mutex
 	evQ    []zk.Event
 	evWake chan struct{}
+
+	// granted is the session timeout the server granted, in milliseconds, read from its
+	// answer to the last connect request (see grantConn); 0 until one came.
+	granted atomic.Int64
 
 	mu    sync.Mutex
 	owned map[string][]byte // ephemeral keys this client created, with their last value
@@ -91,7 +97,7 @@ func OpenZK(ctx context.Context, servers []string, chroot string, opts Options) 
 		if err != nil {
 			return nil, err
 		}
-		return deadlineCapConn{c, opts.SessionTimeout, handshake}, nil
+		return &grantConn{Conn: deadlineCapConn{c, opts.SessionTimeout, handshake}, granted: &s.granted}, nil
 	}
 	// zk's option type is unexported: the buffer options go in a call of their own.
 	bufSize := zk.WithMaxBufferSize(0)
@@ -582,4 +588,39 @@ func (c deadlineCapConn) SetReadDeadline(t time.Time) error {
 }
 func (c deadlineCapConn) SetWriteDeadline(t time.Time) error {
 	return c.Conn.SetWriteDeadline(c.capped(t))
+}
+
+// GrantedSessionTimeout is the session timeout the server granted to the current session:
+// ZooKeeper caps a request within its minSessionTimeout..maxSessionTimeout (2 to 20 ticks
+// by default), so it may be shorter than Options.SessionTimeout. 0 before the first session.
+func (s *ZK) GrantedSessionTimeout() time.Duration {
+	return time.Duration(s.granted.Load()) * time.Millisecond
+}
+
+// grantConn reads the session timeout the server granted from the first frame it sends on
+// a connection: the answer to zk's connect request (length, protocolVersion int32, timeOut
+// int32, sessionId int64, passwd; big-endian). go-zookeeper v1.0.4 keeps that value in an
+// unexported field and reports it in no event, so the client is wrapped rather than
+// changed. An answer with session id 0 (an expired session) is not a grant.
+type grantConn struct {
+	net.Conn
+	granted *atomic.Int64
+	head    []byte // the first bytes read, until 20 are in
+	done    bool
+}
+
+func (c *grantConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if !c.done && n > 0 {
+		c.head = append(c.head, p[:min(n, 20-len(c.head))]...)
+		if len(c.head) == 20 {
+			c.done = true
+			timeout := int32(binary.BigEndian.Uint32(c.head[8:12]))
+			if sid := int64(binary.BigEndian.Uint64(c.head[12:20])); sid != 0 && timeout > 0 {
+				c.granted.Store(int64(timeout))
+			}
+			c.head = nil
+		}
+	}
+	return n, err
 }

@@ -509,3 +509,29 @@ func TestZKUnreachable(t *testing.T) {
 		t.Fatalf("open with a short context: %v after %s", err, time.Since(start))
 	}
 }
+
+// TestZKGrantedSessionTimeout: a server whose maxSessionTimeout is 2s grants a client
+// asking for 8s a 2s session, and the client says so; one asking for less gets what it
+// asked.
+func TestZKGrantedSessionTimeout(t *testing.T) {
+	srv := zktest.Start(t, zktest.Options{TickTime: 500 * time.Millisecond, MaxSessionTimeout: 2 * time.Second})
+	for _, tc := range []struct {
+		ask, want time.Duration
+	}{
+		{8 * time.Second, 2 * time.Second},
+		{1500 * time.Millisecond, 1500 * time.Millisecond},
+	} {
+		t.Run(tc.ask.String(), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			s, err := coord.OpenZK(ctx, []string{srv.Addr()}, "", coord.Options{SessionTimeout: tc.ask, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if got := coord.GrantedSessionTimeout(s); got != tc.want {
+				t.Fatalf("granted %v asking for %v, want %v", got, tc.ask, tc.want)
+			}
+		})
+	}
+}

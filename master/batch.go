@@ -24,7 +24,9 @@ type change struct {
 // thousand. Each transaction checks the versions this leader last wrote, as single writes
 // did: when another writer got in between (an old leader still finishing), nothing of that
 // transaction is applied, its nodes are read again and the error makes the leader plan
-// anew. The transactions before it stay written.
+// anew. The transactions before it stay written. Every transaction also checks this term's
+// fence (r.kv): a leader deposed while it planned, or whose request waited out a
+// reconnect, writes nothing.
 func (r *reconciler) commit(ctx context.Context, changes []change) error {
 	if len(changes) == 0 {
 		return nil
@@ -47,9 +49,19 @@ func (r *reconciler) commit(ctx context.Context, changes []change) error {
 	}
 	done := 0
 	for _, batch := range coord.SplitOps(ops, 0) {
-		res, err := r.m.store.Txn(ctx, batch...)
+		tctx, outcome := ctx, func(error) {}
+		if h := r.m.beforeCommit.Load(); h != nil {
+			tctx, outcome = (*h)(ctx)
+		}
+		res, err := r.kv.Txn(tctx, batch...)
+		outcome(err)
 		r.m.metrics.storeWrites.Add(float64(len(batch)))
 		if err != nil {
+			if errors.Is(err, coord.ErrFenced) {
+				// This term is over in the store's order: nothing of the batch was written,
+				// and nothing more will be (the loop's context ends with the term).
+				return fmt.Errorf("master: write %d assignments: %w", len(batch), err)
+			}
 			var te *coord.TxnError
 			if errors.As(err, &te) {
 				c := changes[done+te.Index]

@@ -55,7 +55,7 @@ func (r *reconciler) recordDCs(ctx context.Context, v *View) error {
 		if err != nil {
 			continue // agents register valid names only; this one is not a data center's
 		}
-		_, err = r.m.store.Create(ctx, key, val, coord.Persistent)
+		_, err = r.kv.Create(ctx, key, val, coord.Persistent)
 		r.m.metrics.storeWrites.Inc()
 		if err != nil && !errors.Is(err, coord.ErrExists) {
 			return fmt.Errorf("master: record data center %s: %w", dc, err)
@@ -205,20 +205,28 @@ func (r *reconciler) rebalance(ctx context.Context, v *View, cur []cluster.Place
 			}
 		}
 	}
+	// The request is cleared with compare-and-set before anything moves: one the operator
+	// withdrew since the view was read (a `dc fail` after the restore) moves nothing.
+	asked := false
+	for _, dc := range dcs {
+		ok, err := desired.EndRebalance(ctx, r.kv, dc)
+		r.m.metrics.storeWrites.Inc()
+		if err != nil {
+			return nil, fmt.Errorf("master: %w", err)
+		}
+		if ok {
+			asked = true
+			r.m.log.Info("rebalancing into restored data center", "dc", dc, "moving", len(drop))
+		}
+	}
+	if !asked {
+		return cur, nil
+	}
 	kept := cur[:0:0]
 	for _, p := range cur {
 		if !drop[p.Key()] {
 			kept = append(kept, p)
 		}
-	}
-	for _, dc := range dcs {
-		rec := v.dcs[dc]
-		rec.Rebalance = false
-		if err := desired.PutDC(ctx, r.m.store, rec); err != nil {
-			return nil, err
-		}
-		r.m.metrics.storeWrites.Inc()
-		r.m.log.Info("rebalancing into restored data center", "dc", dc, "moving", len(drop))
 	}
 	return kept, nil
 }

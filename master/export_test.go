@@ -1,6 +1,7 @@
 package master
 
 import (
+	"context"
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
@@ -27,4 +28,16 @@ func ObserveEvents(m *Master, since time.Time, jobs map[string]cluster.JobRecord
 	}
 	r := &reconciler{m: m, since: since}
 	r.observeEvents(v)
+}
+
+// HoldCommits makes hook run before each of m's assignment transactions: it returns the
+// context to send the transaction with and a function that gets its outcome. nil removes
+// the hook.
+func HoldCommits(m *Master, hook func(ctx context.Context) (context.Context, func(error))) {
+	if hook == nil {
+		m.beforeCommit.Store(nil)
+		return
+	}
+	h := commitHook(hook)
+	m.beforeCommit.Store(&h)
 }

@@ -1,12 +1,14 @@
 package master
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -88,6 +90,11 @@ func (c *Config) defaults() {
 	}
 }
 
+// commitHook runs before an assignment transaction and returns the context to send it
+// with (a test passes one that does not end, as a request already on its way or queued in
+// the client would not) and a function that gets the transaction's outcome.
+type commitHook func(ctx context.Context) (context.Context, func(error))
+
 // Master decides where workers run. Any number of masters may run; one leads at a time and
 // holds nothing that the store does not.
 type Master struct {
@@ -108,9 +115,14 @@ type Master struct {
 	vc       viewCache // records decoded by earlier views
 	reads    reads     // what the API answers from
 
+	// beforeCommit, when set (tests), runs before each assignment transaction: a test
+	// holds a leader there until it is deposed (see commitHook).
+	beforeCommit atomic.Pointer[commitHook]
+
 	mu     sync.Mutex
 	leader bool
-	conn   storeState // guarded by mu
+	fence  coord.Fence // this term's, while leader
+	conn   storeState  // guarded by mu
 }
 
 // New returns a master on store. It does nothing until Run.
@@ -141,9 +153,17 @@ func (m *Master) Leader() bool {
 	return m.leader
 }
 
-func (m *Master) setLeader(v bool) {
+// term returns this term's fence, and false when this master does not lead. Writes made
+// for the term go through coord.Fenced(m.store, fence).
+func (m *Master) term() (coord.Fence, bool) {
 	m.mu.Lock()
-	m.leader = v
+	defer m.mu.Unlock()
+	return m.fence, m.leader
+}
+
+func (m *Master) setLeader(v bool, f coord.Fence) {
+	m.mu.Lock()
+	m.leader, m.fence = v, f
 	m.mu.Unlock()
 	if v {
 		m.metrics.leader.Set(1)
@@ -189,7 +209,7 @@ func (m *Master) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		m.events.Run(ctx, m.Leader)
+		m.events.Run(ctx, m.term)
 	}()
 	wg.Add(1)
 	go func() {
@@ -233,7 +253,7 @@ func (m *Master) Run(ctx context.Context) error {
 		}
 		m.log.Info("leading")
 		since := time.Now()
-		m.setLeader(true)
+		m.setLeader(true, lead.Fence())
 		lctx, cancel := context.WithCancel(ctx)
 		go func() {
 			select {
@@ -242,9 +262,9 @@ func (m *Master) Run(ctx context.Context) error {
 			}
 			cancel()
 		}()
-		err = m.lead(lctx, since)
+		err = m.lead(lctx, since, lead.Fence())
 		cancel()
-		m.setLeader(false)
+		m.setLeader(false, coord.Fence{})
 		// Give the candidate entry up whatever ended the term: one left behind would be the
 		// lowest candidate forever, and every later campaign would wait for it.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -268,18 +288,19 @@ func EnsureDirs(ctx context.Context, s coord.KV) error {
 	return nil
 }
 
-// lead runs the reconcile loop until ctx is done.
-func (m *Master) lead(ctx context.Context, since time.Time) error {
+// lead runs the reconcile loop until ctx is done. Every write of the term carries fence.
+func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) error {
+	kv := coord.Fenced(m.store, fence)
 	if m.cfg.API != "" {
 		info, _ := json.Marshal(cluster.MasterInfo{ID: m.cfg.ID, API: m.cfg.API})
-		_ = m.store.Delete(ctx, cluster.MasterKey, coord.AnyVersion)
-		if _, err := m.store.Create(ctx, cluster.MasterKey, info, coord.Ephemeral); err != nil && !errors.Is(err, coord.ErrExists) {
+		if err := m.advertise(ctx, kv, info); err != nil && ctx.Err() == nil {
 			m.log.Warn("advertise API", "err", err)
 		}
 		defer func() {
+			// Before Resign: the fence still holds unless the term ended in the store.
 			dctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			_ = m.store.Delete(dctx, cluster.MasterKey, coord.AnyVersion)
+			m.unadvertise(dctx, kv, info)
 		}()
 	}
 	m.startGrace("started leading")
@@ -294,7 +315,10 @@ func (m *Master) lead(ctx context.Context, since time.Time) error {
 		stopRouters()
 		<-routersDone
 	}()
-	r := &reconciler{m: m, since: since}
+	// The term's view of assignments is read from the store now, never kept from an
+	// earlier term: a leader deposed since may have written after that read (before the
+	// fence stopped it), and the election's watch orders this read after its last write.
+	r := &reconciler{m: m, kv: kv, since: since}
 	defer r.stopWake()
 	if err := r.loadAssignments(ctx); err != nil {
 		return err
@@ -331,5 +355,45 @@ func (m *Master) lead(ctx context.Context, since time.Time) error {
 				return ctx.Err()
 			}
 		}
+	}
+}
+
+// advertise makes the master key hold info, this leader's API, in place of whatever is
+// there: a record left by an earlier leader's client (one re-created by a client after its
+// session expired, see coord.Store) is replaced. Each write carries the term's fence.
+func (m *Master) advertise(ctx context.Context, kv coord.KV, info []byte) error {
+	var err error
+	for range 5 {
+		var e coord.Entry
+		e, err = kv.Get(ctx, cluster.MasterKey)
+		switch {
+		case err == nil && e.Owner == m.store.SessionID() && bytes.Equal(e.Value, info):
+			return nil
+		case err == nil:
+			err = kv.Delete(ctx, cluster.MasterKey, e.Version)
+		case errors.Is(err, coord.ErrNotFound):
+			err = nil
+		}
+		if err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrConflict) {
+			return err
+		}
+		_, err = kv.Create(ctx, cluster.MasterKey, info, coord.Ephemeral)
+		if err == nil || !errors.Is(err, coord.ErrExists) {
+			return err
+		}
+	}
+	return err
+}
+
+// unadvertise removes the master key if it is still this leader's own (check-and-delete,
+// fenced): never a later leader's, which a deposed master's unconditional delete would
+// take away.
+func (m *Master) unadvertise(ctx context.Context, kv coord.KV, info []byte) {
+	e, err := kv.Get(ctx, cluster.MasterKey)
+	if err != nil || e.Owner != m.store.SessionID() || !bytes.Equal(e.Value, info) {
+		return
+	}
+	if err := kv.Delete(ctx, cluster.MasterKey, e.Version); err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrFenced) {
+		m.log.Warn("withdraw API advertisement", "err", err)
 	}
 }

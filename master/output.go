@@ -20,7 +20,7 @@ func (r *reconciler) ensureOutputKey(ctx context.Context, v *View) error {
 	}
 	for _, j := range v.jobs {
 		if j.rec.Spec.Mirrored() {
-			key, err := multidc.EnsureOutputKey(ctx, r.m.store)
+			key, err := multidc.EnsureOutputKey(ctx, r.kv)
 			if err != nil {
 				return fmt.Errorf("master: %w", err)
 			}

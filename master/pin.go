@@ -98,9 +98,11 @@ func (m *Master) repin(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if !m.Leader() {
+		fence, leader := m.term()
+		if !leader {
 			continue
 		}
+		kv := coord.Fenced(m.store, fence)
 		snap := m.jobs.snapshot()
 		for _, name := range slices.Sorted(maps.Keys(snap)) {
 			var rec cluster.JobRecord
@@ -115,7 +117,7 @@ func (m *Master) repin(ctx context.Context) {
 			if err != nil {
 				continue // a name the store holds but no job may have: not ours to touch
 			}
-			_, err = coord.Update(ctx, m.store, key, func(cur []byte, exists bool) ([]byte, error) {
+			_, err = coord.Update(ctx, kv, key, func(cur []byte, exists bool) ([]byte, error) {
 				var now cluster.JobRecord
 				if !exists || json.Unmarshal(cur, &now) != nil || !unpinned(now) || now.Generation != pin.Generation {
 					return nil, errUnchanged

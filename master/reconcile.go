@@ -42,6 +42,9 @@ type reconciler struct {
 	// since is when this term began: a job submitted after it, before the term's first
 	// view, is this term's to record.
 	since time.Time
+	// kv is the store as this term writes it: every write carries the term's fence, so a
+	// leader deposed meanwhile writes nothing (coord.Fenced).
+	kv coord.KV
 }
 
 func (r *reconciler) loadAssignments(ctx context.Context) error {
@@ -340,16 +343,16 @@ func (r *reconciler) collectKilled(ctx context.Context, v *View) error {
 			if err != nil {
 				return fmt.Errorf("master: %w", err)
 			}
-			if err := coord.DeleteTree(ctx, r.m.store, routerKey); err != nil && !errors.Is(err, coord.ErrNotFound) {
+			if err := coord.DeleteTree(ctx, r.kv, routerKey); err != nil && !errors.Is(err, coord.ErrNotFound) {
 				return fmt.Errorf("master: remove the router record of %s: %w", name, err)
 			}
 		}
 		if historyKey, err := cluster.JobHistoryKey(name); err == nil {
-			if err := r.m.store.Delete(ctx, historyKey, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
+			if err := r.kv.Delete(ctx, historyKey, coord.AnyVersion); err != nil && !errors.Is(err, coord.ErrNotFound) {
 				return fmt.Errorf("master: remove the history of %s: %w", name, err)
 			}
 		}
-		err = r.m.store.Delete(ctx, jobKey, j.version)
+		err = r.kv.Delete(ctx, jobKey, j.version)
 		r.m.metrics.storeWrites.Inc()
 		if err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrConflict) {
 			return fmt.Errorf("master: remove killed job %s: %w", name, err)
@@ -386,7 +389,7 @@ func (r *reconciler) noteCrashLoops(ctx context.Context, v *View) error {
 				continue
 			}
 			job := w.Key.Job
-			err := desired.UpdateNodeConf(ctx, r.m.store, node, func(c *cluster.NodeConf) {
+			err := desired.UpdateNodeConf(ctx, r.kv, node, func(c *cluster.NodeConf) {
 				if !slices.Contains(c.Avoid, job) {
 					c.Avoid = append(c.Avoid, job)
 				}

@@ -204,7 +204,7 @@ func (r *reconciler) saveRollout(ctx context.Context, name string, before, next 
 	if err != nil {
 		return false, fmt.Errorf("master: %w", err)
 	}
-	_, err = coord.Update(ctx, r.m.store, key, func(cur []byte, exists bool) ([]byte, error) {
+	_, err = coord.Update(ctx, r.kv, key, func(cur []byte, exists bool) ([]byte, error) {
 		var rec cluster.JobRecord
 		if !exists || json.Unmarshal(cur, &rec) != nil || rec.Rollout == nil || !sameRollout(*rec.Rollout, before) {
 			return nil, errUnchanged
@@ -229,13 +229,13 @@ func (r *reconciler) revert(ctx context.Context, v *View, name string, failed cl
 	if err != nil {
 		return fmt.Errorf("master: %w", err)
 	}
-	_, err = coord.Update(ctx, r.m.store, key, func(cur []byte, exists bool) ([]byte, error) {
+	_, err = coord.Update(ctx, r.kv, key, func(cur []byte, exists bool) ([]byte, error) {
 		var rec cluster.JobRecord
 		if !exists || json.Unmarshal(cur, &rec) != nil || rec.Rollout == nil || !sameRollout(*rec.Rollout, failed) {
 			return nil, errUnchanged
 		}
 		now := time.Now().UTC()
-		h, err := desired.HistoryOf(ctx, r.m.store, rec)
+		h, err := desired.HistoryOf(ctx, r.kv, rec)
 		if err != nil {
 			return nil, err
 		}

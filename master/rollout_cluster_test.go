@@ -481,7 +481,7 @@ func TestRolloutPrepullsBeforeStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := clustertest.Spec("wc", 6)
-	spec.Isolation, spec.Command, spec.Image = cluster.IsolationDocker, nil, "127.0.0.1:5000/w:1"
+	spec.Isolation, spec.Command, spec.Image = cluster.IsolationDocker, []string{"/w"}, "127.0.0.1:5000/w:1"
 	spec.Update = cluster.UpdatePolicy{MaxParallel: 2, MinHealthy: cluster.Duration(50 * time.Millisecond)}
 	pin := &cluster.ImagePin{Generation: 1, Image: spec.Image, Ref: "127.0.0.1:5000/w@sha256:1", Digest: "sha256:1"}
 	if _, err := desired.SubmitJobPinned(tc.Ctx, tc.Admin, spec, pin); err != nil {

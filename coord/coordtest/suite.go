@@ -55,6 +55,7 @@ var suite = []struct {
 	{"SessionExpiry", true, testSessionExpiry},
 	{"Election", true, testElection},
 	{"ElectionLostOnExpiry", true, testElectionExpiry},
+	{"FencedWritesOfDeposedLeader", true, testFencedWrites},
 	{"LeaderKilled", true, testLeaderKilled},
 	{"ClosedStore", false, testClosed},
 }
@@ -758,6 +759,93 @@ func testElectionExpiry(t *testing.T, b Backend) {
 	}
 	must(t, la.Resign(ctx), "resign after loss")
 	must(t, lf.Resign(ctx), "resign f")
+}
+
+// testFencedWrites: a leader whose session expired while another took over writes nothing
+// through its fence, by any kind of write; the new leader's fence writes.
+func testFencedWrites(t *testing.T, b Backend) {
+	ctx := testCtx(t)
+	const prefix = "/election/fence"
+	a, f := b.Client(t), b.Client(t)
+	ea, _ := coord.NewElection(a, prefix, "a")
+	ef, _ := coord.NewElection(f, prefix, "f")
+	la, err := ea.Campaign(ctx)
+	must(t, err, "campaign a")
+	if fa := la.Fence(); fa.Key != la.Key() || fa.Version != 0 {
+		t.Fatalf("fence = %+v, want the candidate entry %s at version 0", fa, la.Key())
+	}
+	old := coord.Fenced(a, la.Fence())
+	_, err = old.Create(ctx, "/fence/a", []byte("1"), coord.Persistent)
+	must(t, err, "fenced create while leading")
+	_, err = old.Put(ctx, "/fence/made", []byte("1"), coord.AnyVersion)
+	must(t, err, "fenced put of a missing key while leading")
+	won := make(chan *coord.Leadership, 1)
+	go func() {
+		l, err := ef.Campaign(ctx)
+		if err != nil {
+			t.Errorf("campaign f: %v", err)
+			return
+		}
+		won <- l
+	}()
+	waitCandidates(t, a, prefix, 2)
+	b.Expire(t, a)
+	lf := next(t, won, 10*time.Second, "follower leads")
+	before, err := a.Get(ctx, "/fence/a")
+	must(t, err, "get before")
+
+	writes := []struct {
+		name string
+		fn   func() error
+	}{
+		{"put", func() error { _, err := old.Put(ctx, "/fence/a", []byte("2"), before.Version); return err }},
+		{"put any", func() error { _, err := old.Put(ctx, "/fence/a", []byte("2"), coord.AnyVersion); return err }},
+		{"put any missing", func() error { _, err := old.Put(ctx, "/fence/b", []byte("2"), coord.AnyVersion); return err }},
+		{"create", func() error { _, err := old.Create(ctx, "/fence/c", nil, coord.Persistent); return err }},
+		{"create ephemeral", func() error { _, err := old.Create(ctx, "/fence/e", nil, coord.Ephemeral); return err }},
+		{"delete", func() error { return old.Delete(ctx, "/fence/a", coord.AnyVersion) }},
+		{"txn", func() error {
+			_, err := old.Txn(ctx, coord.PutOp("/fence/a", []byte("3"), before.Version), coord.CreateOp("/fence/d", nil, coord.Persistent))
+			return err
+		}},
+		{"update", func() error {
+			_, err := coord.Update(ctx, old, "/fence/a", func([]byte, bool) ([]byte, error) { return []byte("4"), nil })
+			return err
+		}},
+	}
+	for _, w := range writes {
+		err := w.fn()
+		mustIs(t, err, coord.ErrFenced, "deposed leader's "+w.name)
+		if errors.Is(err, coord.ErrNotFound) || errors.Is(err, coord.ErrConflict) {
+			t.Fatalf("deposed leader's %s: %v reads as the key's own error", w.name, err)
+		}
+	}
+	after, err := a.Get(ctx, "/fence/a")
+	must(t, err, "get after")
+	if after.Version != before.Version || string(after.Value) != string(before.Value) {
+		t.Fatalf("/fence/a changed under the fence: %q v%d, was %q v%d", after.Value, after.Version, before.Value, before.Version)
+	}
+	for _, k := range []string{"/fence/b", "/fence/c", "/fence/d", "/fence/e"} {
+		if _, err := a.Get(ctx, k); !errors.Is(err, coord.ErrNotFound) {
+			t.Fatalf("%s written by a deposed leader: %v", k, err)
+		}
+	}
+
+	cur := coord.Fenced(f, lf.Fence())
+	v, err := cur.Put(ctx, "/fence/a", []byte("5"), after.Version)
+	must(t, err, "new leader's fenced put")
+	if v != after.Version+1 {
+		t.Fatalf("new version %d, want %d", v, after.Version+1)
+	}
+	res, err := cur.Txn(ctx, coord.CheckOp("/fence/a", v), coord.PutOp("/fence/a", []byte("6"), 0))
+	var te *coord.TxnError
+	if !errors.As(err, &te) || te.Index != 1 || !errors.Is(err, coord.ErrConflict) {
+		t.Fatalf("txn with a stale op: res %v err %v, want a conflict at the caller's op 1", res, err)
+	}
+	must(t, cur.Delete(ctx, "/fence/a", coord.AnyVersion), "new leader's fenced delete")
+	must(t, la.Resign(ctx), "resign a")
+	must(t, lf.Resign(ctx), "resign f")
+	mustIs(t, cur.Delete(ctx, "/fence/made", coord.AnyVersion), coord.ErrFenced, "write after resigning")
 }
 
 func testLeaderKilled(t *testing.T, b Backend) {

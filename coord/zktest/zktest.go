@@ -46,6 +46,9 @@ type Options struct {
 	// Heap is the server's JVM heap ("256m", "2g"). Default 256m for a standalone server,
 	// 128m for an ensemble member.
 	Heap string
+	// MaxSessionTimeout caps the sessions the server grants (maxSessionTimeout); 0 keeps
+	// ZooKeeper's 20 ticks. A client asking for more gets this.
+	MaxSessionTimeout time.Duration
 	// SyncTxnLog makes the server sync its transaction log to disk before it answers, as a
 	// production server does (forceSync=yes). Off by default: see writeConfig.
 	SyncTxnLog bool
@@ -212,6 +215,9 @@ admin.enableServer=false
 maxClientCnxns=%d
 forceSync=%s
 %s`, s.opts.TickTime.Milliseconds(), data, clientPort, clientIP, max(s.opts.MaxClientCnxns, 0), forceSync, peers)
+	if s.opts.MaxSessionTimeout > 0 {
+		cfg += fmt.Sprintf("\nmaxSessionTimeout=%d\n", s.opts.MaxSessionTimeout.Milliseconds())
+	}
 	if err := os.WriteFile(s.cfg, []byte(cfg), 0o644); err != nil {
 		return fmt.Errorf("write zoo.cfg: %w", err)
 	}

@@ -235,3 +235,71 @@ func TestConcurrentNodeConfUpdates(t *testing.T) {
 		t.Fatalf("avoid = %v, want %v: an update was lost", got.Avoid, want)
 	}
 }
+
+// TestDockerJobWithoutCommandRefusedAtSubmit: until the agent wraps an image's own
+// entrypoint with the lease launcher, a docker job without command is refused at submit,
+// with one line that says why and what to give, and nothing is stored.
+func TestDockerJobWithoutCommandRefusedAtSubmit(t *testing.T) {
+	tc := newTestStore(t)
+	if err := CreateTenant(tc.ctx, tc.admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+		t.Fatal(err)
+	}
+	spec := testSpec("dkjob", 1)
+	spec.Isolation, spec.Image, spec.Command = cluster.IsolationDocker, "127.0.0.1:5055/w:1", nil
+	_, err := SubmitJob(tc.ctx, tc.admin, spec)
+	want := "job dkjob: a docker job needs a command: stormdock fences every worker with its lease launcher, which needs the program to run; give command: [...] (the image's entrypoint and cmd are not run yet)"
+	if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("submit: got %v, want one line containing %q", err, want)
+	}
+	if !errors.Is(err, api.ErrBadInput) {
+		t.Errorf("submit: %v is not api.ErrBadInput (the API answers it with 400)", err)
+	}
+	if _, _, err := ReadJob(tc.ctx, tc.admin, "dkjob"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("the refused job was stored: %v", err)
+	}
+}
+
+// TestEndRebalanceNeverUndoesAFail: the leader clears a restore's rebalance request with
+// compare-and-set, and only while the record still asks for it: a `dc fail` written since
+// the leader read the record stays (a blind write of the record read would undo it).
+func TestEndRebalanceNeverUndoesAFail(t *testing.T) {
+	tc := newTestStore(t)
+	if err := PutDC(tc.ctx, tc.admin, cluster.DCRecord{Name: "dc-a", State: cluster.DCActive, Rebalance: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SetDCState(tc.ctx, tc.admin, "dc-a", cluster.DCFailed, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc2 := range []struct {
+		name      string
+		before    func()
+		wantDone  bool
+		wantState string
+	}{
+		{"failed meanwhile", func() {}, false, cluster.DCFailed},
+		{"restored with rebalance", func() {
+			if _, err := SetDCState(tc.ctx, tc.admin, "dc-a", cluster.DCActive, true); err != nil {
+				t.Fatal(err)
+			}
+		}, true, cluster.DCActive},
+	} {
+		t.Run(tc2.name, func(t *testing.T) {
+			tc2.before()
+			done, err := EndRebalance(tc.ctx, tc.admin, "dc-a")
+			if err != nil || done != tc2.wantDone {
+				t.Fatalf("EndRebalance = %v, %v; want %v", done, err, tc2.wantDone)
+			}
+			e, err := tc.admin.Get(tc.ctx, "/dcs/dc-a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec cluster.DCRecord
+			if err := json.Unmarshal(e.Value, &rec); err != nil {
+				t.Fatal(err)
+			}
+			if rec.State != tc2.wantState || rec.Rebalance {
+				t.Errorf("record %+v; want state %s without a rebalance asked", rec, tc2.wantState)
+			}
+		})
+	}
+}

@@ -179,8 +179,11 @@ func (l *Log) Emit(e api.Event) {
 }
 
 // Run follows the store's events and appends the queued ones until ctx is done; leader
-// reports whether this master leads (the leader deletes events older than MaxAge).
-func (l *Log) Run(ctx context.Context, leader func() bool) {
+// reports whether this master leads, with its term's fence (the leader deletes events older
+// than MaxAge, fenced). Appends are not fenced: every master appends the events it
+// records, each append a compare-and-set on the head, and an event of a deposed leader's
+// last moments is still true.
+func (l *Log) Run(ctx context.Context, leader func() (coord.Fence, bool)) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Add(1)
@@ -300,7 +303,7 @@ func (l *Log) broadcastLocked() {
 
 // flushLoop appends the queue at most once per Flush; on the leader it also deletes the
 // slots older than MaxAge now and then.
-func (l *Log) flushLoop(ctx context.Context, leader func() bool) {
+func (l *Log) flushLoop(ctx context.Context, leader func() (coord.Fence, bool)) {
 	var last time.Time
 	ageTick := time.NewTicker(time.Minute)
 	defer ageTick.Stop()
@@ -310,8 +313,8 @@ func (l *Log) flushLoop(ctx context.Context, leader func() bool) {
 			return
 		case <-l.kick:
 		case <-ageTick.C:
-			if leader() {
-				if err := l.trimAge(ctx); err != nil && ctx.Err() == nil {
+			if fence, ok := leader(); ok {
+				if err := l.trimAge(ctx, coord.Fenced(l.store, fence)); err != nil && ctx.Err() == nil {
 					l.log.Warn("trim old events", "err", err)
 				}
 			}
@@ -468,7 +471,7 @@ func mustSlot(key string) int64 {
 
 // trimAge deletes the slots whose newest event is older than MaxAge; when the last slot
 // goes, the head moves to the next slot, where the next append starts.
-func (l *Log) trimAge(ctx context.Context) error {
+func (l *Log) trimAge(ctx context.Context, kv coord.KV) error {
 	cut := time.Now().Add(-l.cfg.MaxAge)
 	l.mu.Lock()
 	if l.headVer < 0 {
@@ -494,7 +497,7 @@ func (l *Log) trimAge(ctx context.Context) error {
 	for _, s := range old {
 		ops = append(ops, coord.DeleteOp(slotKey(s), coord.AnyVersion))
 	}
-	res, err := l.store.Txn(ctx, ops...)
+	res, err := kv.Txn(ctx, ops...)
 	l.m.StoreWrites.Inc()
 	if err != nil {
 		if errors.Is(err, coord.ErrConflict) || errors.Is(err, coord.ErrNotFound) {

@@ -79,7 +79,7 @@ func TestEventLogTwoWriters(t *testing.T) {
 		tc.wg.Add(1)
 		go func() {
 			defer tc.wg.Done()
-			logs[i].Run(tc.ctx, func() bool { return i == 0 })
+			logs[i].Run(tc.ctx, func() (coord.Fence, bool) { return coord.Fence{}, i == 0 })
 		}()
 	}
 	const each = 300
@@ -163,7 +163,7 @@ func TestEventLogAge(t *testing.T) {
 	tc.wg.Add(1)
 	go func() {
 		defer tc.wg.Done()
-		l.Run(tc.ctx, func() bool { return false })
+		l.Run(tc.ctx, func() (coord.Fence, bool) { return coord.Fence{}, false })
 	}()
 	old := time.Now().Add(-2 * time.Hour)
 	for i := range 30 {
@@ -177,7 +177,7 @@ func TestEventLogAge(t *testing.T) {
 	if evs, _ := l.Query(api.EventFilter{}, 0); len(evs) != 0 {
 		t.Fatalf("events older than the age bound are served: %d", len(evs))
 	}
-	if err := l.trimAge(tc.ctx); err != nil {
+	if err := l.trimAge(tc.ctx, l.store); err != nil {
 		t.Fatal(err)
 	}
 	if kids, _ := tc.admin.Children(tc.ctx, cluster.EventsKey); len(kids) != 0 {
@@ -204,7 +204,7 @@ func TestEventLogAtBound(t *testing.T) {
 	tc.wg.Add(1)
 	go func() {
 		defer tc.wg.Done()
-		l.Run(tc.ctx, func() bool { return true })
+		l.Run(tc.ctx, func() (coord.Fence, bool) { return coord.Fence{}, true })
 	}()
 	total := cfg.Max + cfg.Max/2 // past the bound: the oldest go
 	for i := range total {

@@ -295,7 +295,8 @@ func (a *API) listNodes(w http.ResponseWriter, _ *http.Request) {
 		nv := api.NodeView{ID: id, Host: n.Host, DC: n.DC, Rack: n.Rack, Slots: n.Slots, SlotsUsed: used,
 			SlotsThrottled: rec.Health.Throttled, SlotsFree: max(n.Slots-used-rec.Health.Throttled, 0),
 			Memory: n.Memory, CPU: n.CPU, Health: health, Reason: rec.Health.Reason, Labels: n.Labels,
-			Workers: len(rec.Workers), Isolation: rec.Isolation, Started: rec.Started}
+			Workers: len(rec.Workers), Isolation: rec.Isolation, Started: rec.Started,
+			SessionTimeout: rec.SessionTimeout, SessionRequested: rec.SessionRequested}
 		if c, ok := v.Confs()[id]; ok {
 			nv.Draining = c.Draining
 			nv.Avoid = c.Avoid
