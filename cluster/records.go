@@ -35,6 +35,9 @@ const (
 	// EventsKey holds the cluster's events (written by the masters, see package scheduler):
 	// its value is the head (the next event id), its children the slots of events.
 	EventsKey = "/events"
+	// TenantUIDsKey holds the next free uid of the tenants' range (TenantUIDCounter): it
+	// only grows, so a uid is never given twice, a deleted tenant's included.
+	TenantUIDsKey = "/tenant-uids"
 )
 
 // The key builders below are the only way store keys are made from names. Each refuses a
@@ -240,9 +243,12 @@ type WorkerAssignment struct {
 	// OutputToken is the sender token of a mirrored job's link worker: the agent hands it to
 	// the worker in a file only the worker may read.
 	OutputToken string `json:"outputToken,omitempty"`
-	// System marks stormdock's own workers (output routers): they run as the agent's user
-	// and get the store's credentials.
+	// System marks stormdock's own workers (output routers): they get the store's
+	// credentials, and run as their tenant's router uid (Tenant.RouterUID).
 	System bool `json:"system,omitempty"`
+	// UID is who the worker runs as, uid and gid (no supplementary groups): its tenant's
+	// UID, or its RouterUID for a System worker. 0 is never run: the agent refuses it.
+	UID int `json:"uid,omitempty"`
 	// Stop asks the agent to stop the worker with Grace (a job killed with its own grace
 	// period); the master drops the entry once the agent no longer reports the worker.
 	Stop bool `json:"stop,omitempty"`

@@ -14,6 +14,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/master/eventlog"
@@ -48,6 +49,9 @@ type Config struct {
 	// PinRetry is how often images that could not be pinned are tried again. Default
 	// DefaultPinRetry.
 	PinRetry time.Duration
+	// TenantUIDs is the range tenants' uids are given from (desired.CreateTenantIn).
+	// Default cluster.DefaultTenantUIDs.
+	TenantUIDs cluster.UIDRange
 	// Events bounds and paces the cluster's events (see eventlog.go).
 	Events   eventlog.Config
 	Logger   *slog.Logger
@@ -82,7 +86,13 @@ func (c *Config) defaults() {
 	if c.RouterStore == "" {
 		c.RouterStore = "mem://"
 	}
+	if c.TenantUIDs == (cluster.UIDRange{}) {
+		c.TenantUIDs = cluster.DefaultTenantUIDs
+	}
 }
+
+// TenantUIDs is the range this master gives tenants' uids from.
+func (m *Master) TenantUIDs() cluster.UIDRange { return m.cfg.TenantUIDs }
 
 // Master decides where workers run. Any number of masters may run; one leads at a time and
 // holds nothing that the store does not.
@@ -295,6 +305,7 @@ func (m *Master) lead(ctx context.Context, since time.Time) error {
 	if err := r.loadAssignments(ctx); err != nil {
 		return err
 	}
+	m.backfillUIDs(ctx)
 	tick := time.NewTicker(m.cfg.Resync)
 	defer tick.Stop()
 	for {
@@ -327,5 +338,18 @@ func (m *Master) lead(ctx context.Context, since time.Time) error {
 				return ctx.Err()
 			}
 		}
+	}
+}
+
+// backfillUIDs gives the tenants stored before uids existed theirs, at the start of a term
+// (and again while one is without: see reconcile), so that none stays uid-less: the
+// workers of a tenant without a uid are not placed, rather than run as anyone else.
+func (m *Master) backfillUIDs(ctx context.Context) {
+	n, err := desired.BackfillTenantUIDs(ctx, m.store, m.cfg.TenantUIDs)
+	if n > 0 {
+		m.log.Info("gave tenants stored without uids theirs", "tenants", n, "range", m.cfg.TenantUIDs.String())
+	}
+	if err != nil && ctx.Err() == nil {
+		m.log.Warn("tenants without uids: their workers wait", "err", err)
 	}
 }
