@@ -45,7 +45,8 @@ type AgentConfig struct {
 	PortBase       int
 	LeaseTTL       time.Duration
 	NoLease        bool
-	// RunAs is who process workers run as (see agents.Config.RunAs); nil: the agent's user.
+	// RunAs, when set, is who every tenant's process workers run as (the single-tenant
+	// opt-out, see agents.Config.RunAs); nil: each tenant's own uid.
 	RunAs *isolation.User
 	// RestartGrace is how long the node's workers outlive the agent's process, held by a
 	// keeper process (see agents.Keeper); 0 keeps the keeper inside the agent.

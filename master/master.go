@@ -14,9 +14,9 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
-	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/ctxtime"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/master/eventlog"
 )
 
