@@ -299,8 +299,8 @@ func (a *Agent) prepareLeaseDir(id string, u *isolation.User) error {
 	}
 	// Lchown: never through a link planted in the agent's directory.
 	uid, gid := ownerOf(u)
-	if err := os.Lchown(dir, uid, gid); err != nil && !errors.Is(err, os.ErrPermission) {
-		return fmt.Errorf("lease dir of %s: %w", id, err)
+	if err := os.Lchown(dir, uid, gid); err != nil {
+		return chownError("lease dir of "+id, uid, err)
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return fmt.Errorf("lease dir of %s: %w", id, err)
@@ -320,12 +320,20 @@ func writeOwned(path string, b []byte, perm os.FileMode, u *isolation.User) erro
 		return err
 	}
 	if uid, gid := ownerOf(u); uid >= 0 {
-		// EPERM: an agent without CAP_CHOWN, whose workers then run as itself.
-		if err := f.Chown(uid, gid); err != nil && !errors.Is(err, os.ErrPermission) {
-			return err
+		if err := f.Chown(uid, gid); err != nil {
+			return chownError(filepath.Base(path), uid, err)
 		}
 	}
 	return f.Commit()
+}
+
+// chownError says what an agent that may not give a worker its files lacks: the worker
+// could not read them, and nobody else may.
+func chownError(what string, uid int, err error) error {
+	if errors.Is(err, os.ErrPermission) {
+		return fmt.Errorf("%s: the agent may not give it to uid %d (%w): run the agent as root, or give it CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER (ambient)", what, uid, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // writeOutputToken gives a link worker its sender token, in its lease directory, readable
