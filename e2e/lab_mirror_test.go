@@ -35,7 +35,7 @@ type mirrorJob struct {
 // at rate per second until stopped (Close).
 func startMirror(t *testing.T, lc *labCluster, name string, rate int) *mirrorJob {
 	t.Helper()
-	dir := t.TempDir()
+	dir := sharedDir(t, t.TempDir()) // the routers, as their tenant's router uid, write the sink
 	m := &mirrorJob{name: name, input: filepath.Join(dir, "input.txt"), sink: filepath.Join(dir, "sink.jsonl"), workers: 2,
 		stopped: make(chan struct{}), done: make(chan struct{})}
 	m.append(t, rate)
