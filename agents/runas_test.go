@@ -301,7 +301,7 @@ func TestLeasesBelowRun(t *testing.T) {
 	}
 	ra := h.start(h.cfg, h.agentStore())
 	h.assign(h.wa("r", 0, 1, "run"))
-	h.waitRecord("the worker runs", testenv.Timeout(20*time.Second), allRunning("r/0"))
+	first := h.waitRecord("the worker runs", testenv.Timeout(20*time.Second), allRunning("r/0"))
 	link := filepath.Join(h.stateDir, "leases")
 	target, err := os.Readlink(link)
 	if err != nil || !strings.HasPrefix(target, "/run/stormdock/leases/") {
@@ -315,7 +315,9 @@ func TestLeasesBelowRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.start(h.cfg, h.agentStore())
-	h.waitRecord("the worker is adopted", testenv.Timeout(20*time.Second), allRunning("r/0"))
+	h.waitRecord("the worker is adopted by the new agent", testenv.Timeout(20*time.Second), func(r cluster.NodeRecord) bool {
+		return r.Agent != first.Agent && allRunning("r/0")(r)
+	})
 	if again, _ := os.Readlink(link); again != target {
 		t.Errorf("after a restart the leases link to %q, want %q", again, target)
 	}
