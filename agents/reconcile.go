@@ -177,8 +177,19 @@ func (r *run) start(s *slot) {
 	if s.port == 0 {
 		s.port = r.allocPort(s.id)
 	}
-	spec := r.a.spec(s.id, s.assign, s.mode, s.port)
-	if err := r.a.writeConfig(s.id, s.assign); err != nil {
+	// Who it runs as is decided first: a worker that must not run (no uid, root, the
+	// agent's own, an agent that cannot switch) gets no file either.
+	u, err := workerUser(s.assign, s.mode, r.a.cfg.RunAs, r.a.me)
+	if err != nil {
+		r.startFailed(s, err)
+		return
+	}
+	spec := r.a.spec(s.id, s.assign, s.mode, s.port, u)
+	if err := r.a.prepareLeaseDir(s.id, u); err != nil {
+		r.startFailed(s, err)
+		return
+	}
+	if err := r.a.writeConfig(s.id, s.assign, u); err != nil {
 		r.startFailed(s, err)
 		return
 	}
@@ -192,7 +203,11 @@ func (r *run) start(s *slot) {
 			return
 		}
 	}
-	if _, err := r.a.writeOutputToken(s.id, s.assign, s.mode); err != nil {
+	if _, err := r.a.writeOutputToken(s.id, s.assign, s.mode, u); err != nil {
+		r.startFailed(s, err)
+		return
+	}
+	if _, err := r.a.writeRouterCredentials(s.id, s.assign, s.mode, u); err != nil {
 		r.startFailed(s, err)
 		return
 	}

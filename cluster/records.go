@@ -43,6 +43,9 @@ const (
 	// SharedImagesKey holds the SharedImages: the repository prefixes the admin shared,
 	// whose images nodes and masters fetch with their own registry credentials.
 	SharedImagesKey = "/shared-images"
+	// TenantUIDsKey holds the next free uid of the tenants' range (TenantUIDCounter): it
+	// only grows, so a uid is never given twice, a deleted tenant's included.
+	TenantUIDsKey = "/tenant-uids"
 )
 
 // registryAuthChild is the name of a tenant's registry credentials below its record: a key
@@ -281,9 +284,12 @@ type WorkerAssignment struct {
 	// OutputToken is the sender token of a mirrored job's link worker: the agent hands it to
 	// the worker in a file only the worker may read.
 	OutputToken string `json:"outputToken,omitempty"`
-	// System marks stormdock's own workers (output routers): they run as the agent's user
-	// and get the store's credentials.
+	// System marks stormdock's own workers (output routers): they get the store's
+	// credentials, and run as their tenant's router uid (Tenant.RouterUID).
 	System bool `json:"system,omitempty"`
+	// UID is who the worker runs as, uid and gid (no supplementary groups): its tenant's
+	// UID, or its RouterUID for a System worker. 0 is never run: the agent refuses it.
+	UID int `json:"uid,omitempty"`
 	// Stop asks the agent to stop the worker with Grace (a job killed with its own grace
 	// period); the master drops the entry once the agent no longer reports the worker.
 	Stop bool `json:"stop,omitempty"`

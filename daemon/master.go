@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/pki"
@@ -58,7 +59,9 @@ type MasterConfig struct {
 	RegistryAuth string
 	// Events bounds and paces the cluster's events (see eventlog.Config).
 	Events eventlog.Config
-	Logger *slog.Logger
+	// TenantUIDs is the range tenants' uids are given from; zero: the default.
+	TenantUIDs cluster.UIDRange
+	Logger     *slog.Logger
 }
 
 // Master is a built master: its store client, its scheduler and its HTTP server.
@@ -138,7 +141,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		}
 	}
 	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore, SinkDir: cfg.SinkDir,
-		ReregisterGrace: cfg.ReregisterGrace, Resolver: res, Events: cfg.Events, Logger: cfg.Logger, Registry: m.registry})
+		ReregisterGrace: cfg.ReregisterGrace, Resolver: res, Events: cfg.Events, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger, Registry: m.registry})
 	if err != nil {
 		return nil, err
 	}

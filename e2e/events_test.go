@@ -366,8 +366,8 @@ func TestEventsAndLogs(t *testing.T) {
 	}
 
 	// A mirrored job; a manual failover, then the SIGKILL of dc-b's only node.
-	input := filepath.Join(h.Dir, "io", "input.txt")
-	if err := os.MkdirAll(filepath.Dir(input), 0o755); err != nil {
+	input := filepath.Join(sharedDir(t, filepath.Join(h.Dir, "io")), "input.txt")
+	if err := os.MkdirAll(filepath.Dir(input), 0o777); err != nil {
 		t.Fatal(err)
 	}
 	var text strings.Builder

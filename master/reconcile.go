@@ -111,6 +111,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("master: plan: %w", err)
 	}
+	r.withoutUIDs(ctx, v, res)
 	placements := res.Placements
 	for _, p := range keep {
 		if _, ok := held[p.Key()]; ok {
@@ -247,6 +248,7 @@ func workerAssignment(v *View, j cluster.JobRecord, k cluster.WorkerKey, outputK
 		Priority: min(s.Priority, v.caps[s.Tenant]),
 		Grace:    cluster.Duration(s.Grace()),
 		Output:   s.Output,
+		UID:      v.uids[s.Tenant],
 	}
 	if s.Mirrored() {
 		// Link workers send to the job's routers, whose leader alone writes to the job's
@@ -265,6 +267,12 @@ func workerAssignment(v *View, j cluster.JobRecord, k cluster.WorkerKey, outputK
 		}
 	}
 	wa.System = isRouterJob(s.Name)
+	if wa.System && wa.UID > 0 {
+		// Routers hold the store's credentials and the job's output key: not the uid of
+		// the tenant's own code, which could read them through /proc or ptrace.
+		t := cluster.Tenant{UID: wa.UID}
+		wa.UID = t.RouterUID()
+	}
 	return wa
 }
 
@@ -408,4 +416,34 @@ func (r *reconciler) noteCrashLoops(ctx context.Context, v *View) error {
 		}
 	}
 	return nil
+}
+
+// withoutUIDs takes the workers of tenants without a uid out of the plan, as unplaced with
+// the reason: they are not run as anyone else. Only a tenant stored before uids existed
+// has none, until the leading master backfills it (at the start of its term; tried again
+// here).
+func (r *reconciler) withoutUIDs(ctx context.Context, v *View, res *placement.Result) {
+	kept := res.Placements[:0]
+	var missing []string
+	for _, p := range res.Placements {
+		tenant := v.TenantOf(p.Job) // a router's is its mirrored job's
+		if v.uids[tenant] > 0 {
+			kept = append(kept, p)
+			continue
+		}
+		if !slices.Contains(missing, tenant) {
+			missing = append(missing, tenant)
+		}
+		res.Unplaced = append(res.Unplaced, placement.Unplaced{Job: p.Job, Worker: p.Worker, Link: p.Link,
+			Reason: fmt.Sprintf("waiting: tenant %s has no uid to run as yet (the leading master gives it one from --tenant-uids)", tenant)})
+	}
+	res.Placements = kept
+	if len(missing) == 0 {
+		return
+	}
+	slices.SortFunc(res.Unplaced, func(a, b placement.Unplaced) int {
+		return cmp.Or(cmp.Compare(a.Job, b.Job), cmp.Compare(a.Link, b.Link), cmp.Compare(a.Worker, b.Worker))
+	})
+	r.m.log.Warn("workers of tenants without a uid wait", "tenants", missing)
+	r.m.backfillUIDs(ctx, r.kv)
 }

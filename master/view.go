@@ -27,6 +27,7 @@ type View struct {
 	statuses map[cluster.WorkerKey]nodeWorker // what agents report, by worker
 	copies   []nodeWorker                     // every worker every agent reports
 	caps     map[string]int                   // each tenant's priority cap
+	uids     map[string]int                   // each tenant's uid (0 or missing: none yet)
 }
 
 type Job struct {
@@ -244,10 +245,11 @@ func (m *Master) view() *View {
 	return v
 }
 
-// setCaps notes each tenant's priority cap from its record. A tenant without a readable
+// setCaps notes each tenant's priority cap and uid from its record. A tenant without a readable
 // record has none: its jobs are placed at the lowest priority.
 func (v *View) setCaps(log *slog.Logger, tenants map[string]coord.Entry) {
 	v.caps = make(map[string]int, len(tenants))
+	v.uids = make(map[string]int, len(tenants))
 	for name, e := range tenants {
 		var t cluster.TenantRecord
 		if err := json.Unmarshal(e.Value, &t); err != nil {
@@ -255,6 +257,7 @@ func (v *View) setCaps(log *slog.Logger, tenants map[string]coord.Entry) {
 			continue
 		}
 		v.caps[name] = t.PriorityCap()
+		v.uids[name] = t.UID
 	}
 }
 

@@ -428,7 +428,8 @@ func (a *API) createTenant(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	noteObject(r, "tenant/"+t.Name)
-	if err := desired.CreateTenant(r.Context(), a.store, cluster.TenantRecord{Tenant: t}); err != nil {
+	t, err := desired.CreateTenantIn(r.Context(), a.store, cluster.TenantRecord{Tenant: t}, a.m.TenantUIDs())
+	if err != nil {
 		failErr(w, err)
 		return
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/master"
@@ -81,6 +82,7 @@ var MasterCommand = &cli.Command{
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin the images under shared prefixes (`stormdock image share`) to digests with; tenants' other images are pinned with their own (`stormdock tenant registry-auth`)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS: a CA and a server certificate are made in --data at the first start"},
 		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
+		tenantUIDsFlag(),
 	), eventsFlags()...),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
@@ -106,8 +108,13 @@ var MasterCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		uids, err := tenantUIDs(c)
+		if err != nil {
+			return err
+		}
 		m, err := daemon.NewMaster(c.Context, daemon.MasterConfig{
 			Events:          events,
+			TenantUIDs:      uids,
 			Store:           c.String("store"),
 			StoreOptions:    opts,
 			Listen:          c.String("api"),
@@ -158,4 +165,20 @@ func eventsConfig(c *cli.Context) (eventlog.Config, error) {
 		return cfg, commands.UsageErr("--events-flush must be between 1ms and 1m, not %s", cfg.Flush)
 	}
 	return cfg, nil
+}
+
+// tenantUIDsFlag is the range tenants' uids are given from, on every master and on up.
+func tenantUIDsFlag() cli.Flag {
+	return &cli.StringFlag{Name: "tenant-uids", Value: cluster.DefaultTenantUIDs.String(),
+		Usage: "`FIRST-LAST` uids the tenants' workers run as: each tenant takes two (its workers', its output routers'), given once at `tenant create` and never again; the same on every master"}
+}
+
+// tenantUIDs reads --tenant-uids, refusing a range that holds root, the system's users or
+// this process's uid.
+func tenantUIDs(c *cli.Context) (cluster.UIDRange, error) {
+	r, err := cluster.ParseUIDRange(c.String("tenant-uids"), os.Geteuid())
+	if err != nil {
+		return r, commands.UsageErr("%v", err)
+	}
+	return r, nil
 }
