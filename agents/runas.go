@@ -205,6 +205,10 @@ func (a *Agent) prepareStateDir() error {
 
 // makeRunDir makes dir below /run for the leases, each directory on the way root's, 0711.
 func makeRunDir(dir string) error {
+	// A minimal root file system (an initramfs) may have no /run at all.
+	if err := os.MkdirAll(filepath.Dir(filepath.Dir(leasesRunDir)), 0o755); err != nil {
+		return fmt.Errorf("agent: lease dir: %w", err)
+	}
 	for _, d := range []string{filepath.Dir(leasesRunDir), leasesRunDir, dir} {
 		if err := os.Mkdir(d, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("agent: lease dir: %w", err)
