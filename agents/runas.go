@@ -415,6 +415,12 @@ func (a *Agent) prepareSinkDir(wa cluster.WorkerAssignment, mode string) error {
 		if err := os.Lchown(dir, int(u.UID), int(u.GID)); err != nil {
 			return fmt.Errorf("sink dir of tenant %s: %w", wa.Tenant, err)
 		}
+		// Said here, once, rather than as the router's "permission denied".
+		if reachable(a.cfg.SinkDir, *u) != nil {
+			return fmt.Errorf("sink dir %s: the router of tenant %s runs as uid %d, which cannot enter it or a directory above it: "+
+				"make them traversable (chmod o+x) or give --sink-dir a directory outside private ones (not below the data directory or /root)",
+				a.cfg.SinkDir, wa.Tenant, u.UID)
+		}
 	}
 	if err := os.Chmod(dir, 0o750); err != nil {
 		return fmt.Errorf("sink dir of tenant %s: %w", wa.Tenant, err)

@@ -27,6 +27,10 @@ import (
 	"github.com/stormdock/stormdock/master/eventlog"
 )
 
+// RootSinkDir is where a local cluster started as root keeps mirrored jobs' file sinks
+// unless told otherwise: outside its data directory, which the routers' uids cannot enter.
+const RootSinkDir = "/var/lib/stormdock/sinks"
+
 // LocalConfig shapes a local cluster.
 type LocalConfig struct {
 	Nodes      int
@@ -58,7 +62,7 @@ type LocalConfig struct {
 	// single-tenant opt-out, see agents.Config.RunAs); nil: each tenant's own uid.
 	RunAs *isolation.User
 	// SinkDir is where mirrored jobs' file sinks lie, SinkDir/<tenant>/... (default
-	// DataDir/sinks; "off" turns file sinks off).
+	// RootSinkDir as root, else DataDir/sinks; "off" turns file sinks off).
 	SinkDir string
 	// TenantUIDs is the range tenants' uids are given from; zero: the default.
 	TenantUIDs cluster.UIDRange
@@ -112,6 +116,11 @@ func (c *LocalConfig) defaults() error {
 		c.SinkDir = ""
 	case "":
 		c.SinkDir = filepath.Join(c.DataDir, "sinks")
+		if os.Geteuid() == 0 {
+			// Routers run as their tenants' router uids, which cannot enter a data
+			// directory that holds the admin token (0700, often below /root).
+			c.SinkDir = RootSinkDir
+		}
 	}
 	if c.SinkDir != "" {
 		// Specs name sink files by absolute path: so is the directory they are checked

@@ -30,7 +30,7 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for pinning and pulling the images under shared prefixes (`stormdock image share`); tenants' other images use their own (`stormdock tenant registry-auth`)"},
 		&cli.StringFlag{Name: "run-as", Usage: "single-tenant opt-out: every tenant's process workers run as `USER` (name or UID:GID, never root) instead of each tenant's own uid, so tenants are not apart (default: each tenant's uid; without root, give your own user)"},
 		tenantUIDsFlag(),
-		&cli.StringFlag{Name: "sink-dir", Usage: "`DIR` below which mirrored jobs' file sinks live, as DIR/TENANT/...; off turns file sinks off (default: DATA-DIR/sinks)"},
+		&cli.StringFlag{Name: "sink-dir", Usage: "`DIR` below which mirrored jobs' file sinks live, as DIR/TENANT/...; off turns file sinks off (default: /var/lib/stormdock/sinks as root, whose routers run as their tenants' uids and cannot enter --data; else DATA-DIR/sinks)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS (a CA and certificate are made in --data at the first start; the CLI trusts them by itself)", Value: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
