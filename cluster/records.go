@@ -211,11 +211,35 @@ type WorkerStatus struct {
 	ContainerID string `json:"containerId,omitempty"`
 	Restarts    int    `json:"restarts"`
 	// RecentRestarts counts restarts within the agent's crash-loop window.
-	RecentRestarts int       `json:"recentRestarts,omitempty"`
-	LastExit       string    `json:"lastExit,omitempty"`
-	Memory         Bytes     `json:"memory,omitempty"`
-	Since          time.Time `json:"since"`
+	RecentRestarts int    `json:"recentRestarts,omitempty"`
+	LastExit       string `json:"lastExit,omitempty"`
+	// ExitReason says whose fault the last end was (an Exit* value): only ExitCrashed
+	// counts in Restarts and RecentRestarts, backs off and makes a node avoided.
+	ExitReason string `json:"exitReason,omitempty"`
+	// Lapses counts the worker's stops by its launcher for a lapsed lease (not restarts).
+	Lapses int       `json:"lapses,omitempty"`
+	Memory Bytes     `json:"memory,omitempty"`
+	Since  time.Time `json:"since"`
 }
+
+// Exit reasons, as WorkerStatus.ExitReason: whether a worker's last end was its own failure.
+const (
+	// ExitCrashed: the worker's own failure (a non-zero exit, a signal stormdock did not
+	// send, an OOM kill, or an exit with the launcher's lapse status while the lease was
+	// fine): counted, backed off, and a crash loop makes the node avoided for the job.
+	ExitCrashed = "crashed"
+	// ExitLeaseLapsed: the worker's lease launcher stopped it because the node's keeper
+	// stopped renewing the lease (a store or network fault, fencing): not counted.
+	ExitLeaseLapsed = "lease-lapsed"
+	// ExitStopped: the agent stopped it (drain, move, rollout, kill): not counted.
+	ExitStopped = "stopped"
+	// ExitEvicted: the node's health checks stopped it under memory pressure: not counted.
+	ExitEvicted = "evicted"
+)
+
+// ExitCounts reports whether an end with this reason counts as a crash ("" for records
+// of agents from before exit reasons, which counted every end).
+func ExitCounts(reason string) bool { return reason == "" || reason == ExitCrashed }
 
 // NodeHealth is what the node's health checks say.
 type NodeHealth struct {
