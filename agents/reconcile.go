@@ -34,7 +34,7 @@ type slot struct {
 	exitReason string
 	lapses     int
 	failures   int // failed starts in a row
-	retryAt  time.Time
+	retryAt    time.Time
 
 	evicted    bool // stopped for memory pressure: not restarted here
 	busy       bool // a driver call is in flight
