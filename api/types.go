@@ -30,18 +30,23 @@ type JobSummary struct {
 
 // WorkerView is one worker of a job: where the plan put it and what its agent says.
 type WorkerView struct {
-	Job      string        `json:"job"`
-	Link     string        `json:"link,omitempty"`
-	Worker   int           `json:"worker"`
-	Node     string        `json:"node,omitempty"`
-	DC       string        `json:"dc,omitempty"`
-	Rack     string        `json:"rack,omitempty"`
-	State    string        `json:"state"` // agent state, "pending" before the agent reports, "unplaced"
-	PID      int           `json:"pid,omitempty"`
-	Restarts int           `json:"restarts"`
-	LastExit string        `json:"lastExit,omitempty"`
-	Memory   cluster.Bytes `json:"memory,omitempty"`
-	Reason   string        `json:"reason,omitempty"` // why it is unplaced
+	Job      string `json:"job"`
+	Link     string `json:"link,omitempty"`
+	Worker   int    `json:"worker"`
+	Node     string `json:"node,omitempty"`
+	DC       string `json:"dc,omitempty"`
+	Rack     string `json:"rack,omitempty"`
+	State    string `json:"state"` // agent state, "pending" before the agent reports, "unplaced"
+	PID      int    `json:"pid,omitempty"`
+	Restarts int    `json:"restarts"`
+	LastExit string `json:"lastExit,omitempty"`
+	// ExitReason says whose fault the last end was (cluster.ExitCrashed, ExitLeaseLapsed,
+	// ExitStopped, ExitEvicted): only crashes count in Restarts. Lapses counts the stops
+	// for a lapsed lease.
+	ExitReason string        `json:"exitReason,omitempty"`
+	Lapses     int           `json:"lapses,omitempty"`
+	Memory     cluster.Bytes `json:"memory,omitempty"`
+	Reason     string        `json:"reason,omitempty"` // why it is unplaced
 	// Generation is the generation of the job's spec the worker runs, as its agent reports
 	// (0 before it does).
 	Generation int64 `json:"generation,omitempty"`

@@ -265,7 +265,7 @@ func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 			}
 			if node, s, ok := v.Status(k); ok && (wv.Node == "" || node == wv.Node) {
 				wv.State, wv.PID, wv.Restarts, wv.LastExit, wv.Memory = s.State, s.PID, s.Restarts, s.LastExit, s.Memory
-				wv.Generation = s.Generation
+				wv.Generation, wv.ExitReason, wv.Lapses = s.Generation, s.ExitReason, s.Lapses
 				if wv.Node == "" {
 					wv.Node = node
 				}
