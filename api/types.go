@@ -65,6 +65,16 @@ type JobStatus struct {
 	Workers []WorkerView      `json:"workers"`
 	// Sink is where a mirrored job's output stands; nil for other jobs.
 	Sink *SinkView `json:"sink,omitempty"`
+	// Avoided lists the nodes that avoid the job's workers now, after crash loops there,
+	// and until when; its workers go there only when they fit nowhere else.
+	Avoided []NodeAvoidance `json:"avoided,omitempty"`
+}
+
+// NodeAvoidance is a node avoiding a job's workers after they crash-looped there.
+type NodeAvoidance struct {
+	Node    string    `json:"node"`
+	Until   time.Time `json:"until"`
+	Strikes int       `json:"strikes"`
 }
 
 // SinkView is a mirrored job's output as its routers last recorded it in the store.
@@ -95,7 +105,10 @@ type NodeView struct {
 	Health         string            `json:"health"`
 	Reason         string            `json:"reason,omitempty"`
 	Draining       bool              `json:"draining,omitempty"`
-	Avoid          []string          `json:"avoid,omitempty"` // jobs moved off after crash loops
+	Avoid          []string          `json:"avoid,omitempty"` // jobs moved off after crash loops, now
+	// Avoided says until when the node avoids each job of Avoid, and after how many crash
+	// loops there (each doubles the period).
+	Avoided []cluster.Avoidance `json:"avoided,omitempty"`
 	Labels         map[string]string `json:"labels,omitempty"`
 	Workers        int               `json:"workers"`
 	Isolation      []string          `json:"isolation,omitempty"`

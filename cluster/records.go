@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -173,8 +174,44 @@ type TenantRecord struct {
 type NodeConf struct {
 	Draining bool   `json:"draining,omitempty"`
 	Pool     string `json:"pool,omitempty"`
-	// Avoid lists jobs whose workers kept crashing here: they run elsewhere.
+	// Avoid lists jobs whose workers kept crashing here: they run elsewhere while they can.
+	// Masters from before Avoided avoid what it lists for good; later ones until the job's
+	// Avoided entry's Until, and then take the job off this list.
 	Avoid []string `json:"avoid,omitempty"`
+	// Avoided says, for jobs of Avoid (and for some time after, to remember their strikes),
+	// until when and how often. A job in Avoid without an entry (a record of an earlier
+	// master) gets one at the leader's next look.
+	Avoided []Avoidance `json:"avoided,omitempty"`
+}
+
+// Avoidance is one job's avoidance of a node after its workers crash-looped there.
+type Avoidance struct {
+	Job string `json:"job"`
+	// Until is when the node takes the job's workers again.
+	Until time.Time `json:"until"`
+	// Strikes counts the crash loops that made the node avoided, the last included: each
+	// doubles the period, up to the masters' cap.
+	Strikes int `json:"strikes"`
+}
+
+// Avoidance returns the job's avoidance entry, if it has one.
+func (c NodeConf) Avoidance(job string) (Avoidance, bool) {
+	for _, a := range c.Avoided {
+		if a.Job == job {
+			return a, true
+		}
+	}
+	return Avoidance{}, false
+}
+
+// Avoiding reports whether the node avoids the job's workers at now: the job is in Avoid
+// and its avoidance has not run out (an entry-less one lasts until it gets an entry).
+func (c NodeConf) Avoiding(job string, now time.Time) bool {
+	if !slices.Contains(c.Avoid, job) {
+		return false
+	}
+	a, ok := c.Avoidance(job)
+	return !ok || now.Before(a.Until)
 }
 
 // Worker states as agents report them.

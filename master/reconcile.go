@@ -11,10 +11,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
-	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/multidc"
 	"github.com/stormdock/stormdock/placement"
 )
@@ -38,7 +36,10 @@ type reconciler struct {
 	// a rollout waits for time to pass.
 	ro   *rolloutPlan
 	wake *time.Timer
-	seen *seen // what the previous reconcile saw, for events (events.go)
+	// avoidWake reconciles again when the next node's avoidance of a job runs out (avoid.go).
+	avoidWake   *time.Timer
+	avoidWakeAt time.Time
+	seen        *seen // what the previous reconcile saw, for events (events.go)
 	// since is when this term began: a job submitted after it, before the term's first
 	// view, is this term's to record.
 	since time.Time
@@ -95,6 +96,9 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 		return err
 	}
 	if err := r.ensureOutputKey(ctx, v); err != nil {
+		return err
+	}
+	if err := r.healAvoidance(ctx, v); err != nil {
 		return err
 	}
 	if err := r.noteCrashLoops(ctx, v); err != nil {
@@ -374,38 +378,4 @@ func (r *reconciler) forgetLost(ctx context.Context, v *View) error {
 		gone = append(gone, change{node: node, remove: true})
 	}
 	return r.commit(ctx, gone)
-}
-
-// noteCrashLoops records on a node the jobs whose workers keep crashing there, so that
-// placement moves them elsewhere; the note shows in `stormdock node list` and goes with
-// `stormdock node undrain`.
-func (r *reconciler) noteCrashLoops(ctx context.Context, v *View) error {
-	for node, rec := range v.nodes {
-		for _, w := range rec.Workers {
-			if w.RecentRestarts < r.m.cfg.CrashLoopRestarts || slices.Contains(v.confs[node].Avoid, w.Key.Job) {
-				continue
-			}
-			if j, ok := v.jobs[w.Key.Job]; !ok || judgedByRollout(j.rec, w) {
-				continue
-			}
-			job := w.Key.Job
-			err := desired.UpdateNodeConf(ctx, r.kv, node, func(c *cluster.NodeConf) {
-				if !slices.Contains(c.Avoid, job) {
-					c.Avoid = append(c.Avoid, job)
-				}
-			})
-			r.m.metrics.storeWrites.Inc()
-			if err != nil {
-				return err
-			}
-			r.m.log.Warn("worker crash-looping; moving the job's workers off the node", "node", node, "worker", w.Key.String(),
-				"restarts", w.RecentRestarts, "lastExit", w.LastExit)
-			r.m.events.Emit(workerEvent(v, api.EventWorkerCrashLoop, w.Key, node, fmt.Sprintf(
-				"%d restarts within the crash-loop window, last: %s; job %s's workers move off node %s", w.RecentRestarts, w.LastExit, job, node)))
-			c := v.confs[node]
-			c.Avoid = append(c.Avoid, job)
-			v.confs[node] = c
-		}
-	}
-	return nil
 }

@@ -391,6 +391,10 @@ func jobStatus(c *cli.Context) error {
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", id, commands.Clip(wv.Node, 16), commands.Clip(wv.DC, 8), commands.Clip(wv.Rack, 8), wv.State, gen, pid, wv.Restarts, commands.Clip(last, 72))
 		}
+		for _, a := range st.Avoided {
+			fmt.Fprintf(w, "avoided: node %s until %s after crash loop %d there (used only when nothing else fits)\n",
+				commands.Clip(a.Node, 20), a.Until.UTC().Format(time.RFC3339), a.Strikes)
+		}
 	})
 }
 
