@@ -92,27 +92,27 @@ type SinkView struct {
 
 // NodeView is one node as operators see it.
 type NodeView struct {
-	ID             string            `json:"id"`
-	Host           string            `json:"host,omitempty"`
-	DC             string            `json:"dc"`
-	Rack           string            `json:"rack"`
-	Slots          int               `json:"slots"`
-	SlotsUsed      int               `json:"slotsUsed"`
-	SlotsFree      int               `json:"slotsFree"`
-	SlotsThrottled int               `json:"slotsThrottled"`
-	Memory         cluster.Bytes     `json:"memory"`
-	CPU            cluster.CPU       `json:"cpu"`
-	Health         string            `json:"health"`
-	Reason         string            `json:"reason,omitempty"`
-	Draining       bool              `json:"draining,omitempty"`
-	Avoid          []string          `json:"avoid,omitempty"` // jobs moved off after crash loops, now
+	ID             string        `json:"id"`
+	Host           string        `json:"host,omitempty"`
+	DC             string        `json:"dc"`
+	Rack           string        `json:"rack"`
+	Slots          int           `json:"slots"`
+	SlotsUsed      int           `json:"slotsUsed"`
+	SlotsFree      int           `json:"slotsFree"`
+	SlotsThrottled int           `json:"slotsThrottled"`
+	Memory         cluster.Bytes `json:"memory"`
+	CPU            cluster.CPU   `json:"cpu"`
+	Health         string        `json:"health"`
+	Reason         string        `json:"reason,omitempty"`
+	Draining       bool          `json:"draining,omitempty"`
+	Avoid          []string      `json:"avoid,omitempty"` // jobs moved off after crash loops, now
 	// Avoided says until when the node avoids each job of Avoid, and after how many crash
 	// loops there (each doubles the period).
-	Avoided []cluster.Avoidance `json:"avoided,omitempty"`
-	Labels         map[string]string `json:"labels,omitempty"`
-	Workers        int               `json:"workers"`
-	Isolation      []string          `json:"isolation,omitempty"`
-	Started        time.Time         `json:"started"`
+	Avoided   []cluster.Avoidance `json:"avoided,omitempty"`
+	Labels    map[string]string   `json:"labels,omitempty"`
+	Workers   int                 `json:"workers"`
+	Isolation []string            `json:"isolation,omitempty"`
+	Started   time.Time           `json:"started"`
 	// SessionTimeout is the store session timeout granted to the node, which its workers'
 	// leases last; SessionRequested is what its agent asked for, only when it got less.
 	SessionTimeout   cluster.Duration `json:"sessionTimeout,omitempty"`
