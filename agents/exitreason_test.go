@@ -2,6 +2,7 @@ package agents
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -83,5 +84,33 @@ func TestExitCounts(t *testing.T) {
 		if got := cluster.ExitCounts(reason); got != want {
 			t.Errorf("ExitCounts(%q) = %v, want %v", reason, got, want)
 		}
+	}
+}
+
+// TestFaultHealedResetsBackoff: once the store answers again, crashes during the fault (and
+// from a lease ttl before it) no longer count, and a worker waiting out its backoff starts
+// at once; earlier crashes still count.
+func TestFaultHealedResetsBackoff(t *testing.T) {
+	const ttl = 2 * time.Second
+	since := time.Now().Add(-30 * time.Second)
+	r := &run{a: &Agent{cfg: Config{LeaseTTL: ttl}}, log: slog.New(slog.DiscardHandler), workers: map[string]*slot{
+		"during": {id: "during", state: cluster.WorkerBackoff, retryAt: time.Now().Add(time.Minute),
+			recent: []time.Time{since.Add(-time.Minute), since.Add(-time.Second), since.Add(5 * time.Second), since.Add(20 * time.Second)}},
+		"before": {id: "before", state: cluster.WorkerBackoff, retryAt: time.Now().Add(time.Minute),
+			recent: []time.Time{since.Add(-time.Minute)}},
+		"running": {id: "running", state: cluster.WorkerRunning, recent: []time.Time{since.Add(time.Second)}},
+	}}
+	r.faultHealed(since)
+	if s := r.workers["during"]; len(s.recent) != 1 || time.Until(s.retryAt) > 0 {
+		t.Errorf("crashed during the fault: recent %v, retry in %s; want one crash left and a restart now", s.recent, time.Until(s.retryAt))
+	}
+	if s := r.workers["before"]; len(s.recent) != 1 || time.Until(s.retryAt) < 50*time.Second {
+		t.Errorf("crashed before the fault: recent %v, retry in %s; want both kept", s.recent, time.Until(s.retryAt))
+	}
+	if s := r.workers["running"]; len(s.recent) != 0 || !s.retryAt.IsZero() {
+		t.Errorf("running: recent %v, retry at %v; want the crash forgiven and no retry", s.recent, s.retryAt)
+	}
+	if !r.urgent {
+		t.Error("the change is not published at once")
 	}
 }
