@@ -569,13 +569,18 @@ func (k *Keeper) setState(state, detail string, stamp time.Time, lease string) {
 	st.State, st.Detail, st.Stamp = state, detail, stamp
 	k.status = st
 	k.mu.Unlock()
+	if lapsed {
+		// The lapse is on record before the renewal: an agent that finds the lease renewed
+		// when its worker's launcher stopped it for the lapse then finds the lapse too.
+		k.writeStatus()
+	}
 	if err := os.Chtimes(lease, stamp, stamp); err != nil {
 		k.log.Warn("renew leases", "err", err)
 	}
 	if changed {
 		k.log.Info("keeper state", "state", state, "detail", detail)
 		k.writeStatus()
-	} else if state != KeeperLive || lapsed {
+	} else if state != KeeperLive {
 		k.writeStatus() // the agent reads the stamp
 	}
 }
