@@ -166,3 +166,48 @@ func TestAvoidedNodeTakesWorkersWhenNothingElseFits(t *testing.T) {
 		t.Errorf("node %s no longer avoids wc: %+v", bad, c)
 	}
 }
+
+func TestHeal(t *testing.T) {
+	now := time.Now()
+	cfg := master.Config{AvoidPeriod: time.Minute, AvoidMax: 10 * time.Minute}
+	av := func(job string, until time.Duration, strikes int) cluster.Avoidance {
+		return cluster.Avoidance{Job: job, Until: now.Add(until), Strikes: strikes}
+	}
+	for _, c := range []struct {
+		name    string
+		in      cluster.NodeConf
+		avoid   []string
+		avoided []string // jobs with an entry after
+		healed  []string
+		changed bool
+	}{
+		{"running", cluster.NodeConf{Avoid: []string{"a"}, Avoided: []cluster.Avoidance{av("a", time.Minute, 1)}},
+			[]string{"a"}, []string{"a"}, nil, false},
+		{"ran out: healed, strikes kept", cluster.NodeConf{Avoid: []string{"a", "b"}, Avoided: []cluster.Avoidance{av("a", -time.Second, 2), av("b", time.Minute, 1)}},
+			[]string{"b"}, []string{"a", "b"}, []string{"a"}, true},
+		{"ran out long ago: forgotten", cluster.NodeConf{Avoided: []cluster.Avoidance{av("a", -11*time.Minute, 3), av("b", -9*time.Minute, 1)}},
+			nil, []string{"b"}, nil, true},
+		{"an earlier master's record: a first strike", cluster.NodeConf{Avoid: []string{"old"}},
+			[]string{"old"}, []string{"old"}, nil, true},
+		{"nothing", cluster.NodeConf{Draining: true}, nil, nil, nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, healed, changed := master.Heal(cfg, c.in, now)
+			var avoided []string
+			for _, a := range out.Avoided {
+				avoided = append(avoided, a.Job)
+			}
+			slices.Sort(avoided)
+			if !slices.Equal(out.Avoid, c.avoid) || !slices.Equal(avoided, c.avoided) || !slices.Equal(healed, c.healed) || changed != c.changed {
+				t.Errorf("heal = avoid %v, entries %v, healed %v, changed %v; want %v, %v, %v, %v",
+					out.Avoid, avoided, healed, changed, c.avoid, c.avoided, c.healed, c.changed)
+			}
+			if a, ok := out.Avoidance("old"); ok && (a.Strikes != 1 || !a.Until.After(now)) {
+				t.Errorf("an earlier master's avoidance got %+v, want a first strike ending in the future", a)
+			}
+			if !out.Draining && c.in.Draining {
+				t.Error("heal dropped other settings")
+			}
+		})
+	}
+}

@@ -47,3 +47,9 @@ func AvoidFor(cfg Config, strikes int) time.Duration {
 	cfg.defaults()
 	return cfg.avoidFor(strikes)
 }
+
+// Heal is what time passing does to a node's avoidances at now.
+func Heal(cfg Config, nc cluster.NodeConf, now time.Time) (cluster.NodeConf, []string, bool) {
+	cfg.defaults()
+	return cfg.heal(nc, now)
+}
