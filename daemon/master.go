@@ -54,6 +54,9 @@ type MasterConfig struct {
 	RouterStore string
 	// ReregisterGrace: see master.Config.
 	ReregisterGrace time.Duration
+	// AvoidPeriod and AvoidMax: how long a node is avoided for a job after its first crash
+	// loop there, and the cap of its doubling (see master.Config).
+	AvoidPeriod, AvoidMax time.Duration
 	// RegistryAuth is Docker's config.json with the credentials the master resolves image
 	// tags to digests with; "" resolves anonymously.
 	RegistryAuth string
@@ -141,7 +144,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		}
 	}
 	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore, SinkDir: cfg.SinkDir,
-		ReregisterGrace: cfg.ReregisterGrace, Resolver: res, Events: cfg.Events, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger, Registry: m.registry})
+		ReregisterGrace: cfg.ReregisterGrace, AvoidPeriod: cfg.AvoidPeriod, AvoidMax: cfg.AvoidMax, Resolver: res, Events: cfg.Events, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger, Registry: m.registry})
 	if err != nil {
 		return nil, err
 	}

@@ -254,7 +254,7 @@ func TestEventsAndLogs(t *testing.T) {
 	}
 	exits := func() (n int) {
 		for _, e := range events.events() {
-			if e.Kind == api.EventWorkerExited && e.Job == "crash" && e.Reason == "exited with code 3" {
+			if e.Kind == api.EventWorkerExited && e.Job == "crash" && e.Reason == "crashed: exited with code 3" {
 				n++
 			}
 		}
@@ -264,7 +264,7 @@ func TestEventsAndLogs(t *testing.T) {
 		return exits() >= 20, fmt.Sprint(exits())
 	})
 	for _, e := range events.events() {
-		if e.Kind == api.EventWorkerExited && e.Job == "crash" && e.Reason == "exited with code 3" {
+		if e.Kind == api.EventWorkerExited && e.Job == "crash" && e.Reason == "crashed: exited with code 3" {
 			check("worker exited (agent's exit time)", e, e.Time)
 		}
 	}

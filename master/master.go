@@ -39,6 +39,12 @@ type Config struct {
 	// CrashLoopRestarts is how many restarts within an agent's window make the master move a
 	// worker to another node; 0 means 5.
 	CrashLoopRestarts int
+	// AvoidPeriod is how long a node is avoided for a job whose workers crash-looped there
+	// the first time; each further crash loop there doubles it, up to AvoidMax. When the
+	// job's workers fit nowhere else they are placed on an avoided node all the same.
+	// Defaults DefaultAvoidPeriod and DefaultAvoidMax.
+	AvoidPeriod time.Duration
+	AvoidMax    time.Duration
 	// Resync is how often the leader re-plans even when nothing was seen to change.
 	Resync time.Duration
 	// Debounce gathers bursts of changes into one reconcile: planning waits until the store
@@ -67,6 +73,12 @@ type Config struct {
 func (c *Config) defaults() {
 	if c.CrashLoopRestarts <= 0 {
 		c.CrashLoopRestarts = 5
+	}
+	if c.AvoidPeriod <= 0 {
+		c.AvoidPeriod = DefaultAvoidPeriod
+	}
+	if c.AvoidMax < c.AvoidPeriod {
+		c.AvoidMax = max(DefaultAvoidMax, c.AvoidPeriod)
 	}
 	if c.Resync <= 0 {
 		c.Resync = 10 * time.Second

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
@@ -332,12 +333,15 @@ func (v *View) runningJobs() []cluster.JobSpec {
 	return out
 }
 
-// avoid maps each job to the nodes noted for its crash loops.
+// avoid maps each job to the nodes that avoid it now, after its crash loops there.
 func (v *View) avoid() map[string][]string {
 	out := map[string][]string{}
+	now := time.Now()
 	for id, c := range v.confs {
 		for _, job := range c.Avoid {
-			out[job] = append(out[job], id)
+			if c.Avoiding(job, now) {
+				out[job] = append(out[job], id)
+			}
 		}
 	}
 	return out

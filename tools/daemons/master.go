@@ -79,6 +79,8 @@ var MasterCommand = &cli.Command{
 		sinkDirFlag(),
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600), api.url and, with --tls, ca.crt, ca.key, master.crt and master.key", Value: commands.DefaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 		&cli.DurationFlag{Name: "reregister-grace", Usage: "after this master starts leading or its store comes back, how long nodes missing from the store are waited for before their workers move", Value: master.DefaultReregisterGrace},
+		&cli.DurationFlag{Name: "avoid-period", Usage: "how long a node is avoided for a job after its workers crash-looped there; it doubles with every further crash loop there, up to --avoid-max (a job's workers that fit nowhere else go to an avoided node all the same)", Value: master.DefaultAvoidPeriod},
+		&cli.DurationFlag{Name: "avoid-max", Usage: "the longest a node is avoided for a job after crash loops", Value: master.DefaultAvoidMax},
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin the images under shared prefixes (`stormdock image share`) to digests with; tenants' other images are pinned with their own (`stormdock tenant registry-auth`)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS: a CA and a server certificate are made in --data at the first start"},
 		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
@@ -90,6 +92,9 @@ var MasterCommand = &cli.Command{
 		}
 		if _, err := coord.ParseURL(c.String("store")); err != nil {
 			return commands.UsageErr("--store: %v", err)
+		}
+		if p, m := c.Duration("avoid-period"), c.Duration("avoid-max"); p <= 0 || m < p {
+			return commands.UsageErr("--avoid-period %s, --avoid-max %s: give a period above 0 and a cap no shorter than it", p, m)
 		}
 		log := slog.Default()
 		sinkDir, err := sinkDirOf(c)
@@ -124,6 +129,8 @@ var MasterCommand = &cli.Command{
 			DataDir:         c.String("data"),
 			SinkDir:         sinkDir,
 			ReregisterGrace: c.Duration("reregister-grace"),
+			AvoidPeriod:     c.Duration("avoid-period"),
+			AvoidMax:        c.Duration("avoid-max"),
 			RegistryAuth:    c.String("registry-auth"),
 			Logger:          log,
 		})
