@@ -387,3 +387,33 @@ func (r *reconciler) forgetLost(ctx context.Context, v *View) error {
 	}
 	return r.commit(ctx, gone)
 }
+
+// withoutUIDs takes the workers of tenants without a uid out of the plan, as unplaced with
+// the reason: they are not run as anyone else. Only a tenant stored before uids existed
+// has none, until the leading master backfills it (at the start of its term; tried again
+// here).
+func (r *reconciler) withoutUIDs(ctx context.Context, v *View, res *placement.Result) {
+	kept := res.Placements[:0]
+	var missing []string
+	for _, p := range res.Placements {
+		tenant := v.TenantOf(p.Job) // a router's is its mirrored job's
+		if v.uids[tenant] > 0 {
+			kept = append(kept, p)
+			continue
+		}
+		if !slices.Contains(missing, tenant) {
+			missing = append(missing, tenant)
+		}
+		res.Unplaced = append(res.Unplaced, placement.Unplaced{Job: p.Job, Worker: p.Worker, Link: p.Link,
+			Reason: fmt.Sprintf("waiting: tenant %s has no uid to run as yet (the leading master gives it one from --tenant-uids)", tenant)})
+	}
+	res.Placements = kept
+	if len(missing) == 0 {
+		return
+	}
+	slices.SortFunc(res.Unplaced, func(a, b placement.Unplaced) int {
+		return cmp.Or(cmp.Compare(a.Job, b.Job), cmp.Compare(a.Link, b.Link), cmp.Compare(a.Worker, b.Worker))
+	})
+	r.m.log.Warn("workers of tenants without a uid wait", "tenants", missing)
+	r.m.backfillUIDs(ctx, r.kv)
+}
