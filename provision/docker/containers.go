@@ -70,7 +70,8 @@ func baseLabels(spec provision.Spec, role string) (map[string]string, error) {
 }
 
 // hostConfig is what master and agent containers share: host network (loopback reaches
-// ZooKeeper and the master), a read-only root with tmpfs state, no capabilities, and a
+// ZooKeeper and the master), a read-only root with tmpfs state, no capabilities (an agent
+// gets AgentCapabilities back), no new privileges, and a
 // private cgroup namespace so that the agent finds no writable hierarchy (not the host's)
 // and runs its workers unconfined inside the container's own limits.
 func hostConfig(mem cluster.Bytes, cpu cluster.CPU, tmpfs string) *container.HostConfig {
@@ -182,7 +183,8 @@ func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provis
 
 // AgentCapabilities are what an agent container gets back after dropping every capability:
 // what running each tenant's workers as the tenant's own uid takes, and nothing more (no
-// CAP_NET_*, CAP_SYS_*, CAP_MKNOD, CAP_SETPCAP...).
+// CAP_NET_*, CAP_SYS_*, CAP_MKNOD, CAP_SETPCAP...). Each was taken away in turn on a real
+// cluster: without it a tenant's process worker fails to start, or (CAP_KILL) never stops.
 var AgentCapabilities = []string{
 	// setresuid to the tenant's uid (the shim, between fork and exec).
 	"CAP_SETUID",

@@ -206,6 +206,14 @@ func TestCreateLocksTheClusterDown(t *testing.T) {
 			}
 		}
 	}
+	// The agent stops a worker of another uid (CAP_KILL).
+	if _, err := cl.KillJob(ctx, "wc", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	testenv.EventuallyWith(t, "the worker of wc gone from the host", time.Minute, func() (bool, string) {
+		n := len(workerPIDs(t, "wc", spec.SlotAt(0).Node))
+		return n == 0, fmt.Sprintf("%d processes left", n)
+	})
 }
 
 // procStatus is a field of /proc/PID/status, as the kernel writes it.
