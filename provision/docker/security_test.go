@@ -165,6 +165,20 @@ func TestCreateLocksTheClusterDown(t *testing.T) {
 		}
 	}
 
+	// The tenants' uids reach the leases in the state tmpfs itself (root's, 0711): no
+	// fallback below /run, which the read-only root could not hold.
+	state := fmt.Sprintf("/proc/%d/root/state", agent.State.Pid)
+	if fi, err := os.Stat(state); err != nil {
+		t.Errorf("agent's state directory: %v", err)
+	} else if fi.Mode().Perm() != 0o711 {
+		t.Errorf("agent's state directory: mode %v; want 0711", fi.Mode())
+	}
+	if fi, err := os.Lstat(state + "/leases"); err != nil {
+		t.Errorf("agent's leases: %v", err)
+	} else if !fi.IsDir() {
+		t.Errorf("agent's leases: mode %v; want a directory in the state directory, not a link below /run", fi.Mode())
+	}
+
 	// A tenant's process job runs, its worker as the tenant's uid (never root or the
 	// agent), with no capabilities and no new privileges: judged from the host.
 	cl := apiClient(t, tokens, c)
