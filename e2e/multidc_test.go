@@ -255,7 +255,10 @@ func TestFileSinkConfined(t *testing.T) {
 	}
 	// The tenant's sink dir, as the agent makes it, with the traps in it.
 	tenantDir := filepath.Join(h.SinkDir, "e2e")
-	if err := os.MkdirAll(tenantDir, 0o750); err != nil {
+	if err := os.MkdirAll(h.SinkDir, 0o755); err != nil { // the routers' uids pass through it
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(tenantDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Symlink(victim, h.SinkPath("e2e", "via-symlink.jsonl")); err != nil {
@@ -267,6 +270,15 @@ func TestFileSinkConfined(t *testing.T) {
 	foreign := h.SinkPath("e2e", "foreign.jsonl")
 	foreignData := []byte("{\"offset\":0,\"link\":\"dc-a\",\"record\":{}}\n{\"offset\":1,\"link\":\"dc-a\",\"rec")
 	if err := os.WriteFile(foreign, foreignData, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The router's own uid's file, which it may write (root's it may not even open): only
+	// the router's evidence tells that it did not write it.
+	ts, err := cl.Tenants(ctx)
+	if err != nil || len(ts) != 1 || ts[0].UID == 0 {
+		t.Fatalf("tenants %+v: %v", ts, err)
+	}
+	if err := os.Chown(foreign, ts[0].UID+1, ts[0].UID+1); err != nil {
 		t.Fatal(err)
 	}
 	spec := func(name, out string) []byte {
@@ -301,14 +313,28 @@ func TestFileSinkConfined(t *testing.T) {
 		}
 		return len(tried) == len(jobs), fmt.Sprintf("routers restarted: %v", tried)
 	})
-	// What they said: a line of each router's log, from its agent's state directory.
+	// What they said: each router refused its sink for the reason of its trap (not, say, a
+	// directory it could not enter), in its log in its agent's state directory.
+	wantWhy := map[string]string{"symlinked": "a symlink on the way", "dirlinked": "a symlink on the way", "foreign": "was not written by this router"}
+	said := map[string]bool{}
 	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1"} {
 		logs, _ := filepath.Glob(filepath.Join(h.StateDir(n), "*", "*", "*.router*.log*"))
 		for _, l := range logs {
 			if b, err := os.ReadFile(l); err == nil && bytes.Contains(b, []byte("stormdock router:")) {
 				i := bytes.Index(b, []byte("stormdock router:"))
-				t.Logf("%s: %s", filepath.Base(l), bytes.SplitN(b[i:], []byte("\n"), 2)[0])
+				line := bytes.SplitN(b[i:], []byte("\n"), 2)[0]
+				t.Logf("%s: %s", filepath.Base(l), line)
+				for job, why := range wantWhy {
+					if strings.Contains(filepath.Base(l), "."+job+".router") && bytes.Contains(line, []byte(why)) {
+						said[job] = true
+					}
+				}
 			}
+		}
+	}
+	for job, why := range wantWhy {
+		if !said[job] {
+			t.Errorf("no router of job %s refused its sink saying %q", job, why)
 		}
 	}
 	for path, want := range map[string][]byte{victim: victimData, foreign: foreignData} {
