@@ -93,6 +93,13 @@ func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int, config string) 
 	if wa.System && a.cfg.StoreCredentialsFile != "" {
 		env[EnvStoreCredentialsFile] = a.cfg.StoreCredentialsFile
 	}
+	if wa.System {
+		for k, v := range map[string]string{EnvStoreCA: a.cfg.StoreTLS.CA, EnvStoreCert: a.cfg.StoreTLS.Cert, EnvStoreKey: a.cfg.StoreTLS.Key} {
+			if v != "" {
+				env[k] = v
+			}
+		}
+	}
 	if wa.System && a.cfg.SinkDir != "" {
 		env[EnvSinkDir] = a.cfg.SinkDir
 	}

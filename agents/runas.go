@@ -27,6 +27,13 @@ const tokenFile = "output.token"
 // routers), the file with the store's credentials.
 const EnvStoreCredentialsFile = "STORMDOCK_STORE_CREDENTIALS_FILE"
 
+// The store's TLS files (coord.TLSFiles), in the environment of stormdock's own workers.
+const (
+	EnvStoreCA   = "STORMDOCK_STORE_CA"
+	EnvStoreCert = "STORMDOCK_STORE_CERT"
+	EnvStoreKey  = "STORMDOCK_STORE_KEY"
+)
+
 // dockerUID is the user docker workers run as (docker.User).
 const dockerUID = 65534
 

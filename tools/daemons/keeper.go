@@ -29,7 +29,7 @@ var KeeperCommand = &cli.Command{
 			return cli.Exit("stormdock "+err.Error(), 2)
 		}
 		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-		opts := coord.Options{SessionTimeout: args.SessionTimeout, Logger: log}
+		opts := coord.Options{SessionTimeout: args.SessionTimeout, Logger: log, TLS: args.TLS}
 		if args.Credentials != "" {
 			b, err := os.ReadFile(args.Credentials)
 			if err != nil {

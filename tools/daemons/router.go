@@ -47,6 +47,7 @@ func routerRun(c *cli.Context) error {
 	// package keeps the last value).
 	var env []string
 	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"},
+		{"store-ca", commands.EnvStoreCA}, {"store-cert", commands.EnvStoreCert}, {"store-key", commands.EnvStoreKey},
 		{"sink-dir", multidc.EnvSinkDir}, {"tenant", "STORMDOCK_TENANT"}} {
 		if v, ok := os.LookupEnv(fe[1]); ok {
 			env = append(env, "--"+fe[0]+"="+v)
@@ -83,7 +84,8 @@ func routerRun(c *cli.Context) error {
 			return commands.UsageErr("--store-credentials-file: %v", err)
 		}
 	}
-	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: creds, Logger: log})
+	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: creds, Logger: log,
+		TLS: coord.TLSFiles{CA: a.StoreCA, Cert: a.StoreCert, Key: a.StoreKey}})
 	if err != nil {
 		return cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
 	}

@@ -47,6 +47,7 @@ func linkFlags() []cli.Flag {
 		&cli.StringFlag{Name: "router", Usage: "the job's router `URL` (http://HOST:PORT)", EnvVars: []string{"STORMDOCK_ROUTER"}},
 		&cli.StringFlag{Name: "store", Usage: "coordination store `URL`, to find the router (or its last status) by job, and for a failover the job's sender token", EnvVars: []string{"STORMDOCK_STORE"}},
 		commands.StoreCredentialsFlag,
+		commands.StoreTLSFlags[0], commands.StoreTLSFlags[1], commands.StoreTLSFlags[2],
 		&cli.StringFlag{Name: "token-file", Usage: "`FILE` with the job's sender token, for a failover through --router alone"},
 	}
 }
@@ -60,9 +61,13 @@ func linkStore(c *cli.Context) (coord.Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	files, err := commands.StoreTLS(c)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
 	defer cancel()
-	s, err := coord.Open(ctx, c.String("store"), coord.Options{Credentials: creds, Logger: slog.New(slog.DiscardHandler)})
+	s, err := coord.Open(ctx, c.String("store"), coord.Options{Credentials: creds, TLS: files, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
 	}
