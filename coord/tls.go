@@ -123,3 +123,28 @@ func tlsDial(dial func(network, address string, timeout time.Duration) (net.Conn
 		return conn, nil
 	}
 }
+
+// ProbeDialer is dial (nil: net.Dialer) for the probes of a zks:// store's servers
+// (ProbeServers): their four-letter words go over TLS too. The handshake happens at the
+// first write, so a server that accepts connections but answers nothing still counts as
+// hung, not as silent.
+func (f TLSFiles) ProbeDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) (func(ctx context.Context, network, addr string) (net.Conn, error), error) {
+	cfg, err := f.clientConfig()
+	if err != nil {
+		return nil, err
+	}
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		raw, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		host, _, _ := net.SplitHostPort(addr)
+		c := cfg.Clone()
+		c.ServerName = host
+		return tls.Client(raw, c), nil
+	}, nil
+}

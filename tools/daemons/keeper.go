@@ -48,7 +48,7 @@ var KeeperCommand = &cli.Command{
 			return cli.Exit(fmt.Sprintf("stormdock keeper: open store: %v", err), 1)
 		}
 		defer store.Close()
-		k, err := agents.NewKeeper(agents.KeeperConfig{Node: args.Node, Host: args.Host, StateDir: args.StateDir, Store: args.Store,
+		k, err := agents.NewKeeper(agents.KeeperConfig{Node: args.Node, Host: args.Host, StateDir: args.StateDir, Store: args.Store, StoreTLS: args.TLS,
 			SessionTimeout: args.SessionTimeout, RestartGrace: args.RestartGrace, StoreSilence: args.StoreSilence, Logger: log}, store)
 		if err != nil {
 			return cli.Exit("stormdock keeper: "+err.Error(), 2)
