@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/clustertest"
+	"github.com/stormdock/stormdock/internal/pki"
+	"github.com/stormdock/stormdock/internal/testenv"
+)
+
+// TestStoreOverTLS runs a cluster on a ZooKeeper server that serves TLS only
+// (secureClientPort, no plain port): the master and agents get --store zks://... and
+// --store-ca; the agents' keepers and a mirrored job's routers get the CA from their agent.
+// Output flows end to end and the CLI reads the store; a CLI and a master given another CA
+// fail with one line that says which flag to fix.
+func TestStoreOverTLS(t *testing.T) {
+	h := &harness{clustertest.NewTLS(t, binary, 2*time.Second)}
+	ca := h.StoreCA()
+	if !strings.HasPrefix(h.StoreURL(), "zks://") {
+		t.Fatalf("store URL %s: want zks://", h.StoreURL())
+	}
+	cl := h.AdminClient(h.StartMaster("m1", "--store-ca", ca))
+	ctx := context.Background()
+	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1"} {
+		h.StartAgent(n, n[:4], n[5:], 4, "--store-ca", ca)
+	}
+	testenv.Eventually(t, "3 nodes", 30*time.Second, func() bool { return len(h.NodeRecords()) == 3 })
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(h.Dir, "io")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const lines = 300
+	input := filepath.Join(dir, "input.txt")
+	var text strings.Builder
+	for i := range lines {
+		fmt.Fprintf(&text, "line %d of the input\n", i)
+	}
+	if err := os.WriteFile(input, []byte(text.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := h.SinkPath("e2e", "out.jsonl")
+	spec := fmt.Sprintf(`name: mirror
+tenant: e2e
+workers: 1
+resources: {memory: 64Mi, cpu: 0.1}
+command: [stormdock, worker, wordcount, --input, %s, --rate, '300']
+links: [dc-a, dc-b]
+output: file://%s
+gracePeriod: 1s
+`, input, out)
+	if _, err := cl.SubmitJob(ctx, []byte(spec)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "every line delivered through the router", 90*time.Second, func() bool {
+		return len(sinkOffsets(t, out)) >= lines
+	})
+	if offs := sinkOffsets(t, out); len(offs) != lines {
+		t.Errorf("sink holds %d records, want %d", len(offs), lines)
+	}
+	// The keepers hold the nodes over TLS too.
+	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1"} {
+		if h.KeeperPID(n) == 0 {
+			t.Errorf("node %s: no keeper running", n)
+		}
+	}
+	// The CLI reads the store over TLS.
+	if ls := h.linkStatus(t, "mirror"); ls.Active == "" {
+		t.Errorf("link status: no active link: %+v", ls)
+	}
+
+	// Another CA: the CLI and a master fail at once, with one line naming the flag.
+	other := filepath.Join(h.Dir, "other-ca.crt")
+	certPEM, _, err := pki.NewCA("not the store's CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, certPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := "store " + h.StoreURL() + ": TLS: certificate signed by unknown authority: give --store-ca the CA that signed the ZooKeeper servers' certificates"
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"link-status-wrong-ca", []string{"link", "status", "mirror", "--store", h.StoreURL(), "--store-ca", other}},
+		{"master-wrong-ca", []string{"master", "--store", h.StoreURL(), "--store-ca", other, "--api", clustertest.FreeAddr(t),
+			"--id", "m2", "--data", filepath.Join(h.Dir, "data-m2")}},
+	} {
+		p := h.Start(tc.name, tc.args...)
+		testenv.Eventually(t, tc.name+" to exit", 30*time.Second, func() bool {
+			select {
+			case <-p.Done:
+				return true
+			default:
+				return false
+			}
+		})
+		b, _ := os.ReadFile(filepath.Join(h.Dir, tc.name+".log"))
+		got := strings.TrimSpace(string(b))
+		if p.Cmd.ProcessState.ExitCode() == 0 || !strings.Contains(got, want) || strings.Count(got, "\n") > 0 {
+			t.Errorf("%s: exit %d, output:\n%s\nwant one line with %q", tc.name, p.Cmd.ProcessState.ExitCode(), got, want)
+		}
+	}
+}
