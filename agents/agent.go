@@ -220,6 +220,7 @@ func (c *Config) defaults() error {
 type Agent struct {
 	cfg      Config
 	store    coord.Store
+	rca      routerCA // the router CA, once read
 	drivers  map[string]isolation.Driver
 	modes    []string
 	log      *slog.Logger

@@ -46,7 +46,10 @@ type RouterArgs struct {
 	SinkDir string
 	Tenant  string
 	Listen  string
-	MaxBody int64 // Config.MaxBody
+	// TLSCert and TLSKey are the API's certificate and key (HTTPS); the agent issues them
+	// from the router CA and names them in the environment (EnvRouterCert, EnvRouterKey).
+	TLSCert, TLSKey string
+	MaxBody         int64 // Config.MaxBody
 
 	HeartbeatTimeout   time.Duration
 	CloseGrace         time.Duration
@@ -87,6 +90,8 @@ func (a *RouterArgs) flags(links, linkHashes *string) *flag.FlagSet {
 	fs.StringVar(&a.Sink, "sink", d.Sink, "output `URL`: file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never] or http(s)://HOST/PATH (required)")
 	fs.StringVar(&a.SinkDir, "sink-dir", d.SinkDir, "`DIR` below which file sinks live, as SINKDIR/TENANT/... (env STORMDOCK_SINK_DIR, set by the agent; none: file sinks refused)")
 	fs.StringVar(&a.Tenant, "tenant", d.Tenant, "the job's `TENANT`, whose part of --sink-dir a file sink is in (env STORMDOCK_TENANT)")
+	fs.StringVar(&a.TLSCert, "tls-cert", d.TLSCert, "`FILE` (PEM) with the API's certificate: it serves HTTPS (env STORMDOCK_ROUTER_CERT, set by the agent)")
+	fs.StringVar(&a.TLSKey, "tls-key", d.TLSKey, "`FILE` (PEM) with the key of --tls-cert (env STORMDOCK_ROUTER_KEY)")
 	fs.Int64Var(&a.MaxBody, "max-body", d.MaxBody, "`BYTES` a records request's body may hold (413 above)")
 	fs.StringVar(&a.Listen, "listen", d.Listen, "`ADDR` of the ingest and status API")
 	fs.DurationVar(&a.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "a link whose workers are silent this long fails over")

@@ -1,6 +1,7 @@
 package daemons
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -47,6 +48,7 @@ func routerRun(c *cli.Context) error {
 	// package keeps the last value).
 	var env []string
 	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"},
+		{"tls-cert", multidc.EnvRouterCert}, {"tls-key", multidc.EnvRouterKey},
 		{"store-ca", commands.EnvStoreCA}, {"store-cert", commands.EnvStoreCert}, {"store-key", commands.EnvStoreKey},
 		{"sink-dir", multidc.EnvSinkDir}, {"tenant", "STORMDOCK_TENANT"}} {
 		if v, ok := os.LookupEnv(fe[1]); ok {
@@ -84,6 +86,15 @@ func routerRun(c *cli.Context) error {
 			return commands.UsageErr("--store-credentials-file: %v", err)
 		}
 	}
+	var serverTLS *tls.Config
+	switch {
+	case (a.TLSCert == "") != (a.TLSKey == ""):
+		return commands.UsageErr("--tls-cert and --tls-key go together")
+	case a.TLSCert != "":
+		if serverTLS, err = daemon.ServerTLS(a.TLSCert, a.TLSKey); err != nil {
+			return commands.UsageErr("--tls-cert, --tls-key: %v", err)
+		}
+	}
 	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: creds, Logger: log,
 		TLS: coord.TLSFiles{CA: a.StoreCA, Cert: a.StoreCert, Key: a.StoreKey}})
 	if err != nil {
@@ -105,6 +116,7 @@ func routerRun(c *cli.Context) error {
 		// The master writes $STORMDOCK_ADDR:$STORMDOCK_PORT: the node's advertised address
 		// and the port its agent gave the router.
 		Listen:             os.ExpandEnv(a.Listen),
+		TLS:                serverTLS,
 		TokenHash:          a.TokenHash,
 		LinkTokenHashes:    a.LinkTokenHashes,
 		MaxBody:            a.MaxBody,
