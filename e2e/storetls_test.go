@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,13 +14,16 @@ import (
 	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/multidc"
 )
 
 // TestStoreOverTLS runs a cluster on a ZooKeeper server that serves TLS only
 // (secureClientPort, no plain port): the master and agents get --store zks://... and
 // --store-ca; the agents' keepers and a mirrored job's routers get the CA from their agent.
-// Output flows end to end and the CLI reads the store; a CLI and a master given another CA
-// fail with one line that says which flag to fix.
+// Output flows end to end and the CLI reads the store. The routers serve HTTPS with
+// certificates from the router CA: plain HTTP gets nothing from them and a sender trusting
+// another CA refuses them. A CLI and a master given another store CA fail with one line
+// that says which flag to fix.
 func TestStoreOverTLS(t *testing.T) {
 	h := &harness{clustertest.NewTLS(t, binary, 2*time.Second)}
 	ca := h.StoreCA()
@@ -78,7 +82,41 @@ gracePeriod: 1s
 		t.Errorf("link status: no active link: %+v", ls)
 	}
 
-	// Another CA: the CLI and a master fail at once, with one line naming the flag.
+	// The routers serve HTTPS with certificates from the router CA: the job's status names
+	// https URLs, a client trusting that CA reads a router's status, plain HTTP gets no
+	// status, and a link worker's sender given another CA refuses the router.
+	st, err := cl.Job(ctx, "mirror")
+	if err != nil || st.Sink == nil || len(st.Sink.Routers) == 0 {
+		t.Fatalf("job status: sink %+v, %v", st.Sink, err)
+	}
+	for _, u := range st.Sink.Routers {
+		if !strings.HasPrefix(u, "https://") {
+			t.Errorf("router URL %s: want https://", u)
+		}
+	}
+	router := st.Sink.Routers[0]
+	rca, err := multidc.EnsureRouterCA(ctx, h.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := rca.Pool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := multidc.NewClient(router)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.TrustRouterCA(pool)
+	if rs, err := rc.Status(ctx); err != nil || rs.Job != "mirror" {
+		t.Errorf("router status over HTTPS with the router CA: %+v, %v", rs, err)
+	}
+	if resp, err := http.Get(strings.Replace(router, "https://", "http://", 1) + "/v1/status"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Errorf("router answered plain HTTP with %s", resp.Status)
+		}
+	}
 	other := filepath.Join(h.Dir, "other-ca.crt")
 	certPEM, _, err := pki.NewCA("not the store's CA")
 	if err != nil {
@@ -87,6 +125,13 @@ gracePeriod: 1s
 	if err := os.WriteFile(other, certPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	t.Setenv(multidc.EnvRouterCA, other)
+	if _, err := multidc.NewSender(strings.Join(st.Sink.Routers, ","), "dc-a", 0, 1).Heartbeat(ctx); err == nil ||
+		!strings.Contains(err.Error(), "certificate signed by unknown authority") {
+		t.Errorf("a sender trusting another CA: %v; want the router's certificate refused", err)
+	}
+
+	// Another CA: the CLI and a master fail at once, with one line naming the flag.
 	want := "store " + h.StoreURL() + ": TLS: certificate signed by unknown authority: give --store-ca the CA that signed the ZooKeeper servers' certificates"
 	for _, tc := range []struct {
 		name string
