@@ -1,16 +1,22 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord/zktest"
 	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/internal/testenv"
@@ -155,5 +161,41 @@ gracePeriod: 1s
 		if p.Cmd.ProcessState.ExitCode() == 0 || !strings.Contains(got, want) || strings.Count(got, "\n") > 0 {
 			t.Errorf("%s: exit %d, output:\n%s\nwant one line with %q", tc.name, p.Cmd.ProcessState.ExitCode(), got, want)
 		}
+	}
+}
+
+// TestUpOnTLSStore: `stormdock up --store zks://... --store-ca` runs a local cluster on a
+// ZooKeeper that serves TLS only, and a job runs on it.
+func TestUpOnTLSStore(t *testing.T) {
+	testenv.Cgroups(t)
+	srv := zktest.Start(t, zktest.Options{TickTime: 250 * time.Millisecond, TLS: true})
+	data := t.TempDir()
+	addr := clustertest.FreeAddr(t)
+	c := &cli{t: t, data: data, env: []string{"STORMDOCK_DATA=" + data}}
+	up := exec.Command(binary, "up", "--nodes", "2", "--dcs", "dc-a", "--racks-per-dc", "1", "--slots", "2",
+		"--data", data, "--api", addr, "--session-timeout", "3s", "--log-level", "warn",
+		"--store", srv.URL("/up-tls"), "--store-ca", srv.CAFile())
+	var upOut bytes.Buffer
+	up.Stdout, up.Stderr = &upOut, &upOut
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = up.Process.Signal(syscall.SIGKILL)
+		_ = up.Wait()
+		clustertest.KillCgroupTree("/stormdock-local/" + filepath.Base(data))
+	})
+	testenv.EventuallyWith(t, "local cluster up on the TLS store", 60*time.Second, func() (bool, string) {
+		out, code := c.run("node", "list", "-o", "json")
+		var nodes []api.NodeView
+		return code == 0 && json.Unmarshal([]byte(out), &nodes) == nil && len(nodes) == 2, out
+	})
+	c.ok("tenant", "create", "t1")
+	spec := filepath.Join(t.TempDir(), "wc.yaml")
+	if err := os.WriteFile(spec, []byte("name: wc\ntenant: t1\nworkers: 2\nresources: {memory: 64Mi, cpu: 0.1}\ncommand: [stormdock, worker, wordcount, --rate, '2']\ngracePeriod: 1s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out := c.ok("job", "submit", spec, "--wait"); !strings.Contains(out, "all 2 workers running") {
+		t.Fatalf("submit --wait: %s", out)
 	}
 }
