@@ -51,11 +51,11 @@ type Client struct {
 	Token string
 }
 
-// NewClient returns a client of the router at base (http://HOST:PORT).
+// NewClient returns a client of the router at base (https://HOST:PORT, or http:// for a router without TLS).
 func NewClient(base string) (*Client, error) {
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("multidc: router URL %q: want http://HOST:PORT", base)
+		return nil, fmt.Errorf("multidc: router URL %q: want https://HOST:PORT", base)
 	}
 	return &Client{base: strings.TrimSuffix(base, "/"), hc: &http.Client{Timeout: 10 * time.Second}}, nil
 }

@@ -33,6 +33,12 @@ var Command = &cli.Command{
 			Action:    linkStatus,
 		},
 		{
+			Name:   "ca",
+			Usage:  "print the router CA's certificate (PEM): routers serve HTTPS with certificates issued from it (for Prometheus, --router-ca)",
+			Flags:  linkFlags(),
+			Action: linkCA,
+		},
+		{
 			Name:      "failover",
 			Usage:     "make another link the active one (default: the most advanced live standby)",
 			ArgsUsage: "JOB",
@@ -248,4 +254,24 @@ func routerClient(c *cli.Context, url string) (*multidc.Client, error) {
 		cl.TrustRouterCA(pool)
 	}
 	return cl, nil
+}
+
+// linkCA prints the router CA's certificate from the store.
+func linkCA(c *cli.Context) error {
+	if c.String("store") == "" {
+		return commands.UsageErr("give the store with --store URL")
+	}
+	s, err := linkStore(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
+	defer cancel()
+	ca, err := multidc.EnsureRouterCA(ctx, s)
+	if err != nil {
+		return cli.Exit("stormdock: "+err.Error(), 1)
+	}
+	_, err = io.WriteString(c.App.Writer, ca.Cert)
+	return err
 }
