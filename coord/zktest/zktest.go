@@ -279,16 +279,22 @@ func (s *Server) String() string {
 // which zookeeper depends on) on the class path makes it log to stderr, into server.out.
 func (s *Server) jvmFlags() string {
 	flags := "-Xmx" + s.heap + " -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+	cp := "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
 	const binding = "/usr/share/java/slf4j-simple.jar"
 	if _, err := os.Stat(binding); err == nil {
-		// Netty's codec and resolver are not on the package's class path (zookeeper.jar's
-		// manifest lists handler and transport only): without them the first TLS client
-		// kills the channel (ClassNotFoundException: ByteToMessageDecoder).
-		flags += " -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar:" + binding +
-			":/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar" +
-			" -Dorg.slf4j.simpleLogger.showDateTime=true -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"
+		cp += ":" + binding
+		flags += " -Dorg.slf4j.simpleLogger.showDateTime=true -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"
 	}
-	return flags
+	// Netty's codec and resolver (libnetty-java, which zookeeper depends on) are not on the
+	// package's class path (zookeeper.jar's manifest lists handler and transport only):
+	// without them the first TLS client kills the channel (ClassNotFoundException:
+	// io.netty.handler.codec.ByteToMessageDecoder).
+	for _, jar := range []string{"/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar"} {
+		if _, err := os.Stat(jar); err == nil {
+			cp += ":" + jar
+		}
+	}
+	return flags + " -cp " + cp
 }
 
 // spawn starts the server's process without waiting for it to answer.
