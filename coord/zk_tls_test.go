@@ -88,3 +88,25 @@ func TestZKTLSErrors(t *testing.T) {
 		})
 	}
 }
+
+// The keeper's probes of a TLS server's four-letter words go over TLS: a serving server
+// says so, a paused one counts as hung (it accepts the connection, answers no handshake),
+// as a plain server's would.
+func TestZKTLSProbe(t *testing.T) {
+	t.Parallel()
+	srv := zktest.Start(t, zktest.Options{TLS: true})
+	dial, err := coord.TLSFiles{CA: srv.CAFile()}.ProbeDialer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	probe := func() coord.ServerProbe { return coord.ProbeServers(ctx, []string{srv.Addr()}, time.Second, dial)[0] }
+	if p := probe(); p.State != coord.ServerServing || p.Detail != "standalone" {
+		t.Fatalf("probe of a serving TLS server: %+v", p)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	if p := probe(); p.State != coord.ServerHung {
+		t.Fatalf("probe of a paused TLS server: %+v; want hung", p)
+	}
+}
