@@ -21,7 +21,7 @@ var KeeperCommand = &cli.Command{
 	Name:            "keeper",
 	Hidden:          true,
 	Usage:           "hold a node's store session and its workers' leases across agent restarts",
-	UsageText:       "stormdock keeper --store URL --node-id ID --state-dir DIR --session-timeout D [--restart-grace D] [--store-silence D]",
+	UsageText:       "stormdock keeper --store URL [--store-credentials-file F] [--store-ca F [--store-cert F --store-key F]] --node-id ID --state-dir DIR --session-timeout D [--restart-grace D] [--store-silence D]",
 	SkipFlagParsing: true,
 	Action: func(c *cli.Context) error {
 		args, err := agents.ParseKeeperArgs(c.Args().Slice())
