@@ -225,8 +225,8 @@ type run struct {
 	rep     *Report
 	zkAddr  string
 	dial    dialFunc // to the server, for four-letter words (over TLS for zks://)
-	ns      string // the chroot's first segment: ZooKeeper counts writes per namespace
-	url     string // the store URL with the run's chroot
+	ns      string   // the chroot's first segment: ZooKeeper counts writes per namespace
+	url     string   // the store URL with the run's chroot
 	admin   coord.Store
 	master  *master
 	cl      *api.Client
