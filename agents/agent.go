@@ -112,9 +112,10 @@ type Config struct {
 	LeaseTTL time.Duration
 	// NoLease runs workers without the lease launcher: they then outlive a dead agent.
 	NoLease bool
-	// RunAs, when set, is who process workers run as (with no new privileges); stormdock's
-	// own workers (output routers) run as the agent. The state directory must then be
-	// reachable by that user down to the leases (see prepareStateDir).
+	// RunAs, when set, is who every tenant's process workers run as (with no new
+	// privileges), instead of each tenant's own uid: a single-tenant node's opt-out, whose
+	// tenants are not apart. Never root. Output routers keep their tenant's router uid where
+	// the agent can switch users. Docker workers always run as their tenant's uid.
 	RunAs *isolation.User
 	// SinkDir is where mirrored jobs' file sinks live, as SinkDir/<tenant>/... (--sink-dir):
 	// the agent makes SinkDir/<tenant> (0750, owned by the router's user) before it starts a
@@ -226,6 +227,8 @@ type Agent struct {
 	log      *slog.Logger
 	metrics  *metrics
 	instance string
+	me       self   // the agent's own uid and whether it can switch users
+	leases   string // the lease directory (prepareStateDir)
 
 	imageMetrics *imageMetrics
 
@@ -258,7 +261,11 @@ func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
 	if len(drivers) == 0 {
 		return nil, errors.New("agent: no isolation driver")
 	}
-	a := &Agent{cfg: cfg, store: store, drivers: map[string]isolation.Driver{}}
+	if cfg.RunAs != nil && cfg.RunAs.UID == 0 {
+		return nil, errors.New("agent: --run-as root: tenants' code never runs as root; give another user, or leave --run-as out so that each tenant runs as its own uid")
+	}
+	a := &Agent{cfg: cfg, store: store, drivers: map[string]isolation.Driver{}, me: currentSelf()}
+	a.leases = filepath.Join(cfg.StateDir, "leases")
 	for _, d := range drivers {
 		switch d.Isolation {
 		case cluster.IsolationProcess, cluster.IsolationDocker:
@@ -318,13 +325,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.ran = true
 	a.mu.Unlock()
 
-	for _, dir := range []string{a.cfg.StateDir, a.workersDir(), a.leasesDir()} {
+	for _, dir := range []string{a.cfg.StateDir, a.workersDir()} {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return fmt.Errorf("agent: state dir: %w", err)
 		}
 	}
 	if err := a.prepareStateDir(); err != nil {
 		return err
+	}
+	if a.drivers[cluster.IsolationProcess] != nil && !a.me.canSwitch && a.cfg.RunAs == nil {
+		a.log.Warn("this agent cannot switch users: tenants' process workers are refused (docker workers still run as their tenants' uids): "+noSwitchHelp,
+			"uid", a.me.euid)
 	}
 	unlock, err := lockDir(a.cfg.StateDir)
 	if err != nil {
@@ -345,7 +356,7 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 func (a *Agent) workersDir() string { return filepath.Join(a.cfg.StateDir, "workers") }
-func (a *Agent) leasesDir() string  { return filepath.Join(a.cfg.StateDir, "leases") }
+func (a *Agent) leasesDir() string  { return a.leases }
 
 // lockDir takes an exclusive lock on dir/agent.lock for the life of the agent. The kernel drops
 // it when the process dies, so a crashed agent never blocks its successor.

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/agents/launcher"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation"
@@ -254,6 +255,44 @@ func TestCrashRestartsWithBackoff(t *testing.T) {
 	}
 }
 
+// A worker that exits by itself with the launcher's lapse status while its lease is fine
+// gains nothing: it is a crash like any other, backed off and counted for the master.
+func TestForgedLapseExitIsACrash(t *testing.T) {
+	h := newHarness(t, "mem")
+	cfg := h.cfg
+	cfg.RestartBackoff = 100 * time.Millisecond
+	h.start(cfg, h.agentStore())
+	wa := h.wa("forge", 0, 1, "crash")
+	wa.Env["HELPER_EXIT_CODE"] = strconv.Itoa(launcher.ExitLeaseLapsed)
+	h.assign(wa)
+	rec := h.waitRecord("2 restarts", 30*time.Second, func(rec cluster.NodeRecord) bool {
+		return states(rec)["forge/0"].RecentRestarts >= 2
+	})
+	if st := states(rec)["forge/0"]; st.ExitReason != cluster.ExitCrashed || st.Lapses != 0 ||
+		st.LastExit != fmt.Sprintf("exited with code %d", launcher.ExitLeaseLapsed) {
+		t.Errorf("status = %+v, want a crash (exit %d), no lapse", st, launcher.ExitLeaseLapsed)
+	}
+}
+
+// The agent's own stops (a rollout's replacement here; drains, moves and kills take the
+// worker off the node, evictions are told apart as evicted) count no restart.
+func TestAgentStopsAreNotCrashes(t *testing.T) {
+	h := newHarness(t, "mem")
+	h.start(h.cfg, h.agentStore())
+	h.assign(h.wa("wc", 0, 1, "run"), h.wa("wc", 1, 1, "run"))
+	before := states(h.waitRecord("running", 10*time.Second, allRunning("wc/0", "wc/1")))
+	next := h.wa("wc", 0, 2, "run")
+	next.Restart = 1
+	h.assign(next) // a restart rollout replaces wc/0; wc/1 moves off the node
+	rec := h.waitRecord("wc/0 replaced, wc/1 gone", 15*time.Second, func(rec cluster.NodeRecord) bool {
+		st, ok := states(rec)["wc/0"]
+		return ok && len(rec.Workers) == 1 && st.State == cluster.WorkerRunning && st.Generation == 2 && st.PID != before["wc/0"].PID
+	})
+	if st := states(rec)["wc/0"]; st.Restarts != 0 || st.RecentRestarts != 0 || st.ExitReason != cluster.ExitStopped {
+		t.Errorf("status = %+v, want no restart counted and exit reason %q", st, cluster.ExitStopped)
+	}
+}
+
 // A new agent on the same state directory adopts the running workers: same pids, no restart.
 func TestRestartedAgentAdoptsWorkers(t *testing.T) {
 	h := newHarness(t, "mem")
@@ -371,7 +410,11 @@ func TestSessionExpiryKeepsWhatIsStillAssigned(t *testing.T) {
 		if store.SessionID() == oldSession {
 			t.Error("session was not renewed")
 		}
-		_ = rec
+		// The launcher stopped the worker for its lapsed lease: not the worker's failure.
+		if st := states(rec)["wc/0"]; st.Restarts != 0 || st.RecentRestarts != 0 || st.ExitReason != cluster.ExitLeaseLapsed ||
+			st.Lapses < 1 || !strings.Contains(st.LastExit, "not counted as a crash") {
+			t.Errorf("status = %+v, want no restarts counted, exit reason %q and a lapse", st, cluster.ExitLeaseLapsed)
+		}
 	})
 }
 

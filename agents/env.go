@@ -91,14 +91,8 @@ func (a *Agent) workerEnv(wa cluster.WorkerAssignment, port int, config string) 
 	env[EnvAddr] = a.cfg.Node.Addr
 	env[EnvConfig] = config
 	if wa.System && a.cfg.StoreCredentialsFile != "" {
-		env[EnvStoreCredentialsFile] = a.cfg.StoreCredentialsFile
-	}
-	if wa.System {
-		for k, v := range map[string]string{EnvStoreCA: a.cfg.StoreTLS.CA, EnvStoreCert: a.cfg.StoreTLS.Cert, EnvStoreKey: a.cfg.StoreTLS.Key} {
-			if v != "" {
-				env[k] = v
-			}
-		}
+		// The router's own copy (writeRouterCredentials), not the agent's file.
+		env[EnvStoreCredentialsFile] = a.workerPath(workerIDOf(a, wa), isolationOf(wa), credentialsFile)
 	}
 	if wa.System && a.cfg.SinkDir != "" {
 		env[EnvSinkDir] = a.cfg.SinkDir
@@ -144,8 +138,11 @@ func (a *Agent) command(wa cluster.WorkerAssignment, mode, leaseFile string) []s
 	return append([]string{bin, launcher.Command}, lc.Args()...)
 }
 
-// spec builds the isolation spec of one worker.
-func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port int) isolation.Spec {
+// workerIDOf is the worker id of an assignment on the agent's node.
+func workerIDOf(a *Agent, wa cluster.WorkerAssignment) string { return workerID(a.cfg.Node.ID, wa.Key) }
+
+// spec builds the isolation spec of one worker, run as u (see workerUser).
+func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port int, u *isolation.User) isolation.Spec {
 	leaseFile, config := a.leaseFile(id), a.configFile(id)
 	var mounts []isolation.Mount
 	if mode == cluster.IsolationDocker {
@@ -167,7 +164,7 @@ func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port i
 		Node:        a.cfg.Node.ID,
 		Command:     a.command(wa, mode, leaseFile),
 		Env:         env,
-		User:        a.userOf(wa, mode),
+		User:        u,
 		Image:       imageRef(wa),
 		MemoryBytes: int64(wa.Resources.Memory),
 		MilliCPU:    int64(wa.Resources.CPU),

@@ -27,6 +27,8 @@ import (
 )
 
 const (
+	// tenantUID is the uid the harness's master gives tenant "search".
+	tenantUID      = 300000
 	nodeID         = "n1"
 	sessionTimeout = 2 * time.Second // short, with a margin for loaded test machines
 	heartbeat      = 100 * time.Millisecond
@@ -126,6 +128,8 @@ func newHarness(t *testing.T, kind string) *harness {
 		helperDir: t.TempDir(),
 		cgParent:  fmt.Sprintf("/stormdock-agents-test-%x", rand.Uint32()),
 	}
+	// Workers run as their tenants' uids: the helper's reports go where every user writes.
+	openUp(t, h.helperDir, 0o777)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	switch kind {
@@ -178,6 +182,12 @@ func newHarness(t *testing.T, kind string) *harness {
 	}
 	h.drv = h.newDriver()
 	t.Cleanup(h.cleanupWorkers)
+	t.Cleanup(func() {
+		// Leases kept below /run (a state directory the tenants' uids cannot reach).
+		if target, err := os.Readlink(filepath.Join(h.stateDir, "leases")); err == nil && strings.HasPrefix(target, "/run/stormdock/") {
+			os.RemoveAll(target)
+		}
+	})
 	return h
 }
 
@@ -285,6 +295,7 @@ func (h *harness) wa(job string, idx int, gen int64, mode string) cluster.Worker
 		Key:        cluster.WorkerKey{Job: job, Worker: idx},
 		Generation: gen,
 		Tenant:     "search",
+		UID:        tenantUID,
 		Workers:    3,
 		Isolation:  cluster.IsolationProcess,
 		Command:    []string{"stormdock", "helper"},

@@ -89,6 +89,8 @@ func (r *run) record() cluster.NodeRecord {
 			Restarts:       s.restarts,
 			RecentRestarts: len(s.recent),
 			LastExit:       s.lastExit,
+			ExitReason:     s.exitReason,
+			Lapses:         s.lapses,
 			Memory:         s.memory,
 			Since:          s.since.UTC().Truncate(time.Millisecond),
 		})

@@ -191,7 +191,7 @@ func (h *harness) startDocker(cli *client.Client, p agents.Images) *dockerAgent 
 // dockerWA is a docker worker of job img running `/job term` from image (pinned when given).
 func dockerWA(gen int64, tag, pinned string) cluster.WorkerAssignment {
 	return cluster.WorkerAssignment{
-		Key: cluster.WorkerKey{Job: "img", Worker: 0}, Generation: gen, Tenant: "search", Workers: 1,
+		Key: cluster.WorkerKey{Job: "img", Worker: 0}, Generation: gen, Tenant: "search", UID: tenantUID, Workers: 1,
 		Isolation: cluster.IsolationDocker, Command: []string{images.JobPath, "term"},
 		Image: tag, Pinned: pinned,
 		Resources: cluster.Resources{Memory: 64 << 20, CPU: 200}, Grace: cluster.Duration(2 * time.Second),

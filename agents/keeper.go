@@ -84,6 +84,12 @@ type KeeperStatus struct {
 	Stamp time.Time `json:"stamp"`
 	// Writes counts the keeper's writes of the node's entry.
 	Writes int64 `json:"writes"`
+	// Lapsed is the last time the keeper knows the leases were lapsed: it renewed them
+	// (or found them still) past Stamp + ttl. The agent trusts a worker's "lease lapsed"
+	// exit (launcher.ExitLeaseLapsed) only near such a time: a worker cannot write here.
+	// LapsedFrom is when that lapse began: the stamp it ran out from, plus the ttl.
+	Lapsed     time.Time `json:"lapsed,omitzero"`
+	LapsedFrom time.Time `json:"lapsedFrom,omitzero"`
 }
 
 // canRun reports whether workers may be started in this state: not once their leases are
@@ -555,13 +561,26 @@ func (k *Keeper) setState(state, detail string, stamp time.Time, lease string) {
 	if stamp.Before(st.Stamp) {
 		stamp = st.Stamp
 	}
+	now := time.Now()
 	changed := st.State != state
 	if changed {
-		st.Since = time.Now()
+		st.Since = now
+	}
+	// The lease file held st.Stamp until this write: past its ttl, the launchers have seen
+	// it lapsed (and stopped their workers).
+	from := st.Stamp.Add(st.ttl())
+	lapsed := !st.Stamp.IsZero() && now.After(from)
+	if lapsed {
+		st.Lapsed, st.LapsedFrom = now, from
 	}
 	st.State, st.Detail, st.Stamp = state, detail, stamp
 	k.status = st
 	k.mu.Unlock()
+	if lapsed {
+		// The lapse is on record before the renewal: an agent that finds the lease renewed
+		// when its worker's launcher stopped it for the lapse then finds the lapse too.
+		k.writeStatus()
+	}
 	if err := os.Chtimes(lease, stamp, stamp); err != nil {
 		k.log.Warn("renew leases", "err", err)
 	}

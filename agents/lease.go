@@ -10,6 +10,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/internal/atomicfile"
+	"github.com/stormdock/stormdock/isolation"
 )
 
 // A lease is a file whose modification time says how long its worker may run: every worker
@@ -32,10 +33,11 @@ func (a *Agent) configFile(id string) string {
 }
 
 // writeConfig writes a worker's live configuration (cluster.WorkerConfig) atomically: the
-// worker re-reads it when it changes.
-func (a *Agent) writeConfig(id string, wa cluster.WorkerAssignment) error {
+// worker re-reads it when it changes. It holds the job's whole environment: 0600, the
+// worker's user's (u; nil: the agent's).
+func (a *Agent) writeConfig(id string, wa cluster.WorkerAssignment, u *isolation.User) error {
 	p := a.configFile(id)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return fmt.Errorf("config of %s: %w", id, err)
 	}
 	var env map[string]string
@@ -47,7 +49,7 @@ func (a *Agent) writeConfig(id string, wa cluster.WorkerAssignment) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(p, b, 0o644); err != nil {
+	if err := writeOwned(p, b, 0o600, u); err != nil {
 		return fmt.Errorf("config of %s: %w", id, err)
 	}
 	return nil
@@ -74,7 +76,7 @@ func (a *Agent) linkLease(id string) error {
 	if same, err := sameFile(p, node); err == nil && same {
 		return nil
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return fmt.Errorf("lease of %s: %w", id, err)
 	}
 	// Replaced, not removed and linked: a launcher never finds its lease missing.

@@ -36,7 +36,7 @@ func (r *run) liveChange(s *slot, want cluster.WorkerAssignment) {
 	if !config {
 		return
 	}
-	if err := r.a.writeConfig(s.id, want); err != nil {
+	if err := r.a.writeConfig(s.id, want, r.a.userOf(want, s.mode)); err != nil {
 		r.log.Warn("write live configuration", "worker", s.id, "err", err)
 		return
 	}

@@ -32,9 +32,7 @@ func startAgentProcess(t *testing.T, h *harness, bin string, extra ...string) (*
 		"--store", h.zkURL, "--node-id", nodeID, "--host", "host-1", "--dc", "dc-a", "--rack", "r1",
 		"--slots", "2", "--memory", "1Gi", "--cpu", "2", "--labels", "disk=ssd",
 		"--session-timeout", sessionTimeout.String(), "--heartbeat", "100ms",
-		"--state-dir", h.stateDir, "--cgroup-parent", h.cgParent, "--metrics", "off",
-		// Leases and keepers are under test here, not the workers' user (see TestRunAsUser).
-		"--run-as", "root"}, extra...)
+		"--state-dir", h.stateDir, "--cgroup-parent", h.cgParent, "--metrics", "off"}, extra...)
 	agent := exec.Command(bin, args...)
 	agent.Stderr = &stderr
 	if err := agent.Start(); err != nil {

@@ -29,8 +29,12 @@ type slot struct {
 	restarts int
 	recent   []time.Time // restarts within the crash-loop window
 	lastExit string
-	failures int // failed starts in a row
-	retryAt  time.Time
+	// exitReason is why the worker last ended (a cluster.Exit* value); lapses counts its
+	// stops for a lapsed lease, which are not restarts.
+	exitReason string
+	lapses     int
+	failures   int // failed starts in a row
+	retryAt    time.Time
 
 	evicted    bool // stopped for memory pressure: not restarted here
 	busy       bool // a driver call is in flight
@@ -177,8 +181,19 @@ func (r *run) start(s *slot) {
 	if s.port == 0 {
 		s.port = r.allocPort(s.id)
 	}
-	spec := r.a.spec(s.id, s.assign, s.mode, s.port)
-	if err := r.a.writeConfig(s.id, s.assign); err != nil {
+	// Who it runs as is decided first: a worker that must not run (no uid, root, the
+	// agent's own, an agent that cannot switch) gets no file either.
+	u, err := workerUser(s.assign, s.mode, r.a.cfg.RunAs, r.a.me)
+	if err != nil {
+		r.startFailed(s, err)
+		return
+	}
+	spec := r.a.spec(s.id, s.assign, s.mode, s.port, u)
+	if err := r.a.prepareLeaseDir(s.id, u); err != nil {
+		r.startFailed(s, err)
+		return
+	}
+	if err := r.a.writeConfig(s.id, s.assign, u); err != nil {
 		r.startFailed(s, err)
 		return
 	}
@@ -192,7 +207,11 @@ func (r *run) start(s *slot) {
 			return
 		}
 	}
-	if _, err := r.a.writeOutputToken(s.id, s.assign, s.mode); err != nil {
+	if _, err := r.a.writeOutputToken(s.id, s.assign, s.mode, u); err != nil {
+		r.startFailed(s, err)
+		return
+	}
+	if _, err := r.a.writeRouterCredentials(s.id, s.assign, s.mode, u); err != nil {
 		r.startFailed(s, err)
 		return
 	}
@@ -200,7 +219,7 @@ func (r *run) start(s *slot) {
 		r.startFailed(s, err)
 		return
 	}
-	if err := r.a.prepareRouterTLS(r.ctx, s.id, s.assign); err != nil {
+	if err := r.a.prepareRouterTLS(r.ctx, s.id, s.assign, s.mode, u); err != nil {
 		r.startFailed(s, err)
 		return
 	}
@@ -280,6 +299,18 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 	now := time.Now()
 	s.cancelWait()
 	s.held = true
+	if s.exitReason = r.a.exitReason(ex, err, grace(s.assign), r.keeper.Status()); s.exitReason == cluster.ExitLeaseLapsed {
+		// Not the worker's failure: no crash counted, no backoff; it starts again once the
+		// keeper keeps the leases again (the gate), here or wherever the master puts it.
+		s.lapses++
+		s.lastExit = lapsedStop
+		s.state, s.since, s.pid, s.containerID, s.memory = "", now, 0, "", 0
+		s.retryAt = time.Time{}
+		r.log.Info("worker stopped by its launcher for a lapsed lease; not counted as a crash", "worker", s.id, "lapses", s.lapses)
+		r.reconcile()
+		r.publishSoon()
+		return
+	}
 	s.restarts++
 	r.pruneRecent(s, now)
 	s.recent = append(s.recent, now)
@@ -359,9 +390,11 @@ func (r *run) stopped(s *slot, remove bool, ex isolation.Exit, err error) {
 		}
 	} else if s.evicted {
 		s.state, s.since, s.lastExit = cluster.WorkerEvicted, time.Now(), "evicted under memory pressure: "+ex.String()
+		s.exitReason = cluster.ExitEvicted
 		r.publishSoon()
 	} else {
 		s.state, s.since, s.retryAt = "", time.Now(), time.Time{}
+		s.exitReason = cluster.ExitStopped
 	}
 	r.reconcile()
 }
@@ -388,9 +421,17 @@ func (r *run) adoptOne(mode string, w isolation.Worker) error {
 		r.watch(s, r.a.drivers[mode])
 		return nil
 	}
-	// It ended while no agent watched: count it as a crash and restart it at once.
+	// It ended while no agent watched: count it as a crash and restart it at once, unless
+	// its launcher stopped it for a lapsed lease (the agent gone too long, a store fault).
 	now := time.Now()
 	s.held = true
+	if s.exitReason = r.a.exitReason(*w.Exit, nil, grace(s.assign), r.a.keeperFileStatus()); s.exitReason == cluster.ExitLeaseLapsed {
+		s.lapses++
+		s.lastExit = lapsedStop
+		s.since = now
+		r.log.Info("adopted a worker its launcher stopped for a lapsed lease; not counted as a crash", "worker", id)
+		return nil
+	}
 	s.restarts++
 	s.recent = append(s.recent, now)
 	s.lastExit = w.Exit.String()

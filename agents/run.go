@@ -34,6 +34,9 @@ type run struct {
 	keeperSeen    KeeperStatus
 	keeperWrites  int64
 	assignSession int64
+	// faultSince is when the keeper last left the live state (zero while live): crashes
+	// since are forgiven once it is back (faultHealed).
+	faultSince time.Time
 
 	health   cluster.NodeHealth
 	lastSent []byte // the node record last written

@@ -1,8 +1,10 @@
 package agents
 
 import (
+	"slices"
 	"time"
 
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
 
@@ -78,6 +80,41 @@ func (r *run) checkKeeper() {
 		// The node's session ended: the master saw the node lost (and back).
 		r.a.metrics.sessionsLost.WithLabelValues("keeper").Inc()
 	}
+	if st.State != KeeperLive && r.keeperSeen.State == KeeperLive && r.faultSince.IsZero() {
+		r.faultSince = time.Now()
+	}
+	if st.State == KeeperLive && !r.faultSince.IsZero() {
+		r.faultHealed(r.faultSince)
+		r.faultSince = time.Time{}
+	}
 	r.keeperSeen = st
 	r.reconcile()
+}
+
+// faultHealed resets the crash-loop backoff of workers that crashed while the node was cut
+// off from the store, now that it answers again: workers that need the store (routers, a
+// job's own use of ZooKeeper) crash while it is gone, through no fault of their own, and
+// would otherwise wait out backoffs of up to a minute, and be counted towards the masters'
+// avoiding the node, after the fault healed. Crashes from a lease ttl before the fault on
+// are forgiven: a worker notices a lost store before its keeper gives up on it.
+func (r *run) faultHealed(since time.Time) {
+	cut := since.Add(-r.a.leaseTTL())
+	now := time.Now()
+	n := 0
+	for _, s := range r.workers {
+		before := len(s.recent)
+		s.recent = slices.DeleteFunc(s.recent, func(t time.Time) bool { return !t.Before(cut) })
+		if len(s.recent) == before {
+			continue
+		}
+		n++
+		if s.state == cluster.WorkerBackoff && !s.busy {
+			s.retryAt = now
+		}
+	}
+	if n > 0 {
+		r.log.Info("store back: crash-loop backoff reset for workers that crashed during the fault", "workers", n,
+			"fault", now.Sub(since).Round(time.Millisecond))
+		r.urgent = true // the loop publishes it after this event
+	}
 }

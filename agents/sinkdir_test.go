@@ -11,7 +11,7 @@ import (
 )
 
 // TestRouterSinkDir: before it starts an output router, the agent makes SINKDIR/<tenant>
-// (0750, owned by the router's user: the agent's here) and names SINKDIR in the router's
+// (0750, owned by the router's user: its tenant's router uid) and names SINKDIR in the router's
 // environment; a tenant's worker gets neither.
 func TestRouterSinkDir(t *testing.T) {
 	h := newHarness(t, "mem")
@@ -38,7 +38,7 @@ func TestRouterSinkDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := fi.Sys().(*syscall.Stat_t)
-	if !fi.IsDir() || fi.Mode().Perm() != 0o750 || int(st.Uid) != os.Geteuid() {
-		t.Fatalf("tenant sink dir: %v owner %d, want a 0750 directory of uid %d", fi.Mode(), st.Uid, os.Geteuid())
+	if !fi.IsDir() || fi.Mode().Perm() != 0o750 || int(st.Uid) != router.UID || router.UID == 0 {
+		t.Fatalf("tenant sink dir: %v owner %d, want a 0750 directory of the router's uid %d", fi.Mode(), st.Uid, router.UID)
 	}
 }

@@ -64,6 +64,7 @@ const (
 	EventNodeHealthy     = "node.healthy"
 	EventNodeDrained     = "node.drained"
 	EventNodeUndrained   = "node.undrained"
+	EventNodeAvoidEnded  = "node.avoid-ended" // a node avoided for a job's crash loops takes its workers again
 	EventDCLost          = "dc.lost"
 	EventDCFailed        = "dc.failed"
 	EventDCRestored      = "dc.restored"
@@ -80,7 +81,7 @@ func EventKinds() []string {
 		EventWorkerPlaced, EventWorkerStarted, EventWorkerExited, EventWorkerRestarted, EventWorkerCrashLoop,
 		EventWorkerFailed, EventWorkerEvicted, EventWorkerMoved, EventWorkerStopped, EventWorkerUnplaced,
 		EventNodeRegistered, EventNodeLost, EventNodeBack, EventNodeThrottled, EventNodeUnhealthy, EventNodeHealthy,
-		EventNodeDrained, EventNodeUndrained, EventDCLost, EventDCFailed, EventDCRestored, EventLinkFailover,
+		EventNodeDrained, EventNodeUndrained, EventNodeAvoidEnded, EventDCLost, EventDCFailed, EventDCRestored, EventLinkFailover,
 		EventMasterLeading, EventAPICall, EventEventsDropped}
 }
 

@@ -30,18 +30,23 @@ type JobSummary struct {
 
 // WorkerView is one worker of a job: where the plan put it and what its agent says.
 type WorkerView struct {
-	Job      string        `json:"job"`
-	Link     string        `json:"link,omitempty"`
-	Worker   int           `json:"worker"`
-	Node     string        `json:"node,omitempty"`
-	DC       string        `json:"dc,omitempty"`
-	Rack     string        `json:"rack,omitempty"`
-	State    string        `json:"state"` // agent state, "pending" before the agent reports, "unplaced"
-	PID      int           `json:"pid,omitempty"`
-	Restarts int           `json:"restarts"`
-	LastExit string        `json:"lastExit,omitempty"`
-	Memory   cluster.Bytes `json:"memory,omitempty"`
-	Reason   string        `json:"reason,omitempty"` // why it is unplaced
+	Job      string `json:"job"`
+	Link     string `json:"link,omitempty"`
+	Worker   int    `json:"worker"`
+	Node     string `json:"node,omitempty"`
+	DC       string `json:"dc,omitempty"`
+	Rack     string `json:"rack,omitempty"`
+	State    string `json:"state"` // agent state, "pending" before the agent reports, "unplaced"
+	PID      int    `json:"pid,omitempty"`
+	Restarts int    `json:"restarts"`
+	LastExit string `json:"lastExit,omitempty"`
+	// ExitReason says whose fault the last end was (cluster.ExitCrashed, ExitLeaseLapsed,
+	// ExitStopped, ExitEvicted): only crashes count in Restarts. Lapses counts the stops
+	// for a lapsed lease.
+	ExitReason string        `json:"exitReason,omitempty"`
+	Lapses     int           `json:"lapses,omitempty"`
+	Memory     cluster.Bytes `json:"memory,omitempty"`
+	Reason     string        `json:"reason,omitempty"` // why it is unplaced
 	// Generation is the generation of the job's spec the worker runs, as its agent reports
 	// (0 before it does).
 	Generation int64 `json:"generation,omitempty"`
@@ -60,6 +65,16 @@ type JobStatus struct {
 	Workers []WorkerView      `json:"workers"`
 	// Sink is where a mirrored job's output stands; nil for other jobs.
 	Sink *SinkView `json:"sink,omitempty"`
+	// Avoided lists the nodes that avoid the job's workers now, after crash loops there,
+	// and until when; its workers go there only when they fit nowhere else.
+	Avoided []NodeAvoidance `json:"avoided,omitempty"`
+}
+
+// NodeAvoidance is a node avoiding a job's workers after they crash-looped there.
+type NodeAvoidance struct {
+	Node    string    `json:"node"`
+	Until   time.Time `json:"until"`
+	Strikes int       `json:"strikes"`
 }
 
 // SinkView is a mirrored job's output as its routers last recorded it in the store.
@@ -77,24 +92,27 @@ type SinkView struct {
 
 // NodeView is one node as operators see it.
 type NodeView struct {
-	ID             string            `json:"id"`
-	Host           string            `json:"host,omitempty"`
-	DC             string            `json:"dc"`
-	Rack           string            `json:"rack"`
-	Slots          int               `json:"slots"`
-	SlotsUsed      int               `json:"slotsUsed"`
-	SlotsFree      int               `json:"slotsFree"`
-	SlotsThrottled int               `json:"slotsThrottled"`
-	Memory         cluster.Bytes     `json:"memory"`
-	CPU            cluster.CPU       `json:"cpu"`
-	Health         string            `json:"health"`
-	Reason         string            `json:"reason,omitempty"`
-	Draining       bool              `json:"draining,omitempty"`
-	Avoid          []string          `json:"avoid,omitempty"` // jobs moved off after crash loops
-	Labels         map[string]string `json:"labels,omitempty"`
-	Workers        int               `json:"workers"`
-	Isolation      []string          `json:"isolation,omitempty"`
-	Started        time.Time         `json:"started"`
+	ID             string        `json:"id"`
+	Host           string        `json:"host,omitempty"`
+	DC             string        `json:"dc"`
+	Rack           string        `json:"rack"`
+	Slots          int           `json:"slots"`
+	SlotsUsed      int           `json:"slotsUsed"`
+	SlotsFree      int           `json:"slotsFree"`
+	SlotsThrottled int           `json:"slotsThrottled"`
+	Memory         cluster.Bytes `json:"memory"`
+	CPU            cluster.CPU   `json:"cpu"`
+	Health         string        `json:"health"`
+	Reason         string        `json:"reason,omitempty"`
+	Draining       bool          `json:"draining,omitempty"`
+	Avoid          []string      `json:"avoid,omitempty"` // jobs moved off after crash loops, now
+	// Avoided says until when the node avoids each job of Avoid, and after how many crash
+	// loops there (each doubles the period).
+	Avoided   []cluster.Avoidance `json:"avoided,omitempty"`
+	Labels    map[string]string   `json:"labels,omitempty"`
+	Workers   int                 `json:"workers"`
+	Isolation []string            `json:"isolation,omitempty"`
+	Started   time.Time           `json:"started"`
 	// SessionTimeout is the store session timeout granted to the node, which its workers'
 	// leases last; SessionRequested is what its agent asked for, only when it got less.
 	SessionTimeout   cluster.Duration `json:"sessionTimeout,omitempty"`

@@ -67,12 +67,12 @@ func (a Assignment) Check() error {
 
 // SameRun reports whether two assignments of one worker run the same thing, so that a
 // running worker can stay: command, image (and its pinned digest), environment but its live
-// keys, resources, isolation, output and the restart rollout. The generation is left out:
+// keys, resources, isolation, output, the uid and the restart rollout. The generation is left out:
 // a new generation that changes none of these reaches a worker live.
 func (a WorkerAssignment) SameRun(b WorkerAssignment) bool {
 	return a.Key == b.Key && a.Tenant == b.Tenant && a.Restart == b.Restart &&
 		a.Isolation == b.Isolation && a.Image == b.Image && a.Pinned == b.Pinned &&
-		a.Output == b.Output && a.OutputToken == b.OutputToken && a.System == b.System && a.Resources == b.Resources &&
+		a.Output == b.Output && a.OutputToken == b.OutputToken && a.System == b.System && a.UID == b.UID && a.Resources == b.Resources &&
 		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env)
 }
 

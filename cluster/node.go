@@ -53,6 +53,25 @@ type Tenant struct {
 	// lower priority, so a tenant without a cap (a record stored before caps existed
 	// included) preempts no one.
 	MaxPriority int `json:"maxPriority" yaml:"maxPriority"`
+	// UID is the uid (and gid) the tenant's workers run as on every node, allocated by the
+	// master from its --tenant-uids range when the tenant is created, never reused. UID+1
+	// is its mirrored jobs' output routers' (RouterUID). 0: not allocated yet (a record
+	// stored before uids existed, until the leading master backfills it). Set by the
+	// master alone: a value in a create or update request is ignored.
+	UID int `json:"uid,omitempty" yaml:"uid,omitempty"`
+}
+
+// WorkerUID is the uid (and gid) the tenant's workers run as; 0 when it has none yet.
+func (t *Tenant) WorkerUID() int { return t.UID }
+
+// RouterUID is the uid (and gid) its mirrored jobs' output routers run as: another than
+// the workers', because a router holds the store's credentials and the job's output key,
+// which the tenant's own code must not read through /proc or ptrace. 0 when it has none.
+func (t *Tenant) RouterUID() int {
+	if t.UID <= 0 {
+		return 0
+	}
+	return t.UID + 1
 }
 
 // PriorityCap is the highest priority a job of t is placed with: its cap, within the

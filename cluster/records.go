@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -46,6 +47,9 @@ const (
 	// SharedImagesKey holds the SharedImages: the repository prefixes the admin shared,
 	// whose images nodes and masters fetch with their own registry credentials.
 	SharedImagesKey = "/shared-images"
+	// TenantUIDsKey holds the next free uid of the tenants' range (TenantUIDCounter): it
+	// only grows, so a uid is never given twice, a deleted tenant's included.
+	TenantUIDsKey = "/tenant-uids"
 )
 
 // registryAuthChild is the name of a tenant's registry credentials below its record: a key
@@ -176,8 +180,44 @@ type TenantRecord struct {
 type NodeConf struct {
 	Draining bool   `json:"draining,omitempty"`
 	Pool     string `json:"pool,omitempty"`
-	// Avoid lists jobs whose workers kept crashing here: they run elsewhere.
+	// Avoid lists jobs whose workers kept crashing here: they run elsewhere while they can.
+	// Masters from before Avoided avoid what it lists for good; later ones until the job's
+	// Avoided entry's Until, and then take the job off this list.
 	Avoid []string `json:"avoid,omitempty"`
+	// Avoided says, for jobs of Avoid (and for some time after, to remember their strikes),
+	// until when and how often. A job in Avoid without an entry (a record of an earlier
+	// master) gets one at the leader's next look.
+	Avoided []Avoidance `json:"avoided,omitempty"`
+}
+
+// Avoidance is one job's avoidance of a node after its workers crash-looped there.
+type Avoidance struct {
+	Job string `json:"job"`
+	// Until is when the node takes the job's workers again.
+	Until time.Time `json:"until"`
+	// Strikes counts the crash loops that made the node avoided, the last included: each
+	// doubles the period, up to the masters' cap.
+	Strikes int `json:"strikes"`
+}
+
+// Avoidance returns the job's avoidance entry, if it has one.
+func (c NodeConf) Avoidance(job string) (Avoidance, bool) {
+	for _, a := range c.Avoided {
+		if a.Job == job {
+			return a, true
+		}
+	}
+	return Avoidance{}, false
+}
+
+// Avoiding reports whether the node avoids the job's workers at now: the job is in Avoid
+// and its avoidance has not run out (an entry-less one lasts until it gets an entry).
+func (c NodeConf) Avoiding(job string, now time.Time) bool {
+	if !slices.Contains(c.Avoid, job) {
+		return false
+	}
+	a, ok := c.Avoidance(job)
+	return !ok || now.Before(a.Until)
 }
 
 // Worker states as agents report them.
@@ -214,11 +254,35 @@ type WorkerStatus struct {
 	ContainerID string `json:"containerId,omitempty"`
 	Restarts    int    `json:"restarts"`
 	// RecentRestarts counts restarts within the agent's crash-loop window.
-	RecentRestarts int       `json:"recentRestarts,omitempty"`
-	LastExit       string    `json:"lastExit,omitempty"`
-	Memory         Bytes     `json:"memory,omitempty"`
-	Since          time.Time `json:"since"`
+	RecentRestarts int    `json:"recentRestarts,omitempty"`
+	LastExit       string `json:"lastExit,omitempty"`
+	// ExitReason says whose fault the last end was (an Exit* value): only ExitCrashed
+	// counts in Restarts and RecentRestarts, backs off and makes a node avoided.
+	ExitReason string `json:"exitReason,omitempty"`
+	// Lapses counts the worker's stops by its launcher for a lapsed lease (not restarts).
+	Lapses int       `json:"lapses,omitempty"`
+	Memory Bytes     `json:"memory,omitempty"`
+	Since  time.Time `json:"since"`
 }
+
+// Exit reasons, as WorkerStatus.ExitReason: whether a worker's last end was its own failure.
+const (
+	// ExitCrashed: the worker's own failure (a non-zero exit, a signal stormdock did not
+	// send, an OOM kill, or an exit with the launcher's lapse status while the lease was
+	// fine): counted, backed off, and a crash loop makes the node avoided for the job.
+	ExitCrashed = "crashed"
+	// ExitLeaseLapsed: the worker's lease launcher stopped it because the node's keeper
+	// stopped renewing the lease (a store or network fault, fencing): not counted.
+	ExitLeaseLapsed = "lease-lapsed"
+	// ExitStopped: the agent stopped it (drain, move, rollout, kill): not counted.
+	ExitStopped = "stopped"
+	// ExitEvicted: the node's health checks stopped it under memory pressure: not counted.
+	ExitEvicted = "evicted"
+)
+
+// ExitCounts reports whether an end with this reason counts as a crash ("" for records
+// of agents from before exit reasons, which counted every end).
+func ExitCounts(reason string) bool { return reason == "" || reason == ExitCrashed }
 
 // NodeHealth is what the node's health checks say.
 type NodeHealth struct {
@@ -284,9 +348,12 @@ type WorkerAssignment struct {
 	// OutputToken is the sender token of a mirrored job's link worker: the agent hands it to
 	// the worker in a file only the worker may read.
 	OutputToken string `json:"outputToken,omitempty"`
-	// System marks stormdock's own workers (output routers): they run as the agent's user
-	// and get the store's credentials.
+	// System marks stormdock's own workers (output routers): they get the store's
+	// credentials, and run as their tenant's router uid (Tenant.RouterUID).
 	System bool `json:"system,omitempty"`
+	// UID is who the worker runs as, uid and gid (no supplementary groups): its tenant's
+	// UID, or its RouterUID for a System worker. 0 is never run: the agent refuses it.
+	UID int `json:"uid,omitempty"`
 	// Stop asks the agent to stop the worker with Grace (a job killed with its own grace
 	// period); the master drops the entry once the agent no longer reports the worker.
 	Stop bool `json:"stop,omitempty"`

@@ -320,6 +320,9 @@ func (t *Tenant) Validate() error {
 	if t.MaxPriority < 0 || t.MaxPriority > MaxPriority {
 		ps.add("maxPriority", "must be between 0 (the lowest class: preempts no one) and %d", MaxPriority)
 	}
+	if t.UID < 0 {
+		ps.add("uid", "must not be negative (the master gives it)")
+	}
 	if len(ps) == 0 {
 		return nil
 	}

@@ -59,14 +59,23 @@ gracePeriod: 2s
 `, input, out)
 }
 
-// inputFile writes the lines the jobs read.
+// inputFile writes the lines the jobs read, where their tenant's uid may read them (a
+// test's TempDir is its owner's alone).
 func inputFile(t *testing.T) string {
 	t.Helper()
 	var b strings.Builder
 	for i := range 2000 {
 		fmt.Fprintf(&b, "line %d of the console test's input, a few words to count\n", i)
 	}
-	p := filepath.Join(t.TempDir(), "input.txt")
+	dir, err := os.MkdirTemp("", "stormdock-console-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "input.txt")
 	if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,8 @@ type AgentConfig struct {
 	PortBase       int
 	LeaseTTL       time.Duration
 	NoLease        bool
-	// RunAs is who process workers run as (see agents.Config.RunAs); nil: the agent's user.
+	// RunAs, when set, is who every tenant's process workers run as (the single-tenant
+	// opt-out, see agents.Config.RunAs); nil: each tenant's own uid.
 	RunAs *isolation.User
 	// SinkDir is where the node's routers' file sinks lie (agents.Config.SinkDir).
 	SinkDir string

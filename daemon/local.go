@@ -27,6 +27,10 @@ import (
 	"github.com/stormdock/stormdock/master/eventlog"
 )
 
+// RootSinkDir is where a local cluster started as root keeps mirrored jobs' file sinks
+// unless told otherwise: outside its data directory, which the routers' uids cannot enter.
+const RootSinkDir = "/var/lib/stormdock/sinks"
+
 // LocalConfig shapes a local cluster.
 type LocalConfig struct {
 	Nodes      int
@@ -57,11 +61,14 @@ type LocalConfig struct {
 	// RegistryAuth is Docker's config.json with registry credentials, for the master's
 	// image pinning and the agents' pulls.
 	RegistryAuth string
-	// RunAs is who every node's process workers run as (nil: this process's user).
+	// RunAs, when set, is who every tenant's process workers run as, on every node (the
+	// single-tenant opt-out, see agents.Config.RunAs); nil: each tenant's own uid.
 	RunAs *isolation.User
 	// SinkDir is where mirrored jobs' file sinks lie, SinkDir/<tenant>/... (default
-	// DataDir/sinks; "off" turns file sinks off).
+	// RootSinkDir as root, else DataDir/sinks; "off" turns file sinks off).
 	SinkDir string
+	// TenantUIDs is the range tenants' uids are given from; zero: the default.
+	TenantUIDs cluster.UIDRange
 	// Health is every node's health-check configuration (its cgroup parent is the node's
 	// own); the zero value means healthcheck.DefaultConfig.
 	Health *healthcheck.Config
@@ -112,6 +119,11 @@ func (c *LocalConfig) defaults() error {
 		c.SinkDir = ""
 	case "":
 		c.SinkDir = filepath.Join(c.DataDir, "sinks")
+		if os.Geteuid() == 0 {
+			// Routers run as their tenants' router uids, which cannot enter a data
+			// directory that holds the admin token (0700, often below /root).
+			c.SinkDir = RootSinkDir
+		}
 	}
 	if c.SinkDir != "" {
 		// Specs name sink files by absolute path: so is the directory they are checked
@@ -207,7 +219,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	// to register, not a whole cluster's re-registration window (the demo loses a node
 	// seconds after the start).
 	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir, SinkDir: cfg.SinkDir,
-		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, ReregisterGrace: cfg.SessionTimeout, Logger: cfg.Logger}
+		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, ReregisterGrace: cfg.SessionTimeout, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger}
 	if cfg.TLS {
 		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {
 			return fail(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/pki"
@@ -52,12 +53,17 @@ type MasterConfig struct {
 	RouterStore string
 	// ReregisterGrace: see master.Config.
 	ReregisterGrace time.Duration
+	// AvoidPeriod and AvoidMax: how long a node is avoided for a job after its first crash
+	// loop there, and the cap of its doubling (see master.Config).
+	AvoidPeriod, AvoidMax time.Duration
 	// RegistryAuth is Docker's config.json with the credentials the master resolves image
 	// tags to digests with; "" resolves anonymously.
 	RegistryAuth string
 	// Events bounds and paces the cluster's events (see eventlog.Config).
 	Events eventlog.Config
-	Logger *slog.Logger
+	// TenantUIDs is the range tenants' uids are given from; zero: the default.
+	TenantUIDs cluster.UIDRange
+	Logger     *slog.Logger
 }
 
 // Master is a built master: its store client, its scheduler and its HTTP server.
@@ -137,7 +143,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		}
 	}
 	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore, SinkDir: cfg.SinkDir,
-		ReregisterGrace: cfg.ReregisterGrace, Resolver: res, Events: cfg.Events, Logger: cfg.Logger, Registry: m.registry})
+		ReregisterGrace: cfg.ReregisterGrace, AvoidPeriod: cfg.AvoidPeriod, AvoidMax: cfg.AvoidMax, Resolver: res, Events: cfg.Events, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger, Registry: m.registry})
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"log/slog"
+	"os"
 	"sync"
 
 	"github.com/stormdock/stormdock/agents"
@@ -19,12 +20,17 @@ const selfShim = "/proc/self/exe"
 // stormdock binary self where there is one: about a millisecond of cpu per start instead of
 // the whole binary's package initialisation. Otherwise (a go run build) it is self.
 //
-// The launcher runs as the workers' user (runAs) and runs a job's `stormdock ...` command by
-// its path, which that user must then reach. Where it cannot (self in a directory only its
-// owner may enter), self is the launcher again: it runs such commands through
-// /proc/self/exe, past the directories, at the whole binary's start cost.
+// The launcher runs as the workers' users (each tenant's uid, or runAs) and runs a job's
+// `stormdock ...` command by its path, which they must then reach. Where they cannot (self
+// in a directory only its owner may enter), self is the launcher again: it runs such
+// commands through /proc/self/exe, past the directories, at the whole binary's start cost.
+// Only a runAs that is the agent's own user runs nothing as another user.
 func Launchers(self string, runAs *isolation.User, log *slog.Logger) (shimBin, launcher string) {
 	p, ok := shim.Beside(self)
+	workers := agents.AnyUser
+	if runAs != nil {
+		workers = *runAs
+	}
 	switch {
 	case !ok:
 		// Once per process: a local cluster builds many agents.
@@ -32,9 +38,9 @@ func Launchers(self string, runAs *isolation.User, log *slog.Logger) (shimBin, l
 			log.Info("no "+shim.Name+" beside the stormdock binary: every worker starts through the whole binary (several ms more cpu per start); install "+shim.Name+" beside it",
 				"binary", self)
 		})
-	case runAs != nil && !agents.MayRun(self, *runAs):
-		log.Info("the workers' user cannot run the stormdock binary by its path: workers start through the whole binary, not "+shim.Name,
-			"user", runAs.String(), "binary", self)
+	case !agents.MayRun(self, workers) && !(runAs != nil && int(runAs.UID) == os.Geteuid()):
+		log.Info("the workers' users cannot run the stormdock binary by its path: workers start through the whole binary, not "+shim.Name,
+			"user", workers.String(), "binary", self)
 	default:
 		return p, p
 	}

@@ -54,7 +54,8 @@ func TestLaunchers(t *testing.T) {
 		{"installed, workers as nobody", 0o755, true, nobody, false},
 		{"alone", 0o755, false, nil, true},
 		{"private directory, workers as nobody", 0o700, true, nobody, true},
-		{"private directory, workers as the agent", 0o700, true, nil, false},
+		{"private directory, workers as their tenants' uids", 0o700, true, nil, true},
+		{"private directory, workers as the agent (--run-as itself)", 0o700, true, &isolation.User{UID: uint32(os.Geteuid()), GID: uint32(os.Getegid())}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			self, shimPath := install(t, tc.mode, tc.withShim)

@@ -254,7 +254,7 @@ func TestEventsAndLogs(t *testing.T) {
 	}
 	exits := func() (n int) {
 		for _, e := range events.events() {
-			if e.Kind == api.EventWorkerExited && e.Job == "crash" && e.Reason == "exited with code 3" {
+			if e.Kind == api.EventWorkerExited && e.Job == "crash" && e.Reason == "crashed: exited with code 3" {
 				n++
 			}
 		}
@@ -264,7 +264,7 @@ func TestEventsAndLogs(t *testing.T) {
 		return exits() >= 20, fmt.Sprint(exits())
 	})
 	for _, e := range events.events() {
-		if e.Kind == api.EventWorkerExited && e.Job == "crash" && e.Reason == "exited with code 3" {
+		if e.Kind == api.EventWorkerExited && e.Job == "crash" && e.Reason == "crashed: exited with code 3" {
 			check("worker exited (agent's exit time)", e, e.Time)
 		}
 	}
@@ -366,8 +366,8 @@ func TestEventsAndLogs(t *testing.T) {
 	}
 
 	// A mirrored job; a manual failover, then the SIGKILL of dc-b's only node.
-	input := filepath.Join(h.Dir, "io", "input.txt")
-	if err := os.MkdirAll(filepath.Dir(input), 0o755); err != nil {
+	input := filepath.Join(sharedDir(t, filepath.Join(h.Dir, "io")), "input.txt")
+	if err := os.MkdirAll(filepath.Dir(input), 0o777); err != nil {
 		t.Fatal(err)
 	}
 	var text strings.Builder

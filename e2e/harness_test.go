@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -122,4 +123,27 @@ func (h *harness) routerClient(t testing.TB) *http.Client {
 		t.Fatal(err)
 	}
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+}
+
+// sharedDir makes dir (and any missing parent) writable by every user, and the directories
+// above it up to the temporary directory enterable: workers and output routers run as their
+// tenants' uids, and write a job's output there.
+func sharedDir(t *testing.T, dir string) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for d := filepath.Dir(dir); d != "/" && d != os.TempDir() && d != "."; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, fi.Mode().Perm()|0o111); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }

@@ -35,7 +35,7 @@ type mirrorJob struct {
 // at rate per second until stopped (Close).
 func startMirror(t *testing.T, lc *labCluster, name string, rate int) *mirrorJob {
 	t.Helper()
-	dir := t.TempDir()
+	dir := sharedDir(t, t.TempDir()) // the workers, as their tenant's uid, read the input
 	// The sink below the cluster's sink dir, in the tenant's part of it.
 	m := &mirrorJob{name: name, input: filepath.Join(dir, "input.txt"), sink: lc.SinkPath("e2e", name+".jsonl"), workers: 2,
 		stopped: make(chan struct{}), done: make(chan struct{})}

@@ -256,8 +256,9 @@ func TestLocalClusterDelegated(t *testing.T) {
 	}
 
 	parent := unit + "/workers"
+	// Without root, workers run as the user that runs up: the single-tenant opt-out.
 	lc := startUpWith(t, upOptions{bin: bins[0], data: filepath.Join(state, "data"), setup: asNobody}, 1,
-		"--dcs", "dc-a", "--cgroup-parent", parent)
+		"--dcs", "dc-a", "--cgroup-parent", parent, "--run-as", "65534:65534")
 	ctx := context.Background()
 	if err := lc.cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)

@@ -97,10 +97,9 @@ func TestMirroredJob(t *testing.T) {
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(h.Dir, "io") // the link workers, as nobody, read their input here
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	// The link workers read their input here, the routers (their tenant's router uid)
+	// write the output.
+	dir := sharedDir(t, filepath.Join(h.Dir, "io"))
 	const lines = 3000
 	input := filepath.Join(dir, "input.txt")
 	var text strings.Builder

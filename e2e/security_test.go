@@ -23,11 +23,11 @@ import (
 
 // TestSecuredCluster runs a cluster of real processes the way an operator secures one: a
 // master serving TLS (--tls), the store behind a digest ACL (--store-credentials-file), and
-// agents, run as root, whose workers run as nobody (the default). On it runs a mirrored job
+// agents, run as root, whose workers run as their tenant's uid (the default). On it runs a mirrored job
 // (link workers, an output router started by an agent, keepers, lease launchers) and a job
 // that reports who it runs as. Then: the store is closed to anyone without the credentials,
-// no process's command line shows a secret, a tenant's process worker is not root and has no
-// new privileges, and the router takes records only with the job's sender token.
+// no process's command line shows a secret, a tenant's process worker runs as its tenant's
+// uid (not root, not the agent's), with no supplementary groups and no new privileges, and the router takes records only with the job's sender token.
 func TestSecuredCluster(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
 	ctx := context.Background()
@@ -81,9 +81,13 @@ func TestSecuredCluster(t *testing.T) {
 	}
 
 	// The job that says who it is, and the mirrored job, its input and output in places a
-	// worker's user may read (and the router, which runs as the agent, may write).
+	// worker's user may read (and the router, which runs as its tenant's router uid, may
+	// write).
 	io := filepath.Join(h.Dir, "io")
-	if err := os.Mkdir(io, 0o755); err != nil {
+	if err := os.Mkdir(io, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(io, 0o777); err != nil {
 		t.Fatal(err)
 	}
 	const lines = 400
@@ -135,8 +139,14 @@ gracePeriod: 1s
 		return false
 	})
 	fields := strings.Fields(report)
-	if len(fields) < 4 || fields[0] == "0" || fields[0] != "65534" || fields[len(fields)-1] != "1" {
-		t.Errorf("the tenant's process worker reports `id -u; id -G; NoNewPrivs`: %q; want 65534, not root, no_new_privs 1", report)
+	ts, err := cl.Tenants(ctx)
+	if err != nil || len(ts) != 1 || ts[0].UID < cluster.DefaultTenantUIDs.First {
+		t.Fatalf("tenants %+v, %v; want e2e with a uid of the default range", ts, err)
+	}
+	uid := fmt.Sprint(ts[0].UID)
+	// id -u; id -G (the gid alone: no supplementary group); NoNewPrivs.
+	if len(fields) != 4 || fields[0] != uid || fields[1] != uid || fields[3] != "1" {
+		t.Errorf("the tenant's process worker reports `id -u; id -G; NoNewPrivs`: %q; want its tenant's uid %s, gid %s alone, no_new_privs 1", report, uid, uid)
 	}
 	t.Logf("tenant worker: %s", strings.Join(fields, " "))
 

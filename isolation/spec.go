@@ -56,9 +56,11 @@ type Spec struct {
 	// Mounts are bind mounts into the container (docker driver). The process driver runs on
 	// the host's file system and ignores them.
 	Mounts []Mount
-	// User, when set, is who the process driver runs the worker as, with no new privileges
-	// (setuid programs gain nothing). The docker driver always runs workers as User
-	// 65534:65534 (docker.User) and ignores it.
+	// User, when set, is who the worker runs as, with no new privileges (setuid programs
+	// gain nothing) and no capabilities: the process driver switches to it (and gives it
+	// the worker's log file), the docker driver runs the container as UID:GID. Unset, the
+	// process driver runs the worker as itself, the docker driver as 65534:65534
+	// (docker.User). Agents always set it for tenants' workers (their tenant's uid).
 	User *User `json:"user,omitempty"`
 
 	MemoryBytes int64 // hard limit, swap included (no swap beyond it)

@@ -72,7 +72,15 @@ func (r *reconciler) recordDCs(ctx context.Context, v *View) error {
 // It returns the held workers too: the leader keeps them assigned to the node they were
 // lost on, so that the next plan (by this leader or the next) still knows they come from
 // a lost data center and must move whole.
+//
+// Workers that fit nowhere but on nodes avoiding their job go there (planAvoiding).
 func (r *reconciler) planWhole(v *View, in placement.Input) (*placement.Result, map[cluster.WorkerKey]string, error) {
+	return planAvoiding(in, func(in placement.Input) (*placement.Result, map[cluster.WorkerKey]string, error) {
+		return r.planWholeOnce(v, in)
+	})
+}
+
+func (r *reconciler) planWholeOnce(v *View, in placement.Input) (*placement.Result, map[cluster.WorkerKey]string, error) {
 	out := v.out()
 	if len(out) == 0 {
 		res, err := placement.Plan(in)

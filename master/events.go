@@ -215,10 +215,20 @@ func (r *reconciler) workerEvents(v *View, nk nodeKey, w, was cluster.WorkerStat
 		e.Time = at
 		emit(e)
 	}
-	if n := w.Restarts - was.Restarts; n > 0 && w.LastExit != "" {
-		reason := w.LastExit
+	if n := w.Lapses - was.Lapses; n > 0 {
+		// Stopped by its launcher for a lapsed lease (a store or network fault): said apart
+		// from crashes, which it is not counted with.
+		reason := "stopped: lease lapsed (not counted as a crash)"
 		if n > 1 {
-			reason = fmt.Sprintf("ended %d times; last: %s", n, w.LastExit)
+			reason = fmt.Sprintf("stopped %d times: lease lapsed (not counted as a crash)", n)
+		}
+		ev(api.EventWorkerExited, reason, time.Time{})
+	}
+	if n := w.Restarts - was.Restarts; n > 0 && w.LastExit != "" {
+		// Restarts count the worker's own failures only (cluster.ExitCounts).
+		reason := "crashed: " + w.LastExit
+		if n > 1 {
+			reason = fmt.Sprintf("crashed %d times; last: %s", n, w.LastExit)
 		}
 		at := w.Since
 		if w.State == cluster.WorkerRunning {

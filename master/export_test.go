@@ -41,3 +41,15 @@ func HoldCommits(m *Master, hook func(ctx context.Context) (context.Context, fun
 	h := commitHook(hook)
 	m.beforeCommit.Store(&h)
 }
+
+// AvoidFor is how long the strikes-th crash loop of a job on a node keeps it off the node.
+func AvoidFor(cfg Config, strikes int) time.Duration {
+	cfg.defaults()
+	return cfg.avoidFor(strikes)
+}
+
+// Heal is what time passing does to a node's avoidances at now.
+func Heal(cfg Config, nc cluster.NodeConf, now time.Time) (cluster.NodeConf, []string, bool) {
+	cfg.defaults()
+	return cfg.heal(nc, now)
+}

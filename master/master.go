@@ -18,6 +18,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/ctxtime"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/master/eventlog"
 )
 
@@ -38,6 +39,12 @@ type Config struct {
 	// CrashLoopRestarts is how many restarts within an agent's window make the master move a
 	// worker to another node; 0 means 5.
 	CrashLoopRestarts int
+	// AvoidPeriod is how long a node is avoided for a job whose workers crash-looped there
+	// the first time; each further crash loop there doubles it, up to AvoidMax. When the
+	// job's workers fit nowhere else they are placed on an avoided node all the same.
+	// Defaults DefaultAvoidPeriod and DefaultAvoidMax.
+	AvoidPeriod time.Duration
+	AvoidMax    time.Duration
 	// Resync is how often the leader re-plans even when nothing was seen to change.
 	Resync time.Duration
 	// Debounce gathers bursts of changes into one reconcile: planning waits until the store
@@ -54,6 +61,9 @@ type Config struct {
 	// PinRetry is how often images that could not be pinned are tried again. Default
 	// DefaultPinRetry.
 	PinRetry time.Duration
+	// TenantUIDs is the range tenants' uids are given from (desired.CreateTenantIn).
+	// Default cluster.DefaultTenantUIDs.
+	TenantUIDs cluster.UIDRange
 	// Events bounds and paces the cluster's events (see eventlog.go).
 	Events   eventlog.Config
 	Logger   *slog.Logger
@@ -63,6 +73,12 @@ type Config struct {
 func (c *Config) defaults() {
 	if c.CrashLoopRestarts <= 0 {
 		c.CrashLoopRestarts = 5
+	}
+	if c.AvoidPeriod <= 0 {
+		c.AvoidPeriod = DefaultAvoidPeriod
+	}
+	if c.AvoidMax < c.AvoidPeriod {
+		c.AvoidMax = max(DefaultAvoidMax, c.AvoidPeriod)
 	}
 	if c.Resync <= 0 {
 		c.Resync = 10 * time.Second
@@ -88,12 +104,18 @@ func (c *Config) defaults() {
 	if c.RouterStore == "" {
 		c.RouterStore = "mem://"
 	}
+	if c.TenantUIDs == (cluster.UIDRange{}) {
+		c.TenantUIDs = cluster.DefaultTenantUIDs
+	}
 }
 
 // commitHook runs before an assignment transaction and returns the context to send it
 // with (a test passes one that does not end, as a request already on its way or queued in
 // the client would not) and a function that gets the transaction's outcome.
 type commitHook func(ctx context.Context) (context.Context, func(error))
+
+// TenantUIDs is the range this master gives tenants' uids from.
+func (m *Master) TenantUIDs() cluster.UIDRange { return m.cfg.TenantUIDs }
 
 // Master decides where workers run. Any number of masters may run; one leads at a time and
 // holds nothing that the store does not.
@@ -323,6 +345,7 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 	if err := r.loadAssignments(ctx); err != nil {
 		return err
 	}
+	m.backfillUIDs(ctx, kv)
 	tick := time.NewTicker(m.cfg.Resync)
 	defer tick.Stop()
 	for {
@@ -395,5 +418,18 @@ func (m *Master) unadvertise(ctx context.Context, kv coord.KV, info []byte) {
 	}
 	if err := kv.Delete(ctx, cluster.MasterKey, e.Version); err != nil && !errors.Is(err, coord.ErrNotFound) && !errors.Is(err, coord.ErrFenced) {
 		m.log.Warn("withdraw API advertisement", "err", err)
+	}
+}
+
+// backfillUIDs gives the tenants stored before uids existed theirs, at the start of a term
+// (and again while one is without: see reconcile), so that none stays uid-less: the
+// workers of a tenant without a uid are not placed, rather than run as anyone else.
+func (m *Master) backfillUIDs(ctx context.Context, kv coord.KV) {
+	n, err := desired.BackfillTenantUIDs(ctx, kv, m.cfg.TenantUIDs)
+	if n > 0 {
+		m.log.Info("gave tenants stored without uids theirs", "tenants", n, "range", m.cfg.TenantUIDs.String())
+	}
+	if err != nil && ctx.Err() == nil {
+		m.log.Warn("tenants without uids: their workers wait", "err", err)
 	}
 }

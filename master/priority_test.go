@@ -39,3 +39,29 @@ func TestAssignmentPriorityCapped(t *testing.T) {
 		}
 	}
 }
+
+// TestAssignmentUID: a worker's assignment carries its tenant's uid, a router's the next
+// one (not the uid of the tenant's own code), and none for a tenant without a uid.
+func TestAssignmentUID(t *testing.T) {
+	v := newView(0, 0, 0, 0)
+	tenants := map[string]coord.Entry{}
+	for name, uid := range map[string]int{"a": 200000, "old": 0} {
+		b, _ := json.Marshal(cluster.TenantRecord{Tenant: cluster.Tenant{Name: name, UID: uid}})
+		tenants[name] = coord.Entry{Value: b}
+	}
+	v.setCaps(slog.New(slog.DiscardHandler), tenants)
+	for _, tc := range []struct {
+		tenant, job string
+		want        int
+	}{
+		{"a", "j", 200000},
+		{"a", "j" + routerSuffix, 200001},
+		{"old", "j", 0},
+		{"old", "j" + routerSuffix, 0},
+	} {
+		j := cluster.JobRecord{Spec: cluster.JobSpec{Name: tc.job, Tenant: tc.tenant, Workers: 1, Command: []string{"true"}}}
+		if wa := workerAssignment(v, j, cluster.WorkerKey{Job: tc.job}, nil); wa.UID != tc.want {
+			t.Errorf("tenant %s, job %s: uid %d, want %d", tc.tenant, tc.job, wa.UID, tc.want)
+		}
+	}
+}

@@ -11,10 +11,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
-	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/multidc"
 	"github.com/stormdock/stormdock/placement"
 )
@@ -38,7 +36,10 @@ type reconciler struct {
 	// a rollout waits for time to pass.
 	ro   *rolloutPlan
 	wake *time.Timer
-	seen *seen // what the previous reconcile saw, for events (events.go)
+	// avoidWake reconciles again when the next node's avoidance of a job runs out (avoid.go).
+	avoidWake   *time.Timer
+	avoidWakeAt time.Time
+	seen        *seen // what the previous reconcile saw, for events (events.go)
 	// since is when this term began: a job submitted after it, before the term's first
 	// view, is this term's to record.
 	since time.Time
@@ -97,6 +98,9 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	if err := r.ensureOutputKey(ctx, v); err != nil {
 		return err
 	}
+	if err := r.healAvoidance(ctx, v); err != nil {
+		return err
+	}
 	if err := r.noteCrashLoops(ctx, v); err != nil {
 		return err
 	}
@@ -111,6 +115,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("master: plan: %w", err)
 	}
+	r.withoutUIDs(ctx, v, res)
 	placements := res.Placements
 	for _, p := range keep {
 		if _, ok := held[p.Key()]; ok {
@@ -247,6 +252,7 @@ func workerAssignment(v *View, j cluster.JobRecord, k cluster.WorkerKey, outputK
 		Priority: min(s.Priority, v.caps[s.Tenant]),
 		Grace:    cluster.Duration(s.Grace()),
 		Output:   s.Output,
+		UID:      v.uids[s.Tenant],
 	}
 	if s.Mirrored() {
 		// Link workers send to the job's routers, whose leader alone writes to the job's
@@ -265,6 +271,12 @@ func workerAssignment(v *View, j cluster.JobRecord, k cluster.WorkerKey, outputK
 		}
 	}
 	wa.System = isRouterJob(s.Name)
+	if wa.System && wa.UID > 0 {
+		// Routers hold the store's credentials and the job's output key: not the uid of
+		// the tenant's own code, which could read them through /proc or ptrace.
+		t := cluster.Tenant{UID: wa.UID}
+		wa.UID = t.RouterUID()
+	}
 	return wa
 }
 
@@ -376,36 +388,32 @@ func (r *reconciler) forgetLost(ctx context.Context, v *View) error {
 	return r.commit(ctx, gone)
 }
 
-// noteCrashLoops records on a node the jobs whose workers keep crashing there, so that
-// placement moves them elsewhere; the note shows in `stormdock node list` and goes with
-// `stormdock node undrain`.
-func (r *reconciler) noteCrashLoops(ctx context.Context, v *View) error {
-	for node, rec := range v.nodes {
-		for _, w := range rec.Workers {
-			if w.RecentRestarts < r.m.cfg.CrashLoopRestarts || slices.Contains(v.confs[node].Avoid, w.Key.Job) {
-				continue
-			}
-			if j, ok := v.jobs[w.Key.Job]; !ok || judgedByRollout(j.rec, w) {
-				continue
-			}
-			job := w.Key.Job
-			err := desired.UpdateNodeConf(ctx, r.kv, node, func(c *cluster.NodeConf) {
-				if !slices.Contains(c.Avoid, job) {
-					c.Avoid = append(c.Avoid, job)
-				}
-			})
-			r.m.metrics.storeWrites.Inc()
-			if err != nil {
-				return err
-			}
-			r.m.log.Warn("worker crash-looping; moving the job's workers off the node", "node", node, "worker", w.Key.String(),
-				"restarts", w.RecentRestarts, "lastExit", w.LastExit)
-			r.m.events.Emit(workerEvent(v, api.EventWorkerCrashLoop, w.Key, node, fmt.Sprintf(
-				"%d restarts within the crash-loop window, last: %s; job %s's workers move off node %s", w.RecentRestarts, w.LastExit, job, node)))
-			c := v.confs[node]
-			c.Avoid = append(c.Avoid, job)
-			v.confs[node] = c
+// withoutUIDs takes the workers of tenants without a uid out of the plan, as unplaced with
+// the reason: they are not run as anyone else. Only a tenant stored before uids existed
+// has none, until the leading master backfills it (at the start of its term; tried again
+// here).
+func (r *reconciler) withoutUIDs(ctx context.Context, v *View, res *placement.Result) {
+	kept := res.Placements[:0]
+	var missing []string
+	for _, p := range res.Placements {
+		tenant := v.TenantOf(p.Job) // a router's is its mirrored job's
+		if v.uids[tenant] > 0 {
+			kept = append(kept, p)
+			continue
 		}
+		if !slices.Contains(missing, tenant) {
+			missing = append(missing, tenant)
+		}
+		res.Unplaced = append(res.Unplaced, placement.Unplaced{Job: p.Job, Worker: p.Worker, Link: p.Link,
+			Reason: fmt.Sprintf("waiting: tenant %s has no uid to run as yet (the leading master gives it one from --tenant-uids)", tenant)})
 	}
-	return nil
+	res.Placements = kept
+	if len(missing) == 0 {
+		return
+	}
+	slices.SortFunc(res.Unplaced, func(a, b placement.Unplaced) int {
+		return cmp.Or(cmp.Compare(a.Job, b.Job), cmp.Compare(a.Link, b.Link), cmp.Compare(a.Worker, b.Worker))
+	})
+	r.m.log.Warn("workers of tenants without a uid wait", "tenants", missing)
+	r.m.backfillUIDs(ctx, r.kv)
 }

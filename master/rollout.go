@@ -308,7 +308,7 @@ func staysOn(v *View, node, job string) bool {
 		return false
 	}
 	c := v.confs[node]
-	return !c.Draining && v.dcs[rec.Node.DC].State != cluster.DCFailed && !slices.Contains(c.Avoid, job)
+	return !c.Draining && v.dcs[rec.Node.DC].State != cluster.DCFailed && !c.Avoiding(job, time.Now())
 }
 
 // sequenceMoves holds back the start of a worker on a new node while another live node
@@ -347,7 +347,10 @@ func (r *reconciler) armWake(t time.Time) {
 }
 
 // stopWake ends the wake timer when the leader's term ends.
-func (r *reconciler) stopWake() { r.armWake(time.Time{}) }
+func (r *reconciler) stopWake() {
+	r.armWake(time.Time{})
+	r.armAvoidWake(time.Time{})
+}
 
 // judgedByRollout reports a crash-looping worker that its job's rollout judges, rather than
 // its node: one being replaced, or one on the generation an update moves to. Moving it to

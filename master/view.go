@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
@@ -27,6 +28,7 @@ type View struct {
 	statuses map[cluster.WorkerKey]nodeWorker // what agents report, by worker
 	copies   []nodeWorker                     // every worker every agent reports
 	caps     map[string]int                   // each tenant's priority cap
+	uids     map[string]int                   // each tenant's uid (0 or missing: none yet)
 }
 
 type Job struct {
@@ -244,10 +246,11 @@ func (m *Master) view() *View {
 	return v
 }
 
-// setCaps notes each tenant's priority cap from its record. A tenant without a readable
+// setCaps notes each tenant's priority cap and uid from its record. A tenant without a readable
 // record has none: its jobs are placed at the lowest priority.
 func (v *View) setCaps(log *slog.Logger, tenants map[string]coord.Entry) {
 	v.caps = make(map[string]int, len(tenants))
+	v.uids = make(map[string]int, len(tenants))
 	for name, e := range tenants {
 		var t cluster.TenantRecord
 		if err := json.Unmarshal(e.Value, &t); err != nil {
@@ -255,6 +258,7 @@ func (v *View) setCaps(log *slog.Logger, tenants map[string]coord.Entry) {
 			continue
 		}
 		v.caps[name] = t.PriorityCap()
+		v.uids[name] = t.UID
 	}
 }
 
@@ -329,12 +333,15 @@ func (v *View) runningJobs() []cluster.JobSpec {
 	return out
 }
 
-// avoid maps each job to the nodes noted for its crash loops.
+// avoid maps each job to the nodes that avoid it now, after its crash loops there.
 func (v *View) avoid() map[string][]string {
 	out := map[string][]string{}
+	now := time.Now()
 	for id, c := range v.confs {
 		for _, job := range c.Avoid {
-			out[job] = append(out[job], id)
+			if c.Avoiding(job, now) {
+				out[job] = append(out[job], id)
+			}
 		}
 	}
 	return out

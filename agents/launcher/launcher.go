@@ -41,6 +41,14 @@ type Config struct {
 // worker because its lease lapsed.
 var ErrLeaseExpired = errors.New("lease expired")
 
+// ExitLeaseLapsed is the launcher's exit status when it stopped the worker because the
+// lease lapsed (EX_TEMPFAIL of sysexits.h: a fault outside the worker, to be retried). A
+// worker's program may exit with it too, so the status alone proves nothing: the agent
+// counts such an exit as a lapse only when its own view of the lease (the keeper's record
+// of when the lease was last lapsed, or the lease file) says the lease had lapsed when the
+// worker ended (see agents.run.exitReason); otherwise it is a crash like any other.
+const ExitLeaseLapsed = 75
+
 // forwarded are the signals the launcher passes on to the worker.
 var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT,
 	syscall.SIGUSR1, syscall.SIGUSR2}
@@ -149,6 +157,14 @@ func leaseLapsed(path string, ttl time.Duration, begin time.Time) bool {
 	return time.Since(fi.ModTime()) > ttl
 }
 
+// describe says how the worker ended, for the launcher's own messages.
+func describe(ws syscall.WaitStatus) string {
+	if ws.Signaled() {
+		return "killed by " + ws.Signal().String()
+	}
+	return fmt.Sprintf("exit %d", ws.ExitStatus())
+}
+
 // ExitLike ends the process the way the worker ended: with its exit code, or killed by the
 // same signal, so the driver sees the worker's own exit (128+signal, OOM kills included).
 func ExitLike(ws syscall.WaitStatus) {
@@ -165,8 +181,9 @@ func ExitLike(ws syscall.WaitStatus) {
 // Main is the `launch` subcommand: it parses args (those after the subcommand's name), runs
 // the worker until it ends and exits the way it did (ExitLike). It returns only on bad
 // input, with the exit status to use: 1 for a bad or missing flag, 2 without a command (the
-// message, on stderr, says what to give), and 127 when the worker cannot start. -h or --help
-// prints the flags and returns 0.
+// message, on stderr, says what to give), 127 when the worker cannot start, and
+// ExitLeaseLapsed once it stopped the worker for a lapsed lease. -h or --help prints the
+// flags and returns 0.
 func Main(args []string, stderr io.Writer) int {
 	var cfg Config
 	if err := cfg.Parse(args); err != nil {
@@ -185,7 +202,12 @@ func Main(args []string, stderr io.Writer) int {
 	// SIGTERM reaches the worker through Run's forwarding; the context is for callers that
 	// stop the launcher themselves.
 	ws, err := Run(context.Background(), cfg)
-	if err != nil && !errors.Is(err, ErrLeaseExpired) {
+	if errors.Is(err, ErrLeaseExpired) {
+		// Stopped by the launcher, not the worker's own end: say so to the agent.
+		fmt.Fprintf(stderr, "stormdock launch: worker stopped for its lapsed lease (%s); exiting %d\n", describe(ws), ExitLeaseLapsed)
+		return ExitLeaseLapsed
+	}
+	if err != nil {
 		fmt.Fprintln(stderr, "stormdock launch: "+err.Error())
 		return 127
 	}

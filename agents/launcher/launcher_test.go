@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -125,5 +126,28 @@ func TestRunPassesExitStatus(t *testing.T) {
 	ws, _, err := launch(t, context.Background(), touchLease(t), time.Minute, time.Second, "crash")
 	if err != nil || ws.ExitStatus() != 3 {
 		t.Errorf("status %v, err %v: want exit 3", ws, err)
+	}
+}
+
+// A worker stopped for a lapsed lease ends the launcher with ExitLeaseLapsed, whatever the
+// worker's own status, so that the agent can tell it from the worker's failure (and then
+// check its own view of the lease: see agents' exit reason tests).
+func TestMainExitsWithLapseStatus(t *testing.T) {
+	lease := touchLease(t)
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(lease, old, old); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("HELPER_DIR", t.TempDir())
+	t.Setenv("HELPER_MODE", "run")
+	t.Setenv("STORMDOCK_JOB", "l")
+	t.Setenv("STORMDOCK_WORKER", "0")
+	var stderr strings.Builder
+	code := launcher.Main([]string{"--lease", lease, "--ttl", "1s", "--grace", "5s", "--", stormdockBin, "helper"}, &stderr)
+	if code != launcher.ExitLeaseLapsed {
+		t.Fatalf("Main = %d, want %d (stderr: %s)", code, launcher.ExitLeaseLapsed, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "lapsed lease") {
+		t.Errorf("stderr = %q, want it to say the lease lapsed", stderr.String())
 	}
 }

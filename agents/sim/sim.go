@@ -487,6 +487,7 @@ func (a *Agent) advance(now time.Time, unacked []cluster.WorkerKey) []cluster.Wo
 			case cluster.WorkerStarting:
 				if f := b.fail(a.node.ID, s.wa); f != nil {
 					s.st.State, s.st.Restarts, s.st.RecentRestarts, s.st.LastExit, s.st.Since = cluster.WorkerBackoff, f.Restarts, f.Restarts, f.Exit, stamp(now)
+					s.st.ExitReason = cluster.ExitCrashed
 					continue
 				}
 				s.st.State, s.st.PID, s.st.Since = cluster.WorkerRunning, 1, stamp(now)

@@ -22,7 +22,7 @@ type Local struct {
 	T testing.TB
 	// DataDir is the cluster's data directory (store, admin token, certificates).
 	DataDir string
-	// SinkDir is the cluster's sink dir (DataDir/sinks unless cfg says otherwise): a
+	// SinkDir is the cluster's sink dir (a temporary directory unless cfg says otherwise): a
 	// mirrored job's file sink goes below SinkDir/<tenant>/ (SinkPath).
 	SinkDir string
 	// Token is the admin token; Client an admin client of the cluster's master.
@@ -41,6 +41,19 @@ func StartLocal(t testing.TB, binary string, cfg daemon.LocalConfig) *Local {
 		cfg.API = "127.0.0.1:0"
 	}
 	cfg.Self = binary
+	if cfg.SinkDir == "" {
+		// A directory of the test's own that the routers' uids can reach (not
+		// daemon.RootSinkDir, which every local cluster run as root shares).
+		dir, err := os.MkdirTemp("", "stormdock-sinks-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cfg.SinkDir = dir
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = testenv.Logger(t, slog.LevelWarn)
 	}
@@ -61,8 +74,6 @@ func StartLocal(t testing.TB, binary string, cfg daemon.LocalConfig) *Local {
 	}
 	sinkDir := cfg.SinkDir
 	switch sinkDir {
-	case "":
-		sinkDir = filepath.Join(cfg.DataDir, "sinks") // daemon.LocalConfig's default
 	case "off":
 		sinkDir = ""
 	}

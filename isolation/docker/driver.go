@@ -31,8 +31,21 @@ import (
 // MinMemory is the engine's own floor: dockerd refuses memory limits under 6 MB.
 const MinMemory = 6 * isolation.MiB
 
-// User is who workers run as: nobody, numeric because scratch images have no /etc/passwd.
+// User is who a worker runs as when its spec names no user (isolation.Spec.User): nobody,
+// numeric because scratch images have no /etc/passwd. Agents always name one: the tenant's
+// uid, so that two tenants' containers are not one user on the host.
 const User = "65534:65534"
+
+// userOf is the container's user for a spec: "uid:gid", numeric. Docker adds no host
+// groups; only an image whose own /etc/passwd names that uid can add its /etc/group's,
+// which count inside the container alone (it sees of the host only its read-only lease
+// directory).
+func userOf(spec isolation.Spec) string {
+	if spec.User == nil {
+		return User
+	}
+	return strconv.FormatUint(uint64(spec.User.UID), 10) + ":" + strconv.FormatUint(uint64(spec.User.GID), 10)
+}
 
 // cpuPeriod is the CFS period runc applies NanoCPUs against.
 const cpuPeriod = 100 * time.Millisecond
@@ -183,7 +196,7 @@ func (d *Driver) start(ctx context.Context, spec isolation.Spec) (isolation.Work
 		Cmd:        spec.Command,
 		Env:        spec.Environ(),
 		Labels:     lbl,
-		User:       User,
+		User:       userOf(spec),
 		WorkingDir: spec.Dir,
 	}
 	hc := &container.HostConfig{

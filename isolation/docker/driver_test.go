@@ -264,13 +264,28 @@ func newDriver(t *testing.T) *docker.Driver {
 }
 
 // The container runs with the hardening the design asks for, checked in the engine's view and
-// in the kernel's view of the process.
+// in the kernel's view of the process: as the spec's user (a tenant's uid, gid the same, no
+// supplementary groups), or nobody when it names none.
 func TestHardening(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		user *isolation.User
+		want string // uid:gid
+	}{
+		{"no user: nobody", nil, docker.User},
+		{"a tenant's uid", &isolation.User{UID: 300000, GID: 300000}, "300000:300000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testHardening(t, tc.user, tc.want) })
+	}
+}
+
+func testHardening(t *testing.T, user *isolation.User, wantUser string) {
 	d := newDriver(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	spec := harness().Spec(t, "hardened", "sleep")
 	spec.Node = "n1"
+	spec.User = user
 	lease := t.TempDir()
 	if err := os.WriteFile(filepath.Join(lease, "lease"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
@@ -287,8 +302,8 @@ func TestHardening(t *testing.T) {
 	}
 	hc := info.HostConfig
 	switch {
-	case info.Config.User != docker.User:
-		t.Errorf("user %q", info.Config.User)
+	case info.Config.User != wantUser:
+		t.Errorf("user %q, want %q", info.Config.User, wantUser)
 	case !hc.ReadonlyRootfs:
 		t.Errorf("root file system writable")
 	case len(hc.CapDrop) != 1 || hc.CapDrop[0] != "ALL":
@@ -308,9 +323,18 @@ func TestHardening(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Uid:\t65534\t65534\t65534\t65534", "NoNewPrivs:\t1", "CapEff:\t0000000000000000"} {
+	uid, gid, _ := strings.Cut(wantUser, ":")
+	for _, want := range []string{"Uid:\t" + strings.Repeat(uid+"\t", 3) + uid + "\n", "Gid:\t" + strings.Repeat(gid+"\t", 3) + gid + "\n",
+		"NoNewPrivs:\t1", "CapEff:\t0000000000000000", "Seccomp:\t2"} {
 		if !strings.Contains(string(status), want) {
 			t.Errorf("worker process status lacks %q:\n%s", want, status)
+		}
+	}
+	// No group but its own: the engine lists the primary gid among the supplementary ones,
+	// which adds nothing.
+	for _, l := range strings.Split(string(status), "\n") {
+		if gs, ok := strings.CutPrefix(l, "Groups:"); ok && strings.TrimSpace(gs) != "" && strings.TrimSpace(gs) != gid {
+			t.Errorf("worker's supplementary groups %q, want none but %s", gs, gid)
 		}
 	}
 	// The bind mount is there, read-only, as the worker sees its file system.

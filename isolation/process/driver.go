@@ -281,7 +281,7 @@ func (d *Driver) start(spec isolation.Spec, prog string) (st state, sl slot, cmd
 	if err := rotatePrevious(st.LogPath); err != nil {
 		d.log.Warn("keep the previous run's log", "id", spec.ID, "err", err)
 	}
-	out, err := openLog(st.LogPath)
+	out, err := openLog(st.LogPath, spec.User)
 	if err != nil {
 		return st, sl, nil, err
 	}

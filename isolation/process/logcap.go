@@ -6,16 +6,33 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 	"time"
+
+	"github.com/stormdock/stormdock/isolation"
 )
 
 // openLog opens a worker's log for appending. The worker writes to it directly, not through a
 // pipe to the agent: a pipe would break (SIGPIPE) when the agent restarts, while the file
 // outlives the agent with the worker.
-func openLog(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+//
+// With a user (the worker's), the file is that user's, 0600: what a worker writes (its
+// errors, its environment if it prints it) is for its own tenant, through the agent, alone.
+// The worker writes through the descriptor it is given either way.
+func openLog(path string, u *isolation.User) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open worker log: %w", err)
+	}
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open worker log: %w", err)
+	}
+	if u != nil {
+		if err := f.Chown(int(u.UID), int(u.GID)); err != nil && !errors.Is(err, os.ErrPermission) {
+			f.Close()
+			return nil, fmt.Errorf("open worker log: %w", err)
+		}
 	}
 	return f, nil
 }
@@ -40,7 +57,7 @@ func capLog(path string, max int64, p pauser) error {
 		return err
 	}
 	tmp := path + ".1.tmp"
-	old, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	old, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}

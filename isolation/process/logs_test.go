@@ -78,7 +78,7 @@ func TestTailStart(t *testing.T) {
 func TestFollowAcrossRotations(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "w.log")
-	f, err := openLog(p)
+	f, err := openLog(p, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestFollowAcrossRotations(t *testing.T) {
 			if err := rotatePrevious(p); err != nil {
 				t.Fatal(err)
 			}
-			if f, err = openLog(p); err != nil {
+			if f, err = openLog(p, nil); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -30,33 +30,50 @@ import (
 // driver's start (see the driver's "start phases" log); then the cpu of everything that ran
 // in the worker's process tree for a worker of /bin/true, from the start to its exit (shim,
 // launcher, true: the driver reaps them, so they are this process's RUSAGE_CHILDREN), and
-// that less /bin/true's own, run alone:
+// that less /bin/true's own, run alone. user=tenant runs the worker as a tenant's uid (the
+// shim's switch, the log's owner), user=driver as the driver (compare them with benchstat
+// -col /user):
 //
 //	go test -run '^$' -bench 'Start$' -benchtime 20x ./isolation/process/
 func BenchmarkStart(b *testing.B) {
 	testenv.Cgroups(b)
 	full := testenv.BuildBinary(b, "./cmd/stormdock")
-	lease := filepath.Join(b.TempDir(), "lease")
+	leaseDir := b.TempDir()
+	// A tenant's uid reaches the lease, as an agent's state directory is reachable.
+	for d := leaseDir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o711); err != nil {
+			b.Fatal(err)
+		}
+	}
+	lease := filepath.Join(leaseDir, "lease")
 	if err := os.WriteFile(lease, nil, 0o644); err != nil {
 		b.Fatal(err)
 	}
+	// user=tenant: the worker runs as a tenant's uid, as every agent's worker does (the
+	// shim's switch and the log's owner); user=driver: as the driver itself.
+	users := []struct {
+		name string
+		u    *isolation.User
+	}{{"driver", nil}, {"tenant", &isolation.User{UID: 300000, GID: 300000}}}
 	for _, n := range []int{1, 16} {
 		for _, bin := range []struct{ name, path string }{{"stormdock-shim", shimBin}, {"stormdock", full}} {
 			for _, launched := range []bool{false, true} {
-				name := fmt.Sprintf("burst=%d/shim=%s/launcher=%v", n, bin.name, launched)
-				b.Run(name, func(b *testing.B) {
-					var launch []string
-					if launched {
-						launch = []string{bin.path, "launch", "--lease", lease, "--ttl", "1h", "--"}
-					}
-					benchStart(b, bin.path, n, launch)
-				})
+				for _, user := range users {
+					name := fmt.Sprintf("burst=%d/shim=%s/launcher=%v/user=%s", n, bin.name, launched, user.name)
+					b.Run(name, func(b *testing.B) {
+						var launch []string
+						if launched {
+							launch = []string{bin.path, "launch", "--lease", lease, "--ttl", "1h", "--"}
+						}
+						benchStart(b, bin.path, n, launch, user.u)
+					})
+				}
 			}
 		}
 	}
 }
 
-func benchStart(b *testing.B, shim string, n int, launch []string) {
+func benchStart(b *testing.B, shim string, n int, launch []string, user *isolation.User) {
 	sleep := append(slices.Clone(launch), "/bin/sleep", "100000")
 	trueCmd := append(slices.Clone(launch), "/bin/true")
 	phases := &phaseLog{steps: map[string][]time.Duration{}}
@@ -74,7 +91,7 @@ func benchStart(b *testing.B, shim string, n int, launch []string) {
 		specs := make([]isolation.Spec, n)
 		for j := range specs {
 			specs[j] = isolation.Spec{ID: fmt.Sprintf("bench-start-%d-%d-%d", benchSeq.Add(1), i, j), Command: cmd,
-				MemoryBytes: 64 * isolation.MiB, MilliCPU: 500, LogDir: dir}
+				MemoryBytes: 64 * isolation.MiB, MilliCPU: 500, LogDir: dir, User: user}
 		}
 		return specs
 	}

@@ -350,6 +350,12 @@ func dropThread(spec string) error {
 	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
 		return errors.New("setuid " + strconv.Itoa(uid) + ": " + e.Error())
 	}
+	// An agent that is not root switches users by capabilities it holds as ambient ones
+	// (root loses every capability with the switch itself): the worker must not inherit
+	// them. EINVAL: a kernel without ambient capabilities, which then has none to drop.
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0, 0); e != 0 && e != syscall.EINVAL {
+		return errors.New("clear ambient capabilities: " + e.Error())
+	}
 	if syscall.Getuid() != uid || syscall.Geteuid() != uid || syscall.Getgid() != gid || syscall.Getegid() != gid {
 		return errors.New("still uid " + strconv.Itoa(syscall.Getuid()) + "/" + strconv.Itoa(syscall.Geteuid()) +
 			" gid " + strconv.Itoa(syscall.Getgid()) + "/" + strconv.Itoa(syscall.Getegid()) + " after the drop")
@@ -418,6 +424,13 @@ func Drop(spec string) error {
 	}
 	if err := syscall.Setuid(uid); err != nil {
 		return errors.New("setuid " + strconv.Itoa(uid) + ": " + err.Error())
+	}
+	// See dropThread: an agent that is not root passes its capabilities as ambient ones.
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, syscall.EINVAL) {
+		return errors.New("clear ambient capabilities: " + err.Error())
+	}
+	if _, _, e := syscall.AllThreadsSyscall6(syscall.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0, 0); e != 0 && !errors.Is(e, syscall.ENOTSUP) && e != syscall.EINVAL {
+		return errors.New("clear ambient capabilities on every thread: " + e.Error())
 	}
 	if syscall.Getuid() != uid || syscall.Geteuid() != uid || syscall.Getgid() != gid || syscall.Getegid() != gid {
 		return errors.New("still uid " + strconv.Itoa(syscall.Getuid()) + "/" + strconv.Itoa(syscall.Geteuid()) +

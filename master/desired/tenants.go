@@ -5,34 +5,155 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 )
 
-// CreateTenant stores a new tenant.
+// CreateTenant stores a new tenant, with uids from the default range (see CreateTenantIn).
 func CreateTenant(ctx context.Context, s coord.KV, t cluster.TenantRecord) error {
+	_, err := CreateTenantIn(ctx, s, t, cluster.DefaultTenantUIDs)
+	return err
+}
+
+// uidAttempts bounds how often a creation or backfill tries again when another one took
+// the counter between its read and its write. Each try takes one round trip, and writers
+// that collided pause a random, growing time, so that many at once all get through.
+const uidAttempts = 64
+
+// CreateTenantIn stores a new tenant with the next uids of r (cluster.Tenant.UID): the
+// counter's step and the tenant's creation are one transaction, so two creations never get
+// one uid and a failed creation takes none. A uid in t is the caller's and ignored. It
+// returns the tenant as stored.
+func CreateTenantIn(ctx context.Context, s coord.KV, t cluster.TenantRecord, r cluster.UIDRange) (cluster.Tenant, error) {
+	t.UID = 0
 	if err := t.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", api.ErrBadInput, err)
+		return cluster.Tenant{}, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
 	if t.Created.IsZero() {
 		t.Created = time.Now().UTC()
 	}
-	val, _ := json.Marshal(t)
 	key, err := keyOf(cluster.TenantKey(t.Name))
 	if err != nil {
-		return err
+		return cluster.Tenant{}, err
 	}
-	_, err = s.Create(ctx, key, val, coord.Persistent)
-	if errors.Is(err, coord.ErrExists) {
-		return fmt.Errorf("%w: tenant %q already exists", api.ErrExists, t.Name)
+	err = withUIDs(ctx, s, r, "tenant "+t.Name, func(uid int) coord.Op {
+		t.UID = uid
+		val, _ := json.Marshal(t)
+		return coord.CreateOp(key, val, coord.Persistent)
+	})
+	if errors.Is(err, errTenantOp) && errors.Is(err, coord.ErrExists) {
+		return cluster.Tenant{}, fmt.Errorf("%w: tenant %q already exists", api.ErrExists, t.Name)
 	}
 	if err != nil {
-		return fmt.Errorf("create tenant %s: %w", t.Name, err)
+		return cluster.Tenant{}, fmt.Errorf("create tenant %s: %w", t.Name, err)
 	}
-	return nil
+	return t.Tenant, nil
+}
+
+// errTenantOp marks the failure of the tenant's own op in withUIDs' transaction (not the
+// counter's).
+var errTenantOp = errors.New("tenant record")
+
+// withUIDs takes the next uids of r from the counter in one transaction with the op that
+// op makes for them (the tenant's creation, or its backfill), and tries again while another
+// writer moves the counter in between. The counter only grows: a range moved below it
+// gives nothing twice; one moved above it starts at its first uid.
+func withUIDs(ctx context.Context, s coord.KV, r cluster.UIDRange, what string, op func(uid int) coord.Op) error {
+	for i := range uidAttempts {
+		if i > 0 {
+			pause := rand.N(min(2*time.Millisecond<<min(i-1, 6), 100*time.Millisecond)) + 1
+			if err := ctxtime.Sleep(ctx, pause); err != nil {
+				return err
+			}
+		}
+		e, err := s.Get(ctx, cluster.TenantUIDsKey)
+		exists := err == nil
+		if err != nil && !errors.Is(err, coord.ErrNotFound) {
+			return fmt.Errorf("read the tenants' uid counter: %w", err)
+		}
+		var c cluster.TenantUIDCounter
+		if exists {
+			if err := json.Unmarshal(e.Value, &c); err != nil {
+				return fmt.Errorf("read the tenants' uid counter %s: %w", cluster.TenantUIDsKey, err)
+			}
+		}
+		uid := max(c.Next, r.First)
+		if uid+cluster.UIDsPerTenant-1 > r.Last {
+			return fmt.Errorf("%w: the tenants' uid range %s is used up (the next free uid is %d, and uids are never given twice): restart the masters with a wider or another --tenant-uids range",
+				api.ErrQuota, r, uid)
+		}
+		next, _ := json.Marshal(cluster.TenantUIDCounter{Next: uid + cluster.UIDsPerTenant})
+		counter := coord.CreateOp(cluster.TenantUIDsKey, next, coord.Persistent)
+		if exists {
+			counter = coord.PutOp(cluster.TenantUIDsKey, next, e.Version)
+		}
+		_, err = s.Txn(ctx, counter, op(uid))
+		var te *coord.TxnError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &te) && te.Index == 1:
+			return fmt.Errorf("%w: %w", errTenantOp, err)
+		case errors.Is(err, coord.ErrConflict), errors.Is(err, coord.ErrExists), errors.Is(err, coord.ErrNotFound):
+			continue // another writer took the counter first: read it again
+		default:
+			return err
+		}
+	}
+	return fmt.Errorf("%w: too many concurrent changes to the tenants' uids (for %s); try again", api.ErrBusy, what)
+}
+
+// BackfillTenantUIDs gives every tenant stored before uids existed its uids from r, each
+// in one transaction with the counter's step and conditional on the record unchanged, and
+// returns how many it gave. The leading master runs it at the start of its term, so that
+// no tenant stays without: its workers are not placed until it has them.
+func BackfillTenantUIDs(ctx context.Context, s coord.KV, r cluster.UIDRange) (int, error) {
+	names, err := s.Children(ctx, cluster.TenantsKey)
+	if err != nil {
+		return 0, fmt.Errorf("list tenants: %w", err)
+	}
+	n := 0
+	for _, name := range names {
+		key, err := keyOf(cluster.TenantKey(name))
+		if err != nil {
+			continue
+		}
+		for {
+			e, err := s.Get(ctx, key)
+			if errors.Is(err, coord.ErrNotFound) {
+				break // deleted meanwhile
+			}
+			if err != nil {
+				return n, fmt.Errorf("read tenant %s: %w", name, err)
+			}
+			t, err := decodeTenant(name, e.Value, true)
+			if err != nil {
+				return n, err
+			}
+			if t.UID > 0 {
+				break
+			}
+			err = withUIDs(ctx, s, r, "tenant "+name, func(uid int) coord.Op {
+				t.UID = uid
+				val, _ := json.Marshal(t)
+				return coord.PutOp(key, val, e.Version)
+			})
+			if errors.Is(err, errTenantOp) && (errors.Is(err, coord.ErrConflict) || errors.Is(err, coord.ErrNotFound)) {
+				continue // the record changed (or went) under us: read it again
+			}
+			if err != nil {
+				return n, fmt.Errorf("give tenant %s its uids: %w", name, err)
+			}
+			n++
+			break
+		}
+	}
+	return n, nil
 }
 
 // ReadTenant returns a tenant's record and its entry (for its version).
@@ -155,6 +276,8 @@ func UpdateTenant(ctx context.Context, s coord.KV, name string, c api.TenantChan
 		if c.MaxPriority != nil {
 			t.MaxPriority = *c.MaxPriority
 		}
+		// The uid is not the admin's to change: a tenant given another one would read the
+		// files its old uid left on the nodes, or another tenant's.
 		if err := t.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 		}

@@ -265,7 +265,7 @@ func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 			}
 			if node, s, ok := v.Status(k); ok && (wv.Node == "" || node == wv.Node) {
 				wv.State, wv.PID, wv.Restarts, wv.LastExit, wv.Memory = s.State, s.PID, s.Restarts, s.LastExit, s.Memory
-				wv.Generation = s.Generation
+				wv.Generation, wv.ExitReason, wv.Lapses = s.Generation, s.ExitReason, s.Lapses
 				if wv.Node == "" {
 					wv.Node = node
 				}
@@ -275,6 +275,18 @@ func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 	}
 	if rec.Spec.Mirrored() {
 		out.Sink = a.m.SinkView(r.Context(), v, rec.Spec.Name)
+	}
+	now := time.Now()
+	for _, id := range slices.Sorted(maps.Keys(v.Confs())) {
+		c := v.Confs()[id]
+		if !c.Avoiding(rec.Spec.Name, now) {
+			continue
+		}
+		na := api.NodeAvoidance{Node: id}
+		if av, ok := c.Avoidance(rec.Spec.Name); ok {
+			na.Until, na.Strikes = av.Until, av.Strikes
+		}
+		out.Avoided = append(out.Avoided, na)
 	}
 	reply(w, http.StatusOK, out)
 }
@@ -299,7 +311,15 @@ func (a *API) listNodes(w http.ResponseWriter, _ *http.Request) {
 			SessionTimeout: rec.SessionTimeout, SessionRequested: rec.SessionRequested}
 		if c, ok := v.Confs()[id]; ok {
 			nv.Draining = c.Draining
-			nv.Avoid = c.Avoid
+			now := time.Now()
+			for _, job := range c.Avoid {
+				if c.Avoiding(job, now) {
+					nv.Avoid = append(nv.Avoid, job)
+					if a, ok := c.Avoidance(job); ok {
+						nv.Avoided = append(nv.Avoided, a)
+					}
+				}
+			}
 		}
 		if nv.Draining {
 			nv.SlotsFree = 0
@@ -321,7 +341,9 @@ func (a *API) drainNode(drain bool) http.HandlerFunc {
 		if err := desired.UpdateNodeConf(r.Context(), a.store, id, func(c *cluster.NodeConf) {
 			c.Draining = drain
 			if !drain {
-				c.Avoid = nil // an operator who undrains a node vouches for it again
+				// An operator who undrains a node vouches for it again: its avoidances
+				// end, and their strikes are forgotten.
+				c.Avoid, c.Avoided = nil, nil
 			}
 		}); err != nil {
 			failErr(w, err)
@@ -428,7 +450,8 @@ func (a *API) createTenant(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	noteObject(r, "tenant/"+t.Name)
-	if err := desired.CreateTenant(r.Context(), a.store, cluster.TenantRecord{Tenant: t}); err != nil {
+	t, err := desired.CreateTenantIn(r.Context(), a.store, cluster.TenantRecord{Tenant: t}, a.m.TenantUIDs())
+	if err != nil {
 		failErr(w, err)
 		return
 	}

@@ -58,7 +58,7 @@ var AgentCommand = &cli.Command{
 		&cli.DurationFlag{Name: "store-silence", Usage: "how long workers keep running while no store server answers at all (a partition of this node, or every store host down); default: the session timeout, so that no worker runs twice for longer"},
 		&cli.BoolFlag{Name: "no-lease", Usage: "run workers without the lease launcher (they then outlive a dead agent)"},
 		sinkDirFlag(),
-		&cli.StringFlag{Name: "run-as", Usage: "`USER` (name or UID:GID) process workers run as, with no new privileges (default: nobody when the agent runs as root; root keeps them root)"},
+		&cli.StringFlag{Name: "run-as", Usage: "single-tenant opt-out: every tenant's process workers run as `USER` (name or UID:GID, never root) instead of each tenant's own uid, so tenants are not apart on this node (default: each tenant's uid)"},
 		&cli.StringFlag{Name: "state-dir", Usage: "agent and driver state `DIR`", Value: "/var/lib/stormdock/agent"},
 		&cli.StringFlag{Name: "docker-host", Usage: "docker engine for --isolation docker (default: DOCKER_HOST or the local socket)"},
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for images under the prefixes the admin shares (`stormdock image share`); tenants' other images are pulled with their own (`stormdock tenant registry-auth`)"},
@@ -123,9 +123,7 @@ func runAgent(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit("stormdock agent: --run-as: "+err.Error(), 2)
 	}
-	if runAs == nil && os.Geteuid() == 0 {
-		log.Warn("process workers run as root (--run-as root)")
-	}
+	warnRunAs(log, runAs)
 	sinkDir, err := sinkDirOf(c)
 	if err != nil {
 		return err
@@ -244,18 +242,11 @@ func agentNode(c *cli.Context) (cluster.Node, error) {
 	return n, nil
 }
 
-// runAsUser resolves --run-as: a user name or UID:GID; empty means nobody when the agent is
-// root. It returns nil when workers run as the agent's own user.
+// runAsUser resolves --run-as, the single-tenant opt-out: a user name or UID:GID, never
+// root. Empty: nil, each tenant's workers run as the tenant's own uid.
 func runAsUser(name string) (*isolation.User, error) {
 	if name == "" {
-		if os.Geteuid() != 0 {
-			return nil, nil
-		}
-		name = "nobody"
-		if _, err := user.Lookup(name); err != nil {
-			// No user database (a FROM scratch image): nobody's conventional ids.
-			name = "65534:65534"
-		}
+		return nil, nil
 	}
 	u := isolation.User{Name: name}
 	if uid, gid, ok := strings.Cut(name, ":"); ok {
@@ -274,13 +265,17 @@ func runAsUser(name string) (*isolation.User, error) {
 		gn, _ := strconv.ParseUint(pu.Gid, 10, 32)
 		u.UID, u.GID = uint32(un), uint32(gn)
 	}
-	if int(u.UID) == os.Geteuid() {
-		return nil, nil // already that user
-	}
-	if os.Geteuid() != 0 {
-		return nil, fmt.Errorf("only an agent running as root can run workers as %s", u)
+	if u.UID == 0 || u.GID == 0 {
+		return nil, fmt.Errorf("%s is root: tenants' code never runs as root; give another user, or leave --run-as out so that each tenant runs as its own uid", u)
 	}
 	return &u, nil
+}
+
+// warnRunAs says, once at start, what --run-as gives up.
+func warnRunAs(log *slog.Logger, u *isolation.User) {
+	if u != nil {
+		log.Warn(fmt.Sprintf("--run-as: every tenant's process workers run as %s; tenants are not apart on this node", u))
+	}
 }
 
 func isolationModes(vals []string) ([]string, error) {

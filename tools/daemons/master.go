@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/master"
@@ -82,9 +83,12 @@ var MasterCommand = &cli.Command{
 		sinkDirFlag(),
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the admin token (admin.token, mode 0600), api.url and, with --tls, ca.crt, ca.key, master.crt and master.key", Value: commands.DefaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 		&cli.DurationFlag{Name: "reregister-grace", Usage: "after this master starts leading or its store comes back, how long nodes missing from the store are waited for before their workers move", Value: master.DefaultReregisterGrace},
+		&cli.DurationFlag{Name: "avoid-period", Usage: "how long a node is avoided for a job after its workers crash-looped there; it doubles with every further crash loop there, up to --avoid-max (a job's workers that fit nowhere else go to an avoided node all the same)", Value: master.DefaultAvoidPeriod},
+		&cli.DurationFlag{Name: "avoid-max", Usage: "the longest a node is avoided for a job after crash loops", Value: master.DefaultAvoidMax},
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) to pin the images under shared prefixes (`stormdock image share`) to digests with; tenants' other images are pinned with their own (`stormdock tenant registry-auth`)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS: a CA and a server certificate are made in --data at the first start"},
 		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
+		tenantUIDsFlag(),
 	), eventsFlags()...),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
@@ -92,6 +96,9 @@ var MasterCommand = &cli.Command{
 		}
 		if _, err := coord.ParseURL(c.String("store")); err != nil {
 			return commands.UsageErr("--store: %v", err)
+		}
+		if p, m := c.Duration("avoid-period"), c.Duration("avoid-max"); p <= 0 || m < p {
+			return commands.UsageErr("--avoid-period %s, --avoid-max %s: give a period above 0 and a cap no shorter than it", p, m)
 		}
 		log := slog.Default()
 		sinkDir, err := sinkDirOf(c)
@@ -110,8 +117,13 @@ var MasterCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		uids, err := tenantUIDs(c)
+		if err != nil {
+			return err
+		}
 		m, err := daemon.NewMaster(c.Context, daemon.MasterConfig{
 			Events:          events,
+			TenantUIDs:      uids,
 			Store:           c.String("store"),
 			StoreOptions:    opts,
 			Listen:          c.String("api"),
@@ -121,6 +133,8 @@ var MasterCommand = &cli.Command{
 			DataDir:         c.String("data"),
 			SinkDir:         sinkDir,
 			ReregisterGrace: c.Duration("reregister-grace"),
+			AvoidPeriod:     c.Duration("avoid-period"),
+			AvoidMax:        c.Duration("avoid-max"),
 			RegistryAuth:    c.String("registry-auth"),
 			Logger:          log,
 		})
@@ -162,4 +176,20 @@ func eventsConfig(c *cli.Context) (eventlog.Config, error) {
 		return cfg, commands.UsageErr("--events-flush must be between 1ms and 1m, not %s", cfg.Flush)
 	}
 	return cfg, nil
+}
+
+// tenantUIDsFlag is the range tenants' uids are given from, on every master and on up.
+func tenantUIDsFlag() cli.Flag {
+	return &cli.StringFlag{Name: "tenant-uids", Value: cluster.DefaultTenantUIDs.String(),
+		Usage: "`FIRST-LAST` uids the tenants' workers run as: each tenant takes two (its workers', its output routers'), given once at `tenant create` and never again; the same on every master"}
+}
+
+// tenantUIDs reads --tenant-uids, refusing a range that holds root, the system's users or
+// this process's uid.
+func tenantUIDs(c *cli.Context) (cluster.UIDRange, error) {
+	r, err := cluster.ParseUIDRange(c.String("tenant-uids"), os.Geteuid())
+	if err != nil {
+		return r, commands.UsageErr("%v", err)
+	}
+	return r, nil
 }

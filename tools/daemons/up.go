@@ -11,7 +11,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/daemon"
-	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/tools/commands"
 )
 
@@ -30,8 +29,9 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT, zks:// for TLS with --store-ca)"},
 		commands.StoreTLSFlags[0], commands.StoreTLSFlags[1], commands.StoreTLSFlags[2],
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for pinning and pulling the images under shared prefixes (`stormdock image share`); tenants' other images use their own (`stormdock tenant registry-auth`)"},
-		&cli.StringFlag{Name: "run-as", Usage: "`USER` (name or UID:GID) process workers run as, with no new privileges; --data must then be reachable by that user (default: as you)"},
-		&cli.StringFlag{Name: "sink-dir", Usage: "`DIR` below which mirrored jobs' file sinks live, as DIR/TENANT/...; off turns file sinks off (default: DATA-DIR/sinks)"},
+		&cli.StringFlag{Name: "run-as", Usage: "single-tenant opt-out: every tenant's process workers run as `USER` (name or UID:GID, never root) instead of each tenant's own uid, so tenants are not apart (default: each tenant's uid; without root, give your own user)"},
+		tenantUIDsFlag(),
+		&cli.StringFlag{Name: "sink-dir", Usage: "`DIR` below which mirrored jobs' file sinks live, as DIR/TENANT/...; off turns file sinks off (default: /var/lib/stormdock/sinks as root, whose routers run as their tenants' uids and cannot enter --data; else DATA-DIR/sinks)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS (a CA and certificate are made in --data at the first start; the CLI trusts them by itself)", Value: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
@@ -70,12 +70,15 @@ func runUp(c *cli.Context) error {
 	if err != nil {
 		return commands.UsageErr("%v", err)
 	}
-	var runAs *isolation.User
-	if name := c.String("run-as"); name != "" {
-		if runAs, err = runAsUser(name); err != nil {
-			return commands.UsageErr("--run-as: %v", err)
-		}
+	runAs, err := runAsUser(c.String("run-as"))
+	if err != nil {
+		return commands.UsageErr("--run-as: %v", err)
 	}
+	uids, err := tenantUIDs(c)
+	if err != nil {
+		return err
+	}
+	warnRunAs(log, runAs)
 	events, err := eventsConfig(c)
 	if err != nil {
 		return err
@@ -92,6 +95,7 @@ func runUp(c *cli.Context) error {
 		RegistryAuth: c.String("registry-auth"),
 		CgroupParent: c.String("cgroup-parent"),
 		SinkDir:      c.String("sink-dir"),
+		TenantUIDs:   uids,
 	})
 	if err != nil {
 		return cli.Exit("stormdock up: "+err.Error(), 1)

@@ -20,6 +20,7 @@ import (
 	"github.com/stormdock/stormdock/daemon"
 	"github.com/stormdock/stormdock/examples"
 	"github.com/stormdock/stormdock/internal/ctxtime"
+	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/tools/commands"
 	jobcmd "github.com/stormdock/stormdock/tools/commands/job"
 )
@@ -65,8 +66,14 @@ func runDemo(c *cli.Context) error {
 	defer os.RemoveAll(data)
 	ctx := c.Context
 	start := time.Now()
+	// The tour's one tenant runs as its own uid with root; without, as the caller (up's
+	// --run-as $USER), which cannot switch users.
+	var runAs *isolation.User
+	if os.Geteuid() != 0 {
+		runAs = &isolation.User{UID: uint32(os.Geteuid()), GID: uint32(os.Getegid())}
+	}
 	lc, err := daemon.StartLocal(ctx, daemon.LocalConfig{Nodes: c.Int("nodes"), DCs: []string{"dc-a", "dc-b", "dc-c"}, RacksPerDC: 2, Slots: c.Int("slots"),
-		DataDir: data, API: "127.0.0.1:0", SessionTimeout: 2 * time.Second, Heartbeat: 250 * time.Millisecond, Logger: log, TLS: c.Bool("tls")})
+		DataDir: data, API: "127.0.0.1:0", SessionTimeout: 2 * time.Second, Heartbeat: 250 * time.Millisecond, Logger: log, TLS: c.Bool("tls"), RunAs: runAs})
 	if err != nil {
 		return cli.Exit("stormdock demo: "+err.Error(), 1)
 	}

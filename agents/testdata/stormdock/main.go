@@ -4,7 +4,8 @@
 //
 // The helper writes one report per start into HELPER_DIR (<key>.<pid>.json, key being
 // job[.link].worker) and a <key>.<pid>.term file when it drains on SIGTERM. HELPER_MODE: "run"
-// (default) waits for SIGTERM and exits 0; "crash" exits 3 after HELPER_CRASH_AFTER;
+// (default) waits for SIGTERM and exits 0; "crash" exits 3 (or HELPER_EXIT_CODE) after
+// HELPER_CRASH_AFTER;
 // "ignore-term" ignores SIGTERM. On SIGHUP it copies its live configuration (STORMDOCK_CONFIG)
 // to <key>.<pid>.hup.<n>, n counting the signals from 1.
 package main
@@ -86,7 +87,11 @@ func helper() {
 	if mode == "crash" {
 		d, _ := time.ParseDuration(os.Getenv("HELPER_CRASH_AFTER"))
 		time.Sleep(d)
-		os.Exit(3)
+		code := 3
+		if c, err := strconv.Atoi(os.Getenv("HELPER_EXIT_CODE")); err == nil {
+			code = c
+		}
+		os.Exit(code)
 	}
 	if mode == "ignore-term" {
 		for {

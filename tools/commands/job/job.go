@@ -307,7 +307,7 @@ func notReady(st api.JobStatus, err error, after time.Duration) string {
 		case w.State != "running":
 			s := fmt.Sprintf("worker %d on %s is %s", w.Worker, w.Node, w.State)
 			if w.LastExit != "" {
-				s += " (last exit: " + w.LastExit + ")"
+				s += " (last exit: " + lastExit(w) + ")"
 			}
 			why = append(why, s)
 		}
@@ -377,7 +377,7 @@ func jobStatus(c *cli.Context) error {
 			if wv.Link != "" {
 				id = wv.Link + "/" + id
 			}
-			last := wv.LastExit
+			last := lastExit(wv)
 			if wv.Reason != "" {
 				last = wv.Reason
 			}
@@ -390,6 +390,10 @@ func jobStatus(c *cli.Context) error {
 				gen = fmt.Sprint(wv.Generation)
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", id, commands.Clip(wv.Node, 16), commands.Clip(wv.DC, 8), commands.Clip(wv.Rack, 8), wv.State, gen, pid, wv.Restarts, commands.Clip(last, 72))
+		}
+		for _, a := range st.Avoided {
+			fmt.Fprintf(w, "avoided: node %s until %s after crash loop %d there (used only when nothing else fits)\n",
+				commands.Clip(a.Node, 20), a.Until.UTC().Format(time.RFC3339), a.Strikes)
 		}
 	})
 }
@@ -700,4 +704,13 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return fmt.Sprintf("%q", s)
+}
+
+// lastExit says how a worker last ended and whose fault it was: "crashed: exited with code
+// 3" counts as a crash, a stop for a lapsed lease or by stormdock does not.
+func lastExit(w api.WorkerView) string {
+	if w.LastExit == "" || w.ExitReason != cluster.ExitCrashed {
+		return w.LastExit
+	}
+	return "crashed: " + w.LastExit
 }

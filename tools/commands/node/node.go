@@ -4,6 +4,7 @@ package node
 import (
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -30,7 +31,7 @@ var Command = &cli.Command{
 		},
 		{
 			Name:      "undrain",
-			Usage:     "let a drained node take work again",
+			Usage:     "let a drained node take work again (and end its avoidances after crash loops)",
 			ArgsUsage: "ID",
 			Flags:     commands.MasterFlags(),
 			Action:    nodeDrain(false),
@@ -58,6 +59,14 @@ func nodeList(c *cli.Context) error {
 				health += ",draining"
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", commands.Clip(n.ID, 20), commands.Clip(n.DC, 10), commands.Clip(n.Rack, 10), n.Slots, n.SlotsFree, n.SlotsThrottled, health, commands.Clip(n.Reason, 30))
+		}
+		// Avoidances after crash loops, below the table: they end by themselves (or with
+		// `node undrain`).
+		for _, n := range nodes {
+			for _, a := range n.Avoided {
+				fmt.Fprintf(w, "node %s avoids job %s until %s (crash loop %d there)\n", commands.Clip(n.ID, 20),
+					commands.Clip(a.Job, 30), a.Until.UTC().Format(time.RFC3339), a.Strikes)
+			}
 		}
 	})
 }

@@ -144,7 +144,7 @@ func tenantList(c *cli.Context) error {
 		return commands.APIErr(c, err)
 	}
 	return commands.PrintOut(c, ts, func(w io.Writer) {
-		fmt.Fprintln(w, "NAME\tJOBS\tWORKERS\tMAX WORKERS\tMEMORY\tMAX MEMORY\tMAX PRIORITY\tREGISTRY-AUTH")
+		fmt.Fprintln(w, "NAME\tUID\tJOBS\tWORKERS\tMAX WORKERS\tMEMORY\tMAX MEMORY\tMAX PRIORITY\tREGISTRY-AUTH")
 		for _, t := range ts {
 			maxW, maxM := "-", "-"
 			if t.MaxWorkers > 0 {
@@ -153,11 +153,15 @@ func tenantList(c *cli.Context) error {
 			if t.MaxMemory > 0 {
 				maxM = t.MaxMemory.String()
 			}
+			uid := "-" // a tenant stored before uids, until the leading master gives it one
+			if t.UID > 0 {
+				uid = fmt.Sprint(t.UID)
+			}
 			regAuth := "no"
 			if t.RegistryAuth {
 				regAuth = "yes (" + strings.Join(t.RegistryHosts, ", ") + ")"
 			}
-			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%d\t%s\n", commands.Clip(t.Name, 24), t.Jobs, t.UsedWorkers, maxW, t.UsedMemory, maxM, t.PriorityCap(), regAuth)
+			fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d\t%s\n", commands.Clip(t.Name, 24), uid, t.Jobs, t.UsedWorkers, maxW, t.UsedMemory, maxM, t.PriorityCap(), regAuth)
 		}
 	})
 }

@@ -1,0 +1,116 @@
+package agents
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stormdock/stormdock/agents/launcher"
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/isolation"
+)
+
+// TestExitReason: only the worker's own failures count as crashes. The launcher's lapse
+// status counts as a lapse only when the agent's own view of the lease agrees: a worker that
+// exits with that status while its lease is fine is still a crash. (The agent's own stops,
+// drains, moves, kills, rollouts and evictions, never reach exitReason: see
+// TestAgentStopsAreNotCrashes and TestLapsedLeaseIsNotACrash.)
+func TestExitReason(t *testing.T) {
+	const ttl = 2 * time.Second
+	const grace = time.Second
+	now := time.Now()
+	lapse := isolation.Exit{Code: launcher.ExitLeaseLapsed, At: now}
+	for _, c := range []struct {
+		name    string
+		ex      isolation.Exit
+		lost    error
+		lease   time.Time    // the node lease's stamp (its mtime)
+		st      KeeperStatus // the keeper's record of the last lapse
+		noLease bool
+		want    string
+	}{
+		{name: "lease lapsed, still lapsed", ex: lapse, lease: now.Add(-2 * ttl), want: cluster.ExitLeaseLapsed},
+		{name: "lease lapsed, renewed since", ex: lapse, lease: now.Add(time.Second),
+			st: KeeperStatus{LapsedFrom: now.Add(-time.Second), Lapsed: now.Add(500 * time.Millisecond)}, want: cluster.ExitLeaseLapsed},
+		{name: "lease lapsed, the worker took its grace", ex: lapse, lease: now,
+			st: KeeperStatus{LapsedFrom: now.Add(-3 * time.Second), Lapsed: now.Add(-grace - time.Second)}, want: cluster.ExitLeaseLapsed},
+		{name: "lease lapsed, older keeper without LapsedFrom", ex: lapse, lease: now,
+			st: KeeperStatus{Lapsed: now.Add(-time.Second)}, want: cluster.ExitLeaseLapsed},
+		{name: "lapse status while the lease is fine", ex: lapse, lease: now, want: cluster.ExitCrashed},
+		{name: "lapse status long after the last lapse", ex: lapse, lease: now,
+			st: KeeperStatus{LapsedFrom: now.Add(-time.Minute), Lapsed: now.Add(-50 * time.Second)}, want: cluster.ExitCrashed},
+		{name: "lapse status before the next lapse began", ex: lapse, lease: now.Add(time.Second),
+			st: KeeperStatus{LapsedFrom: now.Add(time.Second), Lapsed: now.Add(2 * time.Second)}, want: cluster.ExitCrashed},
+		{name: "lapse status without leases", ex: lapse, lease: now.Add(-2 * ttl), noLease: true, want: cluster.ExitCrashed},
+		{name: "exit 3", ex: isolation.Exit{Code: 3, At: now}, lease: now, want: cluster.ExitCrashed},
+		{name: "exit 3 during a lapse", ex: isolation.Exit{Code: 3, At: now}, lease: now.Add(-2 * ttl), want: cluster.ExitCrashed},
+		{name: "SIGSEGV", ex: isolation.Exit{Code: 128 + int(syscall.SIGSEGV), Signal: syscall.SIGSEGV, At: now}, lease: now, want: cluster.ExitCrashed},
+		{name: "OOM kill", ex: isolation.Exit{Code: 137, Signal: syscall.SIGKILL, OOMKilled: true, At: now}, lease: now, want: cluster.ExitCrashed},
+		{name: "OOM kill with the lapse status", ex: isolation.Exit{Code: launcher.ExitLeaseLapsed, OOMKilled: true, At: now},
+			lease: now.Add(-2 * ttl), want: cluster.ExitCrashed},
+		{name: "lost", ex: lapse, lost: errors.New("wait: gone"), lease: now.Add(-2 * ttl), want: cluster.ExitCrashed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			a := &Agent{cfg: Config{StateDir: dir, LeaseTTL: ttl, NoLease: c.noLease}}
+			p, err := ensureNodeLease(dir)
+			if err != nil {
+				if err := os.MkdirAll(filepath.Join(dir, "leases"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if p, err = ensureNodeLease(dir); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Chtimes(p, c.lease, c.lease); err != nil {
+				t.Fatal(err)
+			}
+			if got := a.exitReason(c.ex, c.lost, grace, c.st); got != c.want {
+				t.Errorf("exitReason = %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestExitCounts(t *testing.T) {
+	for reason, want := range map[string]bool{
+		"": true, cluster.ExitCrashed: true,
+		cluster.ExitLeaseLapsed: false, cluster.ExitStopped: false, cluster.ExitEvicted: false,
+	} {
+		if got := cluster.ExitCounts(reason); got != want {
+			t.Errorf("ExitCounts(%q) = %v, want %v", reason, got, want)
+		}
+	}
+}
+
+// TestFaultHealedResetsBackoff: once the store answers again, crashes during the fault (and
+// from a lease ttl before it) no longer count, and a worker waiting out its backoff starts
+// at once; earlier crashes still count.
+func TestFaultHealedResetsBackoff(t *testing.T) {
+	const ttl = 2 * time.Second
+	since := time.Now().Add(-30 * time.Second)
+	r := &run{a: &Agent{cfg: Config{LeaseTTL: ttl}}, log: slog.New(slog.DiscardHandler), workers: map[string]*slot{
+		"during": {id: "during", state: cluster.WorkerBackoff, retryAt: time.Now().Add(time.Minute),
+			recent: []time.Time{since.Add(-time.Minute), since.Add(-time.Second), since.Add(5 * time.Second), since.Add(20 * time.Second)}},
+		"before": {id: "before", state: cluster.WorkerBackoff, retryAt: time.Now().Add(time.Minute),
+			recent: []time.Time{since.Add(-time.Minute)}},
+		"running": {id: "running", state: cluster.WorkerRunning, recent: []time.Time{since.Add(time.Second)}},
+	}}
+	r.faultHealed(since)
+	if s := r.workers["during"]; len(s.recent) != 1 || time.Until(s.retryAt) > 0 {
+		t.Errorf("crashed during the fault: recent %v, retry in %s; want one crash left and a restart now", s.recent, time.Until(s.retryAt))
+	}
+	if s := r.workers["before"]; len(s.recent) != 1 || time.Until(s.retryAt) < 50*time.Second {
+		t.Errorf("crashed before the fault: recent %v, retry in %s; want both kept", s.recent, time.Until(s.retryAt))
+	}
+	if s := r.workers["running"]; len(s.recent) != 0 || !s.retryAt.IsZero() {
+		t.Errorf("running: recent %v, retry at %v; want the crash forgiven and no retry", s.recent, s.retryAt)
+	}
+	if !r.urgent {
+		t.Error("the change is not published at once")
+	}
+}
