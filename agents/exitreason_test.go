@@ -66,6 +66,7 @@ func TestExitReason(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			a.leases = filepath.Dir(p) // as prepareStateDir leaves it
 			if err := os.Chtimes(p, c.lease, c.lease); err != nil {
 				t.Fatal(err)
 			}

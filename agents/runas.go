@@ -90,7 +90,7 @@ func effectiveCaps() uint64 {
 }
 
 // noSwitchHelp is what to do about an agent that cannot switch users.
-const noSwitchHelp = "run the agent as root, or give it CAP_SETUID and CAP_SETGID (ambient, with CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER), or --run-as for a single-tenant node"
+const noSwitchHelp = "run the agent as root, or give it CAP_SETUID and CAP_SETGID (ambient, with CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER and CAP_KILL), or --run-as for a single-tenant node"
 
 // workerUser is who a worker runs as (nil: as the agent, which only --run-as set to the
 // agent's own user asks for), or why it must not run: the one-line error its state shows.

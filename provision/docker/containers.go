@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -69,7 +70,8 @@ func baseLabels(spec provision.Spec, role string) (map[string]string, error) {
 }
 
 // hostConfig is what master and agent containers share: host network (loopback reaches
-// ZooKeeper and the master), a read-only root with tmpfs state, no capabilities, and a
+// ZooKeeper and the master), a read-only root with tmpfs state, no capabilities (an agent
+// gets AgentCapabilities back), no new privileges, and a
 // private cgroup namespace so that the agent finds no writable hierarchy (not the host's)
 // and runs its workers unconfined inside the container's own limits.
 func hostConfig(mem cluster.Bytes, cpu cluster.CPU, tmpfs string) *container.HostConfig {
@@ -145,7 +147,15 @@ func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provis
 		// Agents share the host's network: each gets its own range of worker ports.
 		"--port-base", strconv.Itoa(portBase + s.Index*spec.Slots)}
 	hc := hostConfig(spec.AgentMemory, spec.AgentCPU, agentState)
-	cfg := &container.Config{Image: spec.Image, Labels: labels, Env: env}
+	// The agent runs each tenant's workers as the tenant's own uid, never its own: it is
+	// root in its container, with only the capabilities that takes (AgentCapabilities), and
+	// no-new-privileges still (a capability used in place needs no exec that gains one).
+	// Its workers keep none: the switch away from root clears them, the shim its ambient
+	// set. The state tmpfs is root's, 0711: the workers enter it to their own lease
+	// directories and list nothing (agents' prepareStateDir), so no lease goes below /run.
+	hc.CapAdd = slices.Clone(AgentCapabilities)
+	hc.Tmpfs[agentState] = "rw,nosuid,nodev,mode=0711,size=" + strconv.FormatInt(int64(spec.AgentMemory)/4, 10)
+	cfg := &container.Config{Image: spec.Image, Labels: labels, Env: env, User: "0:0"}
 	if spec.RegistryAuth != "" {
 		hc.Mounts = append(hc.Mounts, authMount(spec.RegistryAuth))
 		cmd = append(cmd, "--registry-auth", registryAuthPath)
@@ -153,13 +163,12 @@ func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provis
 	if spec.DockerWorkers {
 		// The agent starts worker containers on the host's engine: their lease files are
 		// bind-mounted from the host, so the agent's state is a host directory at the same
-		// path inside. With the engine's socket the agent is root on the host anyway: it
-		// runs as root in its container, which owns both.
+		// path inside (root's, as the agent is; it makes it 0711 for the workers, whose
+		// way to it inside the container is the engine's directories, 0755).
 		dir := filepath.Join(p.cfg.StateRoot, spec.Name, s.Node)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("agent %s: state directory: %w", s.Node, err)
 		}
-		cfg.User = "0:0"
 		hc.Mounts = append(hc.Mounts,
 			mount.Mount{Type: mount.TypeBind, Source: p.cfg.DockerSocket, Target: "/var/run/docker.sock"},
 			mount.Mount{Type: mount.TypeBind, Source: dir, Target: dir})
@@ -170,6 +179,27 @@ func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provis
 	cfg.Cmd = append(cmd, spec.AgentArgs...)
 	_, err = p.run(ctx, cfg, hc, name)
 	return err
+}
+
+// AgentCapabilities are what an agent container gets back after dropping every capability:
+// what running each tenant's workers as the tenant's own uid takes, and nothing more (no
+// CAP_NET_*, CAP_SYS_*, CAP_MKNOD, CAP_SETPCAP...). Each was taken away in turn on a real
+// cluster: without it a tenant's process worker fails to start, or (CAP_KILL) never stops.
+var AgentCapabilities = []string{
+	// setresuid to the tenant's uid (the shim, between fork and exec).
+	"CAP_SETUID",
+	// setresgid to the tenant's gid and setgroups to none of the agent's groups.
+	"CAP_SETGID",
+	// A worker's lease directory, sender token, router credentials and log are the
+	// worker's uid's from the moment they appear (lchown, fchown).
+	"CAP_CHOWN",
+	// The agent still writes the lease, live configuration and token into that
+	// directory, 0700 and the worker's, and removes it when the worker is gone.
+	"CAP_DAC_OVERRIDE",
+	// chmod of the lease directory after it was given away, and of files the workers own.
+	"CAP_FOWNER",
+	// SIGTERM, SIGHUP (live configuration) and SIGKILL to workers of other uids.
+	"CAP_KILL",
 }
 
 // registryAuthPath is where masters and agents find the registry credentials file.
