@@ -80,6 +80,9 @@ type Config struct {
 	StoreURL string
 	// StoreCredentialsFile holds user:pass for the store, for a keeper process.
 	StoreCredentialsFile string
+	// StoreTLS names the store's TLS files (zks://), for a keeper process and output
+	// routers: they run as the agent's user and read them as it does.
+	StoreTLS coord.TLSFiles
 	// RestartGrace is how long the node's workers outlive the agent's process: the keeper
 	// then runs as a process of its own (`stormdock keeper`), started by the agent, and the
 	// node stays registered while the agent restarts. 0 runs the keeper inside the agent:
@@ -218,6 +221,7 @@ func (c *Config) defaults() error {
 type Agent struct {
 	cfg      Config
 	store    coord.Store
+	rca      routerCA // the router CA, once read
 	drivers  map[string]isolation.Driver
 	modes    []string
 	log      *slog.Logger

@@ -155,6 +155,7 @@ func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port i
 	if wa.OutputToken != "" {
 		env[EnvOutputTokenFile] = a.tokenPath(id, mode)
 	}
+	a.routerTLSEnv(env, id, wa, mode)
 	return isolation.Spec{
 		ID:          id,
 		Job:         wa.Key.Job,

@@ -142,6 +142,8 @@ type KeeperConfig struct {
 	// workers keep running while the node has not got its session back. It must stay below
 	// the masters' --reregister-grace. Default DefaultRejoinGrace.
 	RejoinGrace time.Duration
+	// StoreTLS names a zks:// store's TLS files: the probes speak TLS too.
+	StoreTLS coord.TLSFiles
 	// Dial reaches the store's servers for probes; nil uses net.Dialer.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger *slog.Logger
@@ -214,6 +216,11 @@ func NewKeeper(cfg KeeperConfig, store coord.Store) (*Keeper, error) {
 	storeName := ""
 	if t, err := coord.ParseURL(cfg.Store); err == nil {
 		k.addrs, storeName = t.Servers, t.String()
+		if t.TLS {
+			if k.cfg.Dial, err = cfg.StoreTLS.ProbeDialer(cfg.Dial); err != nil {
+				return nil, fmt.Errorf("keeper: store %s: %w", t, err)
+			}
+		}
 	}
 	k.status = KeeperStatus{PID: os.Getpid(), Node: cfg.Node, Store: storeName,
 		SessionTimeout: cluster.Duration(cfg.SessionTimeout), State: KeeperStarting, Since: time.Now()}

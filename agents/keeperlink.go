@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stormdock/stormdock/coord"
 )
 
 // keeperLink is the agent's side of its keeper: the keeper's status, and a way to tell it
@@ -56,6 +58,7 @@ func (e *externalKeeper) Notify() {
 type KeeperArgs struct {
 	Store          string
 	Credentials    string // a file holding user:pass for the store
+	TLS            coord.TLSFiles
 	Node           string
 	Host           string
 	StateDir       string
@@ -72,6 +75,11 @@ func (k KeeperArgs) Args() []string {
 	if k.Credentials != "" {
 		out = append(out, "--store-credentials-file", k.Credentials)
 	}
+	for _, f := range [][2]string{{"--store-ca", k.TLS.CA}, {"--store-cert", k.TLS.Cert}, {"--store-key", k.TLS.Key}} {
+		if f[1] != "" {
+			out = append(out, f[0], f[1])
+		}
+	}
 	return out
 }
 
@@ -82,6 +90,9 @@ func ParseKeeperArgs(args []string) (KeeperArgs, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&k.Store, "store", "", "")
 	fs.StringVar(&k.Credentials, "store-credentials-file", "", "")
+	fs.StringVar(&k.TLS.CA, "store-ca", "", "")
+	fs.StringVar(&k.TLS.Cert, "store-cert", "", "")
+	fs.StringVar(&k.TLS.Key, "store-key", "", "")
 	fs.StringVar(&k.Node, "node-id", "", "")
 	fs.StringVar(&k.Host, "host", "", "")
 	fs.StringVar(&k.StateDir, "state-dir", "", "")
@@ -111,7 +122,7 @@ func (a *Agent) startKeeper(ctx context.Context) (*externalKeeper, error) {
 	case err == nil:
 		unlock()
 		_ = os.Remove(filepath.Join(dir, keeperStatusFile)) // a dead keeper's
-		args := KeeperArgs{Store: a.cfg.StoreURL, Credentials: a.cfg.StoreCredentialsFile, Node: a.cfg.Node.ID,
+		args := KeeperArgs{Store: a.cfg.StoreURL, Credentials: a.cfg.StoreCredentialsFile, TLS: a.cfg.StoreTLS, Node: a.cfg.Node.ID,
 			Host: a.cfg.Node.Host, StateDir: dir, SessionTimeout: a.cfg.SessionTimeout,
 			RestartGrace: a.cfg.RestartGrace, StoreSilence: a.cfg.StoreSilence}
 		logf, err := os.OpenFile(filepath.Join(dir, "keeper.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)

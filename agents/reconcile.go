@@ -219,6 +219,10 @@ func (r *run) start(s *slot) {
 		r.startFailed(s, err)
 		return
 	}
+	if err := r.a.prepareRouterTLS(r.ctx, s.id, s.assign, s.mode, u); err != nil {
+		r.startFailed(s, err)
+		return
+	}
 	s.busy, s.state, s.since = true, cluster.WorkerStarting, time.Now()
 	s.seq++
 	seq, held, ctx := s.seq, s.held, r.ctx

@@ -45,6 +45,13 @@ const credentialsFile = "store.credentials"
 // routers), the file with the store's credentials: a copy of the agent's, the router's own.
 const EnvStoreCredentialsFile = "STORMDOCK_STORE_CREDENTIALS_FILE"
 
+// The store's TLS files (coord.TLSFiles), in the environment of stormdock's own workers.
+const (
+	EnvStoreCA   = "STORMDOCK_STORE_CA"
+	EnvStoreCert = "STORMDOCK_STORE_CERT"
+	EnvStoreKey  = "STORMDOCK_STORE_KEY"
+)
+
 // ErrNoSwitch marks a process worker that would have to run as another user than the
 // agent, which the agent cannot switch to.
 var ErrNoSwitch = errors.New("agent cannot switch users")

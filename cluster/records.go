@@ -35,6 +35,9 @@ const (
 	// AgentKeyKey holds the key masters sign their requests to agents with (workers' logs)
 	// and agents check them with.
 	AgentKeyKey = "/master/agent-key"
+	// RouterCAKey holds the CA (certificate and key, PEM) that agents issue their output
+	// routers' certificates from; link workers, masters and the CLI trust it for routers.
+	RouterCAKey = "/master/router-ca"
 	// RoutersKey holds one entry per mirrored job, written by its output router (package
 	// multidc): /routers/<job>: RouterRecord, /routers/<job>/election: the routers' election.
 	RoutersKey = "/routers"

@@ -2,6 +2,8 @@ package coord
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -35,11 +37,17 @@ type Options struct {
 	Logger *slog.Logger
 	// Dialer replaces net.DialTimeout for ZooKeeper connections (proxies, fault injection).
 	Dialer func(network, address string, timeout time.Duration) (net.Conn, error)
+	// TLS names the PEM files of a zks:// store's TLS: the CA that signed the servers'
+	// certificates, and the client certificate for servers that ask for one. Ignored by
+	// zk:// and the embedded store.
+	TLS TLSFiles
 	// BufferSize sets a ZooKeeper client's send and receive buffers, and so the largest
 	// request and answer it handles (ZooKeeper only). 0 keeps the zk library's 1.5 MiB each,
 	// which a process holding thousands of sessions (simulated agents) cannot afford for
 	// every one.
 	BufferSize int
+
+	tls *tls.Config // from TLS, set by Open for zks:// URLs
 }
 
 func (o Options) withDefaults() Options {
@@ -58,6 +66,7 @@ func (o Options) withDefaults() Options {
 // Target is a parsed store URL.
 //
 //	zk://[user:pass@]host[:port][,host[:port]...][/chroot]   ZooKeeper ensemble, default port 2181
+//	zks://[user:pass@]host[:port][,host[:port]...][/chroot]  the same over TLS (secureClientPort)
 //	mem://                                                  a private in-memory store
 //	mem://NAME                                              the process-wide in-memory store NAME
 //	file:///abs/path/store.json                             in-process store persisted to a file
@@ -66,7 +75,8 @@ func (o Options) withDefaults() Options {
 // server, each Open being a client with its own session (a local cluster's master and
 // agents). The server goes away when its last client closes.
 type Target struct {
-	Scheme      string   // "zk", "mem" or "file"
+	Scheme      string   // "zk" (also for zks://), "mem" or "file"
+	TLS         bool     // zk: zks://, the servers speak TLS
 	Servers     []string // zk: host:port list
 	Chroot      string   // zk: "" or a clean absolute path
 	Name        string   // mem: "" for a private store
@@ -78,11 +88,15 @@ type Target struct {
 func ParseURL(raw string) (Target, error) {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		return Target{}, fmt.Errorf("%w: store URL %q: want zk://, mem:// or file://", ErrInvalid, raw)
+		return Target{}, fmt.Errorf("%w: store URL %q: want zk://, zks://, mem:// or file://", ErrInvalid, raw)
 	}
 	switch scheme {
 	case "zk":
 		return parseZKURL(raw, rest)
+	case "zks":
+		t, err := parseZKURL(raw, rest)
+		t.TLS = err == nil
+		return t, err
 	case "mem":
 		if strings.ContainsAny(rest, "/?#@:") {
 			return Target{}, fmt.Errorf("%w: store URL %q: mem://NAME takes a plain name", ErrInvalid, raw)
@@ -151,6 +165,9 @@ func parseZKURL(raw, rest string) (Target, error) {
 func (t Target) String() string {
 	switch t.Scheme {
 	case "zk":
+		if t.TLS {
+			return "zks://" + strings.Join(t.Servers, ",") + t.Chroot
+		}
 		return "zk://" + strings.Join(t.Servers, ",") + t.Chroot
 	case "mem":
 		return "mem://" + t.Name
@@ -187,9 +204,22 @@ func Open(ctx context.Context, rawURL string, opts Options) (Store, error) {
 		if opts.Credentials == "" {
 			opts.Credentials = t.Credentials
 		}
+		if t.TLS {
+			cfg, err := opts.TLS.clientConfig()
+			if err != nil {
+				return nil, fmt.Errorf("store %s: %w", t, err)
+			}
+			opts.tls = cfg
+		}
 		// A failed open returns a nil Store, not a Store holding a nil *ZK: callers test
 		// the result against nil (an agent that closed a nil *ZK crashed).
 		s, err := OpenZK(ctx, t.Servers, t.Chroot, opts)
+		if err != nil && t.TLS {
+			var te *tlsError
+			if errors.As(err, &te) {
+				return nil, fmt.Errorf("store %s: %w", t, te)
+			}
+		}
 		if err != nil {
 			return nil, err
 		}

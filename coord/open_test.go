@@ -30,7 +30,11 @@ func TestParseURL(t *testing.T) {
 		{in: "file:///a/../b.json", want: coord.Target{Scheme: "file", Path: "/b.json"}},
 		{in: "", err: true},
 		{in: "zk:/h", err: true},
+		{in: "zks://zk1:2281,zk2:2281/s", want: coord.Target{Scheme: "zk", TLS: true, Servers: []string{"zk1:2281", "zk2:2281"}, Chroot: "/s"}},
+		{in: "zks://127.0.0.1:2281", want: coord.Target{Scheme: "zk", TLS: true, Servers: []string{"127.0.0.1:2281"}}},
 		{in: "zk://", err: true},
+		{in: "zks://", err: true},
+		{in: "zks://h/a?x=1", err: true},
 		{in: "zk:///chroot", err: true},
 		{in: "zk://h:0", err: true},
 		{in: "zk://h:65536", err: true},
@@ -60,8 +64,12 @@ func TestParseURL(t *testing.T) {
 			if err != nil {
 				t.Fatalf("ParseURL(%q): %v", tc.in, err)
 			}
+			// String gives the URL back without credentials, with its scheme.
+			if back, err := coord.ParseURL(got.String()); err != nil || back.TLS != got.TLS {
+				t.Fatalf("ParseURL(%q).String() = %q: does not parse back (%v)", tc.in, got.String(), err)
+			}
 			if got.Scheme != tc.want.Scheme || !slices.Equal(got.Servers, tc.want.Servers) || got.Chroot != tc.want.Chroot ||
-				got.Name != tc.want.Name || got.Path != tc.want.Path || got.Credentials != tc.want.Credentials {
+				got.Name != tc.want.Name || got.Path != tc.want.Path || got.Credentials != tc.want.Credentials || got.TLS != tc.want.TLS {
 				t.Fatalf("ParseURL(%q) = %+v, want %+v", tc.in, got, tc.want)
 			}
 		})

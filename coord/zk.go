@@ -91,6 +91,12 @@ func OpenZK(ctx context.Context, servers []string, chroot string, opts Options) 
 	if dial == nil {
 		dial = net.DialTimeout
 	}
+	// A TLS handshake that fails for good (a certificate that does not verify) ends the
+	// wait for the first session at once: retrying cannot mend it.
+	tlsFatal := make(chan error, 1)
+	if opts.tls != nil {
+		dial = tlsDial(dial, opts.tls, tlsFatal)
+	}
 	handshake := max(opts.SessionTimeout/3, time.Second)
 	dialer := func(network, address string, timeout time.Duration) (net.Conn, error) {
 		c, err := dial(network, address, timeout)
@@ -122,10 +128,23 @@ func OpenZK(ctx context.Context, servers []string, chroot string, opts Options) 
 
 	cctx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
 	defer cancel()
-	if err := s.gate.wait(cctx); err != nil {
+	wctx, wcancel := context.WithCancelCause(cctx)
+	defer wcancel(nil)
+	go func() {
+		select {
+		case err := <-tlsFatal:
+			wcancel(err)
+		case <-wctx.Done():
+		}
+	}()
+	if err := s.gate.wait(wctx); err != nil {
 		// zk.Conn.Close can take up to a second when no server answers: do not make the
 		// caller wait for it. The goroutine ends with that Close.
 		go s.Close()
+		var te *tlsError
+		if cause := context.Cause(wctx); errors.As(cause, &te) {
+			return nil, fmt.Errorf("coord: connect to zookeeper %s: %w", strings.Join(servers, ","), te)
+		}
 		return nil, fmt.Errorf("coord: connect to zookeeper %s: no session within %s: %w (%v)",
 			strings.Join(servers, ","), opts.ConnectTimeout, ErrUnavailable, err)
 	}

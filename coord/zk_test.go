@@ -31,6 +31,10 @@ type zkBackend struct {
 	tick    time.Duration
 	timeout time.Duration
 
+	// srv, for a TLS server: clients connect with zks:// and its CA, and its four-letter
+	// words go over TLS.
+	srv *zktest.Server
+
 	mu      sync.Mutex
 	dialers map[coord.Store]*zktest.Partition
 }
@@ -70,7 +74,13 @@ func (b *zkBackend) Client(t *testing.T) coord.Store {
 	d := &zktest.Partition{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := coord.OpenZK(ctx, strings.Split(b.addrs, ","), b.chroot, coord.Options{SessionTimeout: b.timeout, Dialer: d.Dial})
+	var s coord.Store
+	var err error
+	if b.srv != nil {
+		s, err = coord.Open(ctx, b.srv.URL(b.chroot), coord.Options{SessionTimeout: b.timeout, Dialer: d.Dial, TLS: coord.TLSFiles{CA: b.srv.CAFile()}})
+	} else {
+		s, err = coord.OpenZK(ctx, strings.Split(b.addrs, ","), b.chroot, coord.Options{SessionTimeout: b.timeout, Dialer: d.Dial})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +101,19 @@ func (b *zkBackend) Expire(t *testing.T, s coord.Store) {
 	sid := s.SessionID()
 	d.Cut()
 	// The server expires a session within timeout + one tick of the last ping.
-	waitSessionGone(t, b.addrs, sid, b.timeout+b.tick+5*time.Second)
+	if b.srv != nil {
+		testenv.EventuallyWith(t, fmt.Sprintf("the server to expire session 0x%x", uint64(sid)), b.timeout+b.tick+5*time.Second, func() (bool, string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			live, err := b.srv.SessionLive(ctx, sid)
+			if err != nil {
+				return false, err.Error()
+			}
+			return !live, "the server lists it"
+		})
+	} else {
+		waitSessionGone(t, b.addrs, sid, b.timeout+b.tick+5*time.Second)
+	}
 	d.Heal()
 	for e := range ev {
 		switch e.Type {
@@ -105,6 +127,9 @@ func (b *zkBackend) Expire(t *testing.T, s coord.Store) {
 }
 
 func (b *zkBackend) StartLeader(t *testing.T, prefix, id string) func() {
+	if b.srv != nil {
+		return coordtest.StartChildLeaderTLS(t, b.srv.URL(b.chroot), b.srv.CAFile(), b.timeout, prefix, id)
+	}
 	return coordtest.StartChildLeader(t, "zk://"+b.addrs+b.chroot, b.timeout, prefix, id)
 }
 

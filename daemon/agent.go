@@ -234,6 +234,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		Launcher:             launcher,
 		StoreURL:             plainStore,
 		StoreCredentialsFile: credFile,
+		StoreTLS:             opts.TLS,
 		RestartGrace:         cfg.RestartGrace,
 		StoreSilence:         cfg.StoreSilence,
 		Health:               a.health,

@@ -46,6 +46,9 @@ type LocalConfig struct {
 	// ZooKeeper, with digest ACLs: credentials are made in DataDir/store.credentials at the
 	// first start, unless the URL carries some).
 	Store string
+	// StoreTLS names a zks:// store's TLS files (for the master, the agents and the
+	// processes they start).
+	StoreTLS coord.TLSFiles
 	// API is the master's listen address; port 0 picks a free one.
 	API string
 	// TLS serves the API over TLS with a CA and certificate made in DataDir (ca.crt,
@@ -201,7 +204,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 		return nil, err
 	}
 	var err error
-	opts := coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger}
+	opts := coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger, TLS: cfg.StoreTLS}
 	if t, perr := coord.ParseURL(cfg.Store); perr == nil && t.Scheme == "zk" && t.Credentials == "" {
 		// A ZooKeeper this cluster shares with others: its entries are for it alone.
 		if c.credFile, c.creds, err = EnsureStoreCredentials(cfg.DataDir); err != nil {
@@ -284,7 +287,7 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 	a, err := NewAgent(ctx, AgentConfig{
 		Node:                 spec,
 		Store:                c.cfg.Store,
-		StoreOptions:         coord.Options{SessionTimeout: c.cfg.SessionTimeout, Credentials: c.creds},
+		StoreOptions:         coord.Options{SessionTimeout: c.cfg.SessionTimeout, Credentials: c.creds, TLS: c.cfg.StoreTLS},
 		StoreCredentialsFile: c.credFile,
 		RunAs:                c.cfg.RunAs,
 		SinkDir:              c.cfg.SinkDir,

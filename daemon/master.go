@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -128,7 +127,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	}
 	m.registry = NewRegistry()
 	routerStore := cfg.RouterStore
-	if routerStore == "" && strings.HasPrefix(cfg.Store, "zk://") {
+	if t, perr := coord.ParseURL(cfg.Store); routerStore == "" && perr == nil && t.Scheme == "zk" {
 		// An embedded store is held by one process: routers then keep no checkpoint
 		// (the scheduler's default) and recover from their sink alone. Routers get the
 		// store's credentials from their agent, in a file: the URL goes on their command

@@ -512,7 +512,7 @@ func TestEventsAndLogs(t *testing.T) {
 	for _, rec := range h.NodeRecords() {
 		for _, w := range rec.Workers {
 			if w.Key.Job == "mirror.router" && w.State == cluster.WorkerRunning {
-				scrape(fmt.Sprintf("http://%s:%d/metrics", rec.Node.Addr, w.Port), http.DefaultClient)
+				scrape(fmt.Sprintf("https://%s:%d/metrics", rec.Node.Addr, w.Port), h.routerClient(t))
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/multidc"
 )
 
 // binary is the stormdock binary built once for the package; allocBinary the test worker
@@ -104,6 +106,23 @@ command: [stormdock, worker, wordcount]
 placement: {spread: [dc, rack]}
 gracePeriod: 2s
 `, name, workers))
+}
+
+// routerClient is an HTTP client that trusts the cluster's router CA (from the store), as
+// link workers do: routers serve HTTPS.
+func (h *harness) routerClient(t testing.TB) *http.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ca, err := multidc.EnsureRouterCA(ctx, h.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := ca.Pool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 }
 
 // sharedDir makes dir (and any missing parent) writable by every user, and the directories

@@ -192,7 +192,11 @@ gracePeriod: 2s
 func (h *harness) linkStatus(t *testing.T, job string) multidc.Status {
 	t.Helper()
 	name := fmt.Sprintf("link-status-%d", time.Now().UnixNano())
-	p := h.Start(name, "link", "status", job, "-o", "json", "--store", h.StoreURL())
+	args := []string{"link", "status", job, "-o", "json", "--store", h.StoreURL()}
+	if ca := h.StoreCA(); ca != "" {
+		args = append(args, "--store-ca", ca)
+	}
+	p := h.Start(name, args...)
 	<-p.Done
 	b, _ := os.ReadFile(filepath.Join(h.Dir, name+".log"))
 	var ls multidc.Status

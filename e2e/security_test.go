@@ -171,12 +171,13 @@ gracePeriod: 1s
 		t.Fatalf("job status names no router: %+v", st.Sink)
 	}
 	routerURL := st.Sink.Routers[0] + "/v1/records?link=dc-a&worker=0"
+	rc := h.routerClient(t)
 	for _, tok := range []string{"", tenantToken, "sdo_forged"} {
 		req, _ := http.NewRequest(http.MethodPost, routerURL, strings.NewReader(`{"offset":0,"link":"dc-a"}`))
 		if tok != "" {
 			req.Header.Set("Authorization", "Bearer "+tok)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := rc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

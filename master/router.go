@@ -98,7 +98,8 @@ func (v *View) RouterURLs(job string) []string {
 		if addr == "" {
 			addr = "127.0.0.1" // an agent from before advertised addresses: one host
 		}
-		out = append(out, fmt.Sprintf("http://%s", net.JoinHostPort(addr, strconv.Itoa(s.status.Port))))
+		// Routers serve HTTPS with a certificate from the router CA (see multidc).
+		out = append(out, fmt.Sprintf("https://%s", net.JoinHostPort(addr, strconv.Itoa(s.status.Port))))
 	}
 	return out
 }

@@ -29,6 +29,9 @@ type RouterArgs struct {
 	Store                string
 	SessionTimeout       time.Duration
 	StoreCredentialsFile string
+	// StoreCA, StoreCert and StoreKey name a zks:// store's TLS files (--store-ca,
+	// --store-cert, --store-key); the agent gives them in the environment.
+	StoreCA, StoreCert, StoreKey string
 
 	Job   string
 	Links []string // in order of preference; --links is comma-separated
@@ -43,7 +46,10 @@ type RouterArgs struct {
 	SinkDir string
 	Tenant  string
 	Listen  string
-	MaxBody int64 // Config.MaxBody
+	// TLSCert and TLSKey are the API's certificate and key (HTTPS); the agent issues them
+	// from the router CA and names them in the environment (EnvRouterCert, EnvRouterKey).
+	TLSCert, TLSKey string
+	MaxBody         int64 // Config.MaxBody
 
 	HeartbeatTimeout   time.Duration
 	CloseGrace         time.Duration
@@ -71,9 +77,12 @@ func DefaultRouterArgs() RouterArgs {
 func (a *RouterArgs) flags(links, linkHashes *string) *flag.FlagSet {
 	d := DefaultRouterArgs()
 	fs := cmdline.NewFlagSet(RouterCommand)
-	fs.StringVar(&a.Store, "store", d.Store, "coordination store `URL`: zk://HOST:PORT[,HOST:PORT]/CHROOT, file:///PATH or mem://NAME (required; env STORMDOCK_STORE)")
+	fs.StringVar(&a.Store, "store", d.Store, "coordination store `URL`: zk://HOST:PORT[,HOST:PORT]/CHROOT (zks:// for TLS), file:///PATH or mem://NAME (required; env STORMDOCK_STORE)")
 	fs.DurationVar(&a.SessionTimeout, "session-timeout", d.SessionTimeout, "store session timeout: how fast a lost process is noticed")
 	fs.StringVar(&a.StoreCredentialsFile, "store-credentials-file", d.StoreCredentialsFile, "`FILE` holding USER:PASS for ZooKeeper digest ACLs (env STORMDOCK_STORE_CREDENTIALS_FILE, or USER:PASS in STORMDOCK_STORE_CREDENTIALS)")
+	fs.StringVar(&a.StoreCA, "store-ca", d.StoreCA, "`FILE` (PEM) with the CA that signed the ZooKeeper servers' certificates, for a zks:// store (env STORMDOCK_STORE_CA)")
+	fs.StringVar(&a.StoreCert, "store-cert", d.StoreCert, "client certificate `FILE` (PEM) for ZooKeeper servers that ask for one (env STORMDOCK_STORE_CERT)")
+	fs.StringVar(&a.StoreKey, "store-key", d.StoreKey, "`FILE` (PEM) with the key of --store-cert (env STORMDOCK_STORE_KEY)")
 	fs.StringVar(&a.Job, "job", d.Job, "the mirrored `JOB` (required)")
 	fs.StringVar(&a.TokenHash, "token-hash", d.TokenHash, "`HEX` SHA-256 of the job's sender token: requests without the token are refused (required)")
 	fs.StringVar(links, "links", strings.Join(d.Links, ","), "the job's `LINKS`, comma-separated, in order of preference (required)")
@@ -81,6 +90,8 @@ func (a *RouterArgs) flags(links, linkHashes *string) *flag.FlagSet {
 	fs.StringVar(&a.Sink, "sink", d.Sink, "output `URL`: file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never] or http(s)://HOST/PATH (required)")
 	fs.StringVar(&a.SinkDir, "sink-dir", d.SinkDir, "`DIR` below which file sinks live, as SINKDIR/TENANT/... (env STORMDOCK_SINK_DIR, set by the agent; none: file sinks refused)")
 	fs.StringVar(&a.Tenant, "tenant", d.Tenant, "the job's `TENANT`, whose part of --sink-dir a file sink is in (env STORMDOCK_TENANT)")
+	fs.StringVar(&a.TLSCert, "tls-cert", d.TLSCert, "`FILE` (PEM) with the API's certificate: it serves HTTPS (env STORMDOCK_ROUTER_CERT, set by the agent)")
+	fs.StringVar(&a.TLSKey, "tls-key", d.TLSKey, "`FILE` (PEM) with the key of --tls-cert (env STORMDOCK_ROUTER_KEY)")
 	fs.Int64Var(&a.MaxBody, "max-body", d.MaxBody, "`BYTES` a records request's body may hold (413 above)")
 	fs.StringVar(&a.Listen, "listen", d.Listen, "`ADDR` of the ingest and status API")
 	fs.DurationVar(&a.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "a link whose workers are silent this long fails over")
@@ -126,6 +137,11 @@ func (a RouterArgs) Args() []string {
 	dur("session-timeout", a.SessionTimeout, d.SessionTimeout)
 	if a.StoreCredentialsFile != d.StoreCredentialsFile {
 		args = append(args, "--store-credentials-file", a.StoreCredentialsFile)
+	}
+	for _, f := range [][2]string{{"store-ca", a.StoreCA}, {"store-cert", a.StoreCert}, {"store-key", a.StoreKey}} {
+		if f[1] != "" {
+			args = append(args, "--"+f[0], f[1])
+		}
 	}
 	dur("heartbeat-timeout", a.HeartbeatTimeout, d.HeartbeatTimeout)
 	dur("close-grace", a.CloseGrace, d.CloseGrace)

@@ -3,6 +3,7 @@ package multidc
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,13 +51,19 @@ type Client struct {
 	Token string
 }
 
-// NewClient returns a client of the router at base (http://HOST:PORT).
+// NewClient returns a client of the router at base (https://HOST:PORT, or http:// for a router without TLS).
 func NewClient(base string) (*Client, error) {
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("multidc: router URL %q: want http://HOST:PORT", base)
+		return nil, fmt.Errorf("multidc: router URL %q: want https://HOST:PORT", base)
 	}
 	return &Client{base: strings.TrimSuffix(base, "/"), hc: &http.Client{Timeout: 10 * time.Second}}, nil
+}
+
+// TrustRouterCA makes the client trust pool (the router CA's, RouterCA.Pool) for an https
+// router.
+func (c *Client) TrustRouterCA(pool *x509.CertPool) {
+	c.hc = httpClient(10*time.Second, pool)
 }
 
 // RouterURL reads where a job's router serves its API, from its record in the store.
@@ -162,6 +169,7 @@ type Sender struct {
 	unreachable map[string]time.Time
 	instance    string // the router instance that answered last
 	rewind      int64  // -1, or where to rewind after a router restart not yet reported
+	caErr       error  // the router CA named by EnvRouterCA is not readable
 }
 
 // sendTimeout bounds one request of a sender. A router answers at once (it never holds a
@@ -172,11 +180,19 @@ type Sender struct {
 const sendTimeout = 2 * time.Second
 
 // NewSender returns a sender for worker (of workers) of link, to the routers at bases (a
-// comma-separated list of http://HOST:PORT).
+// comma-separated list of https://HOST:PORT). It trusts the router CA in the file its agent
+// names in EnvRouterCA, and no other, for https routers; every request fails when that file
+// is not readable.
 func NewSender(bases, link string, worker, workers int) *Sender {
+	var pool *x509.CertPool
+	var caErr error
+	if f := os.Getenv(EnvRouterCA); f != "" {
+		pool, caErr = RouterPool(f)
+	}
 	s := &Sender{
 		link: link, worker: worker, workers: workers,
-		hc:         &http.Client{Timeout: sendTimeout},
+		hc:         httpClient(sendTimeout, pool),
+		caErr:      caErr,
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: time.Second,
 		rewind: -1,
 	}
@@ -290,6 +306,9 @@ func (s *Sender) Heartbeat(ctx context.Context) (HeartbeatResult, error) {
 	if s.workers > 0 {
 		q.Set("workers", strconv.Itoa(s.workers))
 	}
+	if s.caErr != nil {
+		return HeartbeatResult{}, s.caErr
+	}
 	base := s.base()
 	if base == "" {
 		return HeartbeatResult{}, errNoRouter
@@ -378,6 +397,9 @@ func (s *Sender) Send(ctx context.Context, batch []byte) error {
 }
 
 func (s *Sender) post(ctx context.Context, u string, batch []byte) error {
+	if s.caErr != nil {
+		return s.caErr
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(batch))
 	if err != nil {
 		return err

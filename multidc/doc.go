@@ -13,7 +13,8 @@
 //
 // # Ingest protocol (what a worker does)
 //
-// The router serves HTTP on loopback; STORMDOCK_OUTPUT is its base URL (http://HOST:PORT).
+// The router serves HTTPS (a certificate from the router CA, see tls.go); STORMDOCK_OUTPUT is
+// its base URL (https://HOST:PORT), STORMDOCK_ROUTER_CA the CA a sender trusts.
 // Sender implements this side of the protocol for Go workers.
 //
 //	POST /v1/records?link=L&worker=I      body: JSON lines, one record per line

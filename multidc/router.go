@@ -3,6 +3,7 @@ package multidc
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -40,6 +41,8 @@ type Config struct {
 	// Listen, if set, is the address New listens on and Run serves the API on
 	// ("127.0.0.1:0" picks a port; see URL).
 	Listen string
+	// TLS, if set, makes the API serve HTTPS with it (URL then says https).
+	TLS *tls.Config
 	// Metrics, if set, is served at /metrics next to the API. Its series name the job: the
 	// caller guards it (the router command serves it to the scrape token or the admin
 	// token, package internal/metricsauth).
@@ -184,6 +187,9 @@ func New(cfg Config) (*Router, error) {
 			return nil, fmt.Errorf("multidc: listen: %w", err)
 		}
 		r.ln = ln
+		if cfg.TLS != nil {
+			r.ln = tls.NewListener(ln, cfg.TLS)
+		}
 	}
 	return r, nil
 }
@@ -192,6 +198,9 @@ func New(cfg Config) (*Router, error) {
 func (r *Router) URL() string {
 	if r.ln == nil {
 		return ""
+	}
+	if r.cfg.TLS != nil {
+		return "https://" + r.ln.Addr().String()
 	}
 	return "http://" + r.ln.Addr().String()
 }

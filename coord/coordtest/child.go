@@ -22,6 +22,7 @@ const (
 	envTimeout = "COORDTEST_SESSION_TIMEOUT"
 	envPrefix  = "COORDTEST_PREFIX"
 	envID      = "COORDTEST_ID"
+	envCA      = "COORDTEST_CA" // zks:// stores: the CA file
 	leadingMsg = "COORDTEST LEADING"
 )
 
@@ -40,7 +41,7 @@ func RunChildIfRequested() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := coord.Open(ctx, os.Getenv(envURL), coord.Options{SessionTimeout: timeout})
+	s, err := coord.Open(ctx, os.Getenv(envURL), coord.Options{SessionTimeout: timeout, TLS: coord.TLSFiles{CA: os.Getenv(envCA)}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "coordtest child:", err)
 		os.Exit(2)
@@ -66,8 +67,15 @@ func RunChildIfRequested() {
 // leads. kill SIGKILLs it and reaps it; it also runs at test cleanup.
 func StartChildLeader(t testing.TB, url string, sessionTimeout time.Duration, prefix, id string) (kill func()) {
 	t.Helper()
+	return StartChildLeaderTLS(t, url, "", sessionTimeout, prefix, id)
+}
+
+// StartChildLeaderTLS is StartChildLeader for a zks:// store whose servers' certificates
+// caFile's CA signed.
+func StartChildLeaderTLS(t testing.TB, url, caFile string, sessionTimeout time.Duration, prefix, id string) (kill func()) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(os.Environ(), envCA+"="+caFile,
 		envChild+"=campaign", envURL+"="+url, envTimeout+"="+sessionTimeout.String(),
 		envPrefix+"="+prefix, envID+"="+id)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -6,6 +6,7 @@ package zktest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -52,6 +53,14 @@ type Options struct {
 	// SyncTxnLog makes the server sync its transaction log to disk before it answers, as a
 	// production server does (forceSync=yes). Off by default: see writeConfig.
 	SyncTxnLog bool
+	// TLS makes the servers serve clients over TLS only, on secureClientPort (Netty, PEM
+	// stores) with no plain clientPort, with certificates for their addresses signed by a
+	// CA the test makes (Server.CAFile); URL gives zks:// URLs. The four-letter words go
+	// over TLS too.
+	TLS bool
+	// ClientAuth makes TLS servers ask every client for a certificate signed by that CA
+	// (ssl.clientAuth=need); Server.ClientCert issues one.
+	ClientAuth bool
 }
 
 // Host is a machine of a test network that a server can run on (netlab.Host is one).
@@ -95,6 +104,9 @@ type Server struct {
 	heap    string
 	opts    Options
 	host    Host // nil: this machine's loopback
+
+	ca  *testCA // TLS servers: the CA of the servers' certificates
+	tls *tls.Config
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -146,6 +158,13 @@ func launch(t testing.TB, n int, opts Options) []*Server {
 			fmt.Fprintf(&peers, "server.%d=%s:%d:%d\n", i+1, w.ip, w.quorum, w.elec)
 		}
 	}
+	var ca *testCA
+	if opts.TLS {
+		var err error
+		if ca, err = newTestCA(t.TempDir()); err != nil {
+			t.Fatalf("zktest: %v", err)
+		}
+	}
 	servers := make([]*Server, n)
 	for i := range servers {
 		dir := t.TempDir()
@@ -161,6 +180,11 @@ func launch(t testing.TB, n int, opts Options) []*Server {
 		}
 		if opts.Hosts != nil {
 			s.host = opts.Hosts[i]
+		}
+		if ca != nil {
+			if err := s.setupTLS(ca, at[i].ip); err != nil {
+				t.Fatalf("zktest: %v", err)
+			}
 		}
 		if n > 1 {
 			s.id = i + 1
@@ -208,13 +232,12 @@ func (s *Server) writeConfig(clientIP string, clientPort int, peers string) erro
 initLimit=10
 syncLimit=5
 dataDir=%s
-clientPort=%d
-clientPortAddress=%s
+%s
 admin.enableServer=false
 4lw.commands.whitelist=*
 maxClientCnxns=%d
 forceSync=%s
-%s`, s.opts.TickTime.Milliseconds(), data, clientPort, clientIP, max(s.opts.MaxClientCnxns, 0), forceSync, peers)
+%s`, s.opts.TickTime.Milliseconds(), data, s.clientConfig(clientIP, clientPort), max(s.opts.MaxClientCnxns, 0), forceSync, peers)
 	if s.opts.MaxSessionTimeout > 0 {
 		cfg += fmt.Sprintf("\nmaxSessionTimeout=%d\n", s.opts.MaxSessionTimeout.Milliseconds())
 	}
@@ -227,8 +250,14 @@ forceSync=%s
 // Addr returns the server's client host:port.
 func (s *Server) Addr() string { return s.addr }
 
-// URL returns a coord store URL for the server alone with the given chroot ("" for none).
-func (s *Server) URL(chroot string) string { return "zk://" + s.addr + chroot }
+// URL returns a coord store URL for the server alone with the given chroot ("" for none):
+// zks:// for a TLS server.
+func (s *Server) URL(chroot string) string {
+	if s.ca != nil {
+		return "zks://" + s.addr + chroot
+	}
+	return "zk://" + s.addr + chroot
+}
 
 // TickTime returns the server's tick.
 func (s *Server) TickTime() time.Duration { return s.opts.TickTime }
@@ -250,12 +279,22 @@ func (s *Server) String() string {
 // which zookeeper depends on) on the class path makes it log to stderr, into server.out.
 func (s *Server) jvmFlags() string {
 	flags := "-Xmx" + s.heap + " -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+	cp := "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
 	const binding = "/usr/share/java/slf4j-simple.jar"
 	if _, err := os.Stat(binding); err == nil {
-		flags += " -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar:" + binding +
-			" -Dorg.slf4j.simpleLogger.showDateTime=true -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"
+		cp += ":" + binding
+		flags += " -Dorg.slf4j.simpleLogger.showDateTime=true -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"
 	}
-	return flags
+	// Netty's codec and resolver (libnetty-java, which zookeeper depends on) are not on the
+	// package's class path (zookeeper.jar's manifest lists handler and transport only):
+	// without them the first TLS client kills the channel (ClassNotFoundException:
+	// io.netty.handler.codec.ByteToMessageDecoder).
+	for _, jar := range []string{"/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar"} {
+		if _, err := os.Stat(jar); err == nil {
+			cp += ":" + jar
+		}
+	}
+	return flags + " -cp " + cp
 }
 
 // spawn starts the server's process without waiting for it to answer.
@@ -411,7 +450,16 @@ func (s *Server) Running() bool {
 // Mode asks the server with srvr and returns its mode ("standalone", "leader", "follower",
 // ...); an error if it does not answer or does not serve (no quorum).
 func (s *Server) Mode(ctx context.Context) (string, error) {
-	return mode(ctx, s.opts.Dial, s.addr)
+	return mode(ctx, s.dial(), s.addr)
+}
+
+// dial is how the test reaches the server's client port: Options.Dial, over TLS for a TLS
+// server.
+func (s *Server) dial() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if s.tls == nil {
+		return s.opts.Dial
+	}
+	return tlsDialer(s.opts.Dial, s.tls)
 }
 
 // Host is the lab host the server runs on, nil for loopback.
@@ -419,7 +467,12 @@ func (s *Server) Host() Host { return s.host }
 
 // FourLetter sends a four-letter command to the server (through Options.Dial).
 func (s *Server) FourLetter(ctx context.Context, cmd string) (string, error) {
-	return fourLetter(ctx, s.opts.Dial, s.addr, cmd)
+	return fourLetter(ctx, s.dial(), s.addr, cmd)
+}
+
+// SessionLive is the package's SessionLive for this server (over TLS for a TLS server).
+func (s *Server) SessionLive(ctx context.Context, sid int64) (bool, error) {
+	return sessionLive(ctx, s.dial(), s.addr, sid)
 }
 
 // Log returns everything the server wrote (all its runs), for tests that look for what the
@@ -463,7 +516,11 @@ func fourLetter(ctx context.Context, dial func(context.Context, string, string) 
 // ("Global Sessions": "0x... 2000ms"). It is an error when the server lists no sessions (dump
 // not in 4lw.commands.whitelist, or the server not serving yet).
 func SessionLive(ctx context.Context, addr string, sid int64) (bool, error) {
-	out, err := FourLetter(ctx, addr, "dump")
+	return sessionLive(ctx, nil, addr, sid)
+}
+
+func sessionLive(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), addr string, sid int64) (bool, error) {
+	out, err := fourLetter(ctx, dial, addr, "dump")
 	if err != nil {
 		return false, err
 	}

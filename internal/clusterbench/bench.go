@@ -30,6 +30,9 @@ type Config struct {
 	// Store is the ZooKeeper to measure (zk://HOST:PORT[/CHROOT]); the run works under a
 	// fresh chroot below it and removes it at the end.
 	Store string
+	// StoreTLS names a zks:// store's TLS files, for the master, the simulated agents and
+	// the four-letter words.
+	StoreTLS coord.TLSFiles
 	// Nodes, spread evenly over DCs x Racks (per dc); Slots per node (memory 4Gi and cpu 2
 	// per slot).
 	Nodes, DCs, Racks, Slots int
@@ -221,8 +224,9 @@ type run struct {
 	cfg     Config
 	rep     *Report
 	zkAddr  string
-	ns      string // the chroot's first segment: ZooKeeper counts writes per namespace
-	url     string // the store URL with the run's chroot
+	dial    dialFunc // to the server, for four-letter words (over TLS for zks://)
+	ns      string   // the chroot's first segment: ZooKeeper counts writes per namespace
+	url     string   // the store URL with the run's chroot
 	admin   coord.Store
 	master  *master
 	cl      *api.Client
@@ -248,7 +252,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	began := time.Now()
 	t, _ := coord.ParseURL(cfg.Store)
 	r := &run{cfg: cfg, zkAddr: t.Servers[0], tr: newTracker(), agents: map[string]*sim.Agent{}}
-	if err := checkServer(ctx, r.zkAddr, cfg.Nodes+8); err != nil {
+	if t.TLS {
+		var err error
+		if r.dial, err = cfg.StoreTLS.ProbeDialer(nil); err != nil {
+			return nil, fmt.Errorf("--store: %w", err)
+		}
+	}
+	if err := checkServer(ctx, r.dial, r.zkAddr, cfg.Nodes+8); err != nil {
 		return nil, err
 	}
 	chroot := fmt.Sprintf("%s/stormdock-bench-%x", t.Chroot, rand.Uint32())
@@ -265,7 +275,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		r.rep.Master = "process"
 	}
 	var err error
-	r.admin, err = coord.Open(ctx, r.url, coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger})
+	r.admin, err = coord.Open(ctx, r.url, coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger, TLS: cfg.StoreTLS})
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", r.url, err)
 	}
@@ -347,7 +357,7 @@ func (r *run) workload() {
 // register starts every simulated agent and waits until the master lists every node.
 func (r *run) register(ctx context.Context) error {
 	start := time.Now()
-	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, Logger: r.cfg.Logger},
+	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS},
 		Heartbeat: r.cfg.Heartbeat, Churn: r.cfg.Churn, Events: r.tr, Logger: r.cfg.Logger}
 	r.logf("starting %d simulated agents", len(r.nodes))
 	if err := parallel(ctx, len(r.nodes), 32, func(i int) error {
@@ -643,7 +653,7 @@ type sample struct {
 }
 
 func (r *run) mark(ctx context.Context) (sample, error) {
-	z, err := sampleZK(ctx, r.zkAddr, r.ns)
+	z, err := sampleZK(ctx, r.dial, r.zkAddr, r.ns)
 	if err != nil {
 		return sample{}, fmt.Errorf("read ZooKeeper's counters: %w", err)
 	}

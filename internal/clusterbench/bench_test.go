@@ -3,10 +3,14 @@ package clusterbench_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/coord/zktest"
 	"github.com/stormdock/stormdock/internal/clusterbench"
 	"github.com/stormdock/stormdock/internal/testenv"
@@ -72,4 +76,45 @@ func TestBenchClusterRefusesCappedServer(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "maxClientCnxns=0") {
 		t.Fatalf("err = %v, want one naming maxClientCnxns", err)
 	}
+}
+
+// TestBenchClusterTLS runs the benchmark on a plain ZooKeeper and on one that serves TLS
+// only (zks://, the master, its client and every simulated agent's session over TLS), and
+// logs what TLS costs side by side. STORMDOCK_BENCH_TLS_NODES sets the nodes (default 200,
+// ten workers each).
+func TestBenchClusterTLS(t *testing.T) {
+	nodes := 200
+	if v := os.Getenv("STORMDOCK_BENCH_TLS_NODES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 20 {
+			t.Fatalf("STORMDOCK_BENCH_TLS_NODES=%q: want a number of nodes, 20 or more", v)
+		}
+		nodes = n
+	}
+	var lines []string
+	for _, tc := range []struct {
+		name string
+		tls  bool
+	}{{"plain", false}, {"tls", true}} {
+		zk := zktest.Start(t, zktest.Options{TickTime: 500 * time.Millisecond, MaxClientCnxns: 0, Heap: "512m", TLS: tc.tls})
+		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(10*time.Minute))
+		rep, err := clusterbench.Run(ctx, clusterbench.Config{
+			Store: zk.URL(""), StoreTLS: coord.TLSFiles{CA: zk.CAFile()}, Nodes: nodes, Workers: nodes * 10, Jobs: nodes / 10,
+			DCs: 4, Racks: 5, Slots: 16, Heartbeat: time.Second, Churn: 0.2, SessionTimeout: 10 * time.Second,
+			Steady: 10 * time.Second, Poll: 5 * time.Second, Pollers: 10, Settle: testenv.Timeout(3 * time.Minute), SkipDC: true,
+		})
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if rep.Submit.Left != 0 || rep.StartedTwice != 0 || rep.Rack.Left != 0 || rep.Poll.Errors != 0 {
+			t.Errorf("%s: submit left %d, started twice %d, rack loss left %d, poll errors %d",
+				tc.name, rep.Submit.Left, rep.StartedTwice, rep.Rack.Left, rep.Poll.Errors)
+		}
+		lines = append(lines, fmt.Sprintf("%-5s register %.2fs, submit to acked %.2fs, steady writes/s %.0f (%.2f per node per heartbeat), "+
+			"steady master cpu %.2fs in 10s, master cpu %.1fs, bench cpu %.1fs, job status p50/p99 %.1f/%.1fms, rack loss acked %.2fs",
+			tc.name, rep.Register, rep.Submit.Acked, rep.Steady.ZK.WritesPerSecond, rep.Steady.WritesPerNodePerHeartbeat,
+			rep.Steady.MasterCPU, rep.MasterCPU, rep.BenchCPU, rep.Poll.StatusP50, rep.Poll.StatusP99, rep.Rack.Acked))
+	}
+	t.Logf("figure: ZooKeeper TLS at %d nodes, %d workers:\n%s", nodes, nodes*10, strings.Join(lines, "\n"))
 }

@@ -52,8 +52,14 @@ func startMaster(ctx context.Context, cfg Config, storeURL, dir string) (*master
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(cfg.MasterBinary, "master", "--store", storeURL, "--api", "127.0.0.1:0", "--data", dir,
-		"--session-timeout", cfg.SessionTimeout.String(), "--reregister-grace", masterGrace.String())
+	args := []string{"master", "--store", storeURL, "--api", "127.0.0.1:0", "--data", dir,
+		"--session-timeout", cfg.SessionTimeout.String(), "--reregister-grace", masterGrace.String()}
+	for _, f := range [][2]string{{"--store-ca", cfg.StoreTLS.CA}, {"--store-cert", cfg.StoreTLS.Cert}, {"--store-key", cfg.StoreTLS.Key}} {
+		if f[1] != "" {
+			args = append(args, f[0], f[1])
+		}
+	}
+	cmd := exec.Command(cfg.MasterBinary, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Env = append(os.Environ(), "STORMDOCK_STORE=")
 	if err := cmd.Start(); err != nil {
@@ -109,7 +115,7 @@ func startInProcess(ctx context.Context, cfg Config, storeURL, dir string) (*mas
 		return nil, err
 	}
 	log := slog.New(slog.NewTextHandler(logFile, nil))
-	dm, err := daemon.NewMaster(ctx, daemon.MasterConfig{Store: storeURL, StoreOptions: coord.Options{SessionTimeout: cfg.SessionTimeout},
+	dm, err := daemon.NewMaster(ctx, daemon.MasterConfig{Store: storeURL, StoreOptions: coord.Options{SessionTimeout: cfg.SessionTimeout, TLS: cfg.StoreTLS},
 		Listen: "127.0.0.1:0", DataDir: dir, ReregisterGrace: masterGrace, Logger: log})
 	if err != nil {
 		logFile.Close()

@@ -13,11 +13,15 @@ import (
 
 // fourLetter sends a ZooKeeper four-letter command and returns the answer's key/value lines
 // ("key\tvalue" for mntr, "key=value" for conf, "Key: value" for srvr).
-func fourLetter(ctx context.Context, addr, cmd string) (map[string]string, error) {
-	var d net.Dialer
+// dial reaches the server (nil: net.Dialer; over TLS for a zks:// store).
+func fourLetter(ctx context.Context, dial dialFunc, addr, cmd string) (map[string]string, error) {
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := d.DialContext(dctx, "tcp", addr)
+	c, err := dial(dctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -65,8 +69,8 @@ type zkSample struct {
 	ephemerals int64
 }
 
-func sampleZK(ctx context.Context, addr, namespace string) (zkSample, error) {
-	m, err := fourLetter(ctx, addr, "mntr")
+func sampleZK(ctx context.Context, dial dialFunc, addr, namespace string) (zkSample, error) {
+	m, err := fourLetter(ctx, dial, addr, "mntr")
 	if err != nil {
 		return zkSample{}, err
 	}
@@ -83,7 +87,7 @@ func sampleZK(ctx context.Context, addr, namespace string) (zkSample, error) {
 	}
 	if _, ok := m["zk_cnt_updatelatency"]; !ok {
 		// Servers before 3.6 have no update counter: every write moves the zxid by one.
-		srvr, err := fourLetter(ctx, addr, "srvr")
+		srvr, err := fourLetter(ctx, dial, addr, "srvr")
 		if err != nil {
 			return zkSample{}, err
 		}
@@ -120,8 +124,8 @@ func rates(a, b zkSample) Rates {
 
 // checkServer refuses a server that cannot hold the benchmark's sessions from one address,
 // or does not answer the four-letter words it reads.
-func checkServer(ctx context.Context, addr string, sessions int) error {
-	conf, err := fourLetter(ctx, addr, "conf")
+func checkServer(ctx context.Context, dial dialFunc, addr string, sessions int) error {
+	conf, err := fourLetter(ctx, dial, addr, "conf")
 	if err != nil {
 		return fmt.Errorf("ZooKeeper at %s: %v", addr, err)
 	}
@@ -131,8 +135,10 @@ func checkServer(ctx context.Context, addr string, sessions int) error {
 			return fmt.Errorf("ZooKeeper at %s allows %d connections per client address (maxClientCnxns) and the benchmark opens %d from this one: set maxClientCnxns=0 in its zoo.cfg", addr, n, sessions)
 		}
 	}
-	if _, err := fourLetter(ctx, addr, "mntr"); err != nil {
+	if _, err := fourLetter(ctx, dial, addr, "mntr"); err != nil {
 		return fmt.Errorf("ZooKeeper at %s: %v", addr, err)
 	}
 	return nil
 }
+
+type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)

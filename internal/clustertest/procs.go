@@ -83,6 +83,24 @@ func New(t testing.TB, binary string, session time.Duration) *Cluster {
 	return c
 }
 
+// NewTLS is New on a ZooKeeper server that serves TLS only (zks://): the test's own client
+// trusts its CA (StoreCA); the processes are given it by the test (--store-ca).
+func NewTLS(t testing.TB, binary string, session time.Duration) *Cluster {
+	t.Helper()
+	testenv.Cgroups(t)
+	c := &Cluster{T: t, Binary: binary, ZK: zktest.Start(t, zktest.Options{TickTime: 250 * time.Millisecond, TLS: true})}
+	c.Init(session)
+	return c
+}
+
+// StoreCA is the CA file of the cluster's TLS ZooKeeper server, "" for a plain one.
+func (c *Cluster) StoreCA() string {
+	if c.ZK != nil {
+		return c.ZK.CAFile()
+	}
+	return ""
+}
+
 // NewEnsemble is a cluster on a ZooKeeper ensemble of n servers of its own.
 func NewEnsemble(t testing.TB, binary string, n int, session time.Duration) *Cluster {
 	t.Helper()
@@ -109,7 +127,8 @@ func (c *Cluster) Init(session time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := coord.Open(ctx, c.StoreURL(), coord.Options{SessionTimeout: 4 * time.Second, Dialer: c.Dialer})
+	s, err := coord.Open(ctx, c.StoreURL(), coord.Options{SessionTimeout: 4 * time.Second, Dialer: c.Dialer,
+		TLS: coord.TLSFiles{CA: c.StoreCA()}})
 	if err != nil {
 		t.Fatal(err)
 	}

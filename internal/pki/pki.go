@@ -333,3 +333,37 @@ func serverTemplate(name string, lifetime time.Duration, hosts []string) *x509.C
 	}
 	return tmpl
 }
+
+// IssueClientCert makes a client certificate named name (its common name) signed by the CA,
+// for servers that ask their clients for one (a ZooKeeper server with ssl.clientAuth=need).
+func IssueClientCert(ca *x509.Certificate, caKey *ecdsa.PrivateKey, name string, lifetime time.Duration) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tls: client key: %w", err)
+	}
+	tmpl := serverTemplate(name, lifetime, nil)
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tls: client certificate: %w", err)
+	}
+	return encode(der, key)
+}
+
+// PKCS8 re-encodes a PEM private key (as encode writes it, SEC 1) as PKCS #8 ("PRIVATE
+// KEY"), the form Java's PEM key stores read (a ZooKeeper server's ssl.keyStore).
+func PKCS8(keyPEM []byte) ([]byte, error) {
+	b, _ := pem.Decode(keyPEM)
+	if b == nil {
+		return nil, errors.New("tls: no PEM key")
+	}
+	key, err := x509.ParseECPrivateKey(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("tls: key: %w", err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("tls: key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}

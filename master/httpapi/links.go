@@ -47,7 +47,7 @@ func (a *API) getLinks(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), routerTimeout)
 	defer cancel()
 	url := a.leadingRouter(ctx, rec.Spec.Name)
-	cl, err := multidc.NewClient(url)
+	cl, err := a.routerClient(ctx, url)
 	var st multidc.Status
 	if err == nil {
 		st, err = cl.Status(ctx)
@@ -86,7 +86,7 @@ func (a *API) failover(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), routerTimeout)
 	defer cancel()
 	url := a.leadingRouter(ctx, rec.Spec.Name)
-	cl, err := multidc.NewClient(url)
+	cl, err := a.routerClient(ctx, url)
 	if err != nil {
 		fail(w, api.ErrUnavailable, "job %s has no router running yet: %v", rec.Spec.Name, err)
 		return
@@ -137,4 +137,23 @@ func linksOf(out api.Links, st multidc.Status) api.Links {
 			HeartbeatAgeMs: l.HeartbeatAgeMs})
 	}
 	return out
+}
+
+// routerClient is a client of the router at url that trusts the router CA alone: the
+// failover carries the job's sender token.
+func (a *API) routerClient(ctx context.Context, url string) (*multidc.Client, error) {
+	cl, err := multidc.NewClient(url)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := multidc.EnsureRouterCA(ctx, a.store)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := ca.Pool()
+	if err != nil {
+		return nil, err
+	}
+	cl.TrustRouterCA(pool)
+	return cl, nil
 }

@@ -66,7 +66,8 @@ var Command = &cli.Command{
 			"clients, the loss of one rack and of one dc (their agents' sessions closed) until their workers\n" +
 			"run elsewhere, and the master's peak RSS and cpu seconds.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "store", Usage: "ZooKeeper `URL` (zk://HOST:PORT[/CHROOT]); the run works under a fresh chroot below it and removes it", Required: true},
+			&cli.StringFlag{Name: "store", Usage: "ZooKeeper `URL` (zk://HOST:PORT[/CHROOT], zks:// for TLS); the run works under a fresh chroot below it and removes it", Required: true},
+			commands.StoreTLSFlags[0], commands.StoreTLSFlags[1], commands.StoreTLSFlags[2],
 			&cli.IntFlag{Name: "nodes", Usage: "simulated nodes", Value: 10000},
 			&cli.IntFlag{Name: "workers", Usage: "workers over all jobs", Value: 100000},
 			&cli.IntFlag{Name: "jobs", Usage: "jobs (default: one per 100 workers)"},
@@ -99,8 +100,12 @@ func runBenchCluster(c *cli.Context) error {
 	if out != "table" && out != "json" {
 		return cli.Exit(fmt.Sprintf("%s: -o must be table or json, not %q", cmd, out), 2)
 	}
+	storeTLS, err := commands.StoreTLS(c)
+	if err != nil {
+		return err
+	}
 	cfg := clusterbench.Config{
-		Store: c.String("store"), Nodes: c.Int("nodes"), Workers: c.Int("workers"), Jobs: c.Int("jobs"),
+		Store: c.String("store"), StoreTLS: storeTLS, Nodes: c.Int("nodes"), Workers: c.Int("workers"), Jobs: c.Int("jobs"),
 		DCs: c.Int("dcs"), Racks: c.Int("racks"), Slots: c.Int("slots"), Heartbeat: c.Duration("heartbeat"),
 		Churn: c.Float64("churn"), SessionTimeout: c.Duration("session-timeout"), Steady: c.Duration("steady"),
 		Pollers: c.Int("pollers"), Poll: c.Duration("poll"), Settle: c.Duration("settle"),

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"os"
+	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
@@ -33,4 +34,45 @@ func StoreCredentials(c *cli.Context) (string, error) {
 		return creds, nil
 	}
 	return os.Getenv(EnvStoreCredentials), nil
+}
+
+// StoreTLSFlags are the flags of a zks:// store's TLS, on every command that takes --store.
+var StoreTLSFlags = []cli.Flag{
+	&cli.StringFlag{Name: "store-ca", Usage: "`FILE` (PEM) with the CA that signed the ZooKeeper servers' certificates, for a zks:// store (default: the system's roots)",
+		EnvVars: []string{EnvStoreCA}},
+	&cli.StringFlag{Name: "store-cert", Usage: "client certificate `FILE` (PEM) for ZooKeeper servers that ask for one (ssl.clientAuth=need), with --store-key",
+		EnvVars: []string{EnvStoreCert}},
+	&cli.StringFlag{Name: "store-key", Usage: "`FILE` (PEM) with the key of --store-cert",
+		EnvVars: []string{EnvStoreKey}},
+}
+
+// Environment that names the store's TLS files, for the processes an agent starts (its
+// keeper, output routers), as the flags do.
+const (
+	EnvStoreCA   = "STORMDOCK_STORE_CA"
+	EnvStoreCert = "STORMDOCK_STORE_CERT"
+	EnvStoreKey  = "STORMDOCK_STORE_KEY"
+)
+
+// StoreTLS reads the store's TLS flags, the paths made absolute: an agent hands them on to
+// processes that run in other directories.
+func StoreTLS(c *cli.Context) (coord.TLSFiles, error) {
+	f := coord.TLSFiles{CA: c.String("store-ca"), Cert: c.String("store-cert"), Key: c.String("store-key")}
+	if (f.Cert == "") != (f.Key == "") {
+		return coord.TLSFiles{}, UsageErr("--store-cert and --store-key go together")
+	}
+	for _, p := range []*string{&f.CA, &f.Cert, &f.Key} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return coord.TLSFiles{}, UsageErr("store TLS file %q: %v", *p, err)
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return coord.TLSFiles{}, UsageErr("store TLS file: %v", err)
+		}
+		*p = abs
+	}
+	return f, nil
 }

@@ -36,8 +36,9 @@ var AgentCommand = &cli.Command{
 		"(`stormdock-shim launch` when stormdock-shim is installed beside this binary, else `stormdock launch`),\n" +
 		"which stops it when the agent has not renewed its lease for --lease-ttl (default: the session timeout).",
 	Flags: append([]cli.Flag{
-		&cli.StringFlag{Name: "store", Usage: "coordination store `URL` (zk://host:port/chroot, mem://, file:///path)", EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
+		&cli.StringFlag{Name: "store", Usage: "coordination store `URL` (zk://host:port/chroot, zks:// for TLS, mem://, file:///path)", EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
 		commands.StoreCredentialsFlag,
+		commands.StoreTLSFlags[0], commands.StoreTLSFlags[1], commands.StoreTLSFlags[2],
 		&cli.StringFlag{Name: "node-id", Usage: "node `ID`", Required: true},
 		&cli.StringFlag{Name: "host", Usage: "host name reported for the node (default: the machine's)"},
 		&cli.StringFlag{Name: "advertise-addr", Usage: "`ADDR` other hosts reach this node's workers and services at (routers listen there); default: the address of the interface that reaches the store"},
@@ -114,6 +115,10 @@ func runAgent(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	storeTLS, err := commands.StoreTLS(c)
+	if err != nil {
+		return err
+	}
 	runAs, err := runAsUser(c.String("run-as"))
 	if err != nil {
 		return cli.Exit("stormdock agent: --run-as: "+err.Error(), 2)
@@ -159,7 +164,7 @@ func runAgent(c *cli.Context) error {
 	a, err := daemon.NewAgent(c.Context, daemon.AgentConfig{
 		Node:                 node,
 		Store:                c.String("store"),
-		StoreOptions:         coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: creds},
+		StoreOptions:         coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: creds, TLS: storeTLS},
 		StoreCredentialsFile: c.String("store-credentials-file"),
 		StateDir:             stateDir,
 		Drivers: daemon.DriverConfig{Isolation: modes, Cgroups: c.String("cgroups"), CgroupParent: hcfg.CgroupParent,

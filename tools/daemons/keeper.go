@@ -21,7 +21,7 @@ var KeeperCommand = &cli.Command{
 	Name:            "keeper",
 	Hidden:          true,
 	Usage:           "hold a node's store session and its workers' leases across agent restarts",
-	UsageText:       "stormdock keeper --store URL --node-id ID --state-dir DIR --session-timeout D [--restart-grace D] [--store-silence D]",
+	UsageText:       "stormdock keeper --store URL [--store-credentials-file F] [--store-ca F [--store-cert F --store-key F]] --node-id ID --state-dir DIR --session-timeout D [--restart-grace D] [--store-silence D]",
 	SkipFlagParsing: true,
 	Action: func(c *cli.Context) error {
 		args, err := agents.ParseKeeperArgs(c.Args().Slice())
@@ -29,7 +29,7 @@ var KeeperCommand = &cli.Command{
 			return cli.Exit("stormdock "+err.Error(), 2)
 		}
 		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-		opts := coord.Options{SessionTimeout: args.SessionTimeout, Logger: log}
+		opts := coord.Options{SessionTimeout: args.SessionTimeout, Logger: log, TLS: args.TLS}
 		if args.Credentials != "" {
 			b, err := os.ReadFile(args.Credentials)
 			if err != nil {
@@ -48,7 +48,7 @@ var KeeperCommand = &cli.Command{
 			return cli.Exit(fmt.Sprintf("stormdock keeper: open store: %v", err), 1)
 		}
 		defer store.Close()
-		k, err := agents.NewKeeper(agents.KeeperConfig{Node: args.Node, Host: args.Host, StateDir: args.StateDir, Store: args.Store,
+		k, err := agents.NewKeeper(agents.KeeperConfig{Node: args.Node, Host: args.Host, StateDir: args.StateDir, Store: args.Store, StoreTLS: args.TLS,
 			SessionTimeout: args.SessionTimeout, RestartGrace: args.RestartGrace, StoreSilence: args.StoreSilence, Logger: log}, store)
 		if err != nil {
 			return cli.Exit("stormdock keeper: "+err.Error(), 2)

@@ -18,18 +18,22 @@ import (
 
 // storeFlags are the flags of every process that opens the coordination store.
 func storeFlags() []cli.Flag {
-	return []cli.Flag{
-		&cli.StringFlag{Name: "store", Usage: "coordination store `URL`: zk://HOST:PORT[,HOST:PORT]/CHROOT, file:///PATH or mem://NAME",
+	return append([]cli.Flag{
+		&cli.StringFlag{Name: "store", Usage: "coordination store `URL`: zk://HOST:PORT[,HOST:PORT]/CHROOT (zks:// for TLS), file:///PATH or mem://NAME",
 			EnvVars: []string{"STORMDOCK_STORE"}, Required: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout: how fast a lost process is noticed", Value: 2 * time.Second},
 		commands.StoreCredentialsFlag,
-	}
+	}, commands.StoreTLSFlags...)
 }
 
 // storeOptions are the store flags' options.
 func storeOptions(c *cli.Context) (coord.Options, error) {
 	creds, err := commands.StoreCredentials(c)
-	return coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: creds}, err
+	if err != nil {
+		return coord.Options{}, err
+	}
+	files, err := commands.StoreTLS(c)
+	return coord.Options{SessionTimeout: c.Duration("session-timeout"), Credentials: creds, TLS: files}, err
 }
 
 // Environment that gives a master its certificate and key as PEM text, for a container

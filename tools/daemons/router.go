@@ -1,6 +1,7 @@
 package daemons
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -30,7 +31,7 @@ var RouterCommand = &cli.Command{
 	Usage: "run the output router of a mirrored job: one link's output to the sink, exactly once, with failover",
 	UsageText: "stormdock router --store URL --job JOB --links dc-a,dc-b --sink file:///SINKDIR/TENANT/PATH|http://HOST/PATH --sink-dir SINKDIR --tenant TENANT " +
 		"--listen 127.0.0.1:PORT [--heartbeat-timeout D]",
-	Description: "Workers post their records to http://LISTEN/v1/records and heartbeat at /v1/heartbeat\n" +
+	Description: "Workers post their records to https://LISTEN/v1/records (http:// without --tls-cert) and heartbeat at /v1/heartbeat\n" +
 		"(protocol: go doc github.com/stormdock/stormdock/multidc). Status: GET /v1/status, metrics: /metrics (with the scrape token).\n\n" +
 		"Flags:\n" + multidc.RouterUsage(),
 	SkipFlagParsing: true,
@@ -47,6 +48,8 @@ func routerRun(c *cli.Context) error {
 	// package keeps the last value).
 	var env []string
 	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"},
+		{"tls-cert", multidc.EnvRouterCert}, {"tls-key", multidc.EnvRouterKey},
+		{"store-ca", commands.EnvStoreCA}, {"store-cert", commands.EnvStoreCert}, {"store-key", commands.EnvStoreKey},
 		{"sink-dir", multidc.EnvSinkDir}, {"tenant", "STORMDOCK_TENANT"}} {
 		if v, ok := os.LookupEnv(fe[1]); ok {
 			env = append(env, "--"+fe[0]+"="+v)
@@ -83,7 +86,17 @@ func routerRun(c *cli.Context) error {
 			return commands.UsageErr("--store-credentials-file: %v", err)
 		}
 	}
-	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: creds, Logger: log})
+	var serverTLS *tls.Config
+	switch {
+	case (a.TLSCert == "") != (a.TLSKey == ""):
+		return commands.UsageErr("--tls-cert and --tls-key go together")
+	case a.TLSCert != "":
+		if serverTLS, err = daemon.ServerTLS(a.TLSCert, a.TLSKey); err != nil {
+			return commands.UsageErr("--tls-cert, --tls-key: %v", err)
+		}
+	}
+	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: creds, Logger: log,
+		TLS: coord.TLSFiles{CA: a.StoreCA, Cert: a.StoreCert, Key: a.StoreKey}})
 	if err != nil {
 		return cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
 	}
@@ -103,6 +116,7 @@ func routerRun(c *cli.Context) error {
 		// The master writes $STORMDOCK_ADDR:$STORMDOCK_PORT: the node's advertised address
 		// and the port its agent gave the router.
 		Listen:             os.ExpandEnv(a.Listen),
+		TLS:                serverTLS,
 		TokenHash:          a.TokenHash,
 		LinkTokenHashes:    a.LinkTokenHashes,
 		MaxBody:            a.MaxBody,

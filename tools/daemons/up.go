@@ -26,7 +26,8 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "isolation", Usage: "process, or docker to offer docker workers too", Value: "process"},
 		&cli.StringFlag{Name: "data", Usage: "`DIR` for the store, the admin token and the agents' state", Value: commands.DefaultDataDir(), EnvVars: []string{"STORMDOCK_DATA"}},
 		&cli.StringFlag{Name: "api", Usage: "`ADDR` of the master's API and /metrics", Value: "127.0.0.1:7070"},
-		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT)"},
+		&cli.StringFlag{Name: "store", Usage: "join a real store instead of the embedded one (zk://HOST:PORT/CHROOT, zks:// for TLS with --store-ca)"},
+		commands.StoreTLSFlags[0], commands.StoreTLSFlags[1], commands.StoreTLSFlags[2],
 		&cli.StringFlag{Name: "registry-auth", Usage: "registry credentials `FILE` (Docker's config.json format) for pinning and pulling the images under shared prefixes (`stormdock image share`); tenants' other images use their own (`stormdock tenant registry-auth`)"},
 		&cli.StringFlag{Name: "run-as", Usage: "single-tenant opt-out: every tenant's process workers run as `USER` (name or UID:GID, never root) instead of each tenant's own uid, so tenants are not apart (default: each tenant's uid; without root, give your own user)"},
 		tenantUIDsFlag(),
@@ -82,10 +83,14 @@ func runUp(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	storeTLS, err := commands.StoreTLS(c)
+	if err != nil {
+		return err
+	}
 	lc, err := daemon.StartLocal(c.Context, daemon.LocalConfig{
 		Events: events,
 		Nodes:  c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
-		DataDir: c.String("data"), Store: c.String("store"), API: c.String("api"),
+		DataDir: c.String("data"), Store: c.String("store"), StoreTLS: storeTLS, API: c.String("api"),
 		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log, TLS: c.Bool("tls"), RunAs: runAs,
 		RegistryAuth: c.String("registry-auth"),
 		CgroupParent: c.String("cgroup-parent"),

@@ -33,6 +33,12 @@ var Command = &cli.Command{
 			Action:    linkStatus,
 		},
 		{
+			Name:   "ca",
+			Usage:  "print the router CA's certificate (PEM): routers serve HTTPS with certificates issued from it (for Prometheus, --router-ca)",
+			Flags:  linkFlags(),
+			Action: linkCA,
+		},
+		{
 			Name:      "failover",
 			Usage:     "make another link the active one (default: the most advanced live standby)",
 			ArgsUsage: "JOB",
@@ -47,6 +53,8 @@ func linkFlags() []cli.Flag {
 		&cli.StringFlag{Name: "router", Usage: "the job's router `URL` (http://HOST:PORT)", EnvVars: []string{"STORMDOCK_ROUTER"}},
 		&cli.StringFlag{Name: "store", Usage: "coordination store `URL`, to find the router (or its last status) by job, and for a failover the job's sender token", EnvVars: []string{"STORMDOCK_STORE"}},
 		commands.StoreCredentialsFlag,
+		commands.StoreTLSFlags[0], commands.StoreTLSFlags[1], commands.StoreTLSFlags[2],
+		&cli.StringFlag{Name: "router-ca", Usage: "`FILE` (PEM) with the router CA's certificate, for an https --router without --store (with --store it is read from the store)"},
 		&cli.StringFlag{Name: "token-file", Usage: "`FILE` with the job's sender token, for a failover through --router alone"},
 	}
 }
@@ -60,9 +68,13 @@ func linkStore(c *cli.Context) (coord.Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	files, err := commands.StoreTLS(c)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
 	defer cancel()
-	s, err := coord.Open(ctx, c.String("store"), coord.Options{Credentials: creds, Logger: slog.New(slog.DiscardHandler)})
+	s, err := coord.Open(ctx, c.String("store"), coord.Options{Credentials: creds, TLS: files, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
 	}
@@ -114,7 +126,7 @@ func linkStatus(c *cli.Context) error {
 	}
 	var st multidc.Status
 	source := "router " + url
-	cl, cerr := multidc.NewClient(url)
+	cl, cerr := routerClient(c, url)
 	if cerr == nil {
 		ctx, cancel := context.WithTimeout(c.Context, 3*time.Second)
 		st, cerr = cl.Status(ctx)
@@ -177,7 +189,7 @@ func linkFailover(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	cl, err := multidc.NewClient(url)
+	cl, err := routerClient(c, url)
 	if err != nil {
 		return commands.UsageErr("%v", err)
 	}
@@ -207,4 +219,59 @@ func linkFailover(c *cli.Context) error {
 	}
 	fmt.Fprintf(c.App.Writer, "job %s: active link %s from offset %d\n", job, st.Active, st.NextOffset)
 	return nil
+}
+
+// routerClient is a client of the router at url that trusts the router CA: from
+// --router-ca, or from the store.
+func routerClient(c *cli.Context, url string) (*multidc.Client, error) {
+	cl, err := multidc.NewClient(url)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case c.String("router-ca") != "":
+		pool, err := multidc.RouterPool(c.String("router-ca"))
+		if err != nil {
+			return nil, commands.UsageErr("--router-ca: %v", err)
+		}
+		cl.TrustRouterCA(pool)
+	case c.String("store") != "":
+		s, err := linkStore(c)
+		if err != nil {
+			return nil, err
+		}
+		defer s.Close()
+		ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
+		defer cancel()
+		ca, err := multidc.EnsureRouterCA(ctx, s)
+		if err != nil {
+			return nil, cli.Exit("stormdock: "+err.Error(), 1)
+		}
+		pool, err := ca.Pool()
+		if err != nil {
+			return nil, cli.Exit("stormdock: "+err.Error(), 1)
+		}
+		cl.TrustRouterCA(pool)
+	}
+	return cl, nil
+}
+
+// linkCA prints the router CA's certificate from the store.
+func linkCA(c *cli.Context) error {
+	if c.String("store") == "" {
+		return commands.UsageErr("give the store with --store URL")
+	}
+	s, err := linkStore(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
+	defer cancel()
+	ca, err := multidc.EnsureRouterCA(ctx, s)
+	if err != nil {
+		return cli.Exit("stormdock: "+err.Error(), 1)
+	}
+	_, err = io.WriteString(c.App.Writer, ca.Cert)
+	return err
 }
