@@ -22,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/await"
 	"github.com/stormdock/stormdock/internal/metricsauth"
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/isolation"
@@ -185,7 +186,17 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 	}
 	opts := cfg.StoreOptions
 	opts.Logger = cfg.Logger
-	if a.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
+	// An agent started while the store is unreachable or without quorum waits for it,
+	// saying so, instead of exiting: its workers (adopted once it runs) have their own
+	// keeper's verdicts meanwhile.
+	dep := await.Dep{Name: "the store", Log: log, Waiting: await.StoreWaiting(a.registry)}
+	if err := dep.Do(ctx, "open "+redactedStore(cfg.Store), func(ctx context.Context) error {
+		s, err := coord.Open(ctx, cfg.Store, opts)
+		if err == nil {
+			a.store = s
+		}
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	// What the agent's own processes get: the URL without credentials, and the credentials

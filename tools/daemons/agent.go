@@ -189,6 +189,9 @@ func runAgent(c *cli.Context) error {
 		Logger:         log,
 	})
 	if err != nil {
+		if c.Context.Err() != nil {
+			return nil // stopped while it waited for the store
+		}
 		return cli.Exit("stormdock agent: "+err.Error(), 1)
 	}
 	defer a.Close()
