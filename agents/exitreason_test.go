@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -113,5 +114,51 @@ func TestFaultHealedResetsBackoff(t *testing.T) {
 	}
 	if !r.urgent {
 		t.Error("the change is not published at once")
+	}
+}
+
+// TestExitAccounting: each exit reason's accounting on the worker's slot. Only the worker's
+// own failure counts towards its crash loop (restarts, the window the masters judge, a
+// backoff); a lapsed lease is counted apart and restarts at once; the agent's own stops and
+// evictions count nowhere, however many there are.
+func TestExitAccounting(t *testing.T) {
+	crash := isolation.Exit{Code: 3}
+	for _, c := range []struct {
+		reason                   string
+		restarts, recent, lapses int
+		state                    string
+		backoff                  bool
+		lastExit                 string
+	}{
+		{reason: cluster.ExitCrashed, restarts: 5, recent: 5, state: cluster.WorkerBackoff, backoff: true, lastExit: crash.String()},
+		{reason: cluster.ExitLeaseLapsed, lapses: 5, lastExit: lapsedStop},
+		{reason: cluster.ExitStopped},
+		{reason: cluster.ExitEvicted, state: cluster.WorkerEvicted, lastExit: "evicted under memory pressure: " + crash.String()},
+	} {
+		t.Run(c.reason, func(t *testing.T) {
+			r := &run{a: &Agent{cfg: Config{RestartBackoff: time.Second, MaxBackoff: time.Minute, CrashLoopWindow: 5 * time.Minute}}}
+			s := &slot{id: "w", state: cluster.WorkerRunning, pid: 42}
+			now := time.Now()
+			var delays []time.Duration
+			for i := range 5 {
+				delays = append(delays, r.countExit(s, c.reason, crash, nil, now.Add(time.Duration(i)*time.Second)))
+			}
+			if s.restarts != c.restarts || len(s.recent) != c.recent || s.lapses != c.lapses {
+				t.Errorf("restarts %d, recent %d, lapses %d; want %d, %d, %d", s.restarts, len(s.recent), s.lapses, c.restarts, c.recent, c.lapses)
+			}
+			if s.state != c.state || s.exitReason != c.reason || s.pid != 0 || s.lastExit != c.lastExit {
+				t.Errorf("state %q, reason %q, pid %d, last exit %q; want %q, %q, 0, %q", s.state, s.exitReason, s.pid, s.lastExit, c.state, c.reason, c.lastExit)
+			}
+			if c.backoff {
+				// 1s, 2s, 4s, 8s, 16s: doubling with every crash in the window.
+				for i, d := range delays {
+					if want := time.Second << i; d != want {
+						t.Errorf("crash %d: backoff %s, want %s", i+1, d, want)
+					}
+				}
+			} else if slices.ContainsFunc(delays, func(d time.Duration) bool { return d != 0 }) || !s.retryAt.IsZero() {
+				t.Errorf("backoffs %v, retry at %v: want none", delays, s.retryAt)
+			}
+		})
 	}
 }

@@ -299,34 +299,21 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 	now := time.Now()
 	s.cancelWait()
 	s.held = true
-	if s.exitReason = r.a.exitReason(ex, err, grace(s.assign), r.keeper.Status()); s.exitReason == cluster.ExitLeaseLapsed {
+	delay := r.countExit(s, r.a.exitReason(ex, err, grace(s.assign), r.keeper.Status()), ex, err, now)
+	if s.exitReason == cluster.ExitLeaseLapsed {
 		// Not the worker's failure: no crash counted, no backoff; it starts again once the
 		// keeper keeps the leases again (the gate), here or wherever the master puts it.
-		s.lapses++
-		s.lastExit = lapsedStop
-		s.state, s.since, s.pid, s.containerID, s.memory = "", now, 0, "", 0
-		s.retryAt = time.Time{}
 		r.log.Info("worker stopped by its launcher for a lapsed lease; not counted as a crash", "worker", s.id, "lapses", s.lapses)
 		r.reconcile()
 		r.publishSoon()
 		return
 	}
-	s.restarts++
-	r.pruneRecent(s, now)
-	s.recent = append(s.recent, now)
-	s.lastExit = ex.String()
-	if err != nil {
-		s.lastExit = "lost: " + err.Error()
-	}
+	r.log.Warn("worker ended, restarting after backoff", "worker", s.id, "exit", s.lastExit,
+		"restarts", s.restarts, "recent", len(s.recent), "backoff", delay)
 	if ex.OOMKilled {
 		r.a.metrics.oomKills.WithLabelValues(s.assign.Key.Job).Inc()
 	}
 	r.a.metrics.restarts.WithLabelValues(s.assign.Key.Job).Inc()
-	delay := r.backoff(len(s.recent))
-	s.state, s.since, s.pid, s.containerID, s.memory = cluster.WorkerBackoff, now, 0, "", 0
-	s.retryAt = now.Add(delay)
-	r.log.Warn("worker ended, restarting after backoff", "worker", s.id, "exit", s.lastExit,
-		"restarts", s.restarts, "recent", len(s.recent), "backoff", delay)
 	if err := r.a.writeRecord(s.id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
 		r.log.Warn("write worker record", "worker", s.id, "err", err)
 	}
@@ -389,14 +376,47 @@ func (r *run) stopped(s *slot, remove bool, ex isolation.Exit, err error) {
 			})
 		}
 	} else if s.evicted {
-		s.state, s.since, s.lastExit = cluster.WorkerEvicted, time.Now(), "evicted under memory pressure: "+ex.String()
-		s.exitReason = cluster.ExitEvicted
+		r.countExit(s, cluster.ExitEvicted, ex, nil, time.Now())
 		r.publishSoon()
 	} else {
-		s.state, s.since, s.retryAt = "", time.Now(), time.Time{}
-		s.exitReason = cluster.ExitStopped
+		r.countExit(s, cluster.ExitStopped, ex, nil, time.Now())
 	}
 	r.reconcile()
+}
+
+// countExit records on its slot a worker's end for reason (a cluster.Exit* value) and
+// returns the backoff before its restart. Only the worker's own failure (ExitCrashed) counts
+// towards its crash loop (restarts, the crash-loop window the masters judge, a growing
+// backoff); a stop for a lapsed lease is counted apart (lapses) and restarts as soon as the
+// gate allows; the agent's own stops (ExitStopped: drain, move, rollout) and evictions count
+// nowhere. Zero: no backoff.
+func (r *run) countExit(s *slot, reason string, ex isolation.Exit, lost error, now time.Time) time.Duration {
+	s.exitReason = reason
+	s.pid, s.containerID, s.memory = 0, "", 0
+	switch reason {
+	case cluster.ExitLeaseLapsed:
+		s.lapses++
+		s.lastExit = lapsedStop
+		s.state, s.since, s.retryAt = "", now, time.Time{}
+		return 0
+	case cluster.ExitEvicted:
+		s.state, s.since, s.lastExit = cluster.WorkerEvicted, now, "evicted under memory pressure: "+ex.String()
+		return 0
+	case cluster.ExitStopped:
+		s.state, s.since, s.retryAt = "", now, time.Time{}
+		return 0
+	}
+	s.restarts++
+	r.pruneRecent(s, now)
+	s.recent = append(s.recent, now)
+	s.lastExit = ex.String()
+	if lost != nil {
+		s.lastExit = "lost: " + lost.Error()
+	}
+	delay := r.backoff(len(s.recent))
+	s.state, s.since = cluster.WorkerBackoff, now
+	s.retryAt = now.Add(delay)
+	return delay
 }
 
 // adoptOne takes over one worker a driver knows.
