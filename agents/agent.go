@@ -41,6 +41,7 @@ const (
 	DefaultRestartBackoff  = time.Second
 	DefaultMaxBackoff      = time.Minute
 	DefaultCrashLoopWindow = 5 * time.Minute
+	DefaultStableRun       = 10 * time.Second
 	// DefaultContainerSelf is where worker images built by stormdock keep the stormdock
 	// binary (see package images).
 	DefaultContainerSelf = "/stormdock"
@@ -123,10 +124,14 @@ type Config struct {
 	// routers without one: they refuse file sinks.
 	SinkDir string
 	// RestartBackoff is the first delay before restarting a crashed worker; it doubles with
-	// every restart within CrashLoopWindow, up to MaxBackoff.
+	// every restart within CrashLoopWindow that came within StableRun of the worker's start,
+	// up to MaxBackoff. A crash after a run of StableRun or longer restarts after
+	// RestartBackoff again (it still counts towards the crash loop the masters judge): a
+	// worker killed now and then is restarted at once, one that dies as it starts waits.
 	RestartBackoff  time.Duration
 	MaxBackoff      time.Duration
 	CrashLoopWindow time.Duration
+	StableRun       time.Duration
 	// Health reports throttling; nil means always healthy.
 	Health Health
 	// Images pulls docker workers' images the node lacks, and the assignment's pre-pull
@@ -210,6 +215,9 @@ func (c *Config) defaults() error {
 	}
 	if c.CrashLoopWindow <= 0 {
 		c.CrashLoopWindow = DefaultCrashLoopWindow
+	}
+	if c.StableRun <= 0 {
+		c.StableRun = DefaultStableRun
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

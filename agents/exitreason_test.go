@@ -124,24 +124,40 @@ func TestFaultHealedResetsBackoff(t *testing.T) {
 func TestExitAccounting(t *testing.T) {
 	crash := isolation.Exit{Code: 3}
 	for _, c := range []struct {
+		name                     string
 		reason                   string
+		ran                      time.Duration // how long each run lasted before it ended
 		restarts, recent, lapses int
 		state                    string
-		backoff                  bool
+		backoffs                 []time.Duration
 		lastExit                 string
 	}{
-		{reason: cluster.ExitCrashed, restarts: 5, recent: 5, state: cluster.WorkerBackoff, backoff: true, lastExit: crash.String()},
+		// Crashes as it starts: the backoff doubles with each, 1s, 2s, 4s, 8s, 16s.
+		{name: "crashed at start", reason: cluster.ExitCrashed, ran: 100 * time.Millisecond, restarts: 5, recent: 5, state: cluster.WorkerBackoff,
+			backoffs: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second}, lastExit: crash.String()},
+		// Crashes after running a while (killed now and then): each restarts after the first
+		// backoff, and each still counts for the crash loop the masters judge.
+		{name: "crashed after a stable run", reason: cluster.ExitCrashed, ran: 30 * time.Second, restarts: 5, recent: 5, state: cluster.WorkerBackoff,
+			backoffs: []time.Duration{time.Second, time.Second, time.Second, time.Second, time.Second}, lastExit: crash.String()},
 		{reason: cluster.ExitLeaseLapsed, lapses: 5, lastExit: lapsedStop},
 		{reason: cluster.ExitStopped},
 		{reason: cluster.ExitEvicted, state: cluster.WorkerEvicted, lastExit: "evicted under memory pressure: " + crash.String()},
 	} {
-		t.Run(c.reason, func(t *testing.T) {
-			r := &run{a: &Agent{cfg: Config{RestartBackoff: time.Second, MaxBackoff: time.Minute, CrashLoopWindow: 5 * time.Minute}}}
-			s := &slot{id: "w", state: cluster.WorkerRunning, pid: 42}
-			now := time.Now()
+		if c.name == "" {
+			c.name = c.reason
+		}
+		if c.ran == 0 {
+			c.ran = time.Second
+		}
+		t.Run(c.name, func(t *testing.T) {
+			r := &run{a: &Agent{cfg: Config{RestartBackoff: time.Second, MaxBackoff: time.Minute, CrashLoopWindow: 5 * time.Minute, StableRun: 10 * time.Second}}}
+			s := &slot{id: "w"}
+			at := time.Now()
 			var delays []time.Duration
-			for i := range 5 {
-				delays = append(delays, r.countExit(s, c.reason, crash, nil, now.Add(time.Duration(i)*time.Second)))
+			for range 5 {
+				s.state, s.since, s.pid = cluster.WorkerRunning, at, 42
+				at = at.Add(c.ran)
+				delays = append(delays, r.countExit(s, c.reason, crash, nil, at))
 			}
 			if s.restarts != c.restarts || len(s.recent) != c.recent || s.lapses != c.lapses {
 				t.Errorf("restarts %d, recent %d, lapses %d; want %d, %d, %d", s.restarts, len(s.recent), s.lapses, c.restarts, c.recent, c.lapses)
@@ -149,12 +165,9 @@ func TestExitAccounting(t *testing.T) {
 			if s.state != c.state || s.exitReason != c.reason || s.pid != 0 || s.lastExit != c.lastExit {
 				t.Errorf("state %q, reason %q, pid %d, last exit %q; want %q, %q, 0, %q", s.state, s.exitReason, s.pid, s.lastExit, c.state, c.reason, c.lastExit)
 			}
-			if c.backoff {
-				// 1s, 2s, 4s, 8s, 16s: doubling with every crash in the window.
-				for i, d := range delays {
-					if want := time.Second << i; d != want {
-						t.Errorf("crash %d: backoff %s, want %s", i+1, d, want)
-					}
+			if c.backoffs != nil {
+				if !slices.Equal(delays, c.backoffs) {
+					t.Errorf("backoffs %v, want %v", delays, c.backoffs)
 				}
 			} else if slices.ContainsFunc(delays, func(d time.Duration) bool { return d != 0 }) || !s.retryAt.IsZero() {
 				t.Errorf("backoffs %v, retry at %v: want none", delays, s.retryAt)

@@ -28,6 +28,9 @@ type slot struct {
 
 	restarts int
 	recent   []time.Time // restarts within the crash-loop window
+	// quick counts the crashes in a row that came within StableRun of their start: the
+	// backoff doubles with them alone.
+	quick    int
 	lastExit string
 	// exitReason is why the worker last ended (a cluster.Exit* value); lapses counts its
 	// stops for a lapsed lease, which are not restarts.
@@ -83,7 +86,7 @@ func (r *run) reconcile() {
 			// Not running: the next start takes the new assignment, without delay. Its
 			// crash-loop record starts afresh: the master judges a replacement by its own.
 			s.assign, s.known, s.mode = want, true, isolationOf(want)
-			s.failures, s.retryAt, s.state, s.recent = 0, time.Time{}, "", nil
+			s.failures, s.retryAt, s.state, s.recent, s.quick = 0, time.Time{}, "", nil, 0
 		} else if !equalAssignment(s.assign, want) {
 			r.liveChange(s, want)
 		}
@@ -406,6 +409,10 @@ func (r *run) countExit(s *slot, reason string, ex isolation.Exit, lost error, n
 		s.state, s.since, s.retryAt = "", now, time.Time{}
 		return 0
 	}
+	ran := time.Duration(-1) // unknown: not seen running
+	if s.state == cluster.WorkerRunning && !s.since.IsZero() {
+		ran = now.Sub(s.since)
+	}
 	s.restarts++
 	r.pruneRecent(s, now)
 	s.recent = append(s.recent, now)
@@ -413,7 +420,11 @@ func (r *run) countExit(s *slot, reason string, ex isolation.Exit, lost error, n
 	if lost != nil {
 		s.lastExit = "lost: " + lost.Error()
 	}
-	delay := r.backoff(len(s.recent))
+	if ran >= r.a.cfg.StableRun {
+		s.quick = 0 // it ran well before this crash: no loop to slow down
+	}
+	s.quick++
+	delay := r.backoff(min(s.quick, len(s.recent)))
 	s.state, s.since = cluster.WorkerBackoff, now
 	s.retryAt = now.Add(delay)
 	return delay

@@ -42,7 +42,8 @@ type AgentConfig struct {
 	Drivers              DriverConfig
 	Heartbeat            time.Duration
 	// RestartBackoff is the first delay before a crashed worker is restarted (it doubles
-	// with every restart within the crash-loop window); 0 means agents.DefaultRestartBackoff.
+	// with every quick crash within the crash-loop window, see agents.Config); 0 means
+	// agents.DefaultRestartBackoff.
 	RestartBackoff time.Duration
 	PortBase       int
 	LeaseTTL       time.Duration
