@@ -176,7 +176,7 @@ func (r *run) pruneRecent(s *slot, now time.Time) {
 
 // start launches a worker in the background; started takes the result.
 func (r *run) start(s *slot) {
-	drv := r.a.drivers[s.mode]
+	drv := r.a.driver(s.mode)
 	if drv == nil {
 		r.startFailed(s, fmt.Errorf("%w: worker %s needs isolation %q", errNoDriver, s.assign.Key, s.mode))
 		return
@@ -229,7 +229,7 @@ func (r *run) start(s *slot) {
 	s.busy, s.state, s.since = true, cluster.WorkerStarting, time.Now()
 	s.seq++
 	seq, held, ctx := s.seq, s.held, r.ctx
-	pull := s.mode == cluster.IsolationDocker && r.a.cfg.Images != nil && spec.Image != ""
+	pull := s.mode == cluster.IsolationDocker && r.a.images() != nil && spec.Image != ""
 	r.goOp(func() {
 		if held {
 			if _, err := drv.Stop(ctx, s.id, 0); err != nil && !errors.Is(err, isolation.ErrNotFound) {
@@ -265,7 +265,7 @@ func (r *run) started(s *slot, seq int, w isolation.Worker, err error) {
 	r.a.metrics.starts.Inc()
 	r.log.Info("worker started", "worker", s.id, "key", s.assign.Key.String(), "generation", s.assign.Generation,
 		"pid", w.PID, "container", w.ContainerID, "port", s.port)
-	r.watch(s, r.a.drivers[s.mode])
+	r.watch(s, r.a.driver(s.mode))
 	r.reconcile()
 }
 
@@ -327,7 +327,7 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 // stop stops a worker in the background with its grace period. remove drops the slot
 // afterwards; otherwise it is started again (a replacement).
 func (r *run) stop(s *slot, remove bool) {
-	drv := r.a.drivers[s.mode]
+	drv := r.a.driver(s.mode)
 	needDriver := drv != nil && (s.active() || s.held)
 	g := grace(s.assign)
 	if s.cancelWait != nil {
@@ -370,7 +370,7 @@ func (r *run) stopped(s *slot, remove bool, ex isolation.Exit, err error) {
 		if err := r.a.removeLease(s.id); err != nil {
 			r.log.Warn("remove lease", "worker", s.id, "err", err)
 		}
-		if dd, ok := r.a.drivers[s.mode].(isolation.Discarder); ok {
+		if dd, ok := r.a.driver(s.mode).(isolation.Discarder); ok {
 			id, ctx := s.id, r.ctx
 			r.goOp(func() {
 				if err := dd.Discard(ctx, id); err != nil {
@@ -449,7 +449,7 @@ func (r *run) adoptOne(mode string, w isolation.Worker) error {
 	if w.Running() {
 		s.state, s.pid, s.containerID, s.since = cluster.WorkerRunning, w.PID, w.ContainerID, w.Started
 		r.log.Info("worker adopted", "worker", id, "pid", w.PID, "container", w.ContainerID)
-		r.watch(s, r.a.drivers[mode])
+		r.watch(s, r.a.driver(mode))
 		return nil
 	}
 	// It ended while no agent watched: count it as a crash and restart it at once, unless

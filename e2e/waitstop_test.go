@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,12 +25,15 @@ import (
 // TestDaemonsWaitForTheStore: a master and an agent started while their ZooKeeper is down
 // wait for it (each says so in its log, the master's /v1/health answers 503 with what it
 // waits for) instead of exiting; once ZooKeeper starts they become healthy, without a
-// restart, and a job runs.
+// restart, and a job runs. The agent's docker engine does not answer either: it offers
+// process isolation alone, says why, and offers docker too once the engine answers.
 func TestDaemonsWaitForTheStore(t *testing.T) {
+	testenv.DockerSocket(t)
 	h := newHarness(t, 2*time.Second)
 	h.ZK.Stop()
 	url := h.StartMaster("m1")
-	h.StartAgent("n1", "dc-a", "r1", 4)
+	dockerSock := filepath.Join(t.TempDir(), "docker.sock")
+	h.StartAgent("n1", "dc-a", "r1", 4, "--isolation", "process,docker", "--docker-host", "unix://"+dockerSock)
 	master, agent := h.Master("m1"), h.Agent("n1")
 	for _, p := range []*clustertest.Proc{master, agent} {
 		testenv.EventuallyWith(t, p.Name+" says it waits for the store", 60*time.Second, func() (bool, string) {
@@ -74,6 +81,19 @@ func TestDaemonsWaitForTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	(&outageCluster{h: h, job: "wc", workers: 2}).waitWorkers(t, 2)
+
+	// The docker engine, reached through a socket that answers from now on.
+	if n, _ := nodeView(ctx, cl, "n1"); slices.Contains(n.Isolation, cluster.IsolationDocker) {
+		t.Fatalf("node n1 offers docker with no engine: %v", n.Isolation)
+	}
+	if b, _ := os.ReadFile(filepath.Join(h.Dir, "agent-n1.log")); !strings.Contains(string(b), "the docker engine does not answer") {
+		t.Errorf("the agent does not say why it offers no docker: %s", logTail(h, "agent-n1"))
+	}
+	dockerProxy(t, dockerSock)
+	testenv.EventuallyWith(t, "node n1 offers docker once its engine answers", 90*time.Second, func() (bool, string) {
+		n, _ := nodeView(ctx, cl, "n1")
+		return slices.Contains(n.Isolation, cluster.IsolationDocker), fmt.Sprint(n.Isolation)
+	})
 	for _, p := range []*clustertest.Proc{master, agent} {
 		select {
 		case <-p.Done:
@@ -176,4 +196,63 @@ func TestDaemonsStopWithTheStoreAway(t *testing.T) {
 func logTail(h *harness, name string) string {
 	b, _ := os.ReadFile(filepath.Join(h.Dir, name+".log"))
 	return clustertest.Tail(b, 1500)
+}
+
+// dockerProxy serves the machine's docker engine on a unix socket at path until the test ends.
+func dockerProxy(t *testing.T, path string) {
+	engine := "/var/run/docker.sock"
+	if h, ok := strings.CutPrefix(os.Getenv("DOCKER_HOST"), "unix://"); ok {
+		engine = h
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	keep := func(c net.Conn) {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+	}
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e, err := net.Dial("unix", engine)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			keep(c)
+			keep(e)
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				_, _ = io.Copy(e, c)
+				e.Close()
+			}()
+			go func() {
+				defer wg.Done()
+				_, _ = io.Copy(c, e)
+				c.Close()
+			}()
+		}
+	}()
 }
