@@ -108,8 +108,8 @@ func TestDaemonsWaitForTheStore(t *testing.T) {
 
 // TestDaemonsStopWithTheStoreAway: with the store paused (SIGSTOP of the ZooKeeper server:
 // connections open, nothing answers) a master, an agent and its keeper sent SIGTERM each
-// exit, and the keeper's workers stop with their leases; a keeper started while the store
-// is gone (nothing listens) waits, and exits on SIGTERM too.
+// exit, and the keeper's workers stop with their leases; a master, an agent and a keeper
+// started while the store is gone (nothing listens) wait, and exit on SIGTERM too.
 func TestDaemonsStopWithTheStoreAway(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
 	url := h.StartMaster("m1")
@@ -163,33 +163,41 @@ func TestDaemonsStopWithTheStoreAway(t *testing.T) {
 	})
 	t.Logf("figure: the keeper exited %s after SIGTERM, the store paused", time.Since(start).Round(time.Millisecond))
 
-	// The store gone: nothing listens. A keeper started then waits for it, and stops when
-	// told.
+	// The store gone: nothing listens. A master, an agent and a keeper started then wait for
+	// it, and stop when told, with exit code 0.
 	h.ZK.Resume()
 	h.ZK.Stop()
-	dir := t.TempDir()
-	p := h.Start("keeper-gone", "keeper", "--store", h.StoreURL(), "--node-id", "n2", "--state-dir", dir,
-		"--session-timeout", "2s", "--restart-grace", "30s", "--store-silence", "2s")
-	testenv.EventuallyWith(t, "the keeper waits for the store", 60*time.Second, func() (bool, string) {
-		select {
-		case <-p.Done:
-			t.Fatalf("the keeper exited while the store was gone: %s", logTail(h, p.Name))
-		default:
-		}
-		b, _ := os.ReadFile(filepath.Join(h.Dir, p.Name+".log"))
-		return strings.Contains(string(b), "waiting for the store"), logTail(h, p.Name)
-	})
+	h.StartMaster("m2")
+	h.StartAgent("n2", "dc-a", "r2", 4)
+	waiting := []*clustertest.Proc{h.Master("m2"), h.Agent("n2"),
+		h.Start("keeper-gone", "keeper", "--store", h.StoreURL(), "--node-id", "n3", "--state-dir", t.TempDir(),
+			"--session-timeout", "2s", "--restart-grace", "30s", "--store-silence", "2s")}
+	for _, p := range waiting {
+		testenv.EventuallyWith(t, p.Name+" waits for the store", 60*time.Second, func() (bool, string) {
+			select {
+			case <-p.Done:
+				t.Fatalf("%s exited while the store was gone: %s", p.Name, logTail(h, p.Name))
+			default:
+			}
+			b, _ := os.ReadFile(filepath.Join(h.Dir, p.Name+".log"))
+			return strings.Contains(string(b), "waiting for the store"), logTail(h, p.Name)
+		})
+	}
 	start = time.Now()
-	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
-	testenv.EventuallyWith(t, "the waiting keeper exited after SIGTERM", 30*time.Second, func() (bool, string) {
-		select {
-		case <-p.Done:
-			return p.Cmd.ProcessState.ExitCode() == 0, fmt.Sprintf("exit %d: %s", p.Cmd.ProcessState.ExitCode(), logTail(h, p.Name))
-		default:
-			return false, logTail(h, p.Name)
-		}
-	})
-	t.Logf("figure: a keeper waiting for a store that is gone exited %s after SIGTERM", time.Since(start).Round(time.Millisecond))
+	for _, p := range waiting {
+		_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range waiting {
+		testenv.EventuallyWith(t, p.Name+", waiting, exited after SIGTERM", 30*time.Second, func() (bool, string) {
+			select {
+			case <-p.Done:
+				return p.Cmd.ProcessState.ExitCode() == 0, fmt.Sprintf("exit %d: %s", p.Cmd.ProcessState.ExitCode(), logTail(h, p.Name))
+			default:
+				return false, logTail(h, p.Name)
+			}
+		})
+		t.Logf("figure: %s, waiting for a store that is gone, exited %s after SIGTERM", p.Name, time.Since(start).Round(time.Millisecond))
+	}
 }
 
 // logTail is the end of a process's log, for a failure's message.
