@@ -231,9 +231,9 @@ func (c *Config) defaults() error {
 
 // Agent runs one node's workers. Create it with New and run it with Run.
 type Agent struct {
-	cfg      Config
-	store    coord.Store
-	rca      routerCA // the router CA, once read
+	cfg   Config
+	store coord.Store
+	rca   routerCA // the router CA, once read
 	// drivers and modes grow when an isolation the agent started without comes (AddDriver);
 	// imgs with them: read them through driver, modesNow and images.
 	drvMu    sync.RWMutex
