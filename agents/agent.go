@@ -231,20 +231,21 @@ func (c *Config) defaults() error {
 
 // Agent runs one node's workers. Create it with New and run it with Run.
 type Agent struct {
-	cfg   Config
-	store coord.Store
-	rca   routerCA // the router CA, once read
-	// drivers and modes grow when an isolation the agent started without comes (AddDriver);
-	// imgs with them: read them through driver, modesNow and images.
-	drvMu    sync.RWMutex
+	cfg      Config
+	store    coord.Store
+	rca      routerCA // the router CA, once read
 	drivers  map[string]isolation.Driver
 	modes    []string
-	imgs     Images
 	log      *slog.Logger
 	metrics  *metrics
 	instance string
 	me       self   // the agent's own uid and whether it can switch users
 	leases   string // the lease directory (prepareStateDir)
+
+	// drivers and modes grow when an isolation the agent started without comes (AddDriver),
+	// imgs with them: they are read through driver, modesNow and images.
+	drvMu sync.RWMutex
+	imgs  Images
 
 	imageMetrics *imageMetrics
 
