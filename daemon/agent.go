@@ -244,13 +244,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 	// saying so, instead of exiting: its workers (adopted once it runs) have their own
 	// keeper's verdicts meanwhile.
 	dep := await.Dep{Name: "the store", Log: log, Waiting: await.StoreWaiting(a.registry)}
-	if err := dep.Do(ctx, "open "+redactedStore(cfg.Store), func(ctx context.Context) error {
-		s, err := coord.Open(ctx, cfg.Store, opts)
-		if err == nil {
-			a.store = s
-		}
-		return err
-	}); err != nil {
+	if a.store, err = dep.OpenStore(ctx, cfg.Store, opts); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	// What the agent's own processes get: the URL without credentials, and the credentials

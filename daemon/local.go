@@ -215,14 +215,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	}
 	// A ZooKeeper that does not answer yet (started with the cluster, or without quorum) is
 	// waited for, saying so, until ctx ends.
-	dep := await.Dep{Name: "the store", Log: cfg.Logger}
-	if err := dep.Do(ctx, "open "+redactedStore(cfg.Store), func(ctx context.Context) error {
-		s, err := coord.Open(ctx, cfg.Store, opts)
-		if err == nil {
-			c.store = s
-		}
-		return err
-	}); err != nil {
+	if c.store, err = (await.Dep{Name: "the store", Log: cfg.Logger}).OpenStore(ctx, cfg.Store, opts); err != nil {
 		return fail(fmt.Errorf("open store: %w", err))
 	}
 	// Its nodes start with the master, in this process: they need no longer than a session

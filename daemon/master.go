@@ -122,40 +122,27 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	m.serve()
 	// A master started while the store is unreachable or without quorum waits for it
 	// (saying so, with stormdock_store_waiting at 1) instead of exiting.
-	dep := await.Dep{Name: "the store", Log: cfg.Logger, Waiting: storeWaiting}
-	wait := func(what string, fn func(ctx context.Context) error) error {
-		return dep.Do(ctx, what, func(ctx context.Context) error {
-			err := fn(ctx)
-			if err != nil {
-				msg := "the store: " + err.Error()
-				waitingOn.Store(&msg)
-			}
-			return err
-		})
-	}
+	dep := await.Dep{Name: "the store", Log: cfg.Logger, Waiting: storeWaiting, OnWait: func(err error) {
+		msg := "the store: " + err.Error()
+		waitingOn.Store(&msg)
+	}}
 	m.store = cfg.OpenedStore
 	if m.store == nil {
 		opts := cfg.StoreOptions
 		opts.Logger = cfg.Logger
-		if err := wait("open "+redactedStore(cfg.Store), func(ctx context.Context) error {
-			s, err := coord.Open(ctx, cfg.Store, opts)
-			if err == nil {
-				m.store = s
-			}
-			return err
-		}); err != nil {
+		if m.store, err = dep.OpenStore(ctx, cfg.Store, opts); err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
 		m.ownStore = true
 	}
 	if cfg.DataDir != "" {
-		if err := wait("read or make the admin token", func(ctx context.Context) (err error) {
+		if err := dep.Do(ctx, "read or make the admin token", func(ctx context.Context) (err error) {
 			m.tokenPath, err = EnsureAdminToken(ctx, m.store, cfg.DataDir)
 			return err
 		}); err != nil {
 			return nil, err
 		}
-		if err := wait("read or make the scrape token", func(ctx context.Context) (err error) {
+		if err := dep.Do(ctx, "read or make the scrape token", func(ctx context.Context) (err error) {
 			m.metricsPath, err = EnsureMetricsToken(ctx, m.store, cfg.DataDir)
 			return err
 		}); err != nil {
@@ -228,14 +215,6 @@ func waitingHandler(id string, on *atomic.Pointer[string]) http.Handler {
 		api.WriteError(w, fmt.Errorf("%w: the master is starting and waits for %s", api.ErrUnavailable, what()))
 	})
 	return mux
-}
-
-// redactedStore is a store URL as logs may show it.
-func redactedStore(raw string) string {
-	if t, err := coord.ParseURL(raw); err == nil {
-		return t.String()
-	}
-	return "the store"
 }
 
 // NewRegistry is a process's metrics registry, with the Go runtime's and the process's own.

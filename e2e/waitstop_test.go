@@ -36,15 +36,7 @@ func TestDaemonsWaitForTheStore(t *testing.T) {
 	h.StartAgent("n1", "dc-a", "r1", 4, "--isolation", "process,docker", "--docker-host", "unix://"+dockerSock)
 	master, agent := h.Master("m1"), h.Agent("n1")
 	for _, p := range []*clustertest.Proc{master, agent} {
-		testenv.EventuallyWith(t, p.Name+" says it waits for the store", 60*time.Second, func() (bool, string) {
-			select {
-			case <-p.Done:
-				t.Fatalf("%s exited while the store was down: %s", p.Name, logTail(h, p.Name))
-			default:
-			}
-			b, _ := os.ReadFile(filepath.Join(h.Dir, p.Name+".log"))
-			return strings.Contains(string(b), "waiting for the store"), logTail(h, p.Name)
-		})
+		waitsForStore(t, h, p)
 	}
 	testenv.EventuallyWith(t, "the master's /v1/health says it waits", 30*time.Second, func() (bool, string) {
 		resp, err := http.Get(url + "/v1/health")
@@ -173,15 +165,7 @@ func TestDaemonsStopWithTheStoreAway(t *testing.T) {
 		h.Start("keeper-gone", "keeper", "--store", h.StoreURL(), "--node-id", "n3", "--state-dir", t.TempDir(),
 			"--session-timeout", "2s", "--restart-grace", "30s", "--store-silence", "2s")}
 	for _, p := range waiting {
-		testenv.EventuallyWith(t, p.Name+" waits for the store", 60*time.Second, func() (bool, string) {
-			select {
-			case <-p.Done:
-				t.Fatalf("%s exited while the store was gone: %s", p.Name, logTail(h, p.Name))
-			default:
-			}
-			b, _ := os.ReadFile(filepath.Join(h.Dir, p.Name+".log"))
-			return strings.Contains(string(b), "waiting for the store"), logTail(h, p.Name)
-		})
+		waitsForStore(t, h, p)
 	}
 	start = time.Now()
 	for _, p := range waiting {
@@ -198,6 +182,21 @@ func TestDaemonsStopWithTheStoreAway(t *testing.T) {
 		})
 		t.Logf("figure: %s, waiting for a store that is gone, exited %s after SIGTERM", p.Name, time.Since(start).Round(time.Millisecond))
 	}
+}
+
+// waitsForStore waits until a process says in its log that it waits for the store, failing
+// the test if it exits instead.
+func waitsForStore(t *testing.T, h *harness, p *clustertest.Proc) {
+	t.Helper()
+	testenv.EventuallyWith(t, p.Name+" says it waits for the store", 60*time.Second, func() (bool, string) {
+		select {
+		case <-p.Done:
+			t.Fatalf("%s exited while the store was away: %s", p.Name, logTail(h, p.Name))
+		default:
+		}
+		b, _ := os.ReadFile(filepath.Join(h.Dir, p.Name+".log"))
+		return strings.Contains(string(b), "waiting for the store"), logTail(h, p.Name)
+	})
 }
 
 // logTail is the end of a process's log, for a failure's message.

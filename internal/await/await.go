@@ -36,6 +36,24 @@ type Dep struct {
 	// Transient says which errors are worth waiting out; nil: StoreUnavailable. Any other
 	// error ends Do at once.
 	Transient func(error) bool
+	// OnWait, when set, is told every transient failure (a daemon's health answer says
+	// what it waits for).
+	OnWait func(error)
+}
+
+// OpenStore opens the store at url (coord.Open), waiting for it as Do does. It names the
+// store in its log lines without credentials.
+func (d Dep) OpenStore(ctx context.Context, url string, opts coord.Options) (coord.Store, error) {
+	name := "the store"
+	if t, err := coord.ParseURL(url); err == nil {
+		name = t.String()
+	}
+	var s coord.Store
+	err := d.Do(ctx, "open "+name, func(ctx context.Context) (err error) {
+		s, err = coord.Open(ctx, url, opts)
+		return err
+	})
+	return s, err
 }
 
 // StoreUnavailable reports whether err is the store not answering (no server, no quorum,
@@ -92,6 +110,9 @@ func (d Dep) Do(ctx context.Context, what string, fn func(ctx context.Context) e
 			return err
 		}
 		tries++
+		if d.OnWait != nil {
+			d.OnWait(err)
+		}
 		if since.IsZero() {
 			since = time.Now()
 			if d.Waiting != nil {

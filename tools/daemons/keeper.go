@@ -50,14 +50,9 @@ var KeeperCommand = &cli.Command{
 		var store coord.Store
 		opened := make(chan error, 1)
 		go func() {
-			dep := await.Dep{Name: "the store", Log: log.With("node", args.Node, "component", "keeper")}
-			opened <- dep.Do(ctx, "open the node's session", func(ctx context.Context) error {
-				s, err := coord.Open(ctx, args.Store, opts)
-				if err == nil {
-					store = s
-				}
-				return err
-			})
+			var err error
+			store, err = (await.Dep{Name: "the store", Log: log.With("node", args.Node, "component", "keeper")}).OpenStore(ctx, args.Store, opts)
+			opened <- err
 		}()
 	waiting:
 		for {

@@ -1,7 +1,6 @@
 package daemons
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -100,16 +99,9 @@ func routerRun(c *cli.Context) error {
 	// A router started while the store is away waits for it rather than exit: a crash
 	// would only be restarted after a growing backoff, and hold the output back past the
 	// store's return.
-	var store coord.Store
-	dep := await.Dep{Name: "the store", Log: log}
-	if err := dep.Do(c.Context, "open the router's session", func(ctx context.Context) error {
-		s, err := coord.Open(ctx, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: creds, Logger: log,
-			TLS: coord.TLSFiles{CA: a.StoreCA, Cert: a.StoreCert, Key: a.StoreKey}})
-		if err == nil {
-			store = s
-		}
-		return err
-	}); err != nil {
+	store, err := (await.Dep{Name: "the store", Log: log}).OpenStore(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout,
+		Credentials: creds, Logger: log, TLS: coord.TLSFiles{CA: a.StoreCA, Cert: a.StoreCert, Key: a.StoreKey}})
+	if err != nil {
 		if c.Context.Err() != nil {
 			return nil // stopped while it waited
 		}
