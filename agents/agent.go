@@ -41,6 +41,7 @@ const (
 	DefaultRestartBackoff  = time.Second
 	DefaultMaxBackoff      = time.Minute
 	DefaultCrashLoopWindow = 5 * time.Minute
+	DefaultStableRun       = 10 * time.Second
 	// DefaultContainerSelf is where worker images built by stormdock keep the stormdock
 	// binary (see package images).
 	DefaultContainerSelf = "/stormdock"
@@ -123,15 +124,23 @@ type Config struct {
 	// routers without one: they refuse file sinks.
 	SinkDir string
 	// RestartBackoff is the first delay before restarting a crashed worker; it doubles with
-	// every restart within CrashLoopWindow, up to MaxBackoff.
+	// every restart within CrashLoopWindow that came within StableRun of the worker's start,
+	// up to MaxBackoff. A crash after a run of StableRun or longer restarts after
+	// RestartBackoff again (it still counts towards the crash loop the masters judge): a
+	// worker killed now and then is restarted at once, one that dies as it starts waits.
 	RestartBackoff  time.Duration
 	MaxBackoff      time.Duration
 	CrashLoopWindow time.Duration
+	StableRun       time.Duration
 	// Health reports throttling; nil means always healthy.
 	Health Health
 	// Images pulls docker workers' images the node lacks, and the assignment's pre-pull
 	// list; nil means images must be on the node already.
 	Images Images
+	// LateIsolation lists the isolation modes the node is meant to offer whose engine did
+	// not answer when the agent started: the node offers them once AddDriver brings them,
+	// and keeps their workers' records meanwhile.
+	LateIsolation []string
 	// Logs is where the agent serves its workers' logs (LogsHandler), published in the node
 	// record for the masters; nil when it serves none.
 	Logs *cluster.LogsEndpoint
@@ -211,6 +220,9 @@ func (c *Config) defaults() error {
 	if c.CrashLoopWindow <= 0 {
 		c.CrashLoopWindow = DefaultCrashLoopWindow
 	}
+	if c.StableRun <= 0 {
+		c.StableRun = DefaultStableRun
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -229,6 +241,11 @@ type Agent struct {
 	instance string
 	me       self   // the agent's own uid and whether it can switch users
 	leases   string // the lease directory (prepareStateDir)
+
+	// drivers and modes grow when an isolation the agent started without comes (AddDriver),
+	// imgs with them: they are read through driver, modesNow and images.
+	drvMu sync.RWMutex
+	imgs  Images
 
 	imageMetrics *imageMetrics
 
@@ -258,13 +275,13 @@ func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
 	if store == nil {
 		return nil, errors.New("agent: no store")
 	}
-	if len(drivers) == 0 {
+	if len(drivers) == 0 && len(cfg.LateIsolation) == 0 {
 		return nil, errors.New("agent: no isolation driver")
 	}
 	if cfg.RunAs != nil && cfg.RunAs.UID == 0 {
 		return nil, errors.New("agent: --run-as root: tenants' code never runs as root; give another user, or leave --run-as out so that each tenant runs as its own uid")
 	}
-	a := &Agent{cfg: cfg, store: store, drivers: map[string]isolation.Driver{}, me: currentSelf()}
+	a := &Agent{cfg: cfg, store: store, drivers: map[string]isolation.Driver{}, imgs: cfg.Images, me: currentSelf()}
 	a.leases = filepath.Join(cfg.StateDir, "leases")
 	for _, d := range drivers {
 		switch d.Isolation {
@@ -298,14 +315,68 @@ func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
 	return a, nil
 }
 
+// driver is the driver of an isolation mode, nil when the node offers none (yet).
+func (a *Agent) driver(mode string) isolation.Driver {
+	a.drvMu.RLock()
+	defer a.drvMu.RUnlock()
+	return a.drivers[mode]
+}
+
+// modesNow lists the isolation modes the node offers now, sorted.
+func (a *Agent) modesNow() []string {
+	a.drvMu.RLock()
+	defer a.drvMu.RUnlock()
+	return slices.Clone(a.modes)
+}
+
+// images is what pulls docker workers' images, nil while the node has no docker.
+func (a *Agent) images() Images {
+	a.drvMu.RLock()
+	defer a.drvMu.RUnlock()
+	return a.imgs
+}
+
+// AddDriver offers an isolation of Config.LateIsolation that the agent runs without so far
+// (its engine did not answer when the agent started): the agent adopts the workers the
+// driver knows (ended ones were stopped with the engine: no crash of theirs), advertises the
+// mode from now on, and pulls images through images (nil: none). The agent must be running.
+func (a *Agent) AddDriver(ctx context.Context, d Driver, images Images) error {
+	if !slices.Contains(a.cfg.LateIsolation, d.Isolation) || d.Driver == nil {
+		return fmt.Errorf("agent: isolation %q cannot be added", d.Isolation)
+	}
+	if a.driver(d.Isolation) != nil {
+		return fmt.Errorf("agent: isolation %s given twice", d.Isolation)
+	}
+	var err error
+	if cerr := a.call(ctx, func(r *run) {
+		a.drvMu.Lock()
+		a.drivers[d.Isolation] = d.Driver
+		a.modes = append(a.modes, d.Isolation)
+		slices.Sort(a.modes)
+		if images != nil {
+			a.imgs = images
+		}
+		a.drvMu.Unlock()
+		if err = r.adoptMode(d.Isolation, true); err != nil {
+			return
+		}
+		r.log.Info("isolation offered again: its engine answers", "isolation", d.Isolation, "workers", len(r.workers))
+		r.urgent = true
+		r.reconcile()
+	}); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
 // Node returns the node as the agent registers it: with the isolation labels added.
 func (a *Agent) Node() cluster.Node {
 	n := a.cfg.Node
-	labels := make(map[string]string, len(n.Labels)+len(a.modes))
+	labels := make(map[string]string, len(n.Labels)+2)
 	for k, v := range n.Labels {
 		labels[k] = v
 	}
-	for _, m := range a.modes {
+	for _, m := range a.modesNow() {
 		labels["isolation/"+m] = "true"
 	}
 	n.Labels = labels
@@ -333,7 +404,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.prepareStateDir(); err != nil {
 		return err
 	}
-	if a.drivers[cluster.IsolationProcess] != nil && !a.me.canSwitch && a.cfg.RunAs == nil {
+	if a.driver(cluster.IsolationProcess) != nil && !a.me.canSwitch && a.cfg.RunAs == nil {
 		a.log.Warn("this agent cannot switch users: tenants' process workers are refused (docker workers still run as their tenants' uids): "+noSwitchHelp,
 			"uid", a.me.euid)
 	}

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +23,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation"
+	"github.com/stormdock/stormdock/isolation/process"
 )
 
 var stores = []string{"mem", "zk"}
@@ -657,4 +660,43 @@ func TestStartsConcurrentBoundedReportedAtOnce(t *testing.T) {
 	if gate.most != cfg.Node.Slots {
 		t.Errorf("at most %d starts at once, want the node's %d slots", gate.most, cfg.Node.Slots)
 	}
+}
+
+// An isolation whose engine did not answer at the agent's start (Config.LateIsolation) is
+// not offered, its workers are refused with the reason, and once AddDriver brings it the
+// node offers it and runs them, without a restart of the agent.
+func TestLateIsolation(t *testing.T) {
+	h := newHarness(t, "mem")
+	cfg := h.cfg
+	cfg.LateIsolation = []string{cluster.IsolationDocker}
+	ra := h.start(cfg, h.agentStore())
+	late := h.wa("late", 0, 1, "run")
+	late.Isolation = cluster.IsolationDocker // started through a second process driver standing in for docker
+	h.assign(h.wa("wc", 0, 1, "run"), late)
+	h.waitRecord("the process worker running, the late one refused", 10*time.Second, func(rec cluster.NodeRecord) bool {
+		st := states(rec)
+		return slices.Equal(rec.Isolation, []string{cluster.IsolationProcess}) && st["wc/0"].State == cluster.WorkerRunning &&
+			strings.Contains(st["late/0"].LastExit, "isolation not offered")
+	})
+	d, err := process.New(process.Config{CgroupParent: h.cgParent, StateDir: filepath.Join(h.stateDir, "late"), Shim: shimBin,
+		Logger: testenv.Logger(t, slog.LevelError)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ra.a.AddDriver(ctx, agents.Driver{Isolation: cluster.IsolationProcess, Driver: d}, nil); err == nil {
+		t.Error("AddDriver took an isolation that is not late")
+	}
+	if err := ra.a.AddDriver(ctx, agents.Driver{Isolation: cluster.IsolationDocker, Driver: d}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The stand-in runs no docker spec (its program is the image's /stormdock): that the
+	// start reached it, and failed there, shows the agent uses it.
+	h.waitRecord("both isolations offered, the late worker started through the added driver", 15*time.Second, func(rec cluster.NodeRecord) bool {
+		st := states(rec)
+		return slices.Equal(rec.Isolation, []string{cluster.IsolationDocker, cluster.IsolationProcess}) &&
+			st["wc/0"].State == cluster.WorkerRunning && strings.Contains(st["late/0"].LastExit, "exec /stormdock")
+	})
 }

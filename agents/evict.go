@@ -65,7 +65,7 @@ func (a *Agent) Victims(ctx context.Context) ([]Victim, error) {
 	}
 	out := make([]Victim, 0, len(rs))
 	for _, x := range rs {
-		if u, err := a.drivers[x.mode].Usage(ctx, x.v.ID); err == nil {
+		if u, err := a.driver(x.mode).Usage(ctx, x.v.ID); err == nil {
 			x.v.Usage = u.MemoryBytes
 		}
 		out = append(out, x.v)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -113,5 +114,64 @@ func TestFaultHealedResetsBackoff(t *testing.T) {
 	}
 	if !r.urgent {
 		t.Error("the change is not published at once")
+	}
+}
+
+// TestExitAccounting: each exit reason's accounting on the worker's slot. Only the worker's
+// own failure counts towards its crash loop (restarts, the window the masters judge, a
+// backoff); a lapsed lease is counted apart and restarts at once; the agent's own stops and
+// evictions count nowhere, however many there are.
+func TestExitAccounting(t *testing.T) {
+	crash := isolation.Exit{Code: 3}
+	for _, c := range []struct {
+		name                     string
+		reason                   string
+		ran                      time.Duration // how long each run lasted before it ended
+		restarts, recent, lapses int
+		state                    string
+		backoffs                 []time.Duration
+		lastExit                 string
+	}{
+		// Crashes as it starts: the backoff doubles with each, 1s, 2s, 4s, 8s, 16s.
+		{name: "crashed at start", reason: cluster.ExitCrashed, ran: 100 * time.Millisecond, restarts: 5, recent: 5, state: cluster.WorkerBackoff,
+			backoffs: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second}, lastExit: crash.String()},
+		// Crashes after running a while (killed now and then): each restarts after the first
+		// backoff, and each still counts for the crash loop the masters judge.
+		{name: "crashed after a stable run", reason: cluster.ExitCrashed, ran: 30 * time.Second, restarts: 5, recent: 5, state: cluster.WorkerBackoff,
+			backoffs: []time.Duration{time.Second, time.Second, time.Second, time.Second, time.Second}, lastExit: crash.String()},
+		{reason: cluster.ExitLeaseLapsed, lapses: 5, lastExit: lapsedStop},
+		{reason: cluster.ExitStopped},
+		{reason: cluster.ExitEvicted, state: cluster.WorkerEvicted, lastExit: "evicted under memory pressure: " + crash.String()},
+	} {
+		if c.name == "" {
+			c.name = c.reason
+		}
+		if c.ran == 0 {
+			c.ran = time.Second
+		}
+		t.Run(c.name, func(t *testing.T) {
+			r := &run{a: &Agent{cfg: Config{RestartBackoff: time.Second, MaxBackoff: time.Minute, CrashLoopWindow: 5 * time.Minute, StableRun: 10 * time.Second}}}
+			s := &slot{id: "w"}
+			at := time.Now()
+			var delays []time.Duration
+			for range 5 {
+				s.state, s.since, s.pid = cluster.WorkerRunning, at, 42
+				at = at.Add(c.ran)
+				delays = append(delays, r.countExit(s, c.reason, crash, nil, at))
+			}
+			if s.restarts != c.restarts || len(s.recent) != c.recent || s.lapses != c.lapses {
+				t.Errorf("restarts %d, recent %d, lapses %d; want %d, %d, %d", s.restarts, len(s.recent), s.lapses, c.restarts, c.recent, c.lapses)
+			}
+			if s.state != c.state || s.exitReason != c.reason || s.pid != 0 || s.lastExit != c.lastExit {
+				t.Errorf("state %q, reason %q, pid %d, last exit %q; want %q, %q, 0, %q", s.state, s.exitReason, s.pid, s.lastExit, c.state, c.reason, c.lastExit)
+			}
+			if c.backoffs != nil {
+				if !slices.Equal(delays, c.backoffs) {
+					t.Errorf("backoffs %v, want %v", delays, c.backoffs)
+				}
+			} else if slices.ContainsFunc(delays, func(d time.Duration) bool { return d != 0 }) || !s.retryAt.IsZero() {
+				t.Errorf("backoffs %v, retry at %v: want none", delays, s.retryAt)
+			}
+		})
 	}
 }

@@ -35,7 +35,7 @@ func (r *run) heartbeat() {
 	var ts []target
 	for _, s := range r.workers {
 		if s.state == cluster.WorkerRunning {
-			ts = append(ts, target{s, s.seq, r.a.drivers[s.mode]})
+			ts = append(ts, target{s, s.seq, r.a.driver(s.mode)})
 		}
 	}
 	if len(ts) == 0 {
@@ -103,7 +103,7 @@ func (r *run) record() cluster.NodeRecord {
 		Node:             node,
 		Health:           r.health,
 		Workers:          ws,
-		Isolation:        r.a.modes,
+		Isolation:        r.a.modesNow(),
 		Images:           r.imageStatuses(),
 		Logs:             r.a.cfg.Logs,
 		Agent:            r.a.instance,

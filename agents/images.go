@@ -176,7 +176,7 @@ func (a *Agent) pull(ctx context.Context, tenant, ref string, onPull func()) err
 	if err != nil {
 		return err
 	}
-	ok, err := a.cfg.Images.Has(ctx, ref)
+	ok, err := a.images().Has(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -184,7 +184,7 @@ func (a *Agent) pull(ctx context.Context, tenant, ref string, onPull func()) err
 		if acc.Shared || !explicitRegistry(ref) || a.checked(tenant, ref, acc, false) {
 			return nil
 		}
-		if err := a.cfg.Images.Check(ctx, ref, acc); err != nil {
+		if err := a.images().Check(ctx, ref, acc); err != nil {
 			return err
 		}
 		a.checked(tenant, ref, acc, true)
@@ -192,7 +192,7 @@ func (a *Agent) pull(ctx context.Context, tenant, ref string, onPull func()) err
 	}
 	onPull()
 	t0 := time.Now()
-	err = a.cfg.Images.Pull(ctx, ref, acc)
+	err = a.images().Pull(ctx, ref, acc)
 	if err != nil {
 		a.imageMetrics.pulls.WithLabelValues("failed").Inc()
 		return err
@@ -309,7 +309,7 @@ func (r *run) syncImages(list []string) {
 func (r *run) startPrepull(ref string, p *prepull) {
 	p.busy, p.seq = true, p.seq+1
 	p.status.State, p.status.Error, p.status.Since = cluster.ImagePulling, "", time.Now().UTC().Truncate(time.Millisecond)
-	if r.a.cfg.Images == nil {
+	if r.a.images() == nil {
 		r.prepullDone(ref, p, p.seq, fmt.Errorf("this node pulls no images: its agent offers no docker isolation"))
 		return
 	}

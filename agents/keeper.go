@@ -195,6 +195,9 @@ type Keeper struct {
 	// the Run loop's.
 	leaderless time.Time
 
+	// removeTries counts failed removals of the node's entry while retiring, the Run loop's.
+	removeTries int
+
 	mu      sync.Mutex
 	status  KeeperStatus
 	retired sync.Once
@@ -657,13 +660,26 @@ func (k *Keeper) retire(ctx context.Context, lease string, w *nodeWriter, from t
 	dctx, cancel := context.WithTimeout(ctx, k.cfg.SessionTimeout)
 	defer cancel()
 	if err := w.remove(dctx); err != nil && ctx.Err() == nil {
-		k.log.Warn("remove node entry", "err", err)
-		return false
+		// The entry is bound to the keeper's session: once the keeper is gone the store
+		// expires it by itself. A store that does not answer (gone, paused, cut off) must
+		// not keep a keeper that was told to stop running for ever: past the bound it
+		// leaves the entry to its session.
+		if k.removeTries++; k.removeTries < retireRemoveTries {
+			k.log.Warn("remove node entry", "err", err, "try", k.removeTries)
+			return false
+		}
+		k.log.Warn("the store does not answer: the node's entry goes when its session expires", "err", err, "tries", k.removeTries)
+		_ = os.Remove(filepath.Join(k.cfg.StateDir, keeperStatusFile))
+		return true
 	}
 	k.log.Info("node retired: its workers stopped and the master moves them")
 	_ = os.Remove(filepath.Join(k.cfg.StateDir, keeperStatusFile))
 	return true
 }
+
+// retireRemoveTries bounds the removals of the node's entry a retiring keeper tries (each
+// bounded by the session timeout) before it leaves the entry to its session and exits.
+const retireRemoveTries = 3
 
 // markAgentAway rewrites a node record to say the agent is not running: the node takes no new
 // workers while its agent is away, and operators see why.

@@ -46,7 +46,7 @@ func (r *run) liveChange(s *slot, want cluster.WorkerAssignment) {
 	if s.state != cluster.WorkerRunning || s.busy {
 		return
 	}
-	drv, id, ctx := r.a.drivers[s.mode], s.id, r.ctx
+	drv, id, ctx := r.a.driver(s.mode), s.id, r.ctx
 	if drv == nil {
 		return
 	}

@@ -119,7 +119,7 @@ func (a *Agent) serveLogs(w http.ResponseWriter, r *http.Request) {
 		api.Errorf(w, api.ErrNotFound, fmt.Sprintf("worker %s does not run on node %s", k, a.cfg.Node.ID))
 		return
 	}
-	lr, ok := a.drivers[mode].(isolation.LogReader)
+	lr, ok := a.driver(mode).(isolation.LogReader)
 	if !ok {
 		api.Errorf(w, api.ErrNotFound, fmt.Sprintf("the %s driver of node %s reads no logs", mode, a.cfg.Node.ID))
 		return

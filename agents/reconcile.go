@@ -28,6 +28,9 @@ type slot struct {
 
 	restarts int
 	recent   []time.Time // restarts within the crash-loop window
+	// quick counts the crashes in a row that came within StableRun of their start: the
+	// backoff doubles with them alone.
+	quick    int
 	lastExit string
 	// exitReason is why the worker last ended (a cluster.Exit* value); lapses counts its
 	// stops for a lapsed lease, which are not restarts.
@@ -83,7 +86,7 @@ func (r *run) reconcile() {
 			// Not running: the next start takes the new assignment, without delay. Its
 			// crash-loop record starts afresh: the master judges a replacement by its own.
 			s.assign, s.known, s.mode = want, true, isolationOf(want)
-			s.failures, s.retryAt, s.state, s.recent = 0, time.Time{}, "", nil
+			s.failures, s.retryAt, s.state, s.recent, s.quick = 0, time.Time{}, "", nil, 0
 		} else if !equalAssignment(s.assign, want) {
 			r.liveChange(s, want)
 		}
@@ -173,7 +176,7 @@ func (r *run) pruneRecent(s *slot, now time.Time) {
 
 // start launches a worker in the background; started takes the result.
 func (r *run) start(s *slot) {
-	drv := r.a.drivers[s.mode]
+	drv := r.a.driver(s.mode)
 	if drv == nil {
 		r.startFailed(s, fmt.Errorf("%w: worker %s needs isolation %q", errNoDriver, s.assign.Key, s.mode))
 		return
@@ -226,7 +229,7 @@ func (r *run) start(s *slot) {
 	s.busy, s.state, s.since = true, cluster.WorkerStarting, time.Now()
 	s.seq++
 	seq, held, ctx := s.seq, s.held, r.ctx
-	pull := s.mode == cluster.IsolationDocker && r.a.cfg.Images != nil && spec.Image != ""
+	pull := s.mode == cluster.IsolationDocker && r.a.images() != nil && spec.Image != ""
 	r.goOp(func() {
 		if held {
 			if _, err := drv.Stop(ctx, s.id, 0); err != nil && !errors.Is(err, isolation.ErrNotFound) {
@@ -262,7 +265,7 @@ func (r *run) started(s *slot, seq int, w isolation.Worker, err error) {
 	r.a.metrics.starts.Inc()
 	r.log.Info("worker started", "worker", s.id, "key", s.assign.Key.String(), "generation", s.assign.Generation,
 		"pid", w.PID, "container", w.ContainerID, "port", s.port)
-	r.watch(s, r.a.drivers[s.mode])
+	r.watch(s, r.a.driver(s.mode))
 	r.reconcile()
 }
 
@@ -299,34 +302,21 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 	now := time.Now()
 	s.cancelWait()
 	s.held = true
-	if s.exitReason = r.a.exitReason(ex, err, grace(s.assign), r.keeper.Status()); s.exitReason == cluster.ExitLeaseLapsed {
+	delay := r.countExit(s, r.a.exitReason(ex, err, grace(s.assign), r.keeper.Status()), ex, err, now)
+	if s.exitReason == cluster.ExitLeaseLapsed {
 		// Not the worker's failure: no crash counted, no backoff; it starts again once the
 		// keeper keeps the leases again (the gate), here or wherever the master puts it.
-		s.lapses++
-		s.lastExit = lapsedStop
-		s.state, s.since, s.pid, s.containerID, s.memory = "", now, 0, "", 0
-		s.retryAt = time.Time{}
 		r.log.Info("worker stopped by its launcher for a lapsed lease; not counted as a crash", "worker", s.id, "lapses", s.lapses)
 		r.reconcile()
 		r.publishSoon()
 		return
 	}
-	s.restarts++
-	r.pruneRecent(s, now)
-	s.recent = append(s.recent, now)
-	s.lastExit = ex.String()
-	if err != nil {
-		s.lastExit = "lost: " + err.Error()
-	}
+	r.log.Warn("worker ended, restarting after backoff", "worker", s.id, "exit", s.lastExit,
+		"restarts", s.restarts, "recent", len(s.recent), "backoff", delay)
 	if ex.OOMKilled {
 		r.a.metrics.oomKills.WithLabelValues(s.assign.Key.Job).Inc()
 	}
 	r.a.metrics.restarts.WithLabelValues(s.assign.Key.Job).Inc()
-	delay := r.backoff(len(s.recent))
-	s.state, s.since, s.pid, s.containerID, s.memory = cluster.WorkerBackoff, now, 0, "", 0
-	s.retryAt = now.Add(delay)
-	r.log.Warn("worker ended, restarting after backoff", "worker", s.id, "exit", s.lastExit,
-		"restarts", s.restarts, "recent", len(s.recent), "backoff", delay)
 	if err := r.a.writeRecord(s.id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
 		r.log.Warn("write worker record", "worker", s.id, "err", err)
 	}
@@ -337,7 +327,7 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 // stop stops a worker in the background with its grace period. remove drops the slot
 // afterwards; otherwise it is started again (a replacement).
 func (r *run) stop(s *slot, remove bool) {
-	drv := r.a.drivers[s.mode]
+	drv := r.a.driver(s.mode)
 	needDriver := drv != nil && (s.active() || s.held)
 	g := grace(s.assign)
 	if s.cancelWait != nil {
@@ -380,7 +370,7 @@ func (r *run) stopped(s *slot, remove bool, ex isolation.Exit, err error) {
 		if err := r.a.removeLease(s.id); err != nil {
 			r.log.Warn("remove lease", "worker", s.id, "err", err)
 		}
-		if dd, ok := r.a.drivers[s.mode].(isolation.Discarder); ok {
+		if dd, ok := r.a.driver(s.mode).(isolation.Discarder); ok {
 			id, ctx := s.id, r.ctx
 			r.goOp(func() {
 				if err := dd.Discard(ctx, id); err != nil {
@@ -389,14 +379,55 @@ func (r *run) stopped(s *slot, remove bool, ex isolation.Exit, err error) {
 			})
 		}
 	} else if s.evicted {
-		s.state, s.since, s.lastExit = cluster.WorkerEvicted, time.Now(), "evicted under memory pressure: "+ex.String()
-		s.exitReason = cluster.ExitEvicted
+		r.countExit(s, cluster.ExitEvicted, ex, nil, time.Now())
 		r.publishSoon()
 	} else {
-		s.state, s.since, s.retryAt = "", time.Now(), time.Time{}
-		s.exitReason = cluster.ExitStopped
+		r.countExit(s, cluster.ExitStopped, ex, nil, time.Now())
 	}
 	r.reconcile()
+}
+
+// countExit records on its slot a worker's end for reason (a cluster.Exit* value) and
+// returns the backoff before its restart. Only the worker's own failure (ExitCrashed) counts
+// towards its crash loop (restarts, the crash-loop window the masters judge, a growing
+// backoff); a stop for a lapsed lease is counted apart (lapses) and restarts as soon as the
+// gate allows; the agent's own stops (ExitStopped: drain, move, rollout) and evictions count
+// nowhere. Zero: no backoff.
+func (r *run) countExit(s *slot, reason string, ex isolation.Exit, lost error, now time.Time) time.Duration {
+	s.exitReason = reason
+	s.pid, s.containerID, s.memory = 0, "", 0
+	switch reason {
+	case cluster.ExitLeaseLapsed:
+		s.lapses++
+		s.lastExit = lapsedStop
+		s.state, s.since, s.retryAt = "", now, time.Time{}
+		return 0
+	case cluster.ExitEvicted:
+		s.state, s.since, s.lastExit = cluster.WorkerEvicted, now, "evicted under memory pressure: "+ex.String()
+		return 0
+	case cluster.ExitStopped:
+		s.state, s.since, s.retryAt = "", now, time.Time{}
+		return 0
+	}
+	ran := time.Duration(-1) // unknown: not seen running
+	if s.state == cluster.WorkerRunning && !s.since.IsZero() {
+		ran = now.Sub(s.since)
+	}
+	s.restarts++
+	r.pruneRecent(s, now)
+	s.recent = append(s.recent, now)
+	s.lastExit = ex.String()
+	if lost != nil {
+		s.lastExit = "lost: " + lost.Error()
+	}
+	if ran >= r.a.cfg.StableRun {
+		s.quick = 0 // it ran well before this crash: no loop to slow down
+	}
+	s.quick++
+	delay := r.backoff(min(s.quick, len(s.recent)))
+	s.state, s.since = cluster.WorkerBackoff, now
+	s.retryAt = now.Add(delay)
+	return delay
 }
 
 // adoptOne takes over one worker a driver knows.
@@ -418,7 +449,7 @@ func (r *run) adoptOne(mode string, w isolation.Worker) error {
 	if w.Running() {
 		s.state, s.pid, s.containerID, s.since = cluster.WorkerRunning, w.PID, w.ContainerID, w.Started
 		r.log.Info("worker adopted", "worker", id, "pid", w.PID, "container", w.ContainerID)
-		r.watch(s, r.a.drivers[mode])
+		r.watch(s, r.a.driver(mode))
 		return nil
 	}
 	// It ended while no agent watched: count it as a crash and restart it at once, unless

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -168,7 +169,7 @@ func (r *run) loop() error {
 	}
 
 	r.checkKeeper()
-	r.log.Info("agent running", "isolation", r.a.modes, "slots", r.a.cfg.Node.Slots, "adopted", len(r.workers))
+	r.log.Info("agent running", "isolation", r.a.modesNow(), "slots", r.a.cfg.Node.Slots, "adopted", len(r.workers))
 
 	heartbeat := time.NewTicker(r.a.cfg.Heartbeat)
 	defer heartbeat.Stop()
@@ -267,33 +268,59 @@ func (r *run) linkLeases() error {
 // a driver this process used before.
 func (r *run) adopt() error {
 	kept := map[string]bool{}
-	for _, mode := range r.a.modes {
-		drv := r.a.drivers[mode]
-		if _, err := drv.Adopt(r.ctx); err != nil {
-			return fmt.Errorf("agent: adopt %s workers: %w", mode, err)
+	for _, mode := range r.a.modesNow() {
+		if err := r.adoptMode(mode, false); err != nil {
+			return err
 		}
-		ws, err := drv.List(r.ctx)
-		if err != nil {
-			return fmt.Errorf("agent: list %s workers: %w", mode, err)
-		}
-		for _, w := range ws {
-			if w.Spec.Node != r.a.cfg.Node.ID {
-				continue // another agent's, on a shared docker engine
-			}
-			if err := r.adoptOne(mode, w); err != nil {
-				return err
-			}
-			kept[w.Spec.ID] = true
-		}
+	}
+	for id := range r.workers {
+		kept[id] = true
 	}
 	ids, err := r.a.recordIDs()
 	if err != nil {
 		return err
 	}
 	for _, id := range ids {
-		if !kept[id] {
-			_ = r.a.removeRecord(id)
-			_ = r.a.removeLease(id)
+		if kept[id] {
+			continue
+		}
+		// A worker of an isolation whose engine does not answer yet is kept for when it
+		// does (AddDriver adopts it then).
+		if rec, ok, _ := r.a.readRecord(id); ok && slices.Contains(r.a.cfg.LateIsolation, rec.Isolation) && r.a.driver(rec.Isolation) == nil {
+			continue
+		}
+		_ = r.a.removeRecord(id)
+		_ = r.a.removeLease(id)
+	}
+	return nil
+}
+
+// adoptMode adopts the workers one driver knows. engineBack says the driver's engine was
+// away until now (AddDriver): a worker that ended meanwhile was stopped with it, not by a
+// crash of its own.
+func (r *run) adoptMode(mode string, engineBack bool) error {
+	drv := r.a.driver(mode)
+	if _, err := drv.Adopt(r.ctx); err != nil {
+		return fmt.Errorf("agent: adopt %s workers: %w", mode, err)
+	}
+	ws, err := drv.List(r.ctx)
+	if err != nil {
+		return fmt.Errorf("agent: list %s workers: %w", mode, err)
+	}
+	for _, w := range ws {
+		if w.Spec.Node != r.a.cfg.Node.ID {
+			continue // another agent's, on a shared docker engine
+		}
+		if s := r.workers[w.Spec.ID]; s != nil && (s.busy || s.active()) {
+			continue // started meanwhile through this very driver
+		}
+		if err := r.adoptOne(mode, w); err != nil {
+			return err
+		}
+		if s := r.workers[w.Spec.ID]; engineBack && s != nil && s.state == cluster.WorkerBackoff {
+			s.restarts--
+			s.recent = s.recent[:len(s.recent)-1]
+			s.exitReason, s.state, s.lastExit = cluster.ExitStopped, "", "stopped while the "+mode+" engine was away (not counted as a crash)"
 		}
 	}
 	return nil

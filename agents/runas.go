@@ -160,7 +160,7 @@ func (a *Agent) prepareStateDir() error {
 	}
 	link := filepath.Join(a.cfg.StateDir, "leases")
 	a.leases = link
-	need := a.drivers[cluster.IsolationProcess] != nil && (a.me.canSwitch ||
+	need := a.driver(cluster.IsolationProcess) != nil && (a.me.canSwitch ||
 		a.cfg.RunAs != nil && int(a.cfg.RunAs.UID) != a.me.euid)
 	fi, err := os.Lstat(link)
 	switch {

@@ -107,6 +107,7 @@ func (r *run) faultHealed(since time.Time) {
 		if len(s.recent) == before {
 			continue
 		}
+		s.quick = min(s.quick, len(s.recent))
 		n++
 		if s.state == cluster.WorkerBackoff && !s.busy {
 			s.retryAt = now

@@ -163,6 +163,9 @@ type KillRequest struct {
 type Health struct {
 	ID     string `json:"id"`
 	Leader bool   `json:"leader"`
+	// Waiting says what the master waits for before it can serve (its store, unreachable or
+	// without quorum, when it started): the answer is then 503 and nothing else is served.
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // TenantChange is what the admin changes on an existing tenant (POST

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/docker/docker/client"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -22,6 +23,8 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/await"
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/internal/metricsauth"
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/isolation"
@@ -41,7 +44,8 @@ type AgentConfig struct {
 	Drivers              DriverConfig
 	Heartbeat            time.Duration
 	// RestartBackoff is the first delay before a crashed worker is restarted (it doubles
-	// with every restart within the crash-loop window); 0 means agents.DefaultRestartBackoff.
+	// with every quick crash within the crash-loop window, see agents.Config); 0 means
+	// agents.DefaultRestartBackoff.
 	RestartBackoff time.Duration
 	PortBase       int
 	LeaseTTL       time.Duration
@@ -95,6 +99,53 @@ type Agent struct {
 	logs     net.Listener // nil when LogsOff
 	logsTLS  *tls.Config
 	gc       *images.GC
+	auth     *images.Auth // the node's registry credentials, nil: anonymous
+}
+
+// imageManager is the node's images through a docker engine: the manager, and the puller the
+// agent pulls through.
+func (a *Agent) imageManager(cl *client.Client) (*images.Manager, agents.Images) {
+	mgr := images.New(cl, images.WithAuth(a.auth), images.WithLogger(a.cfg.Logger.With("node", a.cfg.Node.ID)))
+	return mgr, puller{m: mgr, res: &images.Resolver{Auth: a.auth}}
+}
+
+// awaitDocker waits for the docker engine of a node that started without it, then offers
+// docker isolation (agents.Agent.AddDriver). The node runs its process workers meanwhile.
+func (a *Agent) awaitDocker(ctx context.Context, waiting prometheus.Gauge) {
+	log := a.cfg.Logger.With("node", a.cfg.Node.ID)
+	dep := await.Dep{Name: "the docker engine", Log: log, Waiting: waiting, Max: 30 * time.Second,
+		Transient: func(err error) bool { return errors.Is(err, isolation.ErrUnavailable) }}
+	var drv isolation.Driver
+	var cl *client.Client
+	err := dep.Do(ctx, "offer docker isolation", func(ctx context.Context) (err error) {
+		drv, cl, err = a.drivers.ConnectDocker(ctx)
+		return err
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Error("docker isolation stays off", "err", err)
+		}
+		return
+	}
+	mgr, pull := a.imageManager(cl)
+	// The agent's loop may still be starting (adopting, its keeper): try until it takes it.
+	for ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := a.agent.AddDriver(cctx, agents.Driver{Isolation: cluster.IsolationDocker, Driver: drv}, pull)
+		cancel()
+		if err == nil {
+			if a.cfg.ImageGC.Enabled() {
+				gcfg := a.cfg.ImageGC
+				gcfg.Wanted = a.agent.WantedImages
+				_ = mgr.NewGC(gcfg).Run(ctx)
+			}
+			return
+		}
+		log.Debug("offer docker isolation", "err", err)
+		if ctxtime.Sleep(ctx, 500*time.Millisecond) != nil {
+			return
+		}
+	}
 }
 
 // puller adapts images.Manager to agents.Images.
@@ -146,6 +197,10 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 	}
 	var launcher string
 	dcfg.Shim, launcher = Launchers(self, cfg.RunAs, log)
+	// An agent whose docker engine does not answer runs without docker isolation (saying
+	// so) and offers it once the engine answers (Run); a local cluster's shared client was
+	// dialled by the cluster.
+	dcfg.DockerLate = dcfg.Docker == nil
 	if a.drivers, err = NewDrivers(ctx, dcfg); err != nil {
 		return nil, err
 	}
@@ -185,7 +240,11 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 	}
 	opts := cfg.StoreOptions
 	opts.Logger = cfg.Logger
-	if a.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
+	// An agent started while the store is unreachable or without quorum waits for it,
+	// saying so, instead of exiting: its workers (adopted once it runs) have their own
+	// keeper's verdicts meanwhile.
+	dep := await.Dep{Name: "the store", Log: log, Waiting: await.StoreWaiting(a.registry)}
+	if a.store, err = dep.OpenStore(ctx, cfg.Store, opts); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	// What the agent's own processes get: the URL without credentials, and the credentials
@@ -205,19 +264,21 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 	}
 	var pull agents.Images
 	var mgr *images.Manager
-	if a.drivers.Docker != nil {
-		var auth *images.Auth
-		if cfg.RegistryAuth != "" {
-			if auth, err = images.LoadAuth(cfg.RegistryAuth); err != nil {
-				return nil, err
-			}
+	if cfg.RegistryAuth != "" {
+		if a.auth, err = images.LoadAuth(cfg.RegistryAuth); err != nil {
+			return nil, err
 		}
-		mgr = images.New(a.drivers.Docker, images.WithAuth(auth), images.WithLogger(log))
-		pull = puller{m: mgr, res: &images.Resolver{Auth: auth}}
+	}
+	if a.drivers.Docker != nil {
+		mgr, pull = a.imageManager(a.drivers.Docker)
 	}
 	ds := make([]agents.Driver, len(a.drivers.List))
 	for i, d := range a.drivers.List {
 		ds[i] = agents.Driver{Isolation: a.drivers.Modes[i], Driver: d}
+	}
+	var late []string
+	if a.drivers.DockerLate {
+		late = []string{cluster.IsolationDocker}
 	}
 	a.agent, err = agents.New(agents.Config{
 		Node:                 node,
@@ -239,6 +300,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		StoreSilence:         cfg.StoreSilence,
 		Health:               a.health,
 		Images:               pull,
+		LateIsolation:        late,
 		Logs:                 logsEP,
 		Registerer:           a.registry,
 		Logger:               cfg.Logger,
@@ -309,6 +371,22 @@ func (a *Agent) Run(ctx context.Context) error {
 		stop()
 		<-done
 	}()
+	if a.drivers.DockerLate {
+		dockerDone := make(chan struct{})
+		waiting := prometheus.NewGauge(prometheus.GaugeOpts{Name: "stormdock_docker_waiting",
+			Help: "1 while the agent waits for its docker engine: the node offers no docker isolation meanwhile."})
+		if err := a.registry.Register(waiting); err != nil {
+			waiting = nil
+		}
+		go func() {
+			defer close(dockerDone)
+			a.awaitDocker(hctx, waiting)
+		}()
+		defer func() {
+			stop()
+			<-dockerDone
+		}()
+	}
 	if a.gc != nil {
 		gcDone := make(chan struct{})
 		go func() {

@@ -43,8 +43,11 @@ type DriverConfig struct {
 	DockerHost   string
 	DockerLabels map[string]string
 	// Node is the node id docker containers are labelled with.
-	Node   string
-	Logger *slog.Logger
+	Node string
+	// DockerLate builds the drivers without docker when its engine does not answer, rather
+	// than fail: Drivers.DockerLate says so, and Drivers.ConnectDocker brings it later.
+	DockerLate bool
+	Logger     *slog.Logger
 }
 
 // Drivers is a node's built drivers.
@@ -56,8 +59,32 @@ type Drivers struct {
 	Unconfined bool
 	// Docker is the engine client of the docker driver (nil without docker isolation): the
 	// agent pulls and collects images through it.
-	Docker  *client.Client
-	closers []func()
+	Docker *client.Client
+	// DockerLate is set when docker isolation was asked for and its engine did not answer
+	// (DriverConfig.DockerLate): the node offers it once ConnectDocker succeeds.
+	DockerLate bool
+	cfg        DriverConfig
+	closers    []func()
+}
+
+// ConnectDocker connects to the docker engine and builds the docker driver, for a node
+// built without it (DockerLate). It fails with isolation.ErrUnavailable while the engine
+// does not answer.
+func (d *Drivers) ConnectDocker(ctx context.Context) (isolation.Driver, *client.Client, error) {
+	cl, err := docker.Connect(ctx, d.cfg.DockerHost)
+	if err != nil {
+		return nil, nil, err
+	}
+	dd, err := docker.New(ctx, docker.Config{Client: cl, Node: d.cfg.Node, Labels: d.cfg.DockerLabels, Logger: d.cfg.Logger})
+	if err != nil {
+		cl.Close()
+		return nil, nil, err
+	}
+	d.List = append(d.List, dd)
+	d.Modes = append(d.Modes, cluster.IsolationDocker)
+	d.Docker, d.DockerLate = cl, false
+	d.closers = append(d.closers, func() { cl.Close() }, func() { dd.Close() })
+	return dd, cl, nil
 }
 
 // Close releases every driver and the docker client dialled for them. Workers keep running.
@@ -86,7 +113,7 @@ func NewDrivers(ctx context.Context, cfg DriverConfig) (d *Drivers, err error) {
 	if len(cfg.Isolation) == 0 {
 		return nil, errors.New("give at least one isolation: process, docker")
 	}
-	d = &Drivers{}
+	d = &Drivers{cfg: cfg}
 	built := d // a failing return sets the named result to nil before this runs
 	defer func() {
 		if err != nil {
@@ -117,6 +144,12 @@ func NewDrivers(ctx context.Context, cfg DriverConfig) (d *Drivers, err error) {
 			cl := cfg.Docker
 			if cl == nil {
 				if cl, err = docker.Connect(ctx, cfg.DockerHost); err != nil {
+					if cfg.DockerLate && errors.Is(err, isolation.ErrUnavailable) {
+						cfg.Logger.Warn("the docker engine does not answer: this node offers no docker isolation until it does (docker workers go to other nodes meanwhile); retrying", "err", err)
+						d.DockerLate = true
+						err = nil
+						continue
+					}
 					return nil, err
 				}
 				d.closers = append(d.closers, func() { cl.Close() })

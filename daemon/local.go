@@ -22,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
+	"github.com/stormdock/stormdock/internal/await"
 	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/docker"
 	"github.com/stormdock/stormdock/master/eventlog"
@@ -212,7 +213,9 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 		}
 		opts.Credentials = c.creds
 	}
-	if c.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
+	// A ZooKeeper that does not answer yet (started with the cluster, or without quorum) is
+	// waited for, saying so, until ctx ends.
+	if c.store, err = (await.Dep{Name: "the store", Log: cfg.Logger}).OpenStore(ctx, cfg.Store, opts); err != nil {
 		return fail(fmt.Errorf("open store: %w", err))
 	}
 	// Its nodes start with the master, in this process: they need no longer than a session

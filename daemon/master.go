@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +20,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/await"
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/eventlog"
@@ -75,13 +77,17 @@ type Master struct {
 	sched     *master.Master
 	registry  *prometheus.Registry
 	srv       *http.Server
+	handler   swapHandler
+	served    chan error // the server's end, once it was started
 	tokenPath string
 	// metricsPath is the scrape token's file (see EnsureMetricsToken).
 	metricsPath string
 }
 
 // NewMaster listens on the API address, opens the store, makes the admin token on the
-// cluster's first start and builds the scheduler. Nothing runs until Run.
+// cluster's first start and builds the scheduler. While the store is away (unreachable, no
+// quorum) it waits for it until ctx ends, its API answering that it waits; the scheduler
+// runs from Run.
 func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -105,27 +111,47 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		host, _ := os.Hostname()
 		m.cfg.ID = host + "@" + m.ln.Addr().String()
 	}
+	m.registry = NewRegistry()
+	storeWaiting := await.StoreWaiting(m.registry)
+	// The API answers from now on: while the store is away, /v1/health says the master
+	// waits for it (503) and every other route that it cannot serve yet.
+	var waitingOn atomic.Pointer[string]
+	m.handler.set(waitingHandler(m.cfg.ID, &waitingOn))
+	m.srv = api.NewServer(&m.handler)
+	m.srv.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
+	m.serve()
+	// A master started while the store is unreachable or without quorum waits for it
+	// (saying so, with stormdock_store_waiting at 1) instead of exiting.
+	dep := await.Dep{Name: "the store", Log: cfg.Logger, Waiting: storeWaiting, OnWait: func(err error) {
+		msg := "the store: " + err.Error()
+		waitingOn.Store(&msg)
+	}}
 	m.store = cfg.OpenedStore
 	if m.store == nil {
 		opts := cfg.StoreOptions
 		opts.Logger = cfg.Logger
-		if m.store, err = coord.Open(ctx, cfg.Store, opts); err != nil {
+		if m.store, err = dep.OpenStore(ctx, cfg.Store, opts); err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
 		m.ownStore = true
 	}
 	if cfg.DataDir != "" {
-		if m.tokenPath, err = EnsureAdminToken(ctx, m.store, cfg.DataDir); err != nil {
+		if err := dep.Do(ctx, "read or make the admin token", func(ctx context.Context) (err error) {
+			m.tokenPath, err = EnsureAdminToken(ctx, m.store, cfg.DataDir)
+			return err
+		}); err != nil {
 			return nil, err
 		}
-		if m.metricsPath, err = EnsureMetricsToken(ctx, m.store, cfg.DataDir); err != nil {
+		if err := dep.Do(ctx, "read or make the scrape token", func(ctx context.Context) (err error) {
+			m.metricsPath, err = EnsureMetricsToken(ctx, m.store, cfg.DataDir)
+			return err
+		}); err != nil {
 			return nil, err
 		}
 		if err := pki.WriteFiles(map[string][]byte{filepath.Join(cfg.DataDir, api.URLFile): []byte(m.URL() + "\n")}, 0o644); err != nil {
 			return nil, err
 		}
 	}
-	m.registry = NewRegistry()
 	routerStore := cfg.RouterStore
 	if t, perr := coord.ParseURL(cfg.Store); routerStore == "" && perr == nil && t.Scheme == "zk" {
 		// An embedded store is held by one process: routers then keep no checkpoint
@@ -143,15 +169,52 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		}
 	}
 	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore, SinkDir: cfg.SinkDir,
-		ReregisterGrace: cfg.ReregisterGrace, AvoidPeriod: cfg.AvoidPeriod, AvoidMax: cfg.AvoidMax, Resolver: res, Events: cfg.Events, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger, Registry: m.registry})
+		ReregisterGrace: cfg.ReregisterGrace, AvoidPeriod: cfg.AvoidPeriod, AvoidMax: cfg.AvoidMax, Resolver: res, Events: cfg.Events, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger, Registry: m.registry,
+		StoreWaiting: storeWaiting})
 	if err != nil {
 		return nil, err
 	}
-	m.srv = api.NewServer(httpapi.New(m.sched, httpapi.Config{Gatherer: m.registry}))
-	// The server's own complaints (TLS handshakes that fail, connections cut by the
-	// limits) go to the master's log.
-	m.srv.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
+	m.handler.set(httpapi.New(m.sched, httpapi.Config{Gatherer: m.registry}))
 	return m, nil
+}
+
+// serve starts the API server on the listener; its end goes to m.served.
+func (m *Master) serve() {
+	ln := m.ln
+	if m.cfg.TLS != nil {
+		ln = tls.NewListener(ln, m.cfg.TLS)
+	}
+	m.served = make(chan error, 1)
+	srv := m.srv
+	go func() { m.served <- srv.Serve(ln) }()
+}
+
+// swapHandler serves the waiting answers until the API is built, then the API.
+type swapHandler struct{ h atomic.Pointer[http.Handler] }
+
+func (s *swapHandler) set(h http.Handler) { s.h.Store(&h) }
+
+func (s *swapHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	(*s.h.Load()).ServeHTTP(w, r)
+}
+
+// waitingHandler answers while the master waits for its store: /v1/health says so (503),
+// every other route is unavailable.
+func waitingHandler(id string, on *atomic.Pointer[string]) http.Handler {
+	what := func() string {
+		if p := on.Load(); p != nil {
+			return *p
+		}
+		return "the store"
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, _ *http.Request) {
+		api.WriteJSON(w, http.StatusServiceUnavailable, api.Health{ID: id, Waiting: what()})
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		api.WriteError(w, fmt.Errorf("%w: the master is starting and waits for %s", api.ErrUnavailable, what()))
+	})
+	return mux
 }
 
 // NewRegistry is a process's metrics registry, with the Go runtime's and the process's own.
@@ -185,25 +248,27 @@ func (m *Master) Scheduler() *master.Master { return m.sched }
 
 // Run serves the API and runs the scheduler until ctx is done, then shuts the server down.
 func (m *Master) Run(ctx context.Context) error {
-	errc := make(chan error, 1)
-	ln := m.ln
-	if m.cfg.TLS != nil {
-		ln = tls.NewListener(ln, m.cfg.TLS)
-	}
-	go func() { errc <- m.srv.Serve(ln) }()
 	m.cfg.Logger.Info("master API listening", "url", m.URL(), "metrics", m.URL()+"/metrics", "id", m.cfg.ID)
 	runErr := m.sched.Run(ctx)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = m.srv.Shutdown(sctx)
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+	err := <-m.served
+	m.served = nil
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return runErr
 }
 
-// Close releases the listener and the store client the master opened.
+// Close releases the listener, the API server when Run did not end it, and the store client
+// the master opened.
 func (m *Master) Close() {
+	if m.served != nil {
+		_ = m.srv.Close()
+		<-m.served
+		m.served = nil
+	}
 	if m.ln != nil {
 		m.ln.Close()
 	}

@@ -287,10 +287,13 @@ func (c *chaos) checkProcesses(round int) {
 			continue
 		}
 		b, _ := os.ReadFile(filepath.Join(h.Dir, name+".log"))
+		c.rep.exited = append(c.rep.exited, fmt.Sprintf("%s after round %d: %s", name, round, lastLogLine(b)))
 		if i := strings.LastIndex(string(b), "panic: "); i >= 0 {
 			c.violation(fmt.Sprintf("after round %d: %s crashed: %s", round, name, oneLine(string(b[i:]), 800)))
 		} else {
-			c.rep.note(fmt.Sprintf("%s exited by itself and was started again: %s", strings.SplitN(name, "-", 2)[0], lastLogLine(b)))
+			// A daemon waits for what it needs (the store) and stops only when told: one
+			// that exits by itself is a violation now, started again so the run goes on.
+			c.violation(fmt.Sprintf("after round %d: %s exited by itself (started again): %s", round, name, lastLogLine(b)))
 		}
 		if id, ok := strings.CutPrefix(name, "agent-"); ok {
 			c.lc.StartAgent(c.lc.node(id))
@@ -341,7 +344,25 @@ type chaosReport struct {
 	worstOutage                time.Duration
 	worstOutageRound           string
 	outages                    []time.Duration
-	violations                 []string
+	// linkTwice and routerTwice are the longest the mirrored job's link workers and its
+	// routers ran twice.
+	linkTwice, routerTwice time.Duration
+	// avoidedEnd lists the nodes the masters avoid for a job at the end (healthy says which
+	// of them are healthy); exited the daemons that exited by themselves.
+	avoidedEnd []string
+	avoidedOK  int
+	exited     []string
+	vouch      bool
+	violations []string
+}
+
+// percentile is the p-th percentile (0 < p <= 100) of sorted durations, 0 when none.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted))*p/100+0.999999) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
 type kindStats struct {
@@ -415,8 +436,8 @@ func (r *chaosReport) String() string {
 	if n := len(r.recoveryTimes); n > 0 {
 		med = r.recoveryTimes[n/2]
 	}
-	fmt.Fprintf(&b, "recovery after the heal (every desired worker running once): median %s of %d, worst %s (%s)\n",
-		med.Round(time.Millisecond), len(r.recoveryTimes), r.worst.Round(time.Millisecond), r.worstRound)
+	fmt.Fprintf(&b, "recovery after the heal (every desired worker running once): median %s, p99 %s of %d, worst %s (%s)\n",
+		med.Round(time.Millisecond), percentile(r.recoveryTimes, 99).Round(time.Millisecond), len(r.recoveryTimes), r.worst.Round(time.Millisecond), r.worstRound)
 	sort.Slice(r.outages, func(i, j int) bool { return r.outages[i] < r.outages[j] })
 	medDown := time.Duration(0)
 	if n := len(r.outages); n > 0 {
@@ -432,6 +453,31 @@ func (r *chaosReport) String() string {
 	for _, n := range keysOf(r.notes) {
 		fmt.Fprintf(&b, "note: %s (%d times)\n", n, r.notes[n])
 	}
+	fmt.Fprintf(&b, "nodes avoided at the end: %d (%d of them healthy)\n", len(r.avoidedEnd), r.avoidedOK)
+	for _, a := range r.avoidedEnd {
+		fmt.Fprintf(&b, "  - %s\n", a)
+	}
+	fmt.Fprintf(&b, "daemons that exited by themselves: %d\n", len(r.exited))
+	for _, e := range r.exited {
+		fmt.Fprintf(&b, "  - %s\n", e)
+	}
+	// The figures of the issue, on one line each, for a note.
+	vouch := "no vouching (nodes the masters avoid are left to heal by themselves)"
+	if r.vouch {
+		vouch = "--vouch (avoided nodes undrained by the run after each heal)"
+	}
+	fmt.Fprintf(&b, "figures: %s of faults, %s\n", r.elapsed.Round(time.Second), vouch)
+	fmt.Fprintf(&b, "  rounds %d, faults %d, violations %d\n", r.rounds, r.faults, len(r.violations))
+	fmt.Fprintf(&b, "  recovery after each heal: median %s, p99 %s, worst %s (%d rounds with workers to run again)\n",
+		med.Round(time.Millisecond), percentile(r.recoveryTimes, 99).Round(time.Millisecond), r.worst.Round(time.Millisecond), len(r.recoveryTimes))
+	fmt.Fprintf(&b, "  longest any index ran twice: %s (plain job %s, link workers %s, routers %s; bound %s)\n",
+		max(r.longestTwice, r.linkTwice, r.routerTwice).Round(time.Millisecond), r.longestTwice.Round(time.Millisecond),
+		r.linkTwice.Round(time.Millisecond), r.routerTwice.Round(time.Millisecond), r.bound)
+	if r.sink != "" {
+		fmt.Fprintf(&b, "  %s\n", r.sink)
+	}
+	fmt.Fprintf(&b, "  nodes avoided at the end: %d, healthy ones among them: %d\n", len(r.avoidedEnd), r.avoidedOK)
+	fmt.Fprintf(&b, "  daemons that exited: %d\n", len(r.exited))
 	fmt.Fprintf(&b, "violations: %d\n", len(r.violations))
 	for _, v := range r.violations {
 		fmt.Fprintf(&b, "  - %s\n", v)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stormdock/stormdock/cluster"
 )
 
 // The chaos run (issue 14): a cluster across lab hosts, a plain job on it, and for a given
@@ -39,7 +41,7 @@ func TestChaos(t *testing.T) {
 	c := &chaos{
 		t: t, lc: lc, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), job: "wc", workers: 12,
 		recovery: *chaosRecovery, hold: *chaosHold,
-		rep: &chaosReport{seed: seed, duration: *chaosDuration, byKind: map[string]*kindStats{}},
+		rep: &chaosReport{seed: seed, duration: *chaosDuration, byKind: map[string]*kindStats{}, vouch: *chaosVouch},
 	}
 	c.rep.setup = fmt.Sprintf("job %s (%d workers, spread over dc and rack) on %d nodes in %d data centers (%s), masters %v, %d ZooKeeper servers, session timeout %s",
 		c.job, c.workers, len(lc.nodes), len(spec.dcs), strings.Join(spec.dcs, ", "), spec.masters, spec.zkServers, spec.session)
@@ -69,6 +71,7 @@ func TestChaos(t *testing.T) {
 	if !c.broken {
 		c.controlPlane(-1)
 	}
+	c.avoidedAtEnd()
 	if c.mirror != nil {
 		c.finishMirror()
 	}
@@ -194,6 +197,11 @@ func (c *chaos) finishMirror() {
 			c.violation("ran twice beyond the fencing bound: " + s)
 		}
 		c.rep.note(fmt.Sprintf("%s: longest a worker ran twice: %s (worker %q)", f.job, longest.Round(time.Millisecond), key))
+		if f == c.linkFence {
+			c.rep.linkTwice = longest
+		} else {
+			c.rep.routerTwice = longest
+		}
 	}
 	n, _, _ := c.sink.delivered()
 	gap, end := c.sink.longestGap()
@@ -268,6 +276,38 @@ func (c *chaos) vouch() {
 		cancel()
 		return
 	}
+}
+
+// avoidedAtEnd notes, for the report, every node a master avoids for a job when the run
+// ends, and whether it is healthy (the goal: none that is). Avoidance ends by itself after
+// --avoid-period; a healthy node still avoided is one a fault's stops were counted against.
+func (c *chaos) avoidedAtEnd() {
+	for _, id := range c.lc.spec.masters {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ns, err := c.lc.client(id).Nodes(ctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, n := range ns {
+			if len(n.Avoid) == 0 {
+				continue
+			}
+			var until []string
+			for _, a := range n.Avoided {
+				if !slices.Contains(n.Avoid, a.Job) {
+					continue
+				}
+				until = append(until, fmt.Sprintf("%s until %s (%d strikes)", a.Job, a.Until.Format("15:04:05"), a.Strikes))
+			}
+			c.rep.avoidedEnd = append(c.rep.avoidedEnd, fmt.Sprintf("%s (%s) avoids %s: %s", n.ID, n.Health, strings.Join(n.Avoid, ", "), strings.Join(until, "; ")))
+			if n.Health == cluster.HealthHealthy {
+				c.rep.avoidedOK++
+			}
+		}
+		return
+	}
+	c.rep.note("no master answered at the end: nodes avoided unknown")
 }
 
 // unplaced says, for a violation's message, why the masters leave workers unplaced (their

@@ -17,6 +17,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/await"
 	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/master/eventlog"
@@ -68,6 +69,9 @@ type Config struct {
 	Events   eventlog.Config
 	Logger   *slog.Logger
 	Registry prometheus.Registerer
+	// StoreWaiting is set to 1 while Run waits for the store before it can start (see
+	// await.StoreWaiting); nil: the master registers its own in Registry.
+	StoreWaiting prometheus.Gauge
 }
 
 func (c *Config) defaults() {
@@ -141,6 +145,9 @@ type Master struct {
 	// holds a leader there until it is deposed (see commitHook).
 	beforeCommit atomic.Pointer[commitHook]
 
+	// waiting says what Run waits for before it can start ("" when it does not wait).
+	waiting atomic.Pointer[string]
+
 	mu     sync.Mutex
 	leader bool
 	fence  coord.Fence // this term's, while leader
@@ -155,6 +162,9 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	}
 	m := &Master{cfg: cfg, store: store, log: cfg.Logger.With("master", cfg.ID), wake: make(chan struct{}, 1)}
 	m.metrics = newMetrics(cfg.Registry)
+	if m.cfg.StoreWaiting == nil {
+		m.cfg.StoreWaiting = await.StoreWaiting(cfg.Registry)
+	}
 	m.events = eventlog.New(store, cfg.Events, cfg.ID, m.log, m.metrics.events)
 	m.quit = make(chan struct{})
 	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
@@ -167,6 +177,17 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m.dcs = newMirror(store, cluster.DCsKey, m.poke)
 	return m, nil
 }
+
+// Waiting says what the master waits for before it can start serving ("" when nothing): its
+// store, away when it started.
+func (m *Master) Waiting() string {
+	if p := m.waiting.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+func (m *Master) setWaiting(s string) { m.waiting.Store(&s) }
 
 // Leader reports whether this master leads now.
 func (m *Master) Leader() bool {
@@ -215,9 +236,22 @@ func (m *Master) poke() {
 // Run campaigns for leadership and, while leading, reconciles; it campaigns again after
 // losing it. It returns when ctx is done.
 func (m *Master) Run(ctx context.Context) error {
-	if err := EnsureDirs(ctx, m.store); err != nil {
+	// A master started while the store is away (no server, no quorum) waits for it rather
+	// than exit: systemd would only start it again into the same outage.
+	dep := await.Dep{Name: "the store", Log: m.log, Waiting: m.cfg.StoreWaiting}
+	if err := dep.Do(ctx, "create the cluster's directories", func(ctx context.Context) error {
+		err := EnsureDirs(ctx, m.store)
+		if err != nil {
+			m.setWaiting("the store: " + err.Error())
+		}
+		return err
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
+	m.setWaiting("")
 	defer m.quitOnce.Do(func() { close(m.quit) })
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -117,7 +117,12 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any, optional ...bool)
 }
 
 func (a *API) getHealth(w http.ResponseWriter, _ *http.Request) {
-	reply(w, http.StatusOK, api.Health{ID: a.m.ID(), Leader: a.m.Leader()})
+	h := api.Health{ID: a.m.ID(), Leader: a.m.Leader(), Waiting: a.m.Waiting()}
+	if h.Waiting != "" {
+		reply(w, http.StatusServiceUnavailable, h)
+		return
+	}
+	reply(w, http.StatusOK, h)
 }
 
 func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {

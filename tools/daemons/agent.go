@@ -52,7 +52,7 @@ var AgentCommand = &cli.Command{
 		&cli.StringSliceFlag{Name: "isolation", Usage: "isolation drivers to offer: process, docker (repeatable or comma list)", Value: cli.NewStringSlice(cluster.IsolationProcess)},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.DurationFlag{Name: "heartbeat", Usage: "how long the node record waits for a burst of starts to end, at most; memory is sampled every 5 heartbeats (changes are written at once)", Value: agents.DefaultHeartbeat},
-		&cli.DurationFlag{Name: "restart-backoff", Usage: "first delay before a crashed worker is restarted; it doubles with every restart within the crash-loop window, up to a minute", Value: agents.DefaultRestartBackoff},
+		&cli.DurationFlag{Name: "restart-backoff", Usage: "first delay before a crashed worker is restarted; it doubles with every crash within the crash-loop window that came within 10s of the worker's start, up to a minute (a crash after a longer run restarts after this delay again)", Value: agents.DefaultRestartBackoff},
 		&cli.DurationFlag{Name: "lease-ttl", Usage: "how long workers outlive their keeper's last lease renewal (default: the session timeout)"},
 		&cli.DurationFlag{Name: "restart-grace", Usage: "how long the node's workers keep running while the agent is not (an upgrade, a crash): a keeper process holds the node meanwhile; 0 ties the node to the agent's process", Value: 30 * time.Second},
 		&cli.DurationFlag{Name: "store-silence", Usage: "how long workers keep running while no store server answers at all (a partition of this node, or every store host down); default: the session timeout, so that no worker runs twice for longer"},
@@ -189,6 +189,9 @@ func runAgent(c *cli.Context) error {
 		Logger:         log,
 	})
 	if err != nil {
+		if c.Context.Err() != nil {
+			return nil // stopped while it waited for the store
+		}
 		return cli.Exit("stormdock agent: "+err.Error(), 1)
 	}
 	defer a.Close()

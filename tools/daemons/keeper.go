@@ -13,6 +13,7 @@ import (
 
 	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/await"
 )
 
 // KeeperCommand is the process that holds a node's liveness and its workers' leases while
@@ -43,9 +44,35 @@ var KeeperCommand = &cli.Command{
 		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		store, err := coord.Open(ctx, args.Store, opts)
-		if err != nil {
-			return cli.Exit(fmt.Sprintf("stormdock keeper: open store: %v", err), 1)
+		// A keeper started while the store is unreachable or without quorum waits for it
+		// (its node's leases lapse meanwhile: it has no session to vouch for them); a SIGTERM
+		// then ends the wait, and the keeper, at once.
+		var store coord.Store
+		opened := make(chan error, 1)
+		go func() {
+			var err error
+			store, err = (await.Dep{Name: "the store", Log: log.With("node", args.Node, "component", "keeper")}).OpenStore(ctx, args.Store, opts)
+			opened <- err
+		}()
+	waiting:
+		for {
+			select {
+			case err := <-opened:
+				if err != nil {
+					return cli.Exit(fmt.Sprintf("stormdock keeper: open store: %v", err), 1)
+				}
+				break waiting
+			case s := <-sigs:
+				if s != syscall.SIGUSR1 {
+					log.Info("stopped while waiting for the store", "node", args.Node, "signal", s.String())
+					cancel()
+					<-opened
+					if store != nil {
+						store.Close()
+					}
+					return nil
+				}
+			}
 		}
 		defer store.Close()
 		k, err := agents.NewKeeper(agents.KeeperConfig{Node: args.Node, Host: args.Host, StateDir: args.StateDir, Store: args.Store, StoreTLS: args.TLS,

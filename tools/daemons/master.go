@@ -139,6 +139,9 @@ var MasterCommand = &cli.Command{
 			Logger:          log,
 		})
 		if err != nil {
+			if c.Context.Err() != nil {
+				return nil // stopped while it waited for the store
+			}
 			return cli.Exit("stormdock master: "+err.Error(), 1)
 		}
 		defer m.Close()

@@ -18,6 +18,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/internal/await"
 	"github.com/stormdock/stormdock/internal/metricsauth"
 	"github.com/stormdock/stormdock/multidc"
 	"github.com/stormdock/stormdock/tools/commands"
@@ -95,9 +96,15 @@ func routerRun(c *cli.Context) error {
 			return commands.UsageErr("--tls-cert, --tls-key: %v", err)
 		}
 	}
-	store, err := coord.Open(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout, Credentials: creds, Logger: log,
-		TLS: coord.TLSFiles{CA: a.StoreCA, Cert: a.StoreCert, Key: a.StoreKey}})
+	// A router started while the store is away waits for it rather than exit: a crash
+	// would only be restarted after a growing backoff, and hold the output back past the
+	// store's return.
+	store, err := (await.Dep{Name: "the store", Log: log}).OpenStore(c.Context, a.Store, coord.Options{SessionTimeout: a.SessionTimeout,
+		Credentials: creds, Logger: log, TLS: coord.TLSFiles{CA: a.StoreCA, Cert: a.StoreCert, Key: a.StoreKey}})
 	if err != nil {
+		if c.Context.Err() != nil {
+			return nil // stopped while it waited
+		}
 		return cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
 	}
 	defer store.Close()

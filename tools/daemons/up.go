@@ -98,6 +98,9 @@ func runUp(c *cli.Context) error {
 		TenantUIDs:   uids,
 	})
 	if err != nil {
+		if c.Context.Err() != nil {
+			return nil // stopped while it waited for the store
+		}
 		return cli.Exit("stormdock up: "+err.Error(), 1)
 	}
 	w := c.App.Writer
