@@ -2,7 +2,6 @@ package coord
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -199,19 +198,51 @@ func (s *Server) endSessionLocked(id int64, notify bool) {
 		}
 	}
 	if len(keys) > 0 {
-		ch := s.t.begin()
+		work := s.working()
+		ch := work.begin()
 		for _, k := range keys {
-			_ = s.t.remove(ch, k, AnyVersion)
+			_ = work.remove(ch, k, AnyVersion)
 		}
-		s.commitLocked(ch)
+		if err := s.commitLocked(work, ch); err != nil {
+			// The session is over whatever the disk says: its ephemeral entries go. The
+			// file misses only their parents' child versions, which no later load needs
+			// (sessions do not outlive the server), and the next save writes them.
+			s.applyLocked(work, ch)
+		}
 	}
 	if notify && ss.expired != nil {
 		ss.expired(id)
 	}
 }
 
-// commitLocked fires the watches of a committed change and persists the tree.
-func (s *Server) commitLocked(ch *changes) {
+// working is the tree a change is made on: a copy when the store keeps a file, so that a
+// change whose save fails can be dropped whole; the live tree itself otherwise, where
+// nothing can fail after a change's checks.
+func (s *Server) working() *tree {
+	if s.path == "" {
+		return s.t
+	}
+	return s.t.clone()
+}
+
+// commitLocked makes work, changed by ch, the live tree. With a file, a change of a
+// persistent entry is saved first: if the save fails, nothing of the change takes effect
+// (no read sees it, no watch fires) and the caller reports the write failed, as ZooKeeper
+// answers only once its transaction log has the write.
+func (s *Server) commitLocked(work *tree, ch *changes) error {
+	if s.path != "" && ch.persistent {
+		if err := saveTree(s.path, work); err != nil {
+			s.log.Error("coord: persist embedded store: the change is not applied", "path", s.path, "err", err)
+			return fmt.Errorf("%w: persist: %w", ErrUnavailable, err)
+		}
+	}
+	s.applyLocked(work, ch)
+	return nil
+}
+
+// applyLocked makes work the live tree and fires the watches of ch.
+func (s *Server) applyLocked(work *tree, ch *changes) {
+	s.t = work
 	for k := range ch.data {
 		for _, c := range s.dataW[k] {
 			close(c)
@@ -224,16 +255,11 @@ func (s *Server) commitLocked(ch *changes) {
 		}
 		delete(s.childW, k)
 	}
-	if s.path != "" && ch.persistent {
-		if err := saveTree(s.path, s.t); err != nil {
-			s.log.Error("coord: persist embedded store", "path", s.path, "err", err)
-			ch.persistErr = err
-		}
-	}
 }
 
-// do runs a change against the live tree; fn must check everything before mutating.
-func (s *Server) do(sid int64, fn func(ch *changes) error) error {
+// do runs a change, saved before it applies (commitLocked); fn must check everything before
+// it changes t.
+func (s *Server) do(sid int64, fn func(t *tree, ch *changes) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -242,15 +268,12 @@ func (s *Server) do(sid int64, fn func(ch *changes) error) error {
 	if _, ok := s.sessions[sid]; !ok {
 		return errSessionGone
 	}
-	ch := s.t.begin()
-	if err := fn(ch); err != nil {
+	work := s.working()
+	ch := work.begin()
+	if err := fn(work, ch); err != nil {
 		return err
 	}
-	s.commitLocked(ch)
-	if ch.persistErr != nil {
-		return fmt.Errorf("%w: persist: %w", ErrUnavailable, ch.persistErr)
-	}
-	return nil
+	return s.commitLocked(work, ch)
 }
 
 func (s *Server) read(fn func(t *tree) error) error {
@@ -295,9 +318,9 @@ func (s *Server) children(key string) ([]string, int64, error) {
 
 func (s *Server) create(sid int64, key string, value []byte, mode Mode) (string, error) {
 	var created string
-	err := s.do(sid, func(ch *changes) error {
+	err := s.do(sid, func(t *tree, ch *changes) error {
 		var err error
-		created, err = s.t.create(ch, key, value, mode, sid, true)
+		created, err = t.create(ch, key, value, mode, sid, true)
 		return err
 	})
 	return created, err
@@ -305,21 +328,21 @@ func (s *Server) create(sid int64, key string, value []byte, mode Mode) (string,
 
 func (s *Server) put(sid int64, key string, value []byte, version int64) (int64, error) {
 	var v int64
-	err := s.do(sid, func(ch *changes) error {
-		_, ok := s.t.nodes[key]
+	err := s.do(sid, func(t *tree, ch *changes) error {
+		_, ok := t.nodes[key]
 		if !ok && version == AnyVersion {
-			_, err := s.t.create(ch, key, value, Persistent, sid, true)
+			_, err := t.create(ch, key, value, Persistent, sid, true)
 			return err
 		}
 		var err error
-		v, err = s.t.set(ch, key, value, version)
+		v, err = t.set(ch, key, value, version)
 		return err
 	})
 	return v, err
 }
 
 func (s *Server) remove(sid int64, key string, version int64) error {
-	return s.do(sid, func(ch *changes) error { return s.t.remove(ch, key, version) })
+	return s.do(sid, func(t *tree, ch *changes) error { return t.remove(ch, key, version) })
 }
 
 func (s *Server) txn(sid int64, ops []Op) ([]OpResult, error) {
@@ -338,24 +361,30 @@ func (s *Server) txn(sid int64, ops []Op) ([]OpResult, error) {
 			inTxn[op.Key] = true
 		}
 	}
-	pch := s.t.begin()
+	var missing []string
 	for _, op := range ops {
 		if op.Kind != OpCreate {
 			continue
 		}
 		for _, a := range ancestors(op.Key) {
-			if _, ok := s.t.nodes[a]; ok || inTxn[a] {
-				continue
-			}
-			if _, err := s.t.create(pch, a, nil, Persistent, sid, false); err != nil && !errors.Is(err, ErrExists) {
-				break // the op itself reports it
+			if _, ok := s.t.nodes[a]; !ok && !inTxn[a] && !slices.Contains(missing, a) {
+				missing = append(missing, a)
 			}
 		}
 	}
-	if pch.any() {
-		s.commitLocked(pch)
+	if len(missing) > 0 {
+		pwork := s.working()
+		pch := pwork.begin()
+		for _, a := range missing { // ancestors come outermost first
+			// One that cannot be made (under an ephemeral entry) fails its op, which says why.
+			_, _ = pwork.create(pch, a, nil, Persistent, sid, false)
+		}
+		if err := s.commitLocked(pwork, pch); err != nil {
+			return nil, fmt.Errorf("coord: txn: %w", err)
+		}
 	}
-	// Then the ops, all against a copy that replaces the tree only if every op succeeds.
+	// Then the ops, all against a copy that replaces the tree only if every op succeeds
+	// and, with a file, only once it is saved.
 	work := s.t.clone()
 	ch := work.begin()
 	out := make([]OpResult, len(ops))
@@ -376,10 +405,8 @@ func (s *Server) txn(sid int64, ops []Op) ([]OpResult, error) {
 			return nil, &TxnError{Index: i, Op: op, Err: err}
 		}
 	}
-	s.t = work
-	s.commitLocked(ch)
-	if ch.persistErr != nil {
-		return out, fmt.Errorf("coord: txn: %w: persist: %w", ErrUnavailable, ch.persistErr)
+	if err := s.commitLocked(work, ch); err != nil {
+		return nil, fmt.Errorf("coord: txn: %w", err)
 	}
 	return out, nil
 }

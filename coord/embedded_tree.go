@@ -49,7 +49,6 @@ type changes struct {
 	data       map[string]bool
 	child      map[string]bool
 	persistent bool // a persistent entry (or its children list) changed
-	persistErr error
 }
 
 func (t *tree) begin() *changes {
