@@ -229,6 +229,10 @@ type Agent struct {
 	instance string
 	me       self   // the agent's own uid and whether it can switch users
 	leases   string // the lease directory (prepareStateDir)
+	// dockerLauncher is the launcher's copy docker workers run under (bind-mounted), ""
+	// without one, and then noDockerLauncher says why (prepareDockerLauncher).
+	dockerLauncher   string
+	noDockerLauncher error
 
 	imageMetrics *imageMetrics
 
@@ -342,6 +346,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer unlock()
+	if err := a.prepareDockerLauncher(); err != nil {
+		return err
+	}
 
 	r := newRun(ctx, a)
 	a.mu.Lock()
