@@ -1,11 +1,12 @@
 package agents
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/images"
@@ -40,7 +41,7 @@ func (a *Agent) prepareDockerLauncher() error {
 	if a.drivers[cluster.IsolationDocker] == nil || a.cfg.NoLease {
 		return nil
 	}
-	var why []error
+	var why []string
 	for _, src := range []string{a.cfg.Launcher, a.cfg.Self} {
 		err := images.CheckStatic(src)
 		if err == nil {
@@ -51,10 +52,10 @@ func (a *Agent) prepareDockerLauncher() error {
 			a.dockerLauncher = dst
 			return nil
 		}
-		why = append(why, err)
+		why = append(why, err.Error())
 	}
-	a.noDockerLauncher = fmt.Errorf("this agent has no static lease launcher to run an image's own command under (%w): "+
-		"install stormdock-shim built with CGO_ENABLED=0 beside stormdock, or give the job a command", errors.Join(why...))
+	a.noDockerLauncher = fmt.Errorf("this agent has no static lease launcher to run an image's own command under (%s): "+
+		"install stormdock-shim built with CGO_ENABLED=0 beside stormdock, or give the job a command", strings.Join(slices.Compact(why), "; "))
 	a.log.Warn("docker jobs without a command cannot run on this node", "err", a.noDockerLauncher)
 	return nil
 }

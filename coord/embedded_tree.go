@@ -55,8 +55,6 @@ func (t *tree) begin() *changes {
 	return &changes{rev: t.rev + 1, data: map[string]bool{}, child: map[string]bool{}}
 }
 
-func (c *changes) any() bool { return c.used }
-
 func (t *tree) touched(c *changes) {
 	if !c.used {
 		c.used = true
