@@ -2,6 +2,7 @@ package coord
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -198,51 +199,36 @@ func (s *Server) endSessionLocked(id int64, notify bool) {
 		}
 	}
 	if len(keys) > 0 {
-		work := s.working()
-		ch := work.begin()
+		ch := s.t.begin()
 		for _, k := range keys {
-			_ = work.remove(ch, k, AnyVersion)
+			_ = s.t.remove(ch, k, AnyVersion)
 		}
-		if err := s.commitLocked(work, ch); err != nil {
-			// The session is over whatever the disk says: its ephemeral entries go. The
-			// file misses only their parents' child versions, which no later load needs
-			// (sessions do not outlive the server), and the next save writes them.
-			s.applyLocked(work, ch)
-		}
+		// The session is over whatever the disk says: its ephemeral entries go. A failed
+		// save misses only their parents' child versions, which no later load needs
+		// (sessions do not outlive the server), and the next save writes them.
+		_ = s.commitLocked(ch, true)
 	}
 	if notify && ss.expired != nil {
 		ss.expired(id)
 	}
 }
 
-// working is the tree a change is made on: a copy when the store keeps a file, so that a
-// change whose save fails can be dropped whole; the live tree itself otherwise, where
-// nothing can fail after a change's checks.
-func (s *Server) working() *tree {
-	if s.path == "" {
-		return s.t
-	}
-	return s.t.clone()
-}
-
-// commitLocked makes work, changed by ch, the live tree. With a file, a change of a
-// persistent entry is saved first: if the save fails, nothing of the change takes effect
-// (no read sees it, no watch fires) and the caller reports the write failed, as ZooKeeper
-// answers only once its transaction log has the write.
-func (s *Server) commitLocked(work *tree, ch *changes) error {
+// commitLocked commits ch, made on the live tree. With a file, a change of a persistent
+// entry is saved first: if the save fails, the change is rolled back whole (no read sees
+// it, no watch fires) and the caller reports the write failed, as ZooKeeper answers only
+// once its transaction log holds the write; unless keep, which applies it all the same.
+// Then the watches of ch fire.
+func (s *Server) commitLocked(ch *changes, keep bool) error {
 	if s.path != "" && ch.persistent {
-		if err := saveTree(s.path, work); err != nil {
-			s.log.Error("coord: persist embedded store: the change is not applied", "path", s.path, "err", err)
-			return fmt.Errorf("%w: persist: %w", ErrUnavailable, err)
+		if err := saveTree(s.path, s.t); err != nil {
+			if !keep {
+				ch.rollback()
+				s.log.Error("coord: persist embedded store: the change is not applied", "path", s.path, "err", err)
+				return fmt.Errorf("%w: persist: %w", ErrUnavailable, err)
+			}
+			s.log.Error("coord: persist embedded store", "path", s.path, "err", err)
 		}
 	}
-	s.applyLocked(work, ch)
-	return nil
-}
-
-// applyLocked makes work the live tree and fires the watches of ch.
-func (s *Server) applyLocked(work *tree, ch *changes) {
-	s.t = work
 	for k := range ch.data {
 		for _, c := range s.dataW[k] {
 			close(c)
@@ -255,10 +241,11 @@ func (s *Server) applyLocked(work *tree, ch *changes) {
 		}
 		delete(s.childW, k)
 	}
+	return nil
 }
 
-// do runs a change, saved before it applies (commitLocked); fn must check everything before
-// it changes t.
+// do runs a change on the live tree and commits it (saved before it applies:
+// commitLocked); fn must check everything before it changes t.
 func (s *Server) do(sid int64, fn func(t *tree, ch *changes) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -268,12 +255,12 @@ func (s *Server) do(sid int64, fn func(t *tree, ch *changes) error) error {
 	if _, ok := s.sessions[sid]; !ok {
 		return errSessionGone
 	}
-	work := s.working()
-	ch := work.begin()
-	if err := fn(work, ch); err != nil {
+	ch := s.t.begin()
+	if err := fn(s.t, ch); err != nil {
+		ch.rollback()
 		return err
 	}
-	return s.commitLocked(work, ch)
+	return s.commitLocked(ch, false)
 }
 
 func (s *Server) read(fn func(t *tree) error) error {
@@ -361,51 +348,48 @@ func (s *Server) txn(sid int64, ops []Op) ([]OpResult, error) {
 			inTxn[op.Key] = true
 		}
 	}
-	var missing []string
+	pch := s.t.begin()
 	for _, op := range ops {
 		if op.Kind != OpCreate {
 			continue
 		}
 		for _, a := range ancestors(op.Key) {
-			if _, ok := s.t.nodes[a]; !ok && !inTxn[a] && !slices.Contains(missing, a) {
-				missing = append(missing, a)
+			if _, ok := s.t.nodes[a]; ok || inTxn[a] {
+				continue
+			}
+			if _, err := s.t.create(pch, a, nil, Persistent, sid, false); err != nil && !errors.Is(err, ErrExists) {
+				break // the op itself reports it
 			}
 		}
 	}
-	if len(missing) > 0 {
-		pwork := s.working()
-		pch := pwork.begin()
-		for _, a := range missing { // ancestors come outermost first
-			// One that cannot be made (under an ephemeral entry) fails its op, which says why.
-			_, _ = pwork.create(pch, a, nil, Persistent, sid, false)
-		}
-		if err := s.commitLocked(pwork, pch); err != nil {
+	if pch.used {
+		if err := s.commitLocked(pch, false); err != nil {
 			return nil, fmt.Errorf("coord: txn: %w", err)
 		}
 	}
-	// Then the ops, all against a copy that replaces the tree only if every op succeeds
-	// and, with a file, only once it is saved.
-	work := s.t.clone()
-	ch := work.begin()
+	// Then the ops, on the live tree under the lock, rolled back whole unless every op
+	// succeeds and, with a file, the result is saved.
+	ch := s.t.begin()
 	out := make([]OpResult, len(ops))
 	for i, op := range ops {
 		out[i].Key = op.Key
 		var err error
 		switch op.Kind {
 		case OpCreate:
-			out[i].Key, err = work.create(ch, op.Key, op.Value, op.Mode, sid, false)
+			out[i].Key, err = s.t.create(ch, op.Key, op.Value, op.Mode, sid, false)
 		case OpPut:
-			out[i].Version, err = work.set(ch, op.Key, op.Value, op.Version)
+			out[i].Version, err = s.t.set(ch, op.Key, op.Value, op.Version)
 		case OpDelete:
-			err = work.remove(ch, op.Key, op.Version)
+			err = s.t.remove(ch, op.Key, op.Version)
 		case OpCheck:
-			err = work.check(op.Key, op.Version)
+			err = s.t.check(op.Key, op.Version)
 		}
 		if err != nil {
+			ch.rollback()
 			return nil, &TxnError{Index: i, Op: op, Err: err}
 		}
 	}
-	if err := s.commitLocked(work, ch); err != nil {
+	if err := s.commitLocked(ch, false); err != nil {
 		return nil, fmt.Errorf("coord: txn: %w", err)
 	}
 	return out, nil
