@@ -346,9 +346,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer unlock()
-	if err := a.prepareDockerLauncher(); err != nil {
-		return err
-	}
+	a.prepareDockerLauncher()
 
 	r := newRun(ctx, a)
 	a.mu.Lock()

@@ -34,12 +34,12 @@ const dockerLauncherFile = "docker-launcher"
 
 // prepareDockerLauncher copies the static launcher into the state directory for the docker
 // driver's bind mounts: cfg.Launcher (stormdock-shim) or else cfg.Self, whichever is static
-// (a container has no libc to load a dynamic one with). Without one, docker workers with a
-// command run under the image's own stormdock as before (SelfPath), and those without are
-// refused at start, saying why (noDockerLauncher).
-func (a *Agent) prepareDockerLauncher() error {
+// (a container has no libc to load a dynamic one with). Without one (or when the copy
+// fails: a full disk), docker workers with a command run under the image's own stormdock as
+// before (SelfPath), and those without are refused at start, saying why (noDockerLauncher).
+func (a *Agent) prepareDockerLauncher() {
 	if a.drivers[cluster.IsolationDocker] == nil || a.cfg.NoLease {
-		return nil
+		return
 	}
 	var why []string
 	for _, src := range []string{a.cfg.Launcher, a.cfg.Self} {
@@ -47,17 +47,18 @@ func (a *Agent) prepareDockerLauncher() error {
 		if err == nil {
 			dst := filepath.Join(a.cfg.StateDir, dockerLauncherFile)
 			if err := copyExecutable(src, dst); err != nil {
-				return fmt.Errorf("agent: copy the lease launcher for docker workers: %w", err)
+				a.noDockerLauncher = fmt.Errorf("this agent could not copy its lease launcher %s for docker workers: %w: free the state directory's disk and restart the agent, or give the job a command", src, err)
+				a.log.Warn("docker jobs without a command cannot run on this node", "err", a.noDockerLauncher)
+				return
 			}
 			a.dockerLauncher = dst
-			return nil
+			return
 		}
 		why = append(why, err.Error())
 	}
 	a.noDockerLauncher = fmt.Errorf("this agent has no static lease launcher to run an image's own command under (%s): "+
 		"install stormdock-shim built with CGO_ENABLED=0 beside stormdock, or give the job a command", strings.Join(slices.Compact(why), "; "))
 	a.log.Warn("docker jobs without a command cannot run on this node", "err", a.noDockerLauncher)
-	return nil
 }
 
 // copyExecutable replaces dst with a copy of src, mode 0755: a worker of any uid may run it,

@@ -66,6 +66,7 @@ func TestLapsedCopyDrainsThroughAScale(t *testing.T) {
 	if seen, got := offsets(t, lw.out); got != lines {
 		t.Fatalf("after A's drain of %d records: %d records for %d offsets: the lapsed copy's drain reached the output", n, got, len(seen))
 	}
+	t.Logf("figure: the lapsed copy held a batch of %d records through its lapse and its replacement's takeover (both running meanwhile); duplicates in the output after its drain: 0", n)
 	// The scale, and more input for the new partitioning.
 	lw.scale(5)
 	f, err := os.OpenFile(lw.in, os.O_APPEND|os.O_WRONLY, 0)
