@@ -57,9 +57,8 @@ func dockerAnswers() error {
 // startDockerChaos builds the image (no registry: on this engine), submits the job and waits
 // until each worker runs once.
 func startDockerChaos(t *testing.T, lc *labCluster, workers int) *dockerChaos {
-	d := &dockerChaos{cli: dockerClient(t), job: fmt.Sprintf("own%d", os.Getpid()), workers: workers}
-	tag := fmt.Sprintf("stormdock-e2e/chaos-own-%d:1", os.Getpid())
-	buildOwnImage(t, d.cli, tag, ownCommand)
+	d := &dockerChaos{cli: dockerClient(t), job: fmt.Sprintf("chaosown%d", os.Getpid()), workers: workers}
+	tag := sharedOwnImage(t, d.cli)
 	t.Cleanup(func() { removeJobContainers(d.cli, d.job) })
 	lc.submit(t, []byte(fmt.Sprintf("name: %s\ntenant: e2e\nworkers: %d\nisolation: docker\nimage: %s\n"+
 		"resources: {memory: 32Mi, cpu: 0.05}\nplacement: {spread: [dc, rack]}\ngracePeriod: 2s\n", d.job, workers, tag)))

@@ -46,26 +46,66 @@ func dockerClient(t testing.TB) *client.Client {
 	return cli
 }
 
-// buildOwnImage builds tag FROM scratch around the static stormdock binary, with cmd as its
-// own CMD (images.BuildOptions.Cmd: no entrypoint), and removes it when the test ends. A
-// label of the test's own makes it an image of its own, which the build cache would
+// buildOwnImage builds tag FROM scratch around bin (a static binary at /stormdock), with cmd
+// as its own CMD (images.BuildOptions.Cmd: no entrypoint), and removes it when the test
+// ends. A label of the test's own makes it an image of its own, which the build cache would
 // otherwise share with another package's test.
-func buildOwnImage(t testing.TB, cli *client.Client, tag string, cmd []string) images.Image {
+func buildOwnImage(t testing.TB, cli *client.Client, tag, bin string, cmd []string) images.Image {
+	t.Helper()
+	img := buildOwn(t, cli, tag, bin, cmd)
+	t.Cleanup(func() { removeImage(cli, img.ID) })
+	return img
+}
+
+func buildOwn(t testing.TB, cli *client.Client, tag, bin string, cmd []string) images.Image {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	m := images.New(cli)
-	img, err := m.Build(ctx, images.BuildOptions{Tag: tag, Binary: binary, Cmd: cmd,
+	img, err := images.New(cli).Build(ctx, images.BuildOptions{Tag: tag, Binary: bin, Cmd: cmd,
 		Labels: map[string]string{"io.example.e2e": fmt.Sprintf("%d-%s-%d", os.Getpid(), strings.Join(cmd, " "), time.Now().UnixNano())}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = cli.ImageRemove(ctx, img.ID, image.RemoveOptions{Force: true, PruneChildren: true})
-	})
 	return img
+}
+
+func removeImage(cli *client.Client, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, _ = cli.ImageRemove(ctx, id, image.RemoveOptions{Force: true, PruneChildren: true})
+}
+
+// ownImage is the image whose CMD is ownCommand (no registry: on this engine alone), built
+// once for the tests of this binary and removed by TestMain (removeOwnImage).
+var ownImage struct {
+	sync.Mutex
+	tag, id string
+}
+
+func sharedOwnImage(t testing.TB, cli *client.Client) string {
+	t.Helper()
+	ownImage.Lock()
+	defer ownImage.Unlock()
+	if ownImage.tag == "" {
+		tag := fmt.Sprintf("stormdock-e2e/own-%d:1", os.Getpid())
+		ownImage.id, ownImage.tag = buildOwn(t, cli, tag, binary, ownCommand).ID, tag
+	}
+	return ownImage.tag
+}
+
+// removeOwnImage removes the shared image, at the end of the tests.
+func removeOwnImage() {
+	ownImage.Lock()
+	defer ownImage.Unlock()
+	if ownImage.id == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if cli, err := docker.Connect(ctx, ""); err == nil {
+		removeImage(cli, ownImage.id)
+		cli.Close()
+	}
 }
 
 // removeJobContainers removes every container of job (a job name of the test's own).
@@ -132,8 +172,7 @@ func containerProcs(job string) map[string][]procWorker {
 func TestAcrossHostsDockerOwnCommand(t *testing.T) {
 	cli := dockerClient(t)
 	job := fmt.Sprintf("own%d", os.Getpid())
-	tag := fmt.Sprintf("stormdock-e2e/own-%d:1", os.Getpid()) // no registry: on this engine only
-	buildOwnImage(t, cli, tag, ownCommand)
+	tag := sharedOwnImage(t, cli)
 	t.Cleanup(func() { removeJobContainers(cli, job) })
 	lc := newLabCluster(t, labSpec{zkServers: 1, masters: []string{"m1"}, dcs: []string{"dc-a"}, perDC: 2, slots: 2,
 		session: 2 * time.Second, reregisterGrace: 3 * time.Second, agentArgs: []string{"--isolation", "docker"}})

@@ -187,15 +187,22 @@ func testOwnCommand(t *testing.T, c *cli, reg, local string) {
 	cli := dockerClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	push := func(name string, cmd []string) string {
-		tag := fmt.Sprintf("%s/stormdock-e2e/%s-%d:1", reg, name, os.Getpid())
-		buildOwnImage(t, cli, tag, cmd)
+	push := func(tag string) string {
 		if _, err := images.New(cli).Push(ctx, tag, images.Progress{}); err != nil {
 			t.Fatal(err)
 		}
 		return tag
 	}
-	own, none := push("own", ownCommand), push("noown", []string{})
+	// The shared image under the registry's name; one with neither an entrypoint nor a cmd
+	// around a small static binary.
+	own := fmt.Sprintf("%s/stormdock-e2e/own-%d:1", reg, os.Getpid())
+	if err := cli.ImageTag(ctx, sharedOwnImage(t, cli), own); err != nil {
+		t.Fatal(err)
+	}
+	none := fmt.Sprintf("%s/stormdock-e2e/noown-%d:1", reg, os.Getpid())
+	buildOwnImage(t, cli, none, allocBinary, []string{})
+	push(own)
+	push(none)
 	dir := t.TempDir()
 	spec := func(name, image string) string {
 		p := filepath.Join(dir, name+".yaml")
