@@ -15,6 +15,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation/docker"
 )
@@ -65,7 +66,7 @@ func TestDockerImageOwnCommand(t *testing.T) {
 		init := info.State.Pid
 		var kid int
 		testenv.EventuallyWith(t, "the launcher's child", 30*time.Second, func() (bool, string) {
-			kids := childPIDs(init)
+			kids := clustertest.Children(init)
 			if len(kids) == 1 {
 				kid = kids[0]
 			}
@@ -96,20 +97,4 @@ func TestDockerImageOwnCommand(t *testing.T) {
 			t.Errorf("containers of the refused worker: %d, %v; want none", len(cs), err)
 		}
 	})
-}
-
-// childPIDs lists a process's children, from every thread of it (/proc).
-func childPIDs(pid int) []int {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	var out []int
-	for _, task := range tasks {
-		b, _ := os.ReadFile(task)
-		for _, f := range strings.Fields(string(b)) {
-			var n int
-			if _, err := fmt.Sscan(f, &n); err == nil {
-				out = append(out, n)
-			}
-		}
-	}
-	return out
 }

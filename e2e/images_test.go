@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -233,7 +232,7 @@ func testOwnCommand(t *testing.T, c *cli, reg, local string) {
 		init := info.State.Pid
 		var kids []int
 		testenv.EventuallyWith(t, "the launcher's child", 30*time.Second, func() (bool, string) {
-			kids = children(init)
+			kids = clustertest.Children(init)
 			return len(kids) == 1, fmt.Sprintf("children of %d: %v", init, kids)
 		})
 		if got := launcherOf(t, kids[0]); !strings.HasPrefix(got, "/run/stormdock-launch launch --lease /run/stormdock/") {
@@ -249,22 +248,6 @@ func testOwnCommand(t *testing.T, c *cli, reg, local string) {
 		t.Errorf("the refused job was stored: %s", out)
 	}
 	c.ok("job", "kill", "own", "--grace", "1s", "--wait")
-}
-
-// children lists the children of process pid, from /proc (any of its threads may have forked
-// them).
-func children(pid int) []int {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	var out []int
-	for _, task := range tasks {
-		b, _ := os.ReadFile(task)
-		for _, f := range strings.Fields(string(b)) {
-			if n, err := strconv.Atoi(f); err == nil {
-				out = append(out, n)
-			}
-		}
-	}
-	return out
 }
 
 // rmi removes an image from the engine, every name of it.

@@ -296,35 +296,25 @@ func (l *ledger) join(epoch int64, workers, worker int) (resume int64, stale boo
 // stop ends worker's part in epoch: it emitted every offset it owns there below next. It
 // writes nothing once this instance no longer holds the epoch (its replacement closed it).
 func (l *ledger) stop(epoch int64, worker int, next int64) error {
-	if err := l.lock(true); err != nil {
-		return fmt.Errorf("wordcount: lock ledger: %w", err)
-	}
-	defer l.unlock()
-	if err := l.refresh(); err != nil {
-		return err
-	}
-	if !l.holds(epoch, worker) {
+	err := l.holding(epoch, worker, func() error {
+		return l.append(mark{Mark: markStop, Epoch: epoch, Worker: worker, Instance: l.instance, Next: next})
+	})
+	if errors.Is(err, errSuperseded) {
 		return nil
 	}
-	return l.append(mark{Mark: markStop, Epoch: epoch, Worker: worker, Instance: l.instance, Next: next})
-}
-
-// heldByOther reports whether another instance holds worker's index in epoch now (shared
-// lock): a superseded instance waits while it does.
-func (l *ledger) heldByOther(epoch int64, worker int) (bool, error) {
-	if err := l.lock(false); err != nil {
-		return false, fmt.Errorf("wordcount: lock ledger: %w", err)
-	}
-	err := l.refresh()
-	l.unlock()
-	m, ok := l.open(epoch, worker)
-	return ok && m.Instance != l.instance, err
+	return err
 }
 
 // emit appends whole record lines to the output for worker in epoch, under the exclusive
 // lock, only while this instance holds the epoch (errSuperseded otherwise: nothing is
 // written). A torn last line is cut off first; a failed append is cut off again.
 func (l *ledger) emit(out *os.File, epoch int64, worker int, lines []byte) error {
+	return l.holding(epoch, worker, func() error { return appendLines(out, lines) })
+}
+
+// holding runs fn under the exclusive lock while this instance's start is the open one of
+// worker's index in epoch, and returns errSuperseded without running it otherwise.
+func (l *ledger) holding(epoch int64, worker int, fn func() error) error {
 	if err := l.lock(true); err != nil {
 		return fmt.Errorf("wordcount: lock ledger: %w", err)
 	}
@@ -335,7 +325,24 @@ func (l *ledger) emit(out *os.File, epoch int64, worker int, lines []byte) error
 	if !l.holds(epoch, worker) {
 		return errSuperseded
 	}
-	return appendLines(out, lines)
+	return fn()
+}
+
+// heldByOther reports whether another instance holds worker's index in epoch now: a
+// superseded instance waits while it does.
+func (l *ledger) heldByOther(epoch int64, worker int) (bool, error) {
+	err := l.readShared()
+	m, ok := l.open(epoch, worker)
+	return ok && m.Instance != l.instance, err
+}
+
+// readShared reads the marks appended since the last read, under the shared lock.
+func (l *ledger) readShared() error {
+	if err := l.lock(false); err != nil {
+		return fmt.Errorf("wordcount: lock ledger: %w", err)
+	}
+	defer l.unlock()
+	return l.refresh()
 }
 
 // appendLines writes lines (whole, newline-ended) at the end of f, whose writers all hold one
@@ -411,12 +418,7 @@ func (p *partition) owner(o int64) (int64, int) {
 // partition reads the ledger (shared lock) and returns the partitioning of epoch (n
 // workers), or, while an earlier epoch is still open, the index it waits for.
 func (l *ledger) partition(epoch int64, n int) (*partition, string, error) {
-	if err := l.lock(false); err != nil {
-		return nil, "", fmt.Errorf("wordcount: lock ledger: %w", err)
-	}
-	err := l.refresh()
-	l.unlock()
-	if err != nil {
+	if err := l.readShared(); err != nil {
 		return nil, "", err
 	}
 	p := &partition{epoch: epoch, n: n}
