@@ -241,6 +241,10 @@ type Agent struct {
 	instance string
 	me       self   // the agent's own uid and whether it can switch users
 	leases   string // the lease directory (prepareStateDir)
+	// dockerLauncher is the launcher's copy docker workers run under (bind-mounted), ""
+	// without one, and then noDockerLauncher says why (prepareDockerLauncher).
+	dockerLauncher   string
+	noDockerLauncher error
 
 	// drivers and modes grow when an isolation the agent started without comes (AddDriver),
 	// imgs with them: they are read through driver, modesNow and images.
@@ -413,6 +417,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer unlock()
+	a.prepareDockerLauncher()
 
 	r := newRun(ctx, a)
 	a.mu.Lock()

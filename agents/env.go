@@ -121,21 +121,31 @@ func ResolveSelf(cmd []string, self string) []string {
 }
 
 // command resolves the assignment's command for the isolation it runs under (ResolveSelf)
-// and, unless leases are off, wraps it in the lease launcher.
+// and, unless leases are off, wraps it in the lease launcher. A docker worker without a
+// command gets the launcher's part alone, ending in "--": the driver adds the image's own
+// entrypoint and cmd (imageCommand).
 func (a *Agent) command(wa cluster.WorkerAssignment, mode, leaseFile string) []string {
 	self := SelfPath(mode, a.cfg.Self, a.cfg.ContainerSelf)
 	cmd := ResolveSelf(wa.Command, self)
-	if a.cfg.NoLease || len(cmd) == 0 {
-		// A docker worker without a command runs the image's own entrypoint, which the
-		// launcher cannot wrap without inspecting the image.
+	if a.cfg.NoLease {
 		return cmd
 	}
 	lc := launcher.Config{Lease: leaseFile, TTL: a.leaseTTL(), Grace: wa.Grace.Std(), Command: cmd}
-	bin := self // a docker worker's image holds stormdock, and maybe nothing else of ours
-	if mode == cluster.IsolationProcess {
-		bin = a.cfg.Launcher
+	bin := a.cfg.Launcher
+	if mode == cluster.IsolationDocker {
+		// The launcher bind-mounted into the container (dockerlaunch.go); without one, the
+		// image's own stormdock, which images built by stormdock hold.
+		bin = self
+		if a.dockerLauncher != "" {
+			bin = containerLauncher
+		}
 	}
 	return append([]string{bin, launcher.Command}, lc.Args()...)
+}
+
+// imageCommand reports a docker worker that runs its image's own entrypoint and cmd.
+func imageCommand(wa cluster.WorkerAssignment, mode string) bool {
+	return mode == cluster.IsolationDocker && len(wa.Command) == 0
 }
 
 // workerIDOf is the worker id of an assignment on the agent's node.
@@ -150,6 +160,9 @@ func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port i
 		mounts = []isolation.Mount{{Source: filepath.Dir(leaseFile), Target: containerLeaseDir, ReadOnly: true}}
 		leaseFile = filepath.Join(containerLeaseDir, filepath.Base(leaseFile))
 		config = filepath.Join(containerLeaseDir, filepath.Base(config))
+		if a.dockerLauncher != "" && !a.cfg.NoLease {
+			mounts = append(mounts, isolation.Mount{Source: a.dockerLauncher, Target: containerLauncher, ReadOnly: true})
+		}
 	}
 	env := a.workerEnv(wa, port, config)
 	if wa.OutputToken != "" {
@@ -157,19 +170,20 @@ func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port i
 	}
 	a.routerTLSEnv(env, id, wa, mode)
 	return isolation.Spec{
-		ID:          id,
-		Job:         wa.Key.Job,
-		Tenant:      wa.Tenant,
-		Worker:      wa.Key.Worker,
-		Node:        a.cfg.Node.ID,
-		Command:     a.command(wa, mode, leaseFile),
-		Env:         env,
-		User:        u,
-		Image:       imageRef(wa),
-		MemoryBytes: int64(wa.Resources.Memory),
-		MilliCPU:    int64(wa.Resources.CPU),
-		Grace:       grace(wa),
-		Mounts:      mounts,
+		ID:           id,
+		Job:          wa.Key.Job,
+		Tenant:       wa.Tenant,
+		Worker:       wa.Key.Worker,
+		Node:         a.cfg.Node.ID,
+		Command:      a.command(wa, mode, leaseFile),
+		ImageCommand: imageCommand(wa, mode),
+		Env:          env,
+		User:         u,
+		Image:        imageRef(wa),
+		MemoryBytes:  int64(wa.Resources.Memory),
+		MilliCPU:     int64(wa.Resources.CPU),
+		Grace:        grace(wa),
+		Mounts:       mounts,
 	}
 }
 

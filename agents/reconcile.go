@@ -191,6 +191,12 @@ func (r *run) start(s *slot) {
 		r.startFailed(s, err)
 		return
 	}
+	if imageCommand(s.assign, s.mode) && !r.a.cfg.NoLease && r.a.dockerLauncher == "" {
+		// Never unfenced: without the launcher to put in front of it, the image's own
+		// command does not run.
+		r.startFailed(s, r.a.noDockerLauncher)
+		return
+	}
 	spec := r.a.spec(s.id, s.assign, s.mode, s.port, u)
 	if err := r.a.prepareLeaseDir(s.id, u); err != nil {
 		r.startFailed(s, err)

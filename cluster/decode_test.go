@@ -94,8 +94,6 @@ func TestDecodeTable(t *testing.T) {
 		{"wrong type", strings.Replace(base, "workers: 1", "workers: many", 1), "workers: must be a whole number, not str \"many\" (line 3)"},
 		{"flow mapping column", strings.Replace(base, "cpu: 1", "cpu: fast", 1), "resources.cpu: cpu quantity \"fast\""},
 		{"docker needs image", base + "isolation: docker\n", "image: is required for docker isolation"},
-		{"docker needs command", strings.Replace(base, "command: [x]\n", "", 1) + "isolation: docker\nimage: r/w:1\n",
-			"command: job a: a docker job needs a command: stormdock fences every worker with its lease launcher, which needs the program to run; give command: [...] (the image's entrypoint and cmd are not run yet)"},
 		{"stormdock env", base + "env: {STORMDOCK_JOB: x}\n", "env.STORMDOCK_JOB: STORMDOCK_ and _STORMDOCK_ variables are set by stormdock itself (line 6)"},
 		{"driver env", base + "env: {_STORMDOCK_ISOLATION_USER: \"0:0:\"}\n", "env._STORMDOCK_ISOLATION_USER: STORMDOCK_ and _STORMDOCK_ variables are set by stormdock itself (line 6)"},
 		{"link not in dcs", base + "placement: {dcs: [a, b]}\nlinks: [a, c]\noutput: file:///x\n", "links[1]: \"c\" is not in placement.dcs (line 7)"},

@@ -105,9 +105,6 @@ const (
 	MaxCommandEnvBytes = 64 << 10
 )
 
-// DockerNeedsCommand is why a docker job without command is refused.
-const DockerNeedsCommand = "a docker job needs a command: stormdock fences every worker with its lease launcher, which needs the program to run; give command: [...] (the image's entrypoint and cmd are not run yet)"
-
 // Validate checks the spec and returns a *ValidationError listing every problem, or nil.
 func (j *JobSpec) Validate() error {
 	var ps problems
@@ -140,11 +137,6 @@ func (j *JobSpec) Validate() error {
 	case IsolationDocker:
 		if j.Image == "" {
 			ps.add("image", "is required for docker isolation")
-		}
-		if len(j.Command) == 0 {
-			// Until the agent can read the image's entrypoint and wrap it, a worker without
-			// a command would run unfenced (or fail on its node, long after the submit).
-			ps.add("command", "job %s: %s", j.Name, DockerNeedsCommand)
 		}
 	default:
 		ps.add("isolation", "must be process or docker, not %q", j.Isolation)

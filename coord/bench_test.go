@@ -290,3 +290,42 @@ func BenchmarkFencedTxn(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkEmbeddedFileWrite: a write to the embedded store kept in a file (stormdock up's),
+// of 1,000 persistent entries: a persistent entry (saved before it applies) and a
+// session-bound one (nothing to save: a node record's heartbeat).
+func BenchmarkEmbeddedFileWrite(b *testing.B) {
+	ctx := context.Background()
+	srv, err := coord.NewServer(coord.ServerOptions{Path: b.TempDir() + "/store.json", Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Close()
+	c, err := srv.Connect(coord.Options{SessionTimeout: -1, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	value := make([]byte, 256)
+	for i := range 1000 {
+		if _, err := c.Put(ctx, fmt.Sprintf("/jobs/j%04d", i), value, coord.AnyVersion); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := c.Create(ctx, "/nodes/n1", value, coord.Ephemeral); err != nil {
+		b.Fatal(err)
+	}
+	for _, key := range []string{"/jobs/j0500", "/nodes/n1"} {
+		name := "persistent"
+		if key == "/nodes/n1" {
+			name = "session-bound"
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := c.Put(ctx, key, value, coord.AnyVersion); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

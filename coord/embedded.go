@@ -203,15 +203,32 @@ func (s *Server) endSessionLocked(id int64, notify bool) {
 		for _, k := range keys {
 			_ = s.t.remove(ch, k, AnyVersion)
 		}
-		s.commitLocked(ch)
+		// The session is over whatever the disk says: its ephemeral entries go. A failed
+		// save misses only their parents' child versions, which no later load needs
+		// (sessions do not outlive the server), and the next save writes them.
+		_ = s.commitLocked(ch, true)
 	}
 	if notify && ss.expired != nil {
 		ss.expired(id)
 	}
 }
 
-// commitLocked fires the watches of a committed change and persists the tree.
-func (s *Server) commitLocked(ch *changes) {
+// commitLocked commits ch, made on the live tree. With a file, a change of a persistent
+// entry is saved first: if the save fails, the change is rolled back whole (no read sees
+// it, no watch fires) and the caller reports the write failed, as ZooKeeper answers only
+// once its transaction log holds the write; unless keep, which applies it all the same.
+// Then the watches of ch fire.
+func (s *Server) commitLocked(ch *changes, keep bool) error {
+	if s.path != "" && ch.persistent {
+		if err := saveTree(s.path, s.t); err != nil {
+			if !keep {
+				ch.rollback()
+				s.log.Error("coord: persist embedded store: the change is not applied", "path", s.path, "err", err)
+				return fmt.Errorf("%w: persist: %w", ErrUnavailable, err)
+			}
+			s.log.Error("coord: persist embedded store", "path", s.path, "err", err)
+		}
+	}
 	for k := range ch.data {
 		for _, c := range s.dataW[k] {
 			close(c)
@@ -224,16 +241,12 @@ func (s *Server) commitLocked(ch *changes) {
 		}
 		delete(s.childW, k)
 	}
-	if s.path != "" && ch.persistent {
-		if err := saveTree(s.path, s.t); err != nil {
-			s.log.Error("coord: persist embedded store", "path", s.path, "err", err)
-			ch.persistErr = err
-		}
-	}
+	return nil
 }
 
-// do runs a change against the live tree; fn must check everything before mutating.
-func (s *Server) do(sid int64, fn func(ch *changes) error) error {
+// do runs a change on the live tree and commits it (saved before it applies:
+// commitLocked); fn must check everything before it changes t.
+func (s *Server) do(sid int64, fn func(t *tree, ch *changes) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -243,14 +256,11 @@ func (s *Server) do(sid int64, fn func(ch *changes) error) error {
 		return errSessionGone
 	}
 	ch := s.t.begin()
-	if err := fn(ch); err != nil {
+	if err := fn(s.t, ch); err != nil {
+		ch.rollback()
 		return err
 	}
-	s.commitLocked(ch)
-	if ch.persistErr != nil {
-		return fmt.Errorf("%w: persist: %w", ErrUnavailable, ch.persistErr)
-	}
-	return nil
+	return s.commitLocked(ch, false)
 }
 
 func (s *Server) read(fn func(t *tree) error) error {
@@ -295,9 +305,9 @@ func (s *Server) children(key string) ([]string, int64, error) {
 
 func (s *Server) create(sid int64, key string, value []byte, mode Mode) (string, error) {
 	var created string
-	err := s.do(sid, func(ch *changes) error {
+	err := s.do(sid, func(t *tree, ch *changes) error {
 		var err error
-		created, err = s.t.create(ch, key, value, mode, sid, true)
+		created, err = t.create(ch, key, value, mode, sid, true)
 		return err
 	})
 	return created, err
@@ -305,21 +315,21 @@ func (s *Server) create(sid int64, key string, value []byte, mode Mode) (string,
 
 func (s *Server) put(sid int64, key string, value []byte, version int64) (int64, error) {
 	var v int64
-	err := s.do(sid, func(ch *changes) error {
-		_, ok := s.t.nodes[key]
+	err := s.do(sid, func(t *tree, ch *changes) error {
+		_, ok := t.nodes[key]
 		if !ok && version == AnyVersion {
-			_, err := s.t.create(ch, key, value, Persistent, sid, true)
+			_, err := t.create(ch, key, value, Persistent, sid, true)
 			return err
 		}
 		var err error
-		v, err = s.t.set(ch, key, value, version)
+		v, err = t.set(ch, key, value, version)
 		return err
 	})
 	return v, err
 }
 
 func (s *Server) remove(sid int64, key string, version int64) error {
-	return s.do(sid, func(ch *changes) error { return s.t.remove(ch, key, version) })
+	return s.do(sid, func(t *tree, ch *changes) error { return t.remove(ch, key, version) })
 }
 
 func (s *Server) txn(sid int64, ops []Op) ([]OpResult, error) {
@@ -352,34 +362,35 @@ func (s *Server) txn(sid int64, ops []Op) ([]OpResult, error) {
 			}
 		}
 	}
-	if pch.any() {
-		s.commitLocked(pch)
+	if pch.used {
+		if err := s.commitLocked(pch, false); err != nil {
+			return nil, fmt.Errorf("coord: txn: %w", err)
+		}
 	}
-	// Then the ops, all against a copy that replaces the tree only if every op succeeds.
-	work := s.t.clone()
-	ch := work.begin()
+	// Then the ops, on the live tree under the lock, rolled back whole unless every op
+	// succeeds and, with a file, the result is saved.
+	ch := s.t.begin()
 	out := make([]OpResult, len(ops))
 	for i, op := range ops {
 		out[i].Key = op.Key
 		var err error
 		switch op.Kind {
 		case OpCreate:
-			out[i].Key, err = work.create(ch, op.Key, op.Value, op.Mode, sid, false)
+			out[i].Key, err = s.t.create(ch, op.Key, op.Value, op.Mode, sid, false)
 		case OpPut:
-			out[i].Version, err = work.set(ch, op.Key, op.Value, op.Version)
+			out[i].Version, err = s.t.set(ch, op.Key, op.Value, op.Version)
 		case OpDelete:
-			err = work.remove(ch, op.Key, op.Version)
+			err = s.t.remove(ch, op.Key, op.Version)
 		case OpCheck:
-			err = work.check(op.Key, op.Version)
+			err = s.t.check(op.Key, op.Version)
 		}
 		if err != nil {
+			ch.rollback()
 			return nil, &TxnError{Index: i, Op: op, Err: err}
 		}
 	}
-	s.t = work
-	s.commitLocked(ch)
-	if ch.persistErr != nil {
-		return out, fmt.Errorf("coord: txn: %w: persist: %w", ErrUnavailable, ch.persistErr)
+	if err := s.commitLocked(ch, false); err != nil {
+		return nil, fmt.Errorf("coord: txn: %w", err)
 	}
 	return out, nil
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -260,5 +262,128 @@ func TestEmbeddedKeepaliveTimeout(t *testing.T) {
 	}
 	if len(srv.Sessions()) != 1 {
 		t.Fatalf("sessions left: %v", srv.Sessions())
+	}
+}
+
+// A write whose save fails on a full disk has no effect at all: it is reported failed, no
+// read sees it, no watcher hears of it, and a restart finds the store as it was. The disk is
+// a real tmpfs filled up (ENOSPC from the kernel), freed again afterwards.
+func TestEmbeddedSaveBeforeApply(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(30*time.Second))
+	defer cancel()
+	dir := testenv.Tmpfs(t, 256<<10)
+	path := filepath.Join(dir, "store.json")
+	srv, err := coord.NewServer(coord.ServerOptions{Path: path, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	c, err := srv.Connect(coord.Options{SessionTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Create(ctx, "/jobs/a", []byte("v1"), coord.Persistent); err != nil {
+		t.Fatal(err)
+	}
+	data, err := c.Watch(ctx, "/jobs/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kids, err := c.WatchChildren(ctx, "/jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := <-data; string(ev.Entry.Value) != "v1" {
+		t.Fatalf("first event %+v", ev)
+	}
+	if ev := <-kids; !slices.Equal(ev.Children, []string{"a"}) {
+		t.Fatalf("first children event %+v", ev)
+	}
+
+	filler := testenv.FillUp(t, dir)
+	writes := []struct {
+		name string
+		do   func() error
+	}{
+		{"put", func() error { _, err := c.Put(ctx, "/jobs/a", []byte("v2"), 0); return err }},
+		{"create", func() error { _, err := c.Create(ctx, "/jobs/b", []byte("b"), coord.Persistent); return err }},
+		{"create with parents", func() error { _, err := c.Create(ctx, "/other/x/y", nil, coord.Persistent); return err }},
+		{"delete", func() error { return c.Delete(ctx, "/jobs/a", 0) }},
+		{"txn", func() error {
+			_, err := c.Txn(ctx, coord.PutOp("/jobs/a", []byte("v2"), 0), coord.CreateOp("/jobs/b", nil, coord.Persistent))
+			return err
+		}},
+		{"txn with parents", func() error {
+			_, err := c.Txn(ctx, coord.CreateOp("/other/x/y", nil, coord.Persistent))
+			return err
+		}},
+	}
+	for _, w := range writes {
+		if err := w.do(); !errors.Is(err, coord.ErrUnavailable) || !strings.Contains(err.Error(), "no space left") {
+			t.Errorf("%s on a full disk: %v; want ErrUnavailable naming the full disk", w.name, err)
+		}
+	}
+	check := func(when string, s coord.Store) {
+		t.Helper()
+		if e, err := s.Get(ctx, "/jobs/a"); err != nil || string(e.Value) != "v1" || e.Version != 0 {
+			t.Errorf("%s: /jobs/a is %+v, %v; want v1 at version 0", when, e, err)
+		}
+		if names, err := s.Children(ctx, "/jobs"); err != nil || !slices.Equal(names, []string{"a"}) {
+			t.Errorf("%s: children of /jobs %v, %v; want [a]", when, names, err)
+		}
+		if _, err := s.Get(ctx, "/other"); !errors.Is(err, coord.ErrNotFound) {
+			t.Errorf("%s: /other exists (%v): a failed write's parents were kept", when, err)
+		}
+	}
+	check("after the failed writes", c)
+
+	// Space again: the next writes succeed, and the watchers' next events are theirs.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, "/jobs/a", []byte("v3"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Create(ctx, "/jobs/c", nil, coord.Persistent); err != nil {
+		t.Fatal(err)
+	}
+	if ev := <-data; string(ev.Entry.Value) != "v3" || ev.Entry.Version != 1 {
+		t.Errorf("the watcher's next event is %q at version %d; want v3 at 1 (a failed write was announced)", ev.Entry.Value, ev.Entry.Version)
+	}
+	if ev := <-kids; !slices.Equal(ev.Children, []string{"a", "c"}) {
+		t.Errorf("the children watcher's next event is %v; want [a c] (a failed create was announced)", ev.Children)
+	}
+	// What the file holds is what was reported written.
+	if _, err := c.Put(ctx, "/jobs/a", []byte("v1"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, "/jobs/c", 0); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	srv.Close()
+	files, _ := os.ReadDir(dir)
+	for _, f := range files {
+		if strings.Contains(f.Name(), ".tmp") {
+			t.Errorf("temporary file %s left on the disk", f.Name())
+		}
+	}
+	srv2, err := coord.NewServer(coord.ServerOptions{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv2.Close()
+	c2, err := srv2.Connect(coord.Options{SessionTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if e, err := c2.Get(ctx, "/jobs/a"); err != nil || string(e.Value) != "v1" || e.Version != 2 {
+		t.Errorf("after a restart /jobs/a is %+v, %v; want v1 at version 2", e, err)
+	}
+	if names, err := c2.Children(ctx, "/jobs"); err != nil || !slices.Equal(names, []string{"a"}) {
+		t.Errorf("after a restart children of /jobs %v, %v; want [a]", names, err)
 	}
 }

@@ -2,7 +2,6 @@ package coord
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 )
 
@@ -31,38 +30,39 @@ func newTree() *tree {
 	return &tree{nodes: map[string]*enode{"/": {children: map[string]struct{}{}}}}
 }
 
-func (t *tree) clone() *tree {
-	c := &tree{nodes: make(map[string]*enode, len(t.nodes)), rev: t.rev}
-	for k, n := range t.nodes {
-		cp := *n
-		cp.children = maps.Clone(n.children)
-		c.nodes[k] = &cp
-	}
-	return c
-}
-
-// changes collects what one committed change touched: the revision it runs at and the
-// watches to fire.
+// changes collects what one change touched: the revision it runs at, the watches to fire
+// once it is committed, and how to undo it until then.
 type changes struct {
 	rev        int64
 	used       bool
 	data       map[string]bool
 	child      map[string]bool
 	persistent bool // a persistent entry (or its children list) changed
-	persistErr error
+	// undo restores what the change altered, run last first (rollback): a change is made
+	// on the live tree, under the server's lock, and undone whole when a later op of its
+	// transaction fails or its save does.
+	undo []func()
 }
 
 func (t *tree) begin() *changes {
 	return &changes{rev: t.rev + 1, data: map[string]bool{}, child: map[string]bool{}}
 }
 
-func (c *changes) any() bool { return c.used }
-
 func (t *tree) touched(c *changes) {
 	if !c.used {
 		c.used = true
+		prev := t.rev
 		t.rev = c.rev
+		c.undo = append(c.undo, func() { t.rev = prev })
 	}
+}
+
+// rollback undoes every alteration of c, leaving the tree as it was before c began.
+func (c *changes) rollback() {
+	for i := len(c.undo) - 1; i >= 0; i-- {
+		c.undo[i]()
+	}
+	c.undo = nil
 }
 
 // create adds key. With parents, missing ancestors are created as persistent entries.
@@ -112,6 +112,12 @@ func (t *tree) add(c *changes, key string, value []byte, owner int64) {
 	t.nodes[key] = &enode{value: slices.Clone(value), createRev: c.rev, modRev: c.rev,
 		owner: owner, children: map[string]struct{}{}}
 	p := t.nodes[parentKey(key)]
+	cv := p.cversion
+	c.undo = append(c.undo, func() {
+		delete(t.nodes, key)
+		delete(p.children, baseName(key))
+		p.cversion = cv
+	})
 	p.children[baseName(key)] = struct{}{}
 	p.cversion++
 	c.data[key] = true
@@ -128,6 +134,8 @@ func (t *tree) set(c *changes, key string, value []byte, version int64) (int64, 
 		return 0, fmt.Errorf("%w: have version %d, want %d", ErrConflict, n.version, version)
 	}
 	t.touched(c)
+	value0, version0, modRev0 := n.value, n.version, n.modRev
+	c.undo = append(c.undo, func() { n.value, n.version, n.modRev = value0, version0, modRev0 })
 	n.value = slices.Clone(value)
 	n.version++
 	n.modRev = c.rev
@@ -155,6 +163,12 @@ func (t *tree) remove(c *changes, key string, version int64) error {
 	t.touched(c)
 	delete(t.nodes, key)
 	p := t.nodes[parentKey(key)]
+	cv := p.cversion
+	c.undo = append(c.undo, func() {
+		t.nodes[key] = n
+		p.children[baseName(key)] = struct{}{}
+		p.cversion = cv
+	})
 	delete(p.children, baseName(key))
 	p.cversion++
 	c.data[key] = true

@@ -35,6 +35,9 @@ type chaos struct {
 	sink        *sinkWatch
 	linkFence   *fenceWatch
 	routerFence *fenceWatch
+
+	// The docker job whose workers run their image's own command (nil: none).
+	docker *dockerChaos
 }
 
 // fault is one injected fault and how to heal it.

@@ -37,6 +37,10 @@ func TestChaos(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	spec := plainLabSpec()
+	dockerOn, noDocker := chaosDockerAvailable(t)
+	if dockerOn {
+		spec.agentArgs = []string{"--isolation", "process,docker"}
+	}
 	lc := newLabCluster(t, spec)
 	c := &chaos{
 		t: t, lc: lc, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), job: "wc", workers: 12,
@@ -55,6 +59,12 @@ func TestChaos(t *testing.T) {
 	c.routerFence = watchFence(t, c.mirror.name+routerJobSuffix, fencingBound(lc.Session, labJobGrace))
 	c.linkFence = watchFence(t, c.mirror.name, fencingBound(lc.Session, labJobGrace))
 	c.rep.setup += fmt.Sprintf("; mirrored job %s (links dc-a and dc-b, %d workers each, router outside them, 50 input lines/s)", c.mirror.name, c.mirror.workers)
+	if dockerOn {
+		c.docker = startDockerChaos(t, lc, 2)
+		c.rep.setup += fmt.Sprintf("; docker job %s (%d workers running their image's own CMD)", c.docker.job, c.docker.workers)
+	} else {
+		c.rep.note(noDocker)
+	}
 	t.Logf("chaos: seed %d, %s", seed, c.rep.setup)
 
 	start := time.Now()
@@ -74,6 +84,13 @@ func TestChaos(t *testing.T) {
 	c.avoidedAtEnd()
 	if c.mirror != nil {
 		c.finishMirror()
+	}
+	if c.docker != nil {
+		v, longest, key, _ := c.docker.fence.report()
+		for _, s := range v {
+			c.violation("ran twice beyond the fencing bound: " + s)
+		}
+		c.rep.note(fmt.Sprintf("%s (docker, the image's own CMD): longest a worker ran twice: %s (worker %q)", c.docker.job, longest.Round(time.Millisecond), key))
 	}
 	c.rep.elapsed = time.Since(start)
 	v, longest, key, samples := c.fence.report()
@@ -163,6 +180,9 @@ func (c *chaos) allRunning() bool {
 	if len(ps) != c.workers || len(all) != c.workers {
 		return false
 	}
+	if c.docker != nil && !c.docker.running() {
+		return false
+	}
 	if m := c.mirror; m != nil {
 		ps, all := procsOf(m.name), workerProcs(m.name)
 		ok, _ := routersRunning(m)
@@ -234,6 +254,9 @@ func (c *chaos) recover(what string) (time.Duration, bool) {
 				_, why := routersRunning(m)
 				mirror = fmt.Sprintf("; mirrored job: %d of %d link workers running once, %s", len(procsOf(m.name)), 2*m.workers, why)
 			}
+			if c.docker != nil {
+				mirror += fmt.Sprintf("; docker job: %v", containerProcs(c.docker.job))
+			}
 			c.violation(fmt.Sprintf("%s: %d of %d workers running once (%d with a process)%s %s after the heal, beyond the recovery bound %s%s",
 				what, len(ps), c.workers, len(all), mirror, d.Round(time.Millisecond), c.recovery, c.unplaced()))
 		}
@@ -260,6 +283,9 @@ func (c *chaos) vouch() {
 		jobs := []string{c.job}
 		if c.mirror != nil {
 			jobs = append(jobs, c.mirror.name, c.mirror.name+routerJobSuffix)
+		}
+		if c.docker != nil {
+			jobs = append(jobs, c.docker.job)
 		}
 		for _, n := range ns {
 			for _, job := range jobs {
@@ -316,6 +342,9 @@ func (c *chaos) unplaced() string {
 	jobs := []string{c.job}
 	if c.mirror != nil {
 		jobs = append(jobs, c.mirror.name)
+	}
+	if c.docker != nil {
+		jobs = append(jobs, c.docker.job)
 	}
 	var why []string
 	for _, job := range jobs {

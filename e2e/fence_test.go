@@ -33,6 +33,7 @@ func fencingBound(session, grace time.Duration) time.Duration {
 type fenceWatch struct {
 	job   string
 	bound time.Duration
+	procs func(job string) map[string][]procWorker // workerProcs, or containerProcs
 	stop  chan struct{}
 	done  chan struct{}
 
@@ -47,7 +48,12 @@ type fenceWatch struct {
 }
 
 func watchFence(t testing.TB, job string, bound time.Duration) *fenceWatch {
-	w := &fenceWatch{job: job, bound: bound, stop: make(chan struct{}), done: make(chan struct{}),
+	return watchFenceOf(t, job, bound, workerProcs)
+}
+
+// watchFenceOf is watchFence with the job's processes found by procs.
+func watchFenceOf(t testing.TB, job string, bound time.Duration, procs func(string) map[string][]procWorker) *fenceWatch {
+	w := &fenceWatch{job: job, bound: bound, procs: procs, stop: make(chan struct{}), done: make(chan struct{}),
 		since: map[string]time.Time{}, flagged: map[string]bool{}}
 	go w.loop()
 	t.Cleanup(w.end)
@@ -64,7 +70,7 @@ func (w *fenceWatch) loop() {
 			return
 		case <-tick.C:
 		}
-		w.sample(workerProcs(w.job), time.Now())
+		w.sample(w.procs(w.job), time.Now())
 	}
 }
 

@@ -33,6 +33,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	removeOwnImage()
 	testenv.RemoveBuilds()
 	os.Exit(code)
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation/docker"
@@ -173,6 +174,80 @@ func TestDockerJobFromRegistry(t *testing.T) {
 	}
 	c.ok("job", "kill", "nope", "--wait")
 	c.ok("job", "kill", "wcimg", "--grace", "1s", "--wait")
+
+	testOwnCommand(t, c, reg, filepath.Base(data))
+}
+
+// testOwnCommand is issue 28 on TestDockerJobFromRegistry's cluster: a docker job without a
+// command runs its image's own CMD, under the lease launcher mounted into its containers
+// (`job submit --wait` succeeds, and /proc shows both); one whose image has neither an
+// entrypoint nor a cmd is refused at submit, in one line, and nothing is stored.
+func testOwnCommand(t *testing.T, c *cli, reg, local string) {
+	cli := dockerClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	push := func(tag string) string {
+		if _, err := images.New(cli).Push(ctx, tag, images.Progress{}); err != nil {
+			t.Fatal(err)
+		}
+		return tag
+	}
+	// The shared image under the registry's name; one with neither an entrypoint nor a cmd
+	// around a small static binary.
+	own := fmt.Sprintf("%s/stormdock-e2e/own-%d:1", reg, os.Getpid())
+	if err := cli.ImageTag(ctx, sharedOwnImage(t, cli), own); err != nil {
+		t.Fatal(err)
+	}
+	none := fmt.Sprintf("%s/stormdock-e2e/noown-%d:1", reg, os.Getpid())
+	buildOwnImage(t, cli, none, allocBinary, []string{})
+	push(own)
+	push(none)
+	dir := t.TempDir()
+	spec := func(name, image string) string {
+		p := filepath.Join(dir, name+".yaml")
+		body := fmt.Sprintf("name: %s\ntenant: t1\nworkers: 2\nisolation: docker\nimage: %s\nresources: {memory: 64Mi, cpu: 0.1}\n"+
+			"placement: {spread: [node]}\ngracePeriod: 2s\n", name, image)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if out := c.ok("job", "submit", spec("own", own), "--wait"); !strings.Contains(out, "all 2 workers running") {
+		t.Fatalf("submit of a job without a command: %s; want its workers running", out)
+	}
+	cs, err := cli.ContainerList(ctx, container.ListOptions{Filters: filters.NewArgs(filters.Arg("label", docker.LabelJob+"=own"), filters.Arg("label", "stormdock.local="+local))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 2 {
+		t.Fatalf("%d containers of job own running; want 2", len(cs))
+	}
+	for _, ct := range cs {
+		info, err := cli.ContainerInspect(ctx, ct.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The container's init is the launcher; its one child (once it forked it) is the
+		// image's CMD.
+		init := info.State.Pid
+		var kids []int
+		testenv.EventuallyWith(t, "the launcher's child", 30*time.Second, func() (bool, string) {
+			kids = clustertest.Children(init)
+			return len(kids) == 1, fmt.Sprintf("children of %d: %v", init, kids)
+		})
+		if got := launcherOf(t, kids[0]); !strings.HasPrefix(got, "/run/stormdock-launch launch --lease /run/stormdock/") {
+			t.Errorf("container %s: init %q; want the lease launcher", ct.Names, got)
+		}
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", kids[0]))
+		if got := strings.TrimRight(string(cmd), "\x00"); got != strings.Join(ownCommand, "\x00") {
+			t.Errorf("container %s runs %q; want the image's CMD %q", ct.Names, got, ownCommand)
+		}
+	}
+	c.refused("image "+none+" has neither an entrypoint nor a cmd, and the job gives no command: give command: [...]", "job", "submit", spec("none", none))
+	if out, code := c.run("job", "status", "none"); code == 0 {
+		t.Errorf("the refused job was stored: %s", out)
+	}
+	c.ok("job", "kill", "own", "--grace", "1s", "--wait")
 }
 
 // rmi removes an image from the engine, every name of it.

@@ -58,6 +58,8 @@ type labSpec struct {
 	// reregisterGrace is the masters' --reregister-grace: short, so that a node cut soon
 	// after a master starts leading is handled as it would be later.
 	reregisterGrace time.Duration
+	// agentArgs are added to every agent's flags (--isolation docker, say).
+	agentArgs []string
 }
 
 // labMasterPort is the port of every master's API, on its host's address.
@@ -148,7 +150,7 @@ func (lc *labCluster) StartMaster(id string) {
 
 // startAgent runs a node's agent on its host, advertising the host's address.
 func (lc *labCluster) StartAgent(n labNode) {
-	extra := []string{"--advertise-addr", n.host.IP()}
+	extra := append([]string{"--advertise-addr", n.host.IP()}, lc.spec.agentArgs...)
 	if os.Getenv("STORMDOCK_LAB_DEBUG") != "" {
 		extra = append(extra, "--log-level", "debug")
 	}

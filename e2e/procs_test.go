@@ -23,9 +23,14 @@ type procWorker struct {
 // cgroups of this test process's clusters (other tests on the machine run jobs of the same
 // names). It maps "link/worker" (or "worker") to the processes running it.
 func workerProcs(job string) map[string][]procWorker {
+	return workerProcsIn(job, cgroupPIDs(clustertest.TestCgroup()))
+}
+
+// workerProcsIn is workerProcs among pids.
+func workerProcsIn(job string, pids []int) map[string][]procWorker {
 	out := map[string][]procWorker{}
 	want := []byte("STORMDOCK_JOB=" + job + "\x00")
-	for _, pid := range cgroupPIDs(clustertest.TestCgroup()) {
+	for _, pid := range pids {
 		name := strconv.Itoa(pid)
 		env, err := os.ReadFile(filepath.Join("/proc", name, "environ"))
 		if err != nil || !bytes.Contains(append(env, 0), want) {

@@ -41,14 +41,16 @@ type BuildOptions struct {
 	Shim string
 	// Labels are added to the image besides LabelManaged, LabelBinary and LabelShim.
 	Labels map[string]string
+	// Entrypoint and Cmd are the image's own command, which a docker job without a command
+	// runs (under its lease launcher): say Cmd [/stormdock, worker, wordcount]. Default: no
+	// entrypoint and the cmd [StormdockPath]. A job's command replaces both.
+	Entrypoint, Cmd []string
 }
 
-// steps follow FROM and the labels. No ENTRYPOINT: a worker spec's command replaces CMD whole.
-// The user is the one the docker driver runs workers as; numeric, since a scratch image has no
-// /etc/passwd.
+// steps follow FROM and the labels. The user is the one the docker driver runs workers as
+// when a spec names none; numeric, since a scratch image has no /etc/passwd.
 const steps = `COPY stormdock ` + StormdockPath + `
 %sUSER 65534:65534
-CMD ["` + StormdockPath + `"]
 `
 
 // Build builds a worker image from an in-memory context and tags it.
@@ -90,7 +92,23 @@ func (m *Manager) Build(ctx context.Context, o BuildOptions) (Image, error) {
 			return Image{}, fmt.Errorf("%w: a FROM scratch image has no libc: build it with CGO_ENABLED=0", err)
 		}
 	}
-	return m.build(ctx, fmt.Sprintf(steps, extra), files, o.Tag, labels)
+	if o.Entrypoint == nil && o.Cmd == nil {
+		o.Cmd = []string{StormdockPath}
+	}
+	df := fmt.Sprintf(steps, extra)
+	for _, in := range []struct {
+		name string
+		args []string
+	}{{"ENTRYPOINT", o.Entrypoint}, {"CMD", o.Cmd}} {
+		if in.args != nil {
+			b, err := json.Marshal(in.args) // the exec form: a JSON array, no shell
+			if err != nil {
+				return Image{}, fmt.Errorf("build image %s: %s: %w", o.Tag, in.name, err)
+			}
+			df += in.name + " " + string(b) + "\n"
+		}
+	}
+	return m.build(ctx, df, files, o.Tag, labels)
 }
 
 // build sends FROM scratch, the labels and then steps to the engine with files as context,

@@ -44,8 +44,13 @@ type Spec struct {
 	Worker int // index within the job
 	Node   string
 
-	// Command is the program and its arguments. For docker it replaces the image's CMD.
+	// Command is the program and its arguments. For docker it replaces the image's
+	// entrypoint and cmd, unless ImageCommand is set.
 	Command []string
+	// ImageCommand (docker) runs the image's own entrypoint and cmd, as the image says
+	// them: after Command, which is then a prefix (the lease launcher's, ending in "--"), or
+	// alone when Command is empty. An image with neither is refused at start.
+	ImageCommand bool `json:",omitempty"`
 	// Env is added to the worker's environment; the STORMDOCK_JOB, _TENANT, _WORKER and _NODE
 	// variables derived from the fields above win over entries of the same name.
 	Env map[string]string
@@ -123,7 +128,7 @@ func (s Spec) Validate() error {
 	switch {
 	case !validID(s.ID):
 		return fmt.Errorf("%w: worker id %q must match %s: use letters, digits, '_', '.', '-'", ErrInvalidSpec, s.ID, idRule)
-	case len(s.Command) == 0 || s.Command[0] == "":
+	case len(s.Command) == 0 && !s.ImageCommand || len(s.Command) > 0 && s.Command[0] == "":
 		return fmt.Errorf("%w: worker %s has no command: give the program to run", ErrInvalidSpec, s.ID)
 	case s.MemoryBytes <= 0:
 		return fmt.Errorf("%w: worker %s has no memory limit: ask for one, e.g. 256Mi", ErrInvalidSpec, s.ID)

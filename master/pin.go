@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
@@ -19,6 +21,8 @@ import (
 // (--registry-auth) for a shared image, the tenant's otherwise.
 type Resolver interface {
 	ResolveAccess(ctx context.Context, ref string, acc images.Access) (string, error)
+	// CommandOf reads an image's own entrypoint and cmd from its registry.
+	CommandOf(ctx context.Context, ref string, acc images.Access) (images.ImageCommand, error)
 }
 
 // ImageAccess says whose credentials fetch a tenant's image: the master's and the nodes' own
@@ -85,6 +89,31 @@ func pinImage(ctx context.Context, res Resolver, store coord.KV, spec *cluster.J
 	}
 	pin.Digest, pin.Resolved = dgst, time.Now().UTC()
 	return pin
+}
+
+// CheckImageCommand refuses (api.ErrBadInput) a docker job without a command whose image,
+// as pinned, has neither an entrypoint nor a cmd: its workers would have nothing to run.
+// When the master cannot tell (not pinned yet, the registry does not answer) the job is
+// accepted, and the agents refuse the start with the same reason.
+func (m *Master) CheckImageCommand(ctx context.Context, spec *cluster.JobSpec, pin *cluster.ImagePin) error {
+	if spec.IsolationMode() != cluster.IsolationDocker || len(spec.Command) > 0 || pin == nil || pin.Ref == "" || m.cfg.Resolver == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, pinTimeout)
+	defer cancel()
+	acc, err := ImageAccess(ctx, m.store, spec.Tenant, spec.Image)
+	if err != nil {
+		return nil
+	}
+	own, err := m.cfg.Resolver.CommandOf(ctx, pin.Ref, acc)
+	if err != nil {
+		m.log.Info("cannot read the image's own command at submit; the agents will", "job", spec.Name, "image", pin.Ref, "err", err)
+		return nil
+	}
+	if own.Empty() {
+		return fmt.Errorf("%w: job %s: image %s has neither an entrypoint nor a cmd, and the job gives no command: give command: [...]", api.ErrBadInput, spec.Name, spec.Image)
+	}
+	return nil
 }
 
 // repin retries, while this master leads, the images of running jobs that are not pinned

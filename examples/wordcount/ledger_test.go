@@ -27,6 +27,7 @@ type liveWorkers struct {
 	running        map[int]*liveWorker
 	wg             sync.WaitGroup
 	epoch, workers int
+	copies         int // workers started, for their configuration files' names
 }
 
 type liveWorker struct {
@@ -47,19 +48,28 @@ func (lw *liveWorkers) writeConfig(w *liveWorker, i int) {
 	}
 }
 
-func (lw *liveWorkers) start(i int) {
-	w := &liveWorker{conf: filepath.Join(lw.dir, fmt.Sprintf("config-%d.json", i)), reload: make(chan struct{}, 1), done: make(chan error, 1)}
+func (lw *liveWorkers) start(i int) { lw.startWith(i, nil) }
+
+// startWith starts worker i, its configuration changed by mod (when not nil): a copy of
+// its own, whose live configuration is a file of its own, as on another node.
+func (lw *liveWorkers) startWith(i int, mod func(*Config)) *liveWorker {
+	lw.copies++
+	w := &liveWorker{conf: filepath.Join(lw.dir, fmt.Sprintf("config-%d-%d.json", i, lw.copies)), reload: make(chan struct{}, 1), done: make(chan error, 1)}
 	lw.writeConfig(w, i)
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	cfg := Config{Input: lw.in, Output: lw.out, ConfigFile: w.conf, Reload: w.reload, Worker: i, Workers: lw.workers,
 		Job: "wc", Rate: lw.rate, Poll: 20 * time.Millisecond, Logger: quiet()}
+	if mod != nil {
+		mod(&cfg)
+	}
 	lw.running[i] = w
 	lw.wg.Add(1)
 	go func() {
 		defer lw.wg.Done()
 		w.done <- Run(ctx, cfg)
 	}()
+	return w
 }
 
 // scale changes the worker count as the master and agents do: the staying workers get the
@@ -180,7 +190,7 @@ func TestScaleMidStreamExactlyOnce(t *testing.T) {
 func TestLedgerRestartAndStale(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out.jsonl")
-	l, err := openLedger(out)
+	l, err := openLedger(out, "i1")
 	if err != nil {
 		t.Fatal(err)
 	}

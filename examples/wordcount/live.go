@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -107,24 +109,28 @@ func runLedger(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	l, err := openLedger(cfg.Output)
+	instance := newInstance()
+	l, err := openLedger(cfg.Output, instance)
 	if err != nil {
 		return err
 	}
 	defer l.Close()
-	out, err := os.OpenFile(cfg.Output, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	// Not O_APPEND: records go at the end of the complete lines (appendLines), under the
+	// ledger's lock, after a torn last line is cut off.
+	out, err := os.OpenFile(cfg.Output, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return fmt.Errorf("wordcount: output: %w", err)
 	}
 	defer out.Close()
 	conf := f.cur
+	log := cfg.Logger.With("instance", instance)
 	for ctx.Err() == nil {
 		resume, stale, err := l.join(conf.Epoch, conf.Workers, conf.Worker)
 		if err != nil {
 			return err
 		}
 		if stale {
-			cfg.Logger.Warn("wordcount: epoch already over: waiting for a newer configuration", "epoch", conf.Epoch)
+			log.Warn("wordcount: epoch already over: waiting for a newer configuration", "epoch", conf.Epoch)
 			for ctx.Err() == nil {
 				if c, ok := f.changed(); ok {
 					conf = c
@@ -134,7 +140,7 @@ func runLedger(ctx context.Context, cfg Config) error {
 			}
 			continue
 		}
-		cfg.Logger.Info("wordcount: joined", "epoch", conf.Epoch, "workers", conf.Workers, "resume", resume)
+		log.Info("wordcount: joined", "epoch", conf.Epoch, "workers", conf.Workers, "resume", resume)
 		p, changed, err := waitPartition(ctx, cfg, l, f, conf)
 		if err != nil {
 			return err
@@ -142,6 +148,16 @@ func runLedger(ctx context.Context, cfg Config) error {
 		next := resume
 		if p != nil && changed == nil {
 			next, changed, err = scan(ctx, cfg, l, out, f, p, conf, resume)
+			if errors.Is(err, errSuperseded) {
+				// Another instance of this index took the epoch over (this one's node was cut
+				// off, its lease lapsed, and it is draining while its replacement runs): what
+				// this one had not written is the other's to emit.
+				log.Warn("wordcount: another instance took this worker's epoch over: emitting nothing more there", "epoch", conf.Epoch, "worker", conf.Worker)
+				if conf, err = waitFree(ctx, l, f, conf); err != nil {
+					return err
+				}
+				continue
+			}
 			if err != nil {
 				return err
 			}
@@ -153,10 +169,37 @@ func runLedger(ctx context.Context, cfg Config) error {
 		if changed == nil {
 			return nil // ctx done: drained
 		}
-		cfg.Logger.Info("wordcount: worker count changed", "epoch", changed.Epoch, "workers", changed.Workers, "handed over at", next)
+		log.Info("wordcount: worker count changed", "epoch", changed.Epoch, "workers", changed.Workers, "handed over at", next)
 		conf = *changed
 	}
 	return nil
+}
+
+// newInstance names this worker process in the ledger: random, so that two copies of an
+// index (a lapsed one and its replacement) never share one.
+func newInstance() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// waitFree waits, as a superseded instance, until ctx is done, the configuration changes
+// (returned) or no other instance holds conf's epoch of its index any more (conf returned:
+// join again).
+func waitFree(ctx context.Context, l *ledger, f *follower, conf cluster.WorkerConfig) (cluster.WorkerConfig, error) {
+	for f.wait(ctx, time.Second) {
+		if c, ok := f.changed(); ok {
+			return c, nil
+		}
+		held, err := l.heldByOther(conf.Epoch, conf.Worker)
+		if err != nil {
+			return conf, err
+		}
+		if !held {
+			return conf, nil
+		}
+	}
+	return conf, nil
 }
 
 // waitPartition waits until every earlier epoch is closed and returns the partition, or
@@ -199,13 +242,12 @@ func scan(ctx context.Context, cfg Config, l *ledger, out *os.File, f *follower,
 		if n == 0 {
 			return nil
 		}
-		if err := l.lock(true); err != nil {
-			return fmt.Errorf("wordcount: lock ledger: %w", err)
+		if cfg.beforeFlush != nil {
+			cfg.beforeFlush(n)
 		}
-		_, err := out.Write(batch.Bytes()) // one write: whole lines, under the lock
-		l.unlock()
-		if err != nil {
-			return fmt.Errorf("wordcount: write: %w", err)
+		// One write of whole lines, under the lock, while this instance holds the epoch.
+		if err := l.emit(out, conf.Epoch, conf.Worker, batch.Bytes()); err != nil {
+			return err
 		}
 		batch.Reset()
 		n = 0

@@ -5,11 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // sink is where records go: JSON lines to a file or stdout, or POSTed to an HTTP endpoint.
@@ -24,11 +27,11 @@ type sink interface {
 func openSink(cfg Config) (sink, error) {
 	switch {
 	case cfg.Output != "":
-		f, err := os.OpenFile(cfg.Output, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		f, err := os.OpenFile(cfg.Output, os.O_CREATE|os.O_RDWR, 0o644)
 		if err != nil {
 			return nil, fmt.Errorf("wordcount: output: %w", err)
 		}
-		return &lineSink{w: bufio.NewWriter(f), c: f}, nil
+		return &fileSink{f: f}, nil
 	case cfg.OutputURL != "":
 		return &httpSink{url: cfg.OutputURL, client: &http.Client{Timeout: 5 * time.Second}, log: cfg.Logger}, nil
 	default:
@@ -36,10 +39,9 @@ func openSink(cfg Config) (sink, error) {
 	}
 }
 
-// lineSink writes JSON lines through a buffer.
+// lineSink writes JSON lines to stdout through a buffer.
 type lineSink struct {
 	w *bufio.Writer
-	c io.Closer // nil for stdout
 }
 
 func (s *lineSink) Write(_ context.Context, r Record) error {
@@ -61,12 +63,57 @@ func (s *lineSink) Flush(context.Context) error {
 	return nil
 }
 
-func (s *lineSink) Close(ctx context.Context) error {
-	err := s.Flush(ctx)
-	if s.c != nil {
-		if cerr := s.c.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("wordcount: close output: %w", cerr)
+func (s *lineSink) Close(ctx context.Context) error { return s.Flush(ctx) }
+
+// fileSink appends JSON lines to a file that other workers may append to too: records are
+// kept whole in a buffer and written together, under an exclusive flock of the file, at the
+// end of its complete lines (appendLines: a torn last line, left by a crash or a full disk,
+// is cut off first and never joined by the next record).
+type fileSink struct {
+	f   *os.File
+	buf bytes.Buffer
+}
+
+// fileBatch is how much a fileSink buffers before it writes.
+const fileBatch = 64 << 10
+
+func (s *fileSink) Write(ctx context.Context, r Record) error {
+	if err := json.NewEncoder(&s.buf).Encode(r); err != nil {
+		return err
+	}
+	if s.buf.Len() >= fileBatch {
+		return s.Flush(ctx)
+	}
+	return nil
+}
+
+func (s *fileSink) Flush(context.Context) error {
+	if s.buf.Len() == 0 {
+		return nil
+	}
+	fd := int(s.f.Fd())
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX)
+		if err == nil {
+			break
 		}
+		if !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("wordcount: lock output: %w", err)
+		}
+	}
+	err := appendLines(s.f, s.buf.Bytes())
+	_ = unix.Flock(fd, unix.LOCK_UN)
+	if err != nil {
+		return err
+	}
+	s.buf.Reset()
+	return nil
+}
+
+func (s *fileSink) Close(ctx context.Context) error {
+	err := s.Flush(ctx)
+	if cerr := s.f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("wordcount: close output: %w", cerr)
 	}
 	return err
 }

@@ -71,6 +71,10 @@ type Config struct {
 	// Drain bounds the final flush after ctx is done. Default 5s.
 	Drain  time.Duration
 	Logger *slog.Logger
+
+	// beforeFlush, in tests, runs before a ledger worker appends a batch of n records: a
+	// write that is slow to come (a drain held up) is injected there.
+	beforeFlush func(n int)
 }
 
 // ConfigFromEnv fills the identity of a worker from the stormdock worker contract:

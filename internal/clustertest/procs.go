@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -492,6 +493,22 @@ func (c *Cluster) Running(job string) map[cluster.WorkerKey]WorkerAt {
 		for _, w := range rec.Workers {
 			if w.Key.Job == job && w.State == cluster.WorkerRunning {
 				out[w.Key] = WorkerAt{Node: node, PID: w.PID}
+			}
+		}
+	}
+	return out
+}
+
+// Children lists the children of process pid, from /proc: those of each of its threads
+// (a Go program forks from whichever thread runs the goroutine).
+func Children(pid int) []int {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	var out []int
+	for _, task := range tasks {
+		b, _ := os.ReadFile(task)
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
 			}
 		}
 	}

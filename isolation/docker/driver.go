@@ -21,8 +21,10 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/client"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/stormdock/stormdock/isolation"
@@ -64,6 +66,7 @@ type API interface {
 	ContainerLogs(ctx context.Context, container string, options container.LogsOptions) (io.ReadCloser, error)
 	ContainerRename(ctx context.Context, container, newContainerName string) error
 	Events(ctx context.Context, options events.ListOptions) (<-chan events.Message, <-chan error)
+	ImageInspect(ctx context.Context, imageID string, inspectOpts ...client.ImageInspectOption) (image.InspectResponse, error)
 }
 
 // Config configures a Driver.
@@ -190,10 +193,17 @@ func (d *Driver) start(ctx context.Context, spec isolation.Spec) (isolation.Work
 	}
 	// The node label says which agent owns the container, whatever the spec says.
 	lbl[LabelNode] = d.cfg.Node
+	entry, err := d.command(ctx, spec)
+	if err != nil {
+		return isolation.Worker{}, err
+	}
 	pids := spec.PidsLimit()
 	cfg := &container.Config{
-		Image:      spec.Image,
-		Cmd:        spec.Command,
+		Image: spec.Image,
+		// The whole command as the entrypoint, and no cmd: the engine then adds nothing of
+		// the image's, so the program the spec names (the lease launcher) is the container's
+		// init, and an image's ENTRYPOINT cannot take its place.
+		Entrypoint: entry,
 		Env:        spec.Environ(),
 		Labels:     lbl,
 		User:       userOf(spec),
@@ -246,6 +256,32 @@ func (d *Driver) start(ctx context.Context, spec isolation.Spec) (isolation.Work
 	}
 	d.log.Info("worker started", "id", spec.ID, "container", short(created.ID), "pid", v.PID)
 	return v, nil
+}
+
+// command is what a container of spec runs: its command, followed, with ImageCommand, by
+// the image's own entrypoint and cmd, read from the image on this engine (the image the
+// container is made from). Its working directory and environment are the image's too: the
+// engine keeps them (spec.Dir empty, spec's variables added to the image's).
+func (d *Driver) command(ctx context.Context, spec isolation.Spec) ([]string, error) {
+	if !spec.ImageCommand {
+		return spec.Command, nil
+	}
+	info, err := d.api.ImageInspect(ctx, spec.Image)
+	switch {
+	case errdefs.IsNotFound(err):
+		return nil, fmt.Errorf("%w: image %q of worker %s is not on this node: build it here, or push it to a registry the agent pulls from (`stormdock image build --push --tag REGISTRY/NAME:TAG`)",
+			isolation.ErrImageNotFound, spec.Image, spec.ID)
+	case err != nil:
+		return nil, fmt.Errorf("inspect image %s of %s: %w", spec.Image, spec.ID, err)
+	}
+	var own []string
+	if info.Config != nil {
+		own = append(slices.Clone(info.Config.Entrypoint), info.Config.Cmd...)
+	}
+	if len(own) == 0 || own[0] == "" {
+		return nil, fmt.Errorf("%w: image %s of worker %s has neither an entrypoint nor a cmd: give the job a command", isolation.ErrInvalidSpec, spec.Image, spec.ID)
+	}
+	return append(slices.Clone(spec.Command), own...), nil
 }
 
 func mounts(ms []isolation.Mount) []mount.Mount {

@@ -454,3 +454,99 @@ func BenchmarkVersusDockerRun(b *testing.B) {
 	drivertest.ReportLatency(b, "docker-run-life", viaCLI)
 	b.ReportMetric(float64(drivertest.Percentile(viaDriver, 50))/float64(drivertest.Percentile(viaCLI, 50)), "driver/docker-run-p50")
 }
+
+// deriveImage builds tag FROM the test image with the Dockerfile lines given (the docker CLI,
+// classic builder, no context), removed when the test ends.
+func deriveImage(t *testing.T, tag string, lines ...string) {
+	t.Helper()
+	setup(t)
+	cmd := exec.Command("docker", "build", "-q", "--label", "io.stormdock.test="+strconv.Itoa(os.Getpid()), "-t", tag, "-")
+	cmd.Env = append(os.Environ(), "DOCKER_BUILDKIT=0")
+	cmd.Stdin = strings.NewReader("FROM " + runTag + "\n" + strings.Join(lines, "\n") + "\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("docker build %s: %v\n%s", tag, err, out)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = cli.ImageRemove(ctx, tag, image.RemoveOptions{Force: true, PruneChildren: true})
+	})
+}
+
+// A spec with ImageCommand runs the image's own entrypoint and cmd, after the spec's command
+// (a prefix: the lease launcher's, in agents), in the image's working directory and with its
+// environment; an image with neither is refused at start with one line; and a spec's command
+// replaces an image's ENTRYPOINT too, so that what the spec names is what runs.
+func TestImageOwnCommand(t *testing.T) {
+	d := newDriver(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	base := fmt.Sprintf("stormdock-test/own-%d", os.Getpid())
+	deriveImage(t, base+":own", "ENV OWN_VAR=from-image", "WORKDIR /tmp", `ENTRYPOINT ["/job"]`, `CMD ["sleep"]`)
+	deriveImage(t, base+":none", `CMD []`)
+
+	t.Run("own", func(t *testing.T) {
+		spec := harness().Spec(t, "own", "ignored")
+		spec.Command, spec.ImageCommand, spec.Image = nil, true, base+":own"
+		w, err := d.Start(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Stop(ctx, spec.ID, 0)
+		proc := "/proc/" + strconv.Itoa(w.PID)
+		if b, _ := os.ReadFile(proc + "/cmdline"); string(b) != "/job\x00sleep\x00" {
+			t.Errorf("the container runs %q; want the image's entrypoint and cmd, /job sleep", b)
+		}
+		if cwd, err := os.Readlink(proc + "/cwd"); err != nil || cwd != "/tmp" {
+			t.Errorf("working directory %q, %v; want the image's /tmp", cwd, err)
+		}
+		env, _ := os.ReadFile(proc + "/environ")
+		for _, want := range []string{"OWN_VAR=from-image\x00", "STORMDOCK_JOB=test\x00"} {
+			if !strings.Contains(string(env), want) {
+				t.Errorf("environment lacks %q: %q", want, env)
+			}
+		}
+	})
+	t.Run("after a prefix", func(t *testing.T) {
+		spec := harness().Spec(t, "prefixed", "exit", "7")
+		spec.ImageCommand, spec.Image = true, base+":own"
+		w, err := d.Start(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := cli.ContainerInspect(ctx, w.ContainerID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(info.Config.Entrypoint, " "); got != "/job exit 7 /job sleep" || len(info.Config.Cmd) != 0 {
+			t.Errorf("entrypoint %q, cmd %q; want the prefix, then the image's own, and no cmd", got, info.Config.Cmd)
+		}
+		if ex, err := d.Wait(ctx, spec.ID); err != nil || ex.Code != 7 {
+			t.Errorf("exit %+v, %v; want the prefix's program's 7", ex, err)
+		}
+		_, _ = d.Stop(ctx, spec.ID, 0)
+	})
+	t.Run("neither", func(t *testing.T) {
+		spec := harness().Spec(t, "neither")
+		spec.Command, spec.ImageCommand, spec.Image = nil, true, base+":none"
+		_, err := d.Start(ctx, spec)
+		if !errors.Is(err, isolation.ErrInvalidSpec) || !strings.Contains(err.Error(), "neither an entrypoint nor a cmd: give the job a command") || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("start of an image with neither: %v; want one line saying so", err)
+		}
+		if harness().Exists(t, isolation.Worker{Spec: spec}) {
+			t.Error("a container was made for it")
+		}
+	})
+	t.Run("command replaces the entrypoint", func(t *testing.T) {
+		spec := harness().Spec(t, "replaced", "sleep")
+		spec.Image = base + ":own" // its ENTRYPOINT is /job: the command must not become its arguments
+		w, err := d.Start(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Stop(ctx, spec.ID, 0)
+		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(w.PID) + "/cmdline"); string(b) != "/job\x00sleep\x00" {
+			t.Errorf("the container runs %q; want the spec's command alone", b)
+		}
+	})
+}

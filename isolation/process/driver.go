@@ -178,6 +178,9 @@ func (d *Driver) Start(ctx context.Context, spec isolation.Spec) (isolation.Work
 	if err := spec.Validate(); err != nil {
 		return isolation.Worker{}, err
 	}
+	if spec.ImageCommand {
+		return isolation.Worker{}, fmt.Errorf("%w: worker %s asks for its image's own command, and process workers have no image: give the program to run", isolation.ErrInvalidSpec, spec.ID)
+	}
 	if err := ctx.Err(); err != nil {
 		return isolation.Worker{}, err
 	}

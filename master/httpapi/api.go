@@ -148,6 +148,10 @@ func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 	// The registry is asked before the store, outside its retries: a slow registry delays
 	// this submit only.
 	pin := a.m.PinImage(r.Context(), spec, 1)
+	if err := a.m.CheckImageCommand(r.Context(), spec, pin); err != nil {
+		failErr(w, err)
+		return
+	}
 	rec, err := desired.SubmitJobAs(r.Context(), a.store, spec, pin, principalOf(r.Context()).String())
 	if err != nil {
 		failErr(w, err)

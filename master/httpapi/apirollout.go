@@ -44,6 +44,14 @@ func (a *API) updateJob(w http.ResponseWriter, r *http.Request) {
 	if spec.Image != rec.Spec.Image || spec.IsolationMode() != rec.Spec.IsolationMode() {
 		pin = a.m.PinImage(r.Context(), spec, 0)
 	}
+	check := pin
+	if check == nil && rec.Image != nil && rec.Image.Generation == rec.Generation {
+		check = rec.Image // the same image, pinned for the running generation
+	}
+	if err := a.m.CheckImageCommand(r.Context(), spec, check); err != nil {
+		failErr(w, err)
+		return
+	}
 	out, changed, err := desired.UpdateJob(r.Context(), a.store, name, desired.Change{Spec: spec, Pin: pin, Policy: req.Policy, Who: principalOf(r.Context()).String()})
 	if err != nil {
 		failErr(w, err)
