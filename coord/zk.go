@@ -327,6 +327,16 @@ func (s *ZK) Get(ctx context.Context, key string) (Entry, error) {
 	return entryFromStat(key, r.data, r.st), nil
 }
 
+// Sync implements Syncer: a sync of the chroot (ZooKeeper syncs the whole tree whatever the
+// path), retried after connection loss until ctx is done.
+func (s *ZK) Sync(ctx context.Context) error {
+	p := s.path("/")
+	if _, err := read(ctx, s, func() (string, error) { return s.conn.Sync(p) }); err != nil {
+		return fmt.Errorf("coord: sync: %w", err)
+	}
+	return nil
+}
+
 // Put implements KV.
 func (s *ZK) Put(ctx context.Context, key string, value []byte, version int64) (int64, error) {
 	if err := validateWriteKey(key); err != nil {
