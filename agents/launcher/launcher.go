@@ -91,6 +91,11 @@ func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 		defer f.Close()
 	}
 
+	// The lease's generation is read before the worker starts: a renewal in a new
+	// generation right after the start must stop it too.
+	lease.begin = cfg.Clock()
+	_ = lease.lapsed()
+
 	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
 	if self, err := os.Executable(); err == nil && cfg.Command[0] == self {
 		// The agent's own binary (a job's `stormdock` command): through /proc/self/exe,
@@ -105,7 +110,6 @@ func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 	if err != nil {
 		return 0, fmt.Errorf("launch: %w", err)
 	}
-	lease.begin = cfg.Clock()
 	done := make(chan struct{})
 	var waitErr error
 	go func() {
