@@ -243,6 +243,7 @@ type Keeper struct {
 	// (boot clock), if leaderlessSeen.
 	leaderless     time.Duration
 	leaderlessSeen bool
+	redialed       time.Duration // the last coord.Redial (boot clock)
 
 	mu      sync.Mutex
 	status  KeeperStatus
@@ -548,6 +549,13 @@ func (k *Keeper) renew(ctx context.Context, lastOK *time.Duration, probe bool) {
 	detail := probeSummary(probes)
 	verdict := coord.Judge(probes)
 	now := k.clock()
+	if (verdict == coord.StoreUp || verdict == coord.StoreLeaderless) && now-k.redialed > k.cfg.SessionTimeout/2 {
+		// Servers serve, and the one this client talks to passed nothing to the leader in
+		// time (a follower cut off from it answers pings, and the client would stay for two
+		// thirds of the session): move to another while the session lasts.
+		k.redialed = now
+		coord.Redial(k.store)
+	}
 	if verdict == coord.StoreDown {
 		k.lastDown, k.downSeen = now, true
 	} else if k.downSeen && now-k.lastDown < k.cfg.RejoinGrace {

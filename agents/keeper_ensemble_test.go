@@ -50,11 +50,11 @@ func newKeeperLab(t *testing.T) *keeperLab {
 	t.Helper()
 	lab := netlab.ForTest(t)
 	hs := lab.AddHosts(t, "zk1", "zk2", "zk3", "node")
-	// A follower gives up on a leader it no longer hears from after syncLimit ticks: 10s
+	// A follower gives up on a leader it no longer hears from after syncLimit ticks: 6s
 	// here, far longer than the keeper's session, as with ZooKeeper's defaults (10 ticks of
 	// 2s) against sessions of 10s or less.
 	ens := zktest.StartEnsemble(t, 3, zktest.Options{Hosts: []zktest.Host{hs[0], hs[1], hs[2]}, Dial: lab.DialContext,
-		TickTime: 250 * time.Millisecond, SyncLimit: 40})
+		TickTime: 250 * time.Millisecond, SyncLimit: 24})
 	return &keeperLab{t: t, lab: lab, node: hs[3], ens: ens}
 }
 

@@ -213,6 +213,14 @@ func recreate(ctx context.Context, r rawEphemerals, key string, value []byte, cu
 	return err
 }
 
+// Redial makes s leave the server it talks to for another of the store's, within its
+// session, where it has several (a ZooKeeper ensemble); otherwise it does nothing.
+func Redial(s Store) {
+	if r, ok := s.(interface{ Redial() }); ok {
+		r.Redial()
+	}
+}
+
 // GrantedSessionTimeout is the session timeout the store granted s's current session, 0
 // when unknown (no session yet, or a Store that does not say). ZooKeeper may grant less
 // than was asked (its maxSessionTimeout); whatever is bound to the session (worker leases)

@@ -48,6 +48,7 @@ type ZK struct {
 	mu    sync.Mutex
 	owned map[string][]byte // ephemeral keys this client created, with their last value
 	sids  map[int64]bool    // every session id this client has had
+	cur   net.Conn          // the connection zk dialled last (Redial closes it)
 }
 
 var _ Store = (*ZK)(nil)
@@ -103,7 +104,11 @@ func OpenZK(ctx context.Context, servers []string, chroot string, opts Options) 
 		if err != nil {
 			return nil, err
 		}
-		return &grantConn{Conn: deadlineCapConn{c, opts.SessionTimeout, handshake}, granted: &s.granted}, nil
+		gc := &grantConn{Conn: deadlineCapConn{c, opts.SessionTimeout, handshake}, granted: &s.granted}
+		s.mu.Lock()
+		s.cur = gc
+		s.mu.Unlock()
+		return gc, nil
 	}
 	// zk's option type is unexported: the buffer options go in a call of their own.
 	bufSize := zk.WithMaxBufferSize(0)
@@ -617,6 +622,21 @@ func (c deadlineCapConn) SetReadDeadline(t time.Time) error {
 }
 func (c deadlineCapConn) SetWriteDeadline(t time.Time) error {
 	return c.Conn.SetWriteDeadline(c.capped(t))
+}
+
+// Redial drops the connection to the server the client talks to now: zk connects to the next
+// server of its list, within the session, as it does by itself once a server has not
+// answered for two thirds of the session timeout. For a client whose server answers but
+// passes nothing on to the leader (a follower cut off from it: its requests stall while it
+// goes on answering pings for a while), to move before its session runs low.
+func (s *ZK) Redial() {
+	s.mu.Lock()
+	c := s.cur
+	s.mu.Unlock()
+	if c != nil {
+		s.log.Info("coord: dropping the connection to try another server", "server", c.RemoteAddr())
+		_ = c.Close()
+	}
 }
 
 // GrantedSessionTimeout is the session timeout the server granted to the current session:
