@@ -1,17 +1,15 @@
 package agents_test
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
-	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -28,21 +26,6 @@ func stepClock(t *testing.T, d time.Duration) {
 		t.Fatalf("step the clock by %s: %v", d, err)
 	}
 	t.Logf("wall clock stepped by %s: now %s", d, time.Now().Format(time.RFC3339))
-}
-
-// syncCut is a store whose syncs fail while cut: the keeper's renewals (a sync, then a read)
-// fail, as when the store's leader cannot be reached, while the agent's own reads and
-// watches go on.
-type syncCut struct {
-	coord.Store
-	cut atomic.Bool
-}
-
-func (s *syncCut) Sync(ctx context.Context) error {
-	if s.cut.Load() {
-		return fmt.Errorf("coord: sync: %w (cut by the test)", coord.ErrUnavailable)
-	}
-	return s.Store.Sync(ctx)
 }
 
 // Leases are immune to steps of the wall clock. Stepped an hour forward, no worker is killed
@@ -63,7 +46,7 @@ func TestClockStepsNeitherKillNorExtend(t *testing.T) {
 			stepClock(t, -stepped)
 		}
 	})
-	store := &syncCut{Store: h.agentStore()}
+	store := &agents.SyncCut{Store: h.agentStore()}
 	h.start(h.cfg, store)
 	h.assign(h.wa("clk", 0, 1, "run"), h.wa("clk", 1, 1, "run"))
 	before := states(h.waitRecord("workers running", 15*time.Second, allRunning("clk/0", "clk/1")))
@@ -84,7 +67,7 @@ func TestClockStepsNeitherKillNorExtend(t *testing.T) {
 	// Backward, with the keeper cut off: the lease lapses a session timeout after its last
 	// renewal, not an hour more.
 	cut := time.Now()
-	store.cut.Store(true)
+	store.Cut.Store(true)
 	stepClock(t, -time.Hour)
 	stepped -= time.Hour
 	testenv.EventuallyWith(t, "workers stopped with their lease", 30*time.Second, func() (bool, string) {
@@ -100,7 +83,7 @@ func TestClockStepsNeitherKillNorExtend(t *testing.T) {
 		time.Since(cut).Round(time.Millisecond), sessionTimeout)
 
 	// Healed: the keeper renews the lease (a new generation) and the agent runs them again.
-	store.cut.Store(false)
+	store.Cut.Store(false)
 	h.waitRecord("workers running again", 30*time.Second, func(rec cluster.NodeRecord) bool {
 		st := states(rec)
 		return allRunning("clk/0", "clk/1")(rec) && st["clk/0"].PID != before["clk/0"].PID && st["clk/1"].PID != before["clk/1"].PID

@@ -19,15 +19,16 @@ import (
 // These tests drive a keeper's renewals one by one on an injected boot clock, with the
 // store's answers and the probes of its servers scripted, and judge the lease by its file.
 
-// faultyStore is an embedded store whose syncs fail while cut is set, as a client cut off
-// from the store's leader sees them.
-type faultyStore struct {
+// SyncCut is a store whose syncs fail while Cut is set: the keeper's renewals (a sync, then a
+// read) fail, as when the store's leader cannot be reached, while other reads, writes and
+// watches go on. Exported for the package's external tests too.
+type SyncCut struct {
 	coord.Store
-	cut atomic.Bool
+	Cut atomic.Bool
 }
 
-func (s *faultyStore) Sync(ctx context.Context) error {
-	if s.cut.Load() {
+func (s *SyncCut) Sync(ctx context.Context) error {
+	if s.Cut.Load() {
 		return fmt.Errorf("coord: sync: %w (cut by the test)", coord.ErrUnavailable)
 	}
 	return s.Store.Sync(ctx)
@@ -49,7 +50,7 @@ type verdictFixture struct {
 	t      *testing.T
 	k      *Keeper
 	srv    *coord.Server
-	store  *faultyStore
+	store  *SyncCut
 	clock  *fakeClock
 	lease  string
 	lastOK time.Duration
@@ -76,7 +77,7 @@ func newVerdictFixture(t *testing.T) *verdictFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { inner.Close() })
-	f := &verdictFixture{t: t, srv: srv, store: &faultyStore{Store: inner}, clock: newFakeClock(time.Hour),
+	f := &verdictFixture{t: t, srv: srv, store: &SyncCut{Store: inner}, clock: newFakeClock(time.Hour),
 		probes: map[string]coord.ServerState{}, modes: map[string]string{}}
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "leases"), 0o755); err != nil {
@@ -109,7 +110,7 @@ func newVerdictFixture(t *testing.T) *verdictFixture {
 // answer makes the store answer (up) or not, and what each server says to a probe:
 // "follower", "leader" (serving), "hung", "silent", "refused", "not-serving".
 func (f *verdictFixture) answer(up bool, servers ...string) {
-	f.store.cut.Store(!up)
+	f.store.Cut.Store(!up)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i, a := range []string{"a:2181", "b:2181", "c:2181"} {

@@ -128,6 +128,13 @@ func (g *readyGate) set(ready bool) {
 	}
 }
 
+// isReady reports whether the gate is ready now.
+func (g *readyGate) isReady() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.ready
+}
+
 // wait blocks until the gate is ready, ctx is done (ctx.Err()) or the client closes
 // (ErrClosed).
 func (g *readyGate) wait(ctx context.Context) error {

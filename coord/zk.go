@@ -628,8 +628,12 @@ func (c deadlineCapConn) SetWriteDeadline(t time.Time) error {
 // server of its list, within the session, as it does by itself once a server has not
 // answered for two thirds of the session timeout. For a client whose server answers but
 // passes nothing on to the leader (a follower cut off from it: its requests stall while it
-// goes on answering pings for a while), to move before its session runs low.
+// goes on answering pings for a while), to move before its session runs low. A client that
+// is not connected now (it is already moving) is left alone.
 func (s *ZK) Redial() {
+	if !s.gate.isReady() {
+		return
+	}
 	s.mu.Lock()
 	c := s.cur
 	s.mu.Unlock()

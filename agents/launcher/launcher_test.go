@@ -177,6 +177,36 @@ func launchOn(t *testing.T, lease string, ttl time.Duration, clock leasefile.Clo
 	return dir, ch
 }
 
+// recordedLease is a lease file with a record of generation 1 stamped at an hour on clock
+// (set there), its modification time mtime; the writer renews it.
+func recordedLease(t *testing.T, clock *bootClock, mtime time.Time) (string, *leasefile.Writer) {
+	t.Helper()
+	lease := touchLease(t)
+	clock.now.Store(int64(time.Hour))
+	w, err := leasefile.OpenWriter(lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	if err := w.Write(leasefile.Record{Boot: leasefile.BootID(), Gen: 1, Stamp: time.Hour}, mtime); err != nil {
+		t.Fatal(err)
+	}
+	return lease, w
+}
+
+// waitLapse waits for a launcher's end (done) and wants it stopped for its lease.
+func waitLapse(t *testing.T, done <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if !errors.Is(err, launcher.ErrLeaseExpired) {
+			t.Fatalf("err = %v, want ErrLeaseExpired", err)
+		}
+	case <-time.After(testenv.Timeout(20 * time.Second)):
+		t.Fatal("worker not stopped " + what)
+	}
+}
+
 // startedHelpers counts the helper's start reports in dir.
 func startedHelpers(dir string) int {
 	ms, _ := filepath.Glob(filepath.Join(dir, "*.json"))
@@ -187,18 +217,9 @@ func startedHelpers(dir string) int {
 // (which older launchers read, and which the wall clock's steps move) says nothing. It stops
 // the worker once the record's stamp is older than the ttl on that clock.
 func TestRunJudgesTheRecordOnTheBootClock(t *testing.T) {
-	lease := touchLease(t)
 	clock := &bootClock{}
-	clock.now.Store(int64(time.Hour))
-	w, err := leasefile.OpenWriter(lease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
 	// An mtime a day old (the wall clock stepped forward): the record is fresh.
-	if err := w.Write(leasefile.Record{Boot: leasefile.BootID(), Gen: 1, Stamp: time.Hour}, time.Now().Add(-24*time.Hour)); err != nil {
-		t.Fatal(err)
-	}
+	lease, _ := recordedLease(t, clock, time.Now().Add(-24*time.Hour))
 	dir, done := launchOn(t, lease, time.Second, clock.Now)
 	testenv.Eventually(t, "worker started", 10*time.Second, func() bool { return startedHelpers(dir) == 1 })
 	// The boot clock moves within the ttl: the worker runs on, however the wall clock goes.
@@ -217,43 +238,20 @@ func TestRunJudgesTheRecordOnTheBootClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.now.Add(int64(200 * time.Millisecond))
-	select {
-	case err := <-done:
-		if !errors.Is(err, launcher.ErrLeaseExpired) {
-			t.Fatalf("err = %v, want ErrLeaseExpired", err)
-		}
-	case <-time.After(testenv.Timeout(20 * time.Second)):
-		t.Fatal("worker not stopped with its lease past the ttl on the boot clock")
-	}
+	waitLapse(t, done, "with its lease past the ttl on the boot clock")
 }
 
 // A lease renewed in another generation lapsed meanwhile: the worker stops even though the
 // launcher never saw it lapsed (the keeper renewed it first, as after a suspend).
 func TestRunStopsWorkerOnANewGeneration(t *testing.T) {
-	lease := touchLease(t)
 	clock := &bootClock{}
-	clock.now.Store(int64(time.Hour))
-	w, err := leasefile.OpenWriter(lease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	if err := w.Write(leasefile.Record{Boot: leasefile.BootID(), Gen: 1, Stamp: time.Hour}, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	lease, w := recordedLease(t, clock, time.Now())
 	dir, done := launchOn(t, lease, time.Second, clock.Now)
 	testenv.Eventually(t, "worker started", 10*time.Second, func() bool { return startedHelpers(dir) == 1 })
 	if err := w.Write(leasefile.Record{Boot: leasefile.BootID(), Gen: 2, Stamp: time.Hour}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, launcher.ErrLeaseExpired) {
-			t.Fatalf("err = %v, want ErrLeaseExpired", err)
-		}
-	case <-time.After(testenv.Timeout(20 * time.Second)):
-		t.Fatal("worker not stopped after its lease was renewed in a new generation")
-	}
+	waitLapse(t, done, "after its lease was renewed in a new generation")
 	if termFiles(dir) != 1 {
 		t.Error("worker not given SIGTERM to drain")
 	}
