@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/agents/launcher"
+	"github.com/stormdock/stormdock/agents/leasefile"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/isolation"
 )
@@ -43,10 +44,18 @@ func (a *Agent) exitReason(ex isolation.Exit, lost error, grace time.Duration, s
 
 // leaseLapsedAround reports whether the node lease was lapsed at some time within window
 // before at: still lapsed at at (by the file), or within the keeper's last recorded lapse.
+// The comparisons are on the boot clock; at (the driver's time of the exit, taken moments
+// ago) is carried over to it by its age.
 func (a *Agent) leaseLapsedAround(at time.Time, window time.Duration, st KeeperStatus) bool {
-	if fi, err := os.Stat(a.nodeLease()); err == nil && at.After(fi.ModTime().Add(a.leaseTTL())) {
+	now := leasefile.Now()
+	atBoot := now - time.Since(at)
+	if r, err := leasefile.Stamp(a.nodeLease(), leasefile.Now); err == nil && r.Lapsed(atBoot, a.leaseTTL(), leasefile.BootID()) {
 		return true
 	}
+	if st.LapsedBoot != 0 && (st.Boot == "" || st.Boot == leasefile.BootID()) {
+		return st.LapsedFromBoot <= atBoot && st.LapsedBoot >= atBoot-window
+	}
+	// A keeper older than boot stamps.
 	if st.Lapsed.IsZero() {
 		return false
 	}

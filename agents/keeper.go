@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stormdock/stormdock/agents/leasefile"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/atomicfile"
@@ -26,8 +27,11 @@ import (
 // finds its workers running and the master never saw the node go; and it fences the node's
 // workers only on evidence that someone else may now run them:
 //
-//   - the store answers: the lease stamp is the send time of the last request the store
-//     answered, so a worker stops when the server would expire the session, and no later;
+//   - the store's leader answers: the lease stamp is the send time of the last sync-then-read
+//     the store answered (coord.Syncer), so a worker stops when the leader would expire the
+//     session, and no later. A plain read is no such proof: a follower cut off from its
+//     leader answers reads from its own copy for up to syncLimit ticks, while the leader
+//     expires the sessions of the clients it no longer hears of;
 //   - a majority of the store's servers refuse connections, answer that they are not
 //     serving, or hang: no quorum exists, nobody can expire a session or move a worker, so
 //     the stamp keeps up with the clock and workers run on;
@@ -37,7 +41,21 @@ import (
 //   - the agent has been gone for longer than the restart grace (the machine lives, the
 //     agent does not come back): the keeper retires: it lets the leases lapse, waits for the
 //     lease launchers to stop the workers, then removes the node's entry so the master
-//     places them elsewhere.
+//     places them elsewhere;
+//   - the keeper cannot record its status (keeper.json: a full disk): the agent would act on
+//     a status that is no longer true (a session that is gone), so the stamp is held until
+//     the status is recorded again, and the workers stop when their leases lapse.
+//
+// Suspicion ages out: the keeper judges the store from probes only while its requests fail,
+// and what it concluded then (a server seen hung, when a leaderless store was first seen, the
+// last time the store was down for everyone) holds for that fault alone: every answer that
+// went through the store's leader ends it, so that the next fault, weeks later, is judged
+// afresh.
+//
+// Every time the keeper keeps is on the machine's boot clock (package leasefile): the lease
+// stamps it writes, the starts of its verdicts, the agent's last sign of life. A step of the
+// wall clock changes none of them; a machine resumed from suspend finds them as old as they
+// are.
 //
 // The agent and its keeper share files in the agent's state directory: the agent writes
 // node.json (the node record) and touches agent.alive every heartbeat; the keeper writes
@@ -80,21 +98,31 @@ type KeeperStatus struct {
 	State   string    `json:"state"`
 	Since   time.Time `json:"since"`
 	Detail  string    `json:"detail,omitempty"`
-	// Stamp is the lease stamp: leases run out at Stamp + SessionTimeout.
+	// Stamp is the lease stamp in wall-clock time, for people: leases run out at Stamp + the
+	// ttl. What counts is StampBoot.
 	Stamp time.Time `json:"stamp"`
+	// StampBoot is the lease stamp on the boot clock (leasefile.Now, nanoseconds), Boot the
+	// boot it belongs to and Gen the lease's generation: the lease file's record.
+	StampBoot time.Duration `json:"stampBoot,omitempty"`
+	Boot      string        `json:"boot,omitempty"`
+	Gen       uint64        `json:"gen,omitempty"`
 	// Writes counts the keeper's writes of the node's entry.
 	Writes int64 `json:"writes"`
 	// Lapsed is the last time the keeper knows the leases were lapsed: it renewed them
 	// (or found them still) past Stamp + ttl. The agent trusts a worker's "lease lapsed"
 	// exit (launcher.ExitLeaseLapsed) only near such a time: a worker cannot write here.
 	// LapsedFrom is when that lapse began: the stamp it ran out from, plus the ttl.
-	Lapsed     time.Time `json:"lapsed,omitzero"`
-	LapsedFrom time.Time `json:"lapsedFrom,omitzero"`
+	// LapsedBoot and LapsedFromBoot are the same on the boot clock, and count where given
+	// (a keeper older than them writes only the wall-clock times).
+	Lapsed         time.Time     `json:"lapsed,omitzero"`
+	LapsedFrom     time.Time     `json:"lapsedFrom,omitzero"`
+	LapsedBoot     time.Duration `json:"lapsedBoot,omitempty"`
+	LapsedFromBoot time.Duration `json:"lapsedFromBoot,omitempty"`
 }
 
-// canRun reports whether workers may be started in this state: not once their leases are
-// lapsing.
-func (s KeeperStatus) canRun() bool {
+// canRun reports whether workers may be started in this state at now (on the boot clock):
+// not once their leases are lapsing.
+func (s KeeperStatus) canRun(now time.Duration) bool {
 	switch s.State {
 	case KeeperLive, KeeperStoreDown, KeeperRejoining, KeeperLeaderless:
 		return s.Session != 0
@@ -103,7 +131,10 @@ func (s KeeperStatus) canRun() bool {
 		// while the state stays silent, the master may run the workers elsewhere, and a worker
 		// restarted here would run twice until its launcher stops it (seen across hosts: a
 		// crashed worker's backoff ending during a partition).
-		return s.Session != 0 && time.Since(s.Stamp) < s.ttl()
+		if s.StampBoot == 0 { // a keeper older than boot stamps
+			return s.Session != 0 && time.Since(s.Stamp) < s.ttl()
+		}
+		return s.Session != 0 && now-s.StampBoot < s.ttl() && (s.Boot == "" || s.Boot == leasefile.BootID())
 	}
 	return false
 }
@@ -147,6 +178,12 @@ type KeeperConfig struct {
 	// Dial reaches the store's servers for probes; nil uses net.Dialer.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger *slog.Logger
+	// Clock is the boot clock every time the keeper keeps is on; nil: leasefile.Now.
+	Clock leasefile.Clock
+
+	// probe asks the store's servers; nil: coord.ProbeServers. Tests script it.
+	probe func(ctx context.Context, addrs []string, timeout time.Duration,
+		dial func(ctx context.Context, network, addr string) (net.Conn, error)) []coord.ServerProbe
 }
 
 func (c *KeeperConfig) defaults() error {
@@ -172,6 +209,12 @@ func (c *KeeperConfig) defaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Clock == nil {
+		c.Clock = leasefile.Now
+	}
+	if c.probe == nil {
+		c.probe = coord.ProbeServers
+	}
 	return nil
 }
 
@@ -187,13 +230,20 @@ type Keeper struct {
 	addrs []string // the store's servers, for probes (none for an embedded store)
 	key   string   // the node's entry
 
-	notify    chan struct{}
-	retireCh  chan struct{}                // closed by Retire
-	lastProbe map[string]coord.ServerState // the Run loop's alone
-	lastDown  time.Time                    // the last probe that found the store down, the Run loop's
-	// leaderless is when probes started finding the store leaderless (zero: they do not),
-	// the Run loop's.
-	leaderless time.Time
+	notify   chan struct{}
+	retireCh chan struct{} // closed by Retire
+	clock    leasefile.Clock
+	lease    *leasefile.Writer // the node lease, open while Run runs
+
+	// Suspicion, the Run loop's alone; every answer through the leader clears it (forgive).
+	lastProbe map[string]coord.ServerState // each server's last probe
+	lastDown  time.Duration                // the last probe that found the store down (boot clock), if downSeen
+	downSeen  bool
+	// leaderless is when probes first found the store leaderless since the last answer
+	// (boot clock), if leaderlessSeen.
+	leaderless     time.Duration
+	leaderlessSeen bool
+	redialed       time.Duration // the last coord.Redial (boot clock)
 
 	// removeTries counts failed removals of the node's entry while retiring, the Run loop's.
 	removeTries int
@@ -202,6 +252,9 @@ type Keeper struct {
 	status  KeeperStatus
 	retired sync.Once
 	fileMu  sync.Mutex // serializes writes of keeper.json
+	// stale: the last write of keeper.json failed, so the agent may be acting on a status
+	// that is no longer true; leases are not renewed until a write succeeds (under mu).
+	stale bool
 }
 
 // NewKeeper returns a keeper for the node, holding its entry in store (whose session timeout
@@ -215,7 +268,7 @@ func NewKeeper(cfg KeeperConfig, store coord.Store) (*Keeper, error) {
 		return nil, fmt.Errorf("keeper: %w", err)
 	}
 	k := &Keeper{cfg: cfg, store: store, key: key, log: cfg.Logger.With("node", cfg.Node, "component", "keeper"),
-		notify: make(chan struct{}, 1), retireCh: make(chan struct{})}
+		notify: make(chan struct{}, 1), retireCh: make(chan struct{}), clock: cfg.Clock}
 	storeName := ""
 	if t, err := coord.ParseURL(cfg.Store); err == nil {
 		k.addrs, storeName = t.Servers, t.String()
@@ -280,10 +333,15 @@ func (k *Keeper) Run(ctx context.Context) error {
 		return fmt.Errorf("keeper: %w", err)
 	}
 	defer unlock()
-	lease, err := ensureNodeLease(k.cfg.StateDir)
+	lp, err := ensureNodeLease(k.cfg.StateDir)
 	if err != nil {
 		return err
 	}
+	if k.lease, err = leasefile.OpenWriter(lp); err != nil {
+		return fmt.Errorf("keeper: %w", err)
+	}
+	defer k.lease.Close()
+	k.loadLease(lp)
 	w := &recordWriter{k: k, nw: &nodeWriter{store: k.store, key: k.key, host: k.cfg.Host, log: k.log, version: -1},
 		wake: make(chan struct{}, 1)}
 	wctx, stopWriter := context.WithCancel(ctx)
@@ -299,13 +357,15 @@ func (k *Keeper) Run(ctx context.Context) error {
 	sessions := k.store.SessionEvents(ctx)
 	tick := time.NewTicker(k.cfg.renewInterval())
 	defer tick.Stop()
+	// Times on the boot clock; 0 is none (the clock is past 0 once anything runs).
 	var (
-		lastOK     time.Time // send time of the last request the store answered
-		agentSeen  = time.Now()
-		retireFrom time.Time
+		lastOK     time.Duration // send time of the last sync-then-read the store answered
+		agentSeen  = k.clock()   // when the agent last touched agent.alive, as the keeper saw it
+		aliveMod   = agentAliveMod(k.cfg.StateDir)
+		retireFrom time.Duration
 	)
 	w.push(true)
-	k.renew(ctx, lease, &lastOK, false)
+	k.renew(ctx, &lastOK, false)
 	retireCh := k.retireCh
 	for {
 		select {
@@ -324,42 +384,46 @@ func (k *Keeper) Run(ctx context.Context) error {
 		case <-k.notify:
 			w.push(false)
 		case <-retireCh:
-			if retireFrom.IsZero() {
+			if retireFrom == 0 {
 				k.log.Warn("asked to retire the node")
-				retireFrom = time.Now()
+				retireFrom = k.clock()
 			}
 			retireCh = nil
 		case <-tick.C:
 			if k.cfg.RestartGrace > 0 {
-				seen := agentAlive(k.cfg.StateDir)
-				if seen.After(agentSeen) {
-					agentSeen = seen
+				// The agent's sign of life is a change of agent.alive's modification time,
+				// timed on the keeper's own clock: the time the agent wrote there is of the
+				// wall clock, which may step.
+				now := k.clock()
+				if mod := agentAliveMod(k.cfg.StateDir); !mod.Equal(aliveMod) {
+					aliveMod, agentSeen = mod, now
 				}
-				away := time.Since(agentSeen) > 3*k.cfg.renewInterval()+time.Second
-				if w.setAway(away, agentSeen) {
+				away := now-agentSeen > 3*k.cfg.renewInterval()+time.Second
+				if w.setAway(away, leasefile.Wall(agentSeen, k.clock)) {
 					if away {
-						k.log.Warn("agent not running: its workers keep running for the restart grace", "grace", k.cfg.RestartGrace, "last_seen", agentSeen)
+						k.log.Warn("agent not running: its workers keep running for the restart grace", "grace", k.cfg.RestartGrace,
+							"last_seen", leasefile.Wall(agentSeen, k.clock))
 					} else {
 						k.log.Info("agent back")
 					}
 					w.push(false)
 				}
-				if time.Since(agentSeen) > k.cfg.RestartGrace && retireFrom.IsZero() {
-					retireFrom = time.Now()
+				if now-agentSeen > k.cfg.RestartGrace && retireFrom == 0 {
+					retireFrom = now
 					k.log.Warn("agent gone for longer than the restart grace: retiring the node", "grace", k.cfg.RestartGrace)
 				}
 			}
-			if !retireFrom.IsZero() {
+			if retireFrom != 0 {
 				// No record is written any more: one written after the entry's removal
 				// would bring the node back.
 				stopWriter()
 				<-writerDone
-				if k.retire(ctx, lease, w.nw, retireFrom) {
+				if k.retire(ctx, lp, w.nw, retireFrom) {
 					return nil
 				}
 				continue
 			}
-			k.renew(ctx, lease, &lastOK, true)
+			k.renew(ctx, &lastOK, true)
 		}
 	}
 }
@@ -459,75 +523,97 @@ func (w *recordWriter) run(ctx context.Context) {
 // renew asks the store and sets the lease stamp from its answer (see the package comment at
 // the top of this file). probe says whether to probe the servers when the store does not
 // answer.
-func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, probe bool) {
+func (k *Keeper) renew(ctx context.Context, lastOK *time.Duration, probe bool) {
 	iv := k.cfg.renewInterval()
-	sent := time.Now()
+	sent := k.clock()
 	pctx, cancel := context.WithTimeout(ctx, iv)
-	_, err := k.store.Get(pctx, k.key)
+	err := k.ask(pctx)
 	cancel()
-	if err == nil || errors.Is(err, coord.ErrNotFound) {
+	if err == nil {
+		k.forgive()
 		k.dropLostSession()
 		*lastOK = sent
-		k.setState(KeeperLive, "", sent, lease)
+		k.setState(KeeperLive, "", sent)
 		return
 	}
-	if ctx.Err() != nil || lastOK.IsZero() {
+	if ctx.Err() != nil || *lastOK == 0 {
 		return
 	}
 	if !probe || len(k.addrs) == 0 {
-		k.setState(KeeperDisconnected, err.Error(), *lastOK, lease)
+		k.setState(KeeperDisconnected, err.Error(), *lastOK)
 		return
 	}
 	// The probe's own timeout must end first: a probe cut short by its context counts as
 	// serving (unknown), and a wedged server would then look alive.
 	pctx, cancel = context.WithTimeout(ctx, 2*iv)
-	probes := coord.ProbeServers(pctx, k.addrs, iv, k.cfg.Dial)
+	probes := k.cfg.probe(pctx, k.addrs, iv, k.cfg.Dial)
 	cancel()
 	k.stickHung(probes)
 	detail := probeSummary(probes)
 	verdict := coord.Judge(probes)
-	if verdict != coord.StoreLeaderless {
-		k.leaderless = time.Time{}
+	now := k.clock()
+	if (verdict == coord.StoreUp || verdict == coord.StoreLeaderless) && now-k.redialed > k.cfg.SessionTimeout/2 {
+		// Servers serve, and the one this client talks to passed nothing to the leader in
+		// time (a follower cut off from it answers pings, and the client would stay for two
+		// thirds of the session): move to another while the session lasts.
+		k.redialed = now
+		coord.Redial(k.store)
 	}
 	if verdict == coord.StoreDown {
-		k.lastDown = time.Now()
-	} else if !k.lastDown.IsZero() && time.Since(k.lastDown) < k.cfg.RejoinGrace {
+		k.lastDown, k.downSeen = now, true
+	} else if k.downSeen && now-k.lastDown < k.cfg.RejoinGrace {
 		// The store is back from an outage it had for everyone, and this node has not got
 		// its session back yet (it may have expired as the ensemble resumed): the masters
 		// wait --reregister-grace for nodes after an outage, so the workers run on while the
 		// node rejoins, for RejoinGrace at most.
-		k.setState(KeeperRejoining, detail, k.aheadStamp(), lease)
+		k.setState(KeeperRejoining, detail, k.aheadStamp())
 		return
 	}
 	switch verdict {
 	case coord.StoreDown:
-		k.setState(KeeperStoreDown, detail, k.aheadStamp(), lease)
+		k.setState(KeeperStoreDown, detail, k.aheadStamp())
 	case coord.StoreLeaderless:
 		// The leader's host is lost and its followers have not noticed yet: nobody's
 		// session expires across the election that follows, so the workers run on, as
 		// when the store is down. Should this node alone be cut off from a leader the
 		// others still follow, its client reconnects through a follower within the
 		// session, or learns that the session expired; the leases lapse LeaderlessHold
-		// after the first such verdict in any case.
-		now := time.Now()
-		if k.leaderless.IsZero() {
-			k.leaderless = now
+		// after the first such verdict of this fault in any case (the first since the
+		// store last answered: a verdict that comes and goes within one fault does not
+		// start the hold again).
+		if !k.leaderlessSeen {
+			k.leaderless, k.leaderlessSeen = now, true
 		}
-		stamp := k.aheadStamp()
-		if end := k.leaderless.Add(k.cfg.leaderlessHold() - k.cfg.SessionTimeout); stamp.After(end) {
-			stamp = end
-		}
-		k.setState(KeeperLeaderless, detail, stamp, lease)
+		stamp := min(k.aheadStamp(), k.leaderless+k.cfg.leaderlessHold()-k.cfg.SessionTimeout)
+		k.setState(KeeperLeaderless, detail, stamp)
 	case coord.StoreSilent:
 		// Held back: run on for StoreSilence after the last answer, then lapse.
-		stamp := lastOK.Add(k.cfg.StoreSilence - k.cfg.SessionTimeout)
-		if now := time.Now(); stamp.After(now) {
-			stamp = now
-		}
-		k.setState(KeeperSilent, detail, stamp, lease)
+		stamp := min(*lastOK+k.cfg.StoreSilence-k.cfg.SessionTimeout, now)
+		k.setState(KeeperSilent, detail, stamp)
 	default:
-		k.setState(KeeperDisconnected, detail, *lastOK, lease)
+		k.setState(KeeperDisconnected, detail, *lastOK)
 	}
+}
+
+// ask is the keeper's question to the store: a sync, then a read of the node's entry
+// (missing is an answer too). Its answer proves that the store's leader heard from this
+// client since it was sent (coord.Syncer), not just some server.
+func (k *Keeper) ask(ctx context.Context) error {
+	if err := k.store.Sync(ctx); err != nil {
+		return err
+	}
+	if _, err := k.store.Get(ctx, k.key); err != nil && !errors.Is(err, coord.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// forgive ends the suspicion of the last fault: the store's leader answered. A server seen
+// hung is no longer presumed so, and the next fault's verdicts (leaderless, down) have starts
+// of their own.
+func (k *Keeper) forgive() {
+	clear(k.lastProbe)
+	k.downSeen, k.leaderlessSeen = false, false
 }
 
 // aheadStamp is the stamp while nobody can move the node's workers (the store is down for
@@ -535,13 +621,15 @@ func (k *Keeper) renew(ctx context.Context, lease string, lastOK *time.Time, pro
 // timeout ahead of now, so that a keeper starved of cpu for a moment (everything resumes at
 // once after an outage) does not let the leases lapse. At most twice the session timeout
 // from its last renewal, which stays below the masters' re-registration window.
-func (k *Keeper) aheadStamp() time.Time { return time.Now().Add(k.cfg.SessionTimeout) }
+func (k *Keeper) aheadStamp() time.Duration { return k.clock() + k.cfg.SessionTimeout }
 
 // stickHung keeps a server that was seen hung (it accepted a connection and never answered)
 // hung while later probes time out connecting: a stopped or wedged process stops accepting,
 // its accept queue fills up, and the kernel then drops new connections as a partition would.
-// Any answer from it (serving, not serving, refused) ends that. Being cut off from a server
-// that was already wedged would take two faults at once.
+// Any answer from it (serving, not serving, refused) ends that, and so does any answer of
+// the store through its leader (forgive): being cut off from a server that was already
+// wedged would take two faults at once, and a wedged server that answers again is no longer
+// the fault it was.
 func (k *Keeper) stickHung(probes []coord.ServerProbe) {
 	if k.lastProbe == nil {
 		k.lastProbe = map[string]coord.ServerState{}
@@ -556,43 +644,93 @@ func (k *Keeper) stickHung(probes []coord.ServerProbe) {
 	}
 }
 
+// loadLease takes the node lease as a keeper before this one left it (or a new, empty one):
+// its stamp holds until this keeper renews it, and whether it lapsed meanwhile decides its
+// next generation.
+func (k *Keeper) loadLease(path string) {
+	r, err := leasefile.Stamp(path, k.clock)
+	if err != nil {
+		if !errors.Is(err, leasefile.ErrEmpty) {
+			k.log.Warn("node lease unreadable: a new generation starts", "err", err)
+		}
+		return
+	}
+	k.mu.Lock()
+	k.status.StampBoot, k.status.Boot, k.status.Gen = r.Stamp, r.Boot, r.Gen
+	k.status.Stamp = leasefile.Wall(r.Stamp, k.clock)
+	k.mu.Unlock()
+}
+
 // setState records the state and moves the lease stamp forward (never back: a launcher may
-// have seen the later one).
-func (k *Keeper) setState(state, detail string, stamp time.Time, lease string) {
+// have seen the later one). A lease renewed after it lapsed starts a new generation: its
+// launchers stop their workers even if they did not look while it was lapsed. While the
+// keeper's status cannot be recorded, the stamp stays where it is.
+func (k *Keeper) setState(state, detail string, stamp time.Duration) {
+	now := k.clock()
+	boot := leasefile.BootID()
 	k.mu.Lock()
 	st := k.status
-	if stamp.Before(st.Stamp) {
-		stamp = st.Stamp
+	if stamp < st.StampBoot {
+		stamp = st.StampBoot
 	}
-	now := time.Now()
 	changed := st.State != state
 	if changed {
-		st.Since = now
+		st.Since = time.Now()
 	}
-	// The lease file held st.Stamp until this write: past its ttl, the launchers have seen
-	// it lapsed (and stopped their workers).
-	from := st.Stamp.Add(st.ttl())
-	lapsed := !st.Stamp.IsZero() && now.After(from)
+	// The lease file held st's stamp until this write: past its ttl (or of another boot),
+	// the launchers have seen it lapsed (and stopped their workers).
+	had := st.StampBoot != 0
+	rec := leasefile.Record{Boot: st.Boot, Gen: st.Gen, Stamp: st.StampBoot}
+	lapsed := had && rec.Lapsed(now, st.ttl(), boot)
 	if lapsed {
-		st.Lapsed, st.LapsedFrom = now, from
+		from := st.StampBoot + st.ttl()
+		if st.Boot != boot && boot != "" {
+			from = 0 // all of this boot
+		}
+		st.LapsedBoot, st.LapsedFromBoot = now, from
+		st.Lapsed, st.LapsedFrom = time.Now(), leasefile.Wall(from, k.clock)
 	}
-	st.State, st.Detail, st.Stamp = state, detail, stamp
+	renew := stamp > st.StampBoot || !had
+	if renew {
+		// A new generation when the renewal revives a lapsed lease (or makes the first).
+		if (lapsed || !had) && now-stamp <= st.ttl() {
+			st.Gen++
+		}
+		st.StampBoot, st.Boot = stamp, boot
+		st.Stamp = leasefile.Wall(stamp, k.clock)
+	}
+	st.State, st.Detail = state, detail
+	stale := k.stale
+	held := k.status
 	k.status = st
 	k.mu.Unlock()
-	if lapsed {
-		// The lapse is on record before the renewal: an agent that finds the lease renewed
-		// when its worker's launcher stopped it for the lapse then finds the lapse too.
-		k.writeStatus()
-	}
-	if err := os.Chtimes(lease, stamp, stamp); err != nil {
-		k.log.Warn("renew leases", "err", err)
-	}
 	if changed {
 		k.log.Info("keeper state", "state", state, "detail", detail)
-		k.writeStatus()
-	} else if state != KeeperLive {
-		k.writeStatus() // the agent reads the stamp
 	}
+	// The status is on record before the lease is renewed: an agent that finds the lease
+	// renewed when its worker's launcher stopped it for a lapse then finds the lapse too, and
+	// an agent never acts on a lease renewed for a status it cannot read. Outside the live
+	// state the status is written every time (the agent reads the stamp).
+	if lapsed || stale || changed || state != KeeperLive {
+		if err := k.writeStatus(); err != nil {
+			k.holdLease(held)
+			return
+		}
+	}
+	if renew {
+		if err := k.lease.Write(leasefile.Record{Boot: st.Boot, Gen: st.Gen, Stamp: st.StampBoot}, st.Stamp); err != nil {
+			k.log.Warn("renew leases", "err", err)
+		}
+	}
+}
+
+// holdLease puts the lease's last stamp back into the status after its renewal was refused:
+// keeper.json could not be written.
+func (k *Keeper) holdLease(held KeeperStatus) {
+	k.mu.Lock()
+	k.status.StampBoot, k.status.Boot, k.status.Gen, k.status.Stamp = held.StampBoot, held.Boot, held.Gen, held.Stamp
+	k.status.Lapsed, k.status.LapsedFrom, k.status.LapsedBoot, k.status.LapsedFromBoot = held.Lapsed, held.LapsedFrom, held.LapsedBoot, held.LapsedFromBoot
+	k.mu.Unlock()
 }
 
 // dropLostSession clears the status's session when the store answers in another one (a new
@@ -611,7 +749,7 @@ func (k *Keeper) dropLostSession() {
 	k.mu.Unlock()
 	if lost {
 		k.log.Info("node's session lost: registering in the new one", "lost", old, "session", sid)
-		k.writeStatus()
+		_ = k.writeStatus() // a failure holds the leases (setState)
 	}
 }
 
@@ -622,36 +760,47 @@ func (k *Keeper) setSession(id int64) {
 	k.mu.Unlock()
 	if changed {
 		k.log.Info("node registered", "session", id)
-		k.writeStatus()
+		_ = k.writeStatus() // a failure holds the leases (setState)
 	}
 }
 
 // writeStatus replaces keeper.json atomically. The Run loop and the record writer both call
-// it: one at a time, so that an older status is never renamed over a newer one.
-func (k *Keeper) writeStatus() {
+// it: one at a time, so that an older status is never renamed over a newer one. A failure
+// (a full disk) makes the status stale: the agent may act on what the file still says, so
+// the leases are not renewed (setState) until a write succeeds again.
+func (k *Keeper) writeStatus() error {
 	k.fileMu.Lock()
 	defer k.fileMu.Unlock()
 	b, _ := json.Marshal(k.Status())
-	if err := atomicfile.WriteFile(filepath.Join(k.cfg.StateDir, keeperStatusFile), b, 0o600); err != nil {
-		k.log.Warn("write keeper status", "err", err)
+	err := atomicfile.WriteFile(filepath.Join(k.cfg.StateDir, keeperStatusFile), b, 0o600)
+	k.mu.Lock()
+	was := k.stale
+	k.stale = err != nil
+	k.mu.Unlock()
+	switch {
+	case err != nil && !was:
+		k.log.Error("cannot record the keeper's status: leases are not renewed until it is; their workers stop when they lapse", "err", err)
+	case err == nil && was:
+		k.log.Info("keeper's status recorded again: leases renewed")
 	}
+	return err
 }
 
 // retire lets the leases lapse, waits for the lease launchers to stop the workers, then
 // removes the node's entry. It reports whether it is done.
-func (k *Keeper) retire(ctx context.Context, lease string, w *nodeWriter, from time.Time) bool {
+func (k *Keeper) retire(ctx context.Context, lease string, w *nodeWriter, from time.Duration) bool {
 	st := k.Status()
 	if st.State != KeeperRetiring {
 		k.mu.Lock()
 		k.status.State, k.status.Since, k.status.Detail = KeeperRetiring, time.Now(), "agent gone for longer than the restart grace"
 		k.mu.Unlock()
-		k.writeStatus()
+		_ = k.writeStatus()
 	}
 	// Every launcher holds a shared lock on its lease (a hard link of the node lease): none
 	// left means every worker has stopped. A worker that ignores SIGTERM is killed by its
 	// launcher after its grace; the bound covers launchers of workers started without one.
 	idle := leaseIdle(lease)
-	if !idle && time.Since(from) < k.cfg.SessionTimeout+2*time.Minute {
+	if !idle && k.clock()-from < k.cfg.SessionTimeout+2*time.Minute {
 		return false
 	}
 	if !idle {
@@ -698,8 +847,9 @@ func markAgentAway(rec []byte, since time.Time, grace time.Duration) []byte {
 	return b
 }
 
-// agentAlive is when the agent last touched agent.alive.
-func agentAlive(stateDir string) time.Time {
+// agentAliveMod is agent.alive's modification time (zero if missing): the agent touches it
+// every heartbeat, and the keeper notes when it changes.
+func agentAliveMod(stateDir string) time.Time {
 	fi, err := os.Stat(filepath.Join(stateDir, agentAliveFile))
 	if err != nil {
 		return time.Time{}

@@ -8,14 +8,16 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/stormdock/stormdock/agents/leasefile"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/internal/atomicfile"
 	"github.com/stormdock/stormdock/isolation"
 )
 
-// A lease is a file whose modification time says how long its worker may run: every worker
-// runs under the launcher (see Launch), which stops the worker once the lease is older than
-// its ttl. Each worker's lease is a hard link of the node lease (leases/.node) that the
+// A lease is a file whose record (package leasefile: a stamp on the machine's boot clock and
+// a generation) says how long its worker may run: every worker runs under the launcher (see
+// Launch), which stops the worker once the lease is older than its ttl or of another
+// generation. Each worker's lease is a hard link of the node lease (leases/.node) that the
 // node's keeper renews, so one renewal renews every worker's, and a worker stops by itself
 // when its keeper stops renewing: the node lost its session, or its agent is gone for good.
 // Each worker has a directory of its own so that docker workers get exactly their lease
@@ -58,10 +60,10 @@ func (a *Agent) writeConfig(id string, wa cluster.WorkerAssignment, u *isolation
 func (a *Agent) nodeLease() string { return filepath.Join(a.leasesDir(), nodeLeaseName) }
 
 // leaseValid reports whether the node lease, which every worker's is a link of, lets a
-// worker run now, with a margin for a launcher's check interval.
-func (a *Agent) leaseValid(now time.Time) bool {
-	fi, err := os.Stat(a.nodeLease())
-	return err == nil && now.Before(fi.ModTime().Add(a.leaseTTL()*3/4))
+// worker run at now (on the boot clock), with a margin for a launcher's check interval.
+func (a *Agent) leaseValid(now time.Duration) bool {
+	r, err := leasefile.Stamp(a.nodeLease(), leasefile.Now)
+	return err == nil && !r.Lapsed(now, a.leaseTTL()*3/4, leasefile.BootID())
 }
 
 func (a *Agent) aliveFile() string { return filepath.Join(a.cfg.StateDir, agentAliveFile) }

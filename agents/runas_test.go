@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stormdock/stormdock/agents"
+	"github.com/stormdock/stormdock/agents/leasefile"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/isolation"
@@ -253,8 +254,10 @@ func TestRunAsUser(t *testing.T) {
 		t.Errorf("the worker reading its token %s: %q, %v", token, out, err)
 	}
 	lease := filepath.Join(filepath.Dir(token), "lease")
-	if out, err := asNobody("cat", lease); err != nil || out != "" {
+	if out, err := asNobody("cat", lease); err != nil {
 		t.Errorf("the worker reading its lease: %q, %v", out, err)
+	} else if _, err := leasefile.Parse([]byte(out)); err != nil {
+		t.Errorf("the worker's lease %q: %v", out, err)
 	}
 	secret := []string{credFile, filepath.Join(h.stateDir, "node.json"), filepath.Join(h.stateDir, "agent.lock")}
 	recs, _ := filepath.Glob(filepath.Join(h.stateDir, "workers", "*.json"))

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/stormdock/stormdock/agents/leasefile"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -35,7 +36,8 @@ func (r *run) gate() gate {
 	// The keeper's word is not enough: after a pause of the node (its keeper stopped too)
 	// its status still says live, with the session it had. The lease itself says whether a
 	// worker started now may run.
-	g.canRun = st.canRun() && r.a.leaseValid(time.Now())
+	now := leasefile.Now()
+	g.canRun = st.canRun(now) && r.a.leaseValid(now)
 	return g
 }
 

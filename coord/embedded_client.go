@@ -259,6 +259,15 @@ func (c *Embedded) Get(ctx context.Context, key string) (Entry, error) {
 	return e, nil
 }
 
+// Sync implements Syncer: the embedded server is the whole store, so a client with a session
+// is in sync with it.
+func (c *Embedded) Sync(ctx context.Context) error {
+	if err := c.live(); err != nil {
+		return fmt.Errorf("coord: sync: %w", err)
+	}
+	return ctx.Err()
+}
+
 // Put implements KV.
 func (c *Embedded) Put(ctx context.Context, key string, value []byte, version int64) (int64, error) {
 	if err := validateWriteKey(key); err != nil {

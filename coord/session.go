@@ -128,6 +128,13 @@ func (g *readyGate) set(ready bool) {
 	}
 }
 
+// isReady reports whether the gate is ready now.
+func (g *readyGate) isReady() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.ready
+}
+
 // wait blocks until the gate is ready, ctx is done (ctx.Err()) or the client closes
 // (ErrClosed).
 func (g *readyGate) wait(ctx context.Context) error {
@@ -211,6 +218,14 @@ func recreate(ctx context.Context, r rawEphemerals, key string, value []byte, cu
 		}
 	}
 	return err
+}
+
+// Redial makes s leave the server it talks to for another of the store's, within its
+// session, where it has several (a ZooKeeper ensemble); otherwise it does nothing.
+func Redial(s Store) {
+	if r, ok := s.(interface{ Redial() }); ok {
+		r.Redial()
+	}
 }
 
 // GrantedSessionTimeout is the session timeout the store granted s's current session, 0

@@ -177,11 +177,26 @@ type Session interface {
 	SessionEvents(ctx context.Context) <-chan SessionEvent
 }
 
+// Syncer proves that the store's quorum answers this client.
+type Syncer interface {
+	// Sync returns once the server this client talks to has heard from the store's leader
+	// since the call: ZooKeeper sends sync to the leader and answers it once the leader has
+	// answered, and a leader answers only while a quorum follows it (it steps down after
+	// syncLimit ticks without one). A read after Sync is as fresh as the leader's view when
+	// Sync was sent. A plain read is not: a follower cut off from its leader goes on
+	// answering reads from its own copy, and on answering its clients' pings, until it
+	// notices (syncLimit ticks), while the leader may already have expired their sessions.
+	// The embedded store is its own leader: Sync returns at once while the client has a
+	// session.
+	Sync(ctx context.Context) error
+}
+
 // Store is a coordination store client with its own session.
 type Store interface {
 	KV
 	Watcher
 	Session
+	Syncer
 	io.Closer
 }
 

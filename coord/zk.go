@@ -48,6 +48,7 @@ type ZK struct {
 	mu    sync.Mutex
 	owned map[string][]byte // ephemeral keys this client created, with their last value
 	sids  map[int64]bool    // every session id this client has had
+	cur   net.Conn          // the connection zk dialled last (Redial closes it)
 }
 
 var _ Store = (*ZK)(nil)
@@ -103,7 +104,11 @@ func OpenZK(ctx context.Context, servers []string, chroot string, opts Options) 
 		if err != nil {
 			return nil, err
 		}
-		return &grantConn{Conn: deadlineCapConn{c, opts.SessionTimeout, handshake}, granted: &s.granted}, nil
+		gc := &grantConn{Conn: deadlineCapConn{c, opts.SessionTimeout, handshake}, granted: &s.granted}
+		s.mu.Lock()
+		s.cur = gc
+		s.mu.Unlock()
+		return gc, nil
 	}
 	// zk's option type is unexported: the buffer options go in a call of their own.
 	bufSize := zk.WithMaxBufferSize(0)
@@ -325,6 +330,16 @@ func (s *ZK) Get(ctx context.Context, key string) (Entry, error) {
 		return Entry{}, fmt.Errorf("coord: get %s: %w", key, err)
 	}
 	return entryFromStat(key, r.data, r.st), nil
+}
+
+// Sync implements Syncer: a sync of the chroot (ZooKeeper syncs the whole tree whatever the
+// path), retried after connection loss until ctx is done.
+func (s *ZK) Sync(ctx context.Context) error {
+	p := s.path("/")
+	if _, err := read(ctx, s, func() (string, error) { return s.conn.Sync(p) }); err != nil {
+		return fmt.Errorf("coord: sync: %w", err)
+	}
+	return nil
 }
 
 // Put implements KV.
@@ -607,6 +622,25 @@ func (c deadlineCapConn) SetReadDeadline(t time.Time) error {
 }
 func (c deadlineCapConn) SetWriteDeadline(t time.Time) error {
 	return c.Conn.SetWriteDeadline(c.capped(t))
+}
+
+// Redial drops the connection to the server the client talks to now: zk connects to the next
+// server of its list, within the session, as it does by itself once a server has not
+// answered for two thirds of the session timeout. For a client whose server answers but
+// passes nothing on to the leader (a follower cut off from it: its requests stall while it
+// goes on answering pings for a while), to move before its session runs low. A client that
+// is not connected now (it is already moving) is left alone.
+func (s *ZK) Redial() {
+	if !s.gate.isReady() {
+		return
+	}
+	s.mu.Lock()
+	c := s.cur
+	s.mu.Unlock()
+	if c != nil {
+		s.log.Info("coord: dropping the connection to try another server", "server", c.RemoteAddr())
+		_ = c.Close()
+	}
 }
 
 // GrantedSessionTimeout is the session timeout the server granted to the current session:

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -29,43 +28,19 @@ const ensembleTick = 250 * time.Millisecond
 func TestZKEnsembleSuite(t *testing.T) {
 	ens := zktest.StartEnsemble(t, 3, zktest.Options{TickTime: ensembleTick})
 	coordtest.RunSessionSuite(t, newZKBackendFunc(ens.Addrs(), ensembleTick, 2*time.Second))
-}
-
-// pinDialer is a coord.Options.Dialer that, until released, connects only to one server, so
-// that a test chooses the server a client starts on; it remembers where the client connected
-// last.
-type pinDialer struct {
-	mu   sync.Mutex
-	only string
-	last string
-}
-
-func (d *pinDialer) Dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	d.mu.Lock()
-	only := d.only
-	d.mu.Unlock()
-	if only != "" && addr != only {
-		return nil, fmt.Errorf("pinned to %s", only)
-	}
-	c, err := net.DialTimeout(network, addr, timeout)
-	if err == nil {
-		d.mu.Lock()
-		d.last = addr
-		d.mu.Unlock()
-	}
-	return c, err
-}
-
-func (d *pinDialer) release() {
-	d.mu.Lock()
-	d.only = ""
-	d.mu.Unlock()
-}
-
-func (d *pinDialer) lastAddr() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.last
+	// Redial moves a client to another server within its session.
+	t.Run("Redial", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		c := startOn(t, ctx, ens, ens.Servers()[0], "redial", 2*time.Second)
+		from := c.d.Last()
+		coord.Redial(c.s)
+		testenv.EventuallyWith(t, "the client on another server", 30*time.Second, func() (bool, string) {
+			return c.d.Last() != from, "on " + c.d.Last()
+		})
+		c.settle(t, ctx, c.s)
+		c.checkKept(t)
+	})
 }
 
 // sessionLog records a client's session events with the time they arrived.
@@ -146,7 +121,7 @@ func (l *sessionLog) waitSeen(t *testing.T, d time.Duration, ty coord.SessionEve
 type ensembleClient struct {
 	name string
 	s    *coord.ZK
-	d    *pinDialer
+	d    *zktest.Pin
 	log  *sessionLog
 	sid  int64 // the session the entry was created in
 	key  string
@@ -154,14 +129,14 @@ type ensembleClient struct {
 
 func startOn(t *testing.T, ctx context.Context, ens *zktest.Ensemble, on *zktest.Server, name string, timeout time.Duration) *ensembleClient {
 	t.Helper()
-	d := &pinDialer{only: on.Addr()}
+	d := zktest.NewPin(on.Addr(), nil)
 	s, err := coord.OpenZK(ctx, strings.Split(ens.Addrs(), ","), "/ensemble",
 		coord.Options{SessionTimeout: timeout, Dialer: d.Dial, Logger: testenv.Logger(t, slog.LevelDebug)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	d.release()
+	d.Release()
 	c := &ensembleClient{name: name, s: s, d: d, log: recordSessions(ctx, s), sid: s.SessionID(), key: "/nodes/" + name}
 	if _, err := s.Create(ctx, c.key, []byte(name), coord.Ephemeral); err != nil {
 		t.Fatal(err)
@@ -284,7 +259,7 @@ func TestZKEnsembleLeaderKilled(t *testing.T) {
 
 	for _, c := range clients {
 		c.settle(t, ctx, clients[1].s)
-		t.Logf("%s: events %s; now on %s", c.name, c.log.since(kill), c.d.lastAddr())
+		t.Logf("%s: events %s; now on %s", c.name, c.log.since(kill), c.d.Last())
 		c.checkKept(t)
 	}
 	if n := countLog(ens, before, logExpired); n != 0 {
@@ -398,7 +373,7 @@ func TestZKEnsembleMajorityKilled(t *testing.T) {
 	t.Logf("down %s; a quorum served %s after the restarts began", up.Sub(down).Round(time.Millisecond), time.Since(up).Round(time.Millisecond))
 	for _, c := range clients {
 		c.settle(t, ctx, clients[0].s)
-		t.Logf("%s: events %s; now on %s", c.name, c.log.since(down), c.d.lastAddr())
+		t.Logf("%s: events %s; now on %s", c.name, c.log.since(down), c.d.Last())
 		c.checkKept(t)
 	}
 	if n := countLog(ens, before, logExpired); n != 0 {
@@ -466,7 +441,7 @@ func TestZKEnsembleAllPaused(t *testing.T) {
 	kept := 0
 	for _, c := range clients {
 		c.settle(t, ctx, clients[1].s)
-		t.Logf("%s: events %s; now on %s", c.name, c.log.since(paused), c.d.lastAddr())
+		t.Logf("%s: events %s; now on %s", c.name, c.log.since(paused), c.d.Last())
 		if c.s.SessionID() == c.sid {
 			c.checkKept(t)
 			kept++

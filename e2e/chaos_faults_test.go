@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/netlab"
 )
@@ -70,11 +72,29 @@ func (c *chaos) faultKinds() map[string]func(claimed map[string]bool) *fault {
 		"stop-master":     func(cl map[string]bool) *fault { return c.signalMaster(cl, syscall.SIGSTOP) },
 		"kill-worker":     func(cl map[string]bool) *fault { return c.signalWorker(cl, syscall.SIGKILL) },
 		"stop-worker":     func(cl map[string]bool) *fault { return c.signalWorker(cl, syscall.SIGSTOP) },
+		// Issue 28: faults that only part of the system sees.
+		"pause-zk-then-cut-worker-host":  c.pauseZKThenCutWorker,
+		"cut-zk-follower-from-leader":    c.cutZKFollowerFromLeader,
+		"cut-worker-host-from-zk-leader": c.cutWorkerFromZKLeader,
+		"reject-master-host":             c.rejectMasterHost,
+		"reject-zk-follower":             func(cl map[string]bool) *fault { return c.rejectZK(cl, false) },
+		"reject-zk-leader":               func(cl map[string]bool) *fault { return c.rejectZK(cl, true) },
 	}
 	if c.mirror != nil {
 		kinds["kill-router"] = func(cl map[string]bool) *fault { return c.signalRouter(cl, syscall.SIGKILL) }
 		kinds["stop-router"] = func(cl map[string]bool) *fault { return c.signalRouter(cl, syscall.SIGSTOP) }
 		kinds["kill-link-worker"] = func(cl map[string]bool) *fault { return c.signalJobWorker(cl, c.mirror.name, syscall.SIGKILL) }
+	}
+	if *chaosFaults != "" {
+		only := map[string]func(map[string]bool) *fault{}
+		for _, k := range strings.Split(*chaosFaults, ",") {
+			f, ok := kinds[k]
+			if !ok {
+				c.t.Fatalf("chaos: unknown fault kind %q (-chaos.faults); the kinds are %s", k, strings.Join(slices.Sorted(maps.Keys(kinds)), ", "))
+			}
+			only[k] = f
+		}
+		return only
 	}
 	return kinds
 }
@@ -486,4 +506,172 @@ func (r *chaosReport) String() string {
 		fmt.Fprintf(&b, "  - %s\n", v)
 	}
 	return b.String()
+}
+
+// zkHosts are the hosts of the ensemble's servers, by server, and the leader's (nil if none
+// leads now).
+func (c *chaos) zkHosts() (all []*netlab.Host, leader *netlab.Host) {
+	lead := c.lc.Ens.Leader()
+	for _, s := range c.lc.Ens.Servers() {
+		h := s.Host().(*netlab.Host)
+		all = append(all, h)
+		if s == lead {
+			leader = h
+		}
+	}
+	return all, leader
+}
+
+// pauseZKThenCutWorker pauses two ZooKeeper servers (the store down for everyone) until a
+// worker node's keeper has probed them (found them hung), resumes them, and once that
+// keeper's renewals go through the store's leader again, cuts the node's host off: the
+// keeper must judge the cut afresh (silence: its leases lapse after --store-silence), not
+// as the store still down because two servers were hung before. Were the node cut before
+// its keeper had an answer again, the two faults would overlap, and the keeper, unable to
+// tell a paused server from an unreachable one, would rightly keep its workers: the node is
+// then not cut, and the report says so.
+func (c *chaos) pauseZKThenCutWorker(claimed map[string]bool) *fault {
+	n := pick(c.rng, c.lc.nodes)
+	hosts, _ := c.zkHosts()
+	claims := []string{n.id}
+	for _, h := range hosts {
+		claims = append(claims, h.Name())
+	}
+	if !free(claimed, claims...) {
+		return nil
+	}
+	servers := c.lc.Ens.Servers()
+	skip := c.rng.IntN(len(servers))
+	var paused []string
+	for i, s := range servers {
+		if i != skip && len(paused) < 2 {
+			s.Pause()
+			paused = append(paused, s.Host().(*netlab.Host).Name())
+		}
+	}
+	probed := waitFor(15*time.Second, func() bool {
+		st, ok := c.lc.keeperStatus(n.id)
+		return ok && st.State != agents.KeeperLive
+	})
+	for i, s := range servers {
+		if i != skip {
+			s.Resume()
+		}
+	}
+	resumed := time.Now()
+	target := fmt.Sprintf("%s paused and resumed, then %s", strings.Join(paused, "+"), n.id)
+	answered := waitFor(60*time.Second, func() bool {
+		st, ok := c.lc.keeperStatus(n.id)
+		return ok && st.State == agents.KeeperLive && c.lc.leaseStamp(n.id).After(resumed)
+	})
+	if !answered {
+		return &fault{target: target, claims: claims, heal: func() error { return nil },
+			note: fmt.Sprintf("%s not cut: its keeper had no answer within 60s of the resume (probed during the pause: %v)", n.id, probed)}
+	}
+	f := &fault{target: target, claims: claims, heal: c.cutHosts([]*netlab.Host{n.host})}
+	if !probed {
+		f.note = n.id + "'s keeper did not probe the paused servers (its renewals went on)"
+	}
+	return f
+}
+
+// cutZKFollowerFromLeader cuts a ZooKeeper follower off from its leader alone: it still
+// reaches the other follower, and every client still reaches it. It goes on answering its
+// clients' reads for syncLimit ticks while the leader expires the sessions it no longer hears
+// of; keepers renew only on syncs answered through the leader.
+func (c *chaos) cutZKFollowerFromLeader(claimed map[string]bool) *fault {
+	hosts, leader := c.zkHosts()
+	if leader == nil {
+		return nil
+	}
+	var fs []*netlab.Host
+	for _, h := range hosts {
+		if h != leader {
+			fs = append(fs, h)
+		}
+	}
+	h := pick(c.rng, fs)
+	if !free(claimed, h.Name(), leader.Name()) {
+		return nil
+	}
+	if err := h.CutFrom(context.Background(), leader); err != nil {
+		c.t.Fatalf("chaos: %v", err)
+	}
+	return &fault{target: h.Name() + " from " + leader.Name(), claims: []string{h.Name(), leader.Name()},
+		heal: func() error { return h.Heal(context.Background()) }}
+}
+
+// cutWorkerFromZKLeader cuts a worker node's host off from the ZooKeeper leader's host alone:
+// the node still reaches the followers (its client moves to one), the masters and the other
+// nodes.
+func (c *chaos) cutWorkerFromZKLeader(claimed map[string]bool) *fault {
+	_, leader := c.zkHosts()
+	if leader == nil {
+		return nil
+	}
+	n := pick(c.rng, c.lc.nodes)
+	if !free(claimed, n.id, leader.Name()) {
+		return nil
+	}
+	if err := n.host.CutFrom(context.Background(), leader); err != nil {
+		c.t.Fatalf("chaos: %v", err)
+	}
+	return &fault{target: n.id + " from " + leader.Name(), claims: []string{n.id, leader.Name()},
+		heal: func() error { return n.host.Heal(context.Background()) }}
+}
+
+// rejectHost cuts a host off as a REJECT firewall does: refused at once, both ways.
+func (c *chaos) rejectHost(h *netlab.Host) func() error {
+	if err := h.Reject(context.Background()); err != nil {
+		c.t.Fatalf("chaos: %v", err)
+	}
+	return func() error { return h.Heal(context.Background()) }
+}
+
+func (c *chaos) rejectMasterHost(claimed map[string]bool) *fault {
+	id := pick(c.rng, c.lc.spec.masters)
+	if !free(claimed, id) {
+		return nil
+	}
+	return &fault{target: id, claims: []string{id}, heal: c.rejectHost(c.lc.masterHost(id))}
+}
+
+// rejectZK cuts a ZooKeeper server's host off with REJECT rules: to every keeper it looks
+// like a server that is down (refused), which with the others serving is no verdict of
+// "store down". (A worker host cut off with REJECT rules is not among the faults: to its
+// keeper every server refuses, as when the whole store is stopped, and it keeps its workers:
+// see docs/operations.md.)
+func (c *chaos) rejectZK(claimed map[string]bool, leader bool) *fault {
+	hosts, lead := c.zkHosts()
+	if lead == nil {
+		return nil
+	}
+	h := lead
+	if !leader {
+		var fs []*netlab.Host
+		for _, o := range hosts {
+			if o != lead {
+				fs = append(fs, o)
+			}
+		}
+		h = pick(c.rng, fs)
+	}
+	if !free(claimed, h.Name()) {
+		return nil
+	}
+	return &fault{target: h.Name(), claims: []string{h.Name()}, heal: c.rejectHost(h)}
+}
+
+// waitFor polls cond every 100ms until it holds (true) or d passes (false).
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

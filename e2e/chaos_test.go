@@ -28,6 +28,7 @@ var (
 	chaosRecovery   = flag.Duration("chaos.recovery", 60*time.Second, "bound within which every desired worker must run again after a round's faults are healed")
 	chaosReportFile = flag.String("chaos.report", "", "also write TestChaos's report to this file")
 	chaosHold       = flag.Duration("chaos.hold", 6*time.Second, "longest a fault is held before it is healed (holds are random, from 500ms)")
+	chaosFaults     = flag.String("chaos.faults", "", "inject only these fault kinds (comma-separated names, as in the report); default every kind")
 	chaosVouch      = flag.Bool("chaos.vouch", false, "after each heal, undrain every node the masters avoid for the job after a crash loop, as an operator who knows the faults were injected would")
 )
 

@@ -17,10 +17,12 @@ import (
 )
 
 // fencingBound is how long a worker may run as two processes when its node is cut off: the
-// node's copy runs until its lease lapses, session timeout after the last request the store
-// answered it, which is no later than the server expires the node's session, which comes
-// before the master moves the worker; the launcher notices the lapse within a quarter of the
-// lease's life and kills the worker at most its grace period after SIGTERM. Sampling /proc
+// node's copy runs until its lease lapses, session timeout after the last sync the store's
+// leader answered its keeper, which is no later than the leader expires the node's session
+// (but for the half tick a follower may take to pass a client's pings on), which comes before
+// the master moves the worker; the launcher notices the lapse within a tenth of the lease's
+// life, and a quarter covers both; it kills the worker at most its grace period after
+// SIGTERM. Sampling /proc
 // adds its own period and the time a scan takes on a loaded machine: slack covers both.
 func fencingBound(session, grace time.Duration) time.Duration {
 	const slack = time.Second

@@ -18,12 +18,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stormdock/stormdock/agents/leasefile"
 )
 
 // Config configures the lease launcher (`stormdock-shim launch`, or `stormdock launch`): it runs
 // Command as its child and stops it when the agent stops renewing the lease.
 type Config struct {
-	// Lease is the lease file whose modification time the agent renews.
+	// Lease is the lease file the node's keeper renews (package leasefile).
 	Lease string
 	// TTL is how old the lease may get before the worker is stopped.
 	TTL time.Duration
@@ -33,6 +35,8 @@ type Config struct {
 	// bounds how long a worker outlives its lease, the overlap with its replacement.
 	Check   time.Duration
 	Command []string
+	// Clock is the boot clock leases are stamped on; nil: leasefile.Now. Tests set another.
+	Clock leasefile.Clock
 	// Stderr receives the launcher's own messages. Default os.Stderr.
 	Stderr io.Writer
 }
@@ -55,9 +59,8 @@ var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, sys
 
 // Run runs cfg.Command and returns its wait status once it has exited. Signals in
 // forwarded reach the worker; ctx being done counts as a SIGTERM (the CLI cancels it on
-// SIGTERM). When the lease file is older than TTL (or missing for TTL since the start) the
-// worker gets SIGTERM, then after Grace SIGKILL for its whole process group, and Run
-// returns its status with ErrLeaseExpired.
+// SIGTERM). When the lease lapses (see watch.lapsed) the worker gets SIGTERM, then after
+// Grace SIGKILL for its whole process group, and Run returns its status with ErrLeaseExpired.
 func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 	if cfg.Lease == "" || cfg.TTL <= 0 || len(cfg.Command) == 0 {
 		return 0, errors.New("launch: need a lease file, a ttl and a command")
@@ -68,6 +71,10 @@ func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 	if cfg.Stderr == nil {
 		cfg.Stderr = os.Stderr
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = leasefile.Now
+	}
+	lease := &watch{path: cfg.Lease, ttl: cfg.TTL, clock: cfg.Clock, boot: leasefile.BootID()}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
@@ -84,6 +91,11 @@ func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 		defer f.Close()
 	}
 
+	// The lease's generation is read before the worker starts: a renewal in a new
+	// generation right after the start must stop it too.
+	lease.begin = cfg.Clock()
+	_ = lease.lapsed()
+
 	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
 	if self, err := os.Executable(); err == nil && cfg.Command[0] == self {
 		// The agent's own binary (a job's `stormdock` command): through /proc/self/exe,
@@ -98,7 +110,6 @@ func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 	if err != nil {
 		return 0, fmt.Errorf("launch: %w", err)
 	}
-	begin := time.Now()
 	done := make(chan struct{})
 	var waitErr error
 	go func() {
@@ -129,11 +140,15 @@ func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 			ctxDone = nil
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 		case <-check.C:
-			if expired || !leaseLapsed(cfg.Lease, cfg.TTL, begin) {
+			if expired {
+				continue
+			}
+			why := lease.lapsed()
+			if why == "" {
 				continue
 			}
 			expired = true
-			fmt.Fprintf(cfg.Stderr, "stormdock launch: lease %s not renewed for %s: stopping the worker (pid %d)\n", cfg.Lease, cfg.TTL, pid)
+			fmt.Fprintf(cfg.Stderr, "stormdock launch: lease %s %s: stopping the worker (pid %d)\n", cfg.Lease, why, pid)
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			t := time.NewTimer(cfg.Grace)
 			defer t.Stop()
@@ -146,15 +161,48 @@ func Run(ctx context.Context, cfg Config) (syscall.WaitStatus, error) {
 	}
 }
 
-// leaseLapsed reports whether the lease is older than ttl. A missing lease counts from begin:
-// the agent creates it before the worker starts, so it goes missing only with the agent's
-// state.
-func leaseLapsed(path string, ttl time.Duration, begin time.Time) bool {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return time.Since(begin) > ttl
+// watch is the launcher's view of its lease.
+type watch struct {
+	path  string
+	ttl   time.Duration
+	clock leasefile.Clock
+	boot  string        // this boot's id
+	begin time.Duration // the worker's start, on the boot clock
+
+	last leasefile.Record // the last record read
+	have bool             // one was read; its generation is the worker's
+	gen  uint64
+}
+
+// lapsed says why the lease has lapsed, "" while it has not: its last record is older than
+// the ttl (on the boot clock), of another boot, or of another generation than the first one
+// read (the keeper renewed it after a lapse this launcher did not see: the worker's time
+// ended then). A lease that cannot be read (missing, or torn while rewritten) counts by the
+// last record read, or from the worker's start: the agent creates it before the worker
+// starts, so it goes missing only with the agent's state.
+func (w *watch) lapsed() string {
+	r, err := leasefile.Stamp(w.path, w.clock)
+	if err == nil {
+		if !w.have {
+			w.have, w.gen = true, r.Gen
+		}
+		w.last = r
 	}
-	return time.Since(fi.ModTime()) > ttl
+	now := w.clock()
+	switch {
+	case !w.have:
+		if now-w.begin > w.ttl {
+			return fmt.Sprintf("not readable for %s (%v)", w.ttl, err)
+		}
+	case w.last.Gen != w.gen:
+		return fmt.Sprintf("renewed after a lapse (generation %d, the worker's %d)", w.last.Gen, w.gen)
+	case w.last.Lapsed(now, w.ttl, w.boot):
+		if w.boot != "" && w.last.Boot != w.boot {
+			return "stamped in another boot"
+		}
+		return fmt.Sprintf("not renewed for %s", w.ttl)
+	}
+	return ""
 }
 
 // describe says how the worker ended, for the launcher's own messages.

@@ -57,6 +57,7 @@ var suite = []struct {
 	{"ElectionLostOnExpiry", true, testElectionExpiry},
 	{"FencedWritesOfDeposedLeader", true, testFencedWrites},
 	{"LeaderKilled", true, testLeaderKilled},
+	{"SyncThenRead", false, testSync},
 	{"ClosedStore", false, testClosed},
 }
 
@@ -885,6 +886,29 @@ func testLeaderKilled(t *testing.T, b Backend) {
 	must(t, l.Resign(ctx), "resign")
 }
 
+// testSync: a read after Sync sees every write another client had made before Sync was
+// called, whichever server each client talks to.
+func testSync(t *testing.T, b Backend) {
+	ctx := testCtx(t)
+	w, r := b.Client(t), b.Client(t)
+	for i := range 20 {
+		v := []byte(strconv.Itoa(i))
+		_, err := w.Put(ctx, "/synced", v, coord.AnyVersion)
+		must(t, err, "put")
+		must(t, r.Sync(ctx), "sync")
+		e, err := r.Get(ctx, "/synced")
+		must(t, err, "get after sync")
+		if string(e.Value) != string(v) {
+			t.Fatalf("read after sync = %q, want %q (written before the sync)", e.Value, v)
+		}
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := r.Sync(sctx); err == nil {
+		t.Fatal("sync with a cancelled context succeeded")
+	}
+}
+
 func testClosed(t *testing.T, b Backend) {
 	ctx := testCtx(t)
 	s := b.Client(t)
@@ -895,6 +919,7 @@ func testClosed(t *testing.T, b Backend) {
 	mustIs(t, err, coord.ErrClosed, "put after close")
 	_, err = s.Get(ctx, "/x")
 	mustIs(t, err, coord.ErrClosed, "get after close")
+	mustIs(t, s.Sync(ctx), coord.ErrClosed, "sync after close")
 	select {
 	case _, ok := <-sess:
 		if ok {

@@ -2,8 +2,10 @@ package zktest
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -51,4 +53,55 @@ func (p *Partition) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = false
+}
+
+// Pin is a dialer (coord.Options.Dialer) that, until released, connects only to one server,
+// so that a test chooses the server a client starts on; it remembers where the client
+// connected last.
+type Pin struct {
+	next func(network, addr string, timeout time.Duration) (net.Conn, error)
+
+	mu   sync.Mutex
+	only string
+	last string
+}
+
+// NewPin returns a dialer pinned to addr that connects with next (nil: net.DialTimeout; a
+// lab host's Dialer for a client on that host).
+func NewPin(addr string, next func(network, addr string, timeout time.Duration) (net.Conn, error)) *Pin {
+	if next == nil {
+		next = net.DialTimeout
+	}
+	return &Pin{next: next, only: addr}
+}
+
+// Dial connects, to the pinned server only until Release.
+func (d *Pin) Dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	d.mu.Lock()
+	only := d.only
+	d.mu.Unlock()
+	if only != "" && addr != only {
+		return nil, fmt.Errorf("zktest: pinned to %s: %w", only, syscall.ECONNREFUSED)
+	}
+	c, err := d.next(network, addr, timeout)
+	if err == nil {
+		d.mu.Lock()
+		d.last = addr
+		d.mu.Unlock()
+	}
+	return c, err
+}
+
+// Release lets the client connect to any server.
+func (d *Pin) Release() {
+	d.mu.Lock()
+	d.only = ""
+	d.mu.Unlock()
+}
+
+// Last is the server the client connected to last.
+func (d *Pin) Last() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.last
 }

@@ -50,6 +50,10 @@ type Options struct {
 	// MaxSessionTimeout caps the sessions the server grants (maxSessionTimeout); 0 keeps
 	// ZooKeeper's 20 ticks. A client asking for more gets this.
 	MaxSessionTimeout time.Duration
+	// SyncLimit is how many ticks a follower goes without hearing from its leader before it
+	// gives up on it (and a leader on a follower); 0 keeps the tests' 5. Until then a
+	// follower cut off from its leader goes on answering its clients' reads and pings.
+	SyncLimit int
 	// SyncTxnLog makes the server sync its transaction log to disk before it answers, as a
 	// production server does (forceSync=yes). Off by default: see writeConfig.
 	SyncTxnLog bool
@@ -224,20 +228,24 @@ func (s *Server) writeConfig(clientIP string, clientPort int, peers string) erro
 			return fmt.Errorf("write myid: %w", err)
 		}
 	}
+	syncLimit := 5
+	if s.opts.SyncLimit > 0 {
+		syncLimit = s.opts.SyncLimit
+	}
 	forceSync := "no"
 	if s.opts.SyncTxnLog {
 		forceSync = "yes"
 	}
 	cfg := fmt.Sprintf(`tickTime=%d
 initLimit=10
-syncLimit=5
+syncLimit=%d
 dataDir=%s
 %s
 admin.enableServer=false
 4lw.commands.whitelist=*
 maxClientCnxns=%d
 forceSync=%s
-%s`, s.opts.TickTime.Milliseconds(), data, s.clientConfig(clientIP, clientPort), max(s.opts.MaxClientCnxns, 0), forceSync, peers)
+%s`, s.opts.TickTime.Milliseconds(), syncLimit, data, s.clientConfig(clientIP, clientPort), max(s.opts.MaxClientCnxns, 0), forceSync, peers)
 	if s.opts.MaxSessionTimeout > 0 {
 		cfg += fmt.Sprintf("\nmaxSessionTimeout=%d\n", s.opts.MaxSessionTimeout.Milliseconds())
 	}

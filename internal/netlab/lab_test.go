@@ -316,3 +316,83 @@ func zombie(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	return err != nil || strings.Contains(string(b), ") Z ")
 }
+
+// A rejecting host answers at once, both ways: a dial to it is refused (as if nothing
+// listened), a dial from it fails the same way; its exceptions still reach it; healed, it is
+// reached again.
+func TestRejectRefusesBothWaysAndHeals(t *testing.T) {
+	l := netlab.ForTest(t)
+	hs := l.AddHosts(t, "h1", "h2", "h3")
+	h1, h2, h3 := hs[0], hs[1], hs[2]
+	a1, a2 := echo(t, h1), echo(t, h2)
+	ctx := context.Background()
+	if err := h1.Reject(ctx, h3); err != nil {
+		t.Fatal(err)
+	}
+	if !h1.IsCut() {
+		t.Error("IsCut false after Reject")
+	}
+	for _, c := range []struct {
+		name string
+		from *netlab.Host
+		to   string
+	}{{"in from h2", h2, a1}, {"in from the control host", nil, a1}, {"out to h2", h1, a2}} {
+		// A long deadline: a refusal comes at once, a drop would take all of it.
+		err := reach(l, c.from, c.to, 20*time.Second)
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("%s with h1 rejecting: %v, want connection refused", c.name, err)
+		}
+	}
+	if err := reach(l, h3, a1, 10*time.Second); err != nil {
+		t.Errorf("h3, excepted: %v", err)
+	}
+	if err := h1.Heal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		from *netlab.Host
+		to   string
+	}{{h2, a1}, {nil, a1}, {h1, a2}} {
+		if err := reach(l, c.from, c.to, 10*time.Second); err != nil {
+			t.Errorf("from %v to %s after the heal: %v", c.from, c.to, err)
+		}
+	}
+}
+
+// CutFrom cuts the link between two hosts alone: both still reach everyone else.
+func TestCutFromCutsOneLink(t *testing.T) {
+	l := netlab.ForTest(t)
+	hs := l.AddHosts(t, "h1", "h2", "h3")
+	h1, h2, h3 := hs[0], hs[1], hs[2]
+	a1, a2, a3 := echo(t, h1), echo(t, h2), echo(t, h3)
+	ctx := context.Background()
+	if err := h1.CutFrom(ctx, h2); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		from *netlab.Host
+		to   string
+	}{{"h2 to h1", h2, a1}, {"h1 to h2", h1, a2}} {
+		err := reach(l, c.from, c.to, 500*time.Millisecond)
+		var ne net.Error
+		if err == nil || !(errors.As(err, &ne) && ne.Timeout()) {
+			t.Errorf("%s with the link cut: %v, want a timeout", c.name, err)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		from *netlab.Host
+		to   string
+	}{{"h3 to h1", h3, a1}, {"h1 to h3", h1, a3}, {"h3 to h2", h3, a2}, {"h2 to h3", h2, a3}, {"control to h1", nil, a1}} {
+		if err := reach(l, c.from, c.to, 10*time.Second); err != nil {
+			t.Errorf("%s, not cut: %v", c.name, err)
+		}
+	}
+	if err := h1.Heal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := reach(l, h2, a1, 10*time.Second); err != nil {
+		t.Errorf("h2 to h1 after the heal: %v", err)
+	}
+}
