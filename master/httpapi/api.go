@@ -63,12 +63,18 @@ func New(m *master.Master, cfg Config) *API {
 	route("POST /v1/tenants/{name}/update", roleAdmin, a.updateTenant)
 	route("POST /v1/tenants/{name}/registry-auth", roleTenant, a.setRegistryAuth)
 	route("POST /v1/tenants/{name}/registry-auth/clear", roleTenant, a.clearRegistryAuth)
+	route("GET /v1/secrets", roleTenant, a.listSecrets)
+	route("POST /v1/secrets/rewrap", roleAdmin, a.rewrapSecrets)
+	route("POST /v1/tenants/{name}/secrets/{secret}", roleTenant, a.setSecret)
+	route("POST /v1/tenants/{name}/secrets/{secret}/delete", roleTenant, a.deleteSecret)
 	route("GET /v1/images/shared", roleAdmin, a.sharedImages)
 	route("POST /v1/images/share", roleAdmin, a.shareImages(true))
 	route("POST /v1/images/unshare", roleAdmin, a.shareImages(false))
 	route("GET /v1/watch", roleTenant, newWatchHub(a).serve)
 	route("GET /v1/jobs/{name}/links", roleTenant, a.getLinks)
 	route("POST /v1/jobs/{name}/failover", roleTenant, a.failover)
+	// Not one of a.routes: no API token opens it; the node signs it with its own key.
+	mux.HandleFunc("POST /v1/nodes/{id}/secrets", a.nodeSecrets)
 	mux.Handle("GET "+console.Prefix, console.Handler())
 	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	if cfg.Gatherer != nil {
@@ -137,6 +143,10 @@ func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := a.m.CheckSinkDir(spec); err != nil {
+		failErr(w, err)
+		return
+	}
+	if err := a.m.CheckSecrets(spec); err != nil {
 		failErr(w, err)
 		return
 	}
