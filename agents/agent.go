@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -229,6 +230,8 @@ type Agent struct {
 	instance string
 	me       self   // the agent's own uid and whether it can switch users
 	leases   string // the lease directory (prepareStateDir)
+	// id is the node's identity (identity.go), loaded by Run.
+	id *identity
 
 	imageMetrics *imageMetrics
 
@@ -246,6 +249,10 @@ type Agent struct {
 	// lastAccess holds what the store last said of shared images and tenants' registry
 	// credentials, for starts while it does not answer (images.go).
 	lastAccess map[string][]byte
+	// masterHTTP reaches the leading master for secrets, as advertised by masterHTTPID
+	// (its URL and certificate).
+	masterHTTP   *http.Client
+	masterHTTPID string
 }
 
 // New returns an agent for the node in cfg that runs workers through drivers and keeps its
@@ -342,6 +349,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer unlock()
+	if a.id, err = loadIdentity(a.cfg.StateDir); err != nil {
+		return err
+	}
 
 	r := newRun(ctx, a)
 	a.mu.Lock()

@@ -296,6 +296,7 @@ func (r *run) adopt() error {
 			_ = r.a.removeLease(id)
 		}
 	}
+	r.a.sweepSecrets(kept)
 	return nil
 }
 

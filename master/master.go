@@ -137,7 +137,7 @@ type Master struct {
 	jobs, nodes, confs, assigns, tenants, dcs *mirror
 	// secrets mirrors each tenant's secret index (versions, never values).
 	secrets *mirror
-	wake                                      chan struct{}
+	wake    chan struct{}
 	// events holds the cluster's events and queues those this master records.
 	events *eventlog.Log
 	// quit is closed when Run returns: streaming answers (events -f, job logs -f) end.
