@@ -48,10 +48,18 @@ func CheckSecretName(s string) error {
 			i > 0 && (c == '_' || c == '-' || c == '.')
 	}
 	if !ok {
-		return fmt.Errorf("secret name %s must be %s: %w", quoteName(s), SecretNameRule, ErrInvalidName)
+		return secretNameError{s}
 	}
 	return nil
 }
+
+// secretNameError says which secret name was refused and what one is; it is ErrInvalidName.
+type secretNameError struct{ name string }
+
+func (e secretNameError) Error() string {
+	return "secret name " + quoteName(e.name) + " must be " + SecretNameRule
+}
+func (e secretNameError) Is(target error) bool { return target == ErrInvalidName }
 
 // SecretIndexKey is the store key of a tenant's SecretIndex.
 func SecretIndexKey(tenant string) (string, error) {

@@ -130,7 +130,7 @@ func Load(path string) (*Keyring, error) {
 }
 
 // read reads the file at path after checking its mode, and returns a stamp of what was
-// read (its inode, size and modification time).
+// read (its inode, size, modification time and mode).
 func read(path string) ([]byte, string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -159,7 +159,7 @@ func stampOf(fi os.FileInfo) string {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		ino = st.Ino
 	}
-	return fmt.Sprintf("%d/%d/%d", ino, fi.Size(), fi.ModTime().UnixNano())
+	return fmt.Sprintf("%d/%d/%d/%o", ino, fi.Size(), fi.ModTime().UnixNano(), fi.Mode())
 }
 
 // Active is the id of the key that seals.
@@ -265,8 +265,8 @@ func Open(path string) (*File, error) {
 // Path is the keyring's file.
 func (f *File) Path() string { return f.path }
 
-// Ring returns the keyring as the file holds it now: read again when its inode, size or
-// modification time changed, at most once a second. A file that became unreadable or
+// Ring returns the keyring as the file holds it now: read again when its inode, size,
+// modification time or mode changed, at most once a second. A file that became unreadable or
 // invalid keeps the last good keyring and returns the error with it.
 func (f *File) Ring() (*Keyring, error) {
 	f.mu.Lock()

@@ -96,6 +96,10 @@ func SetSecret(ctx context.Context, s coord.KV, ring *keyring.Keyring, tenant, n
 	if err != nil {
 		return meta, false, err
 	}
+	// A store made before secrets has no directory for them (masters make it at start).
+	if _, err := s.Create(ctx, cluster.SecretsKey, nil, coord.Persistent); err != nil && !errors.Is(err, coord.ErrExists) {
+		return meta, false, fmt.Errorf("store tenant %s's secret %s: %w", tenant, name, err)
+	}
 	err = coord.Retry(ctx, func() error {
 		changed = false
 		if _, _, err := ReadTenant(ctx, s, tenant); err != nil {
