@@ -11,7 +11,9 @@ import (
 	"time"
 )
 
-func rawKey(b byte) string { return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{b}, KeySize)) }
+func rawKey(b byte) string {
+	return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{b}, KeySize))
+}
 
 // TestParse: the file's form, refused one way or another with a line that names the line
 // and never shows a key.

@@ -198,4 +198,3 @@ func secretRewrap(c *cli.Context) error {
 	fmt.Fprintf(c.App.Writer, "%d secret(s) sealed again with key %s; %d were already\n", out.Rewrapped, out.Key, out.Current)
 	return nil
 }
-
