@@ -253,6 +253,8 @@ type Agent struct {
 	// (its URL and certificate).
 	masterHTTP   *http.Client
 	masterHTTPID string
+	// regAuth holds tenants' sealed registry credentials as the master opened them.
+	regAuth map[string]openedAuth
 }
 
 // New returns an agent for the node in cfg that runs workers through drivers and keeps its

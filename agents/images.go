@@ -75,6 +75,11 @@ func (a *Agent) imageAccess(ctx context.Context, tenant, ref string) (images.Acc
 	if val == nil {
 		return acc, nil
 	}
+	if _, ok := cluster.ParseSealedRegistryAuth(val); ok {
+		// Sealed with the masters' keyring: the leading master opens them for this node.
+		acc.Auth, err = a.tenantRegistryAuth(ctx, tenant, val)
+		return acc, err
+	}
 	if acc.Auth, err = images.ParseAuth(val, "tenant "+tenant+"'s registry credentials"); err != nil {
 		return acc, fmt.Errorf("read tenant %s's registry credentials: %w", tenant, err)
 	}

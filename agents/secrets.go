@@ -18,6 +18,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -164,6 +165,31 @@ func (a *Agent) writeSecrets(id string, vals []api.SecretValue, u *isolation.Use
 
 // fetchSecrets asks the leading master for the secrets of worker k of this node.
 func (a *Agent) fetchSecrets(ctx context.Context, k cluster.WorkerKey) ([]api.SecretValue, error) {
+	ns, err := a.askMaster(ctx, api.NodeSecretsRequest{Workers: []cluster.WorkerKey{k}})
+	if err != nil {
+		return nil, err
+	}
+	var out []api.SecretValue
+	for _, w := range ns.Workers {
+		if w.Key != k {
+			continue
+		}
+		if w.Error != "" {
+			ns.Wipe()
+			return nil, errors.New(w.Error)
+		}
+		out = w.Secrets
+	}
+	if out == nil {
+		ns.Wipe()
+		return nil, fmt.Errorf("the leading master answered nothing for worker %s", k)
+	}
+	return out, nil
+}
+
+// askMaster sends the node's signed request to the leading master (as the store names it)
+// and opens its sealed answer. The caller wipes what it holds once used.
+func (a *Agent) askMaster(ctx context.Context, req api.NodeSecretsRequest) (*api.NodeSecrets, error) {
 	if a.id == nil {
 		return nil, errors.New("the agent has no node identity to ask for secrets with")
 	}
@@ -185,15 +211,16 @@ func (a *Agent) fetchSecrets(ctx context.Context, k cluster.WorkerKey) ([]api.Se
 		return nil, err
 	}
 	node := a.cfg.Node.ID
-	body, _ := json.Marshal(api.NodeSecretsRequest{Node: node, Workers: []cluster.WorkerKey{k}})
+	req.Node = node
+	body, _ := json.Marshal(req)
 	path := api.NodeSecretsPath(node)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(mi.API, "/")+path, bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(mi.API, "/")+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("ask the leading master %s for secrets: %w", mi.API, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", api.SignNodeRequest(a.id.sign, http.MethodPost, path, body, time.Now(), api.NodeTokenTTL))
-	resp, err := hc.Do(req)
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Authorization", api.SignNodeRequest(a.id.sign, http.MethodPost, path, body, time.Now(), api.NodeTokenTTL))
+	resp, err := hc.Do(hreq)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the leading master %s (%s) for secrets: %w", mi.ID, mi.API, err)
 	}
@@ -218,22 +245,60 @@ func (a *Agent) fetchSecrets(ctx context.Context, k cluster.WorkerKey) ([]api.Se
 	if err := json.Unmarshal(plain, &ns); err != nil {
 		return nil, fmt.Errorf("read the leading master's answer: %w", err)
 	}
-	var out []api.SecretValue
-	for _, w := range ns.Workers {
-		if w.Key != k {
-			continue
-		}
-		if w.Error != "" {
-			ns.Wipe()
-			return nil, errors.New(w.Error)
-		}
-		out = w.Secrets
+	return &ns, nil
+}
+
+// tenantRegistryAuth opens a tenant's sealed registry credentials (stored, as read from the
+// store) by asking the leading master, which alone holds the keyring; what it answered is
+// kept in memory for as long as the store holds the same sealed value, and used while the
+// master cannot be reached (as what the store last said is used while it cannot).
+func (a *Agent) tenantRegistryAuth(ctx context.Context, tenant string, stored []byte) (*images.Auth, error) {
+	a.mu.Lock()
+	c, ok := a.regAuth[tenant]
+	a.mu.Unlock()
+	if ok && bytes.Equal(c.sealed, stored) {
+		return c.auth, nil
 	}
-	if out == nil {
-		ns.Wipe()
-		return nil, fmt.Errorf("the leading master answered nothing for worker %s", k)
+	ns, err := a.askMaster(ctx, api.NodeSecretsRequest{RegistryAuth: []string{tenant}})
+	if err == nil {
+		defer ns.Wipe()
+		err = fmt.Errorf("the leading master answered nothing for tenant %s's registry credentials", tenant)
+		for _, r := range ns.RegistryAuth {
+			if r.Tenant != tenant {
+				continue
+			}
+			var auth *images.Auth
+			switch {
+			case r.Error != "":
+				err = errors.New(r.Error)
+			case len(r.Config) == 0:
+				err = nil
+			default:
+				auth, err = images.ParseAuth(r.Config, "tenant "+tenant+"'s registry credentials")
+			}
+			if err == nil {
+				a.mu.Lock()
+				if a.regAuth == nil {
+					a.regAuth = map[string]openedAuth{}
+				}
+				a.regAuth[tenant] = openedAuth{sealed: bytes.Clone(stored), auth: auth}
+				a.mu.Unlock()
+				return auth, nil
+			}
+		}
 	}
-	return out, nil
+	if ok {
+		a.log.Warn("using tenant registry credentials the master gave before", "tenant", tenant, "err", err)
+		return c.auth, nil
+	}
+	return nil, fmt.Errorf("tenant %s's registry credentials: %w", tenant, err)
+}
+
+// openedAuth is a tenant's registry credentials as the master opened them, and the sealed
+// value they were opened from.
+type openedAuth struct {
+	sealed []byte
+	auth   *images.Auth
 }
 
 // masterClient is the HTTP client to the leading master as the store advertises it: over

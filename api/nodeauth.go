@@ -37,10 +37,14 @@ var ErrNodeSignature = errors.New("invalid node request signature")
 // NodeSecretsPath is the route of a node's secrets request.
 func NodeSecretsPath(node string) string { return "/v1/nodes/" + node + "/secrets" }
 
-// NodeSecretsRequest asks for the secrets of workers of the node.
+// NodeSecretsRequest asks for the secrets of workers of the node, and for the registry
+// credentials of tenants whose images it pulls.
 type NodeSecretsRequest struct {
 	Node    string              `json:"node"`
-	Workers []cluster.WorkerKey `json:"workers"`
+	Workers []cluster.WorkerKey `json:"workers,omitempty"`
+	// RegistryAuth names tenants: the master answers for those with a worker (or an image
+	// to pre-pull) in the node's assignment.
+	RegistryAuth []string `json:"registryAuth,omitempty"`
 }
 
 // NodeSecretsReply carries the sealed NodeSecrets.
@@ -50,7 +54,16 @@ type NodeSecretsReply struct {
 
 // NodeSecrets is what a NodeSecretsReply seals: each worker's secrets, or why it gets none.
 type NodeSecrets struct {
-	Workers []WorkerSecrets `json:"workers"`
+	Workers      []WorkerSecrets      `json:"workers"`
+	RegistryAuth []TenantRegistryAuth `json:"registryAuth,omitempty"`
+}
+
+// TenantRegistryAuth is a tenant's registry credentials (Docker's config.json; none when it
+// has none), or why the node gets none.
+type TenantRegistryAuth struct {
+	Tenant string `json:"tenant"`
+	Config []byte `json:"config,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
 
 // WorkerSecrets are one worker's secrets by name.
@@ -76,6 +89,9 @@ func (n *NodeSecrets) Wipe() {
 		for _, s := range w.Secrets {
 			clear(s.Value)
 		}
+	}
+	for _, r := range n.RegistryAuth {
+		clear(r.Config)
 	}
 }
 

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -138,4 +139,24 @@ func (j *JobSpec) validateSecrets(ps *problems) {
 	case !j.Mirrored():
 		ps.add("outputSecret", "goes with a mirrored job's output (links and output): it is given to the job's output routers")
 	}
+}
+
+// SealedRegistryAuth is a tenant's registry credentials as the store keeps them with the
+// masters' keyring: the hosts in clear (what `tenant list` shows), the credentials (Docker's
+// config.json) sealed like a secret's value. Without a keyring the store keeps the
+// config.json itself.
+type SealedRegistryAuth struct {
+	Hosts  []string `json:"hosts"`
+	Key    string   `json:"key"`
+	Sealed []byte   `json:"sealed"`
+}
+
+// ParseSealedRegistryAuth reports whether a stored value of a tenant's registry credentials
+// is sealed (rather than Docker's config.json), and returns it.
+func ParseSealedRegistryAuth(val []byte) (SealedRegistryAuth, bool) {
+	var sa SealedRegistryAuth
+	if json.Unmarshal(val, &sa) != nil || len(sa.Sealed) == 0 || sa.Key == "" {
+		return sa, false
+	}
+	return sa, true
 }

@@ -169,13 +169,15 @@ func (m *Master) NodeSecrets(ctx context.Context, node string, body []byte, auth
 	if err := json.Unmarshal(body, &req); err != nil || req.Node != node {
 		return nil, 0, fmt.Errorf("%w: a secrets request of node %s must name it and its workers", api.ErrBadInput, node)
 	}
-	if len(req.Workers) > 4096 {
-		return nil, 0, fmt.Errorf("%w: %d workers in one request, over 4096", api.ErrBadInput, len(req.Workers))
+	if len(req.Workers) > 4096 || len(req.RegistryAuth) > 4096 {
+		return nil, 0, fmt.Errorf("%w: %d workers and %d tenants in one request, over 4096", api.ErrBadInput, len(req.Workers), len(req.RegistryAuth))
 	}
 	if !m.Leader() {
 		return nil, 0, fmt.Errorf("%w: %w: ask the one the store names (%s)", api.ErrNotReady, ErrNotLeader, cluster.MasterKey)
 	}
-	na, err := m.awaitAssignment(ctx, node, d.owner, req.Workers)
+	na, err := m.awaitAssignment(ctx, node, d.owner, func(na cluster.NodeAssignment) bool {
+		return holdsAll(na, req.Workers) && len(tenantsMissing(na, req.RegistryAuth)) == 0
+	})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -218,6 +220,23 @@ func (m *Master) NodeSecrets(ctx context.Context, node string, body []byte, auth
 		}
 		out.Workers = append(out.Workers, ws)
 	}
+	missing := tenantsMissing(na, req.RegistryAuth)
+	for _, tenant := range req.RegistryAuth {
+		ra := api.TenantRegistryAuth{Tenant: tenant}
+		switch {
+		case slices.Contains(missing, tenant):
+			ra.Error = fmt.Sprintf("node %s runs no worker and pulls no image of tenant %s", node, tenant)
+		default:
+			auth, err := desired.TenantRegistryAuth(ctx, m.store, ring, tenant)
+			if err != nil {
+				ra.Error = err.Error()
+			} else if auth != nil {
+				ra.Config = auth.Marshal()
+				names++
+			}
+		}
+		out.RegistryAuth = append(out.RegistryAuth, ra)
+	}
 	plain, err := json.Marshal(out)
 	if err != nil {
 		return nil, 0, err
@@ -236,8 +255,8 @@ func (m *Master) NodeSecrets(ctx context.Context, node string, body []byte, auth
 const assignWait = 3 * time.Second
 
 // awaitAssignment returns the node's assignment as the leader published it, for the node's
-// session owner, waiting up to assignWait for one that holds every worker asked for.
-func (m *Master) awaitAssignment(ctx context.Context, node string, owner int64, workers []cluster.WorkerKey) (cluster.NodeAssignment, error) {
+// session owner, waiting up to assignWait for one that holds everything asked for (want).
+func (m *Master) awaitAssignment(ctx context.Context, node string, owner int64, want func(cluster.NodeAssignment) bool) (cluster.NodeAssignment, error) {
 	t := time.NewTimer(assignWait)
 	defer t.Stop()
 	for {
@@ -248,7 +267,7 @@ func (m *Master) awaitAssignment(ctx context.Context, node string, owner int64, 
 			na, ok = st.assigns[node]
 			ok = ok && na.Session == owner
 		}
-		if ok && holdsAll(na, workers) {
+		if ok && want(na) {
 			return na, nil
 		}
 		select {
@@ -264,8 +283,32 @@ func (m *Master) awaitAssignment(ctx context.Context, node string, owner int64, 
 		case !ok:
 			return na, fmt.Errorf("%w: node %s has no assignment of its current session yet", api.ErrNotReady, node)
 		}
-		return na, nil // the workers it lacks get their error
+		return na, nil // what it lacks gets its error
 	}
+}
+
+// tenantsMissing lists the tenants of tenants of which the node's assignment has neither a
+// worker nor an image to pre-pull: the node gets no registry credentials of theirs.
+func tenantsMissing(na cluster.NodeAssignment, tenants []string) []string {
+	if len(tenants) == 0 {
+		return nil
+	}
+	has := map[string]bool{}
+	for _, w := range na.Workers {
+		if !w.Stop {
+			has[w.Tenant] = true
+		}
+	}
+	for _, t := range na.PrepullTenants {
+		has[t] = true
+	}
+	var out []string
+	for _, t := range tenants {
+		if !has[t] {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 func holdsAll(na cluster.NodeAssignment, workers []cluster.WorkerKey) bool {

@@ -382,8 +382,8 @@ func (a *API) listTenants(w http.ResponseWriter, r *http.Request) {
 		}
 		tv := master.TenantView(jobs, t.Tenant)
 		// Whether it has registry credentials, and for which hosts: never what they are.
-		if auth, err := desired.TenantRegistryAuth(r.Context(), a.store, name); err == nil && auth != nil {
-			tv.RegistryAuth, tv.RegistryHosts = true, auth.Hosts()
+		if hosts, ok, err := desired.TenantRegistryHosts(r.Context(), a.store, name); err == nil && ok {
+			tv.RegistryAuth, tv.RegistryHosts = true, hosts
 		}
 		out = append(out, tv)
 	}
@@ -403,7 +403,12 @@ func (a *API) setRegistryAuth(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	hosts, err := desired.SetTenantRegistryAuth(r.Context(), a.store, name, data)
+	ring, err := a.m.Keyring()
+	if err != nil {
+		failErr(w, fmt.Errorf("%w: the masters' keyring: %v", api.ErrInternal, err))
+		return
+	}
+	hosts, err := desired.SetTenantRegistryAuth(r.Context(), a.store, ring, name, data)
 	if err != nil {
 		failErr(w, err)
 		return
