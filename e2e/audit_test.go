@@ -350,7 +350,7 @@ func ethIPv4TCP(src, dst uint16, payload string) []byte {
 
 // httpsAdmin is an admin client of the cluster's https:// master, trusting the CA its first
 // start made in the data directory.
-func httpsAdmin(t *testing.T, h *harness, url string) *api.Client {
+func httpsAdmin(t testing.TB, h *harness, url string) *api.Client {
 	t.Helper()
 	data := filepath.Join(h.Dir, "data")
 	var pool *x509.CertPool

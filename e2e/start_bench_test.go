@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/keyring"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -25,14 +26,20 @@ import (
 // job of 1 and of 16 sleeping workers. Each iteration submits the job, then kills it. From
 // the agent's debug log it traces where the time went: the assignment's arrival at the
 // agent, the driver's starts (first begun, last done), the node record handed to the
-// keeper, the record in the store, the CLI's return. Run it alone:
+// keeper, the record in the store, the CLI's return. With secrets=1 each worker names a
+// tenant secret, which its agent fetches from the master (HTTPS, signed, sealed) and writes
+// before the worker starts: the difference is what secret delivery adds. Run it alone:
 //
 //	CI=true go test -run '^$' -bench AgentStart -benchtime 5x ./e2e/
 func BenchmarkAgentStart(b *testing.B) {
 	const slots = 16
 	h := newHarness(b, 2*time.Second)
-	url := h.StartMaster("m1")
-	cl := h.AdminClient(url)
+	keyFile := filepath.Join(h.Dir, "secrets.key")
+	if _, err := keyring.Generate(keyFile); err != nil {
+		b.Fatal(err)
+	}
+	url := strings.Replace(h.StartMaster("m1", "--tls", "--secrets-key", keyFile), "http://", "https://", 1)
+	cl := httpsAdmin(b, h, url)
 	ctx := context.Background()
 	testenv.Eventually(b, "m1 leads", 30*time.Second, func() bool { hl, err := cl.Health(ctx); return err == nil && hl.Leader })
 	h.StartAgent("n1", "dc-a", "r1", slots, "--heartbeat", "1s", "--log-level", "debug")
@@ -40,8 +47,15 @@ func BenchmarkAgentStart(b *testing.B) {
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		b.Fatal(err)
 	}
-	for _, workers := range []int{1, slots} {
-		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+	if _, err := cl.SetSecret(ctx, "e2e", "db", []byte("bench-secret-value")); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct{ workers, secrets int }{{1, 0}, {1, 1}, {slots, 0}, {slots, 1}} {
+		workers, secrets := c.workers, ""
+		if c.secrets > 0 {
+			secrets = "secrets: [db]\n"
+		}
+		b.Run(fmt.Sprintf("workers=%d/secrets=%d", workers, c.secrets), func(b *testing.B) {
 			var toRunning, submitWait []time.Duration
 			var traces []string
 			for i := 0; b.Loop(); i++ {
@@ -53,7 +67,7 @@ workers: %d
 resources: {memory: 16Mi, cpu: 0.1}
 command: [/bin/sleep, "100000"]
 gracePeriod: 1s
-`, job, workers)), 0o644); err != nil {
+%s`, job, workers, secrets)), 0o644); err != nil {
 					b.Fatal(err)
 				}
 				seen := h.watchStart(b, job, workers)
@@ -90,8 +104,8 @@ gracePeriod: 1s
 			}
 			b.ReportMetric(median(toRunning).Seconds(), "assigned-to-running-s")
 			b.ReportMetric(median(submitWait).Seconds(), "submit-wait-s")
-			b.Logf("figure: one agent, %d slots, %d workers, %d runs: assignment written -> all running %v (median %v); job submit --wait %v (median %v)",
-				slots, workers, len(toRunning), rounded(toRunning), median(toRunning).Round(time.Millisecond), rounded(submitWait), median(submitWait).Round(time.Millisecond))
+			b.Logf("figure: one agent, %d slots, %d workers, %d secrets each, %d runs: assignment written -> all running %v (median %v); job submit --wait %v (median %v)",
+				slots, workers, c.secrets, len(toRunning), rounded(toRunning), median(toRunning).Round(time.Millisecond), rounded(submitWait), median(submitWait).Round(time.Millisecond))
 			b.Logf("trace of the last run, ms from the CLI's start: %s", traces[len(traces)-1])
 		})
 	}
