@@ -95,11 +95,18 @@ var errSecretsGone = errors.New("the worker was stopped")
 // deliverSecrets fetches worker id's secrets (the assignment wa names them) from the
 // leading master and writes them in its directory for user u (nil: the agent's own). It
 // returns the refs written: the versions the master had, which may be newer than wa's.
-func (a *Agent) deliverSecrets(ctx context.Context, f *workerFiles, id string, wa cluster.WorkerAssignment, u *isolation.User) ([]cluster.SecretRef, error) {
+func (a *Agent) deliverSecrets(ctx context.Context, f *workerFiles, id string, wa cluster.WorkerAssignment, u *isolation.User) (refs []cluster.SecretRef, err error) {
+	start := time.Now()
 	got, err := a.fetchSecrets(ctx, wa.Key)
 	if err != nil {
 		return nil, err
 	}
+	fetched := time.Now()
+	defer func() {
+		if err == nil {
+			a.log.Debug("secrets delivered", "worker", id, "secrets", len(refs), "fetch", fetched.Sub(start), "write", time.Since(fetched), "took", time.Since(start))
+		}
+	}()
 	defer func() {
 		for _, s := range got {
 			clear(s.Value)

@@ -102,6 +102,13 @@ gracePeriod: 1s
 				time.Sleep(500 * time.Millisecond)
 				b.StartTimer()
 			}
+			if c.secrets > 0 {
+				fetch, write := h.secretDeliveries(b, "s"+fmt.Sprint(workers)+"-")
+				b.ReportMetric(median(fetch).Seconds()*1000, "secret-fetch-ms")
+				b.ReportMetric(median(write).Seconds()*1000, "secret-write-ms")
+				b.Logf("figure: secret delivery per worker (%d starts): fetch from the master (signed, HTTPS, sealed) median %v, p90 %v; files written median %v",
+					len(fetch), median(fetch).Round(10*time.Microsecond), percentile(fetch, 0.9).Round(10*time.Microsecond), median(write).Round(10*time.Microsecond))
+			}
 			b.ReportMetric(median(toRunning).Seconds(), "assigned-to-running-s")
 			b.ReportMetric(median(submitWait).Seconds(), "submit-wait-s")
 			b.Logf("figure: one agent, %d slots, %d workers, %d secrets each, %d runs: assignment written -> all running %v (median %v); job submit --wait %v (median %v)",
@@ -246,4 +253,48 @@ func rounded(ds []time.Duration) []time.Duration {
 		out[i] = d.Round(time.Millisecond)
 	}
 	return out
+}
+
+// secretDeliveries reads node n1's agent log for the secret deliveries of the workers of
+// jobs named with prefix: how long each fetch from the master and each write of the files
+// took.
+func (h *harness) secretDeliveries(tb testing.TB, prefix string) (fetch, write []time.Duration) {
+	f, err := os.Open(filepath.Join(h.Dir, "agent-n1.log"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, `msg="secrets delivered"`) {
+			continue
+		}
+		attrs := map[string]string{}
+		for _, a := range logAttr.FindAllStringSubmatch(line, -1) {
+			attrs[a[1]] = strings.Trim(a[2], `"`)
+		}
+		if !strings.Contains(attrs["worker"], ".n1."+prefix) && !strings.HasPrefix(attrs["worker"], "n1."+prefix) {
+			continue
+		}
+		if d, err := time.ParseDuration(attrs["fetch"]); err == nil {
+			fetch = append(fetch, d)
+		}
+		if d, err := time.ParseDuration(attrs["write"]); err == nil {
+			write = append(write, d)
+		}
+	}
+	return fetch, write
+}
+
+// percentile is the p-th of ds (0 < p <= 1), nearest rank.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s))*p+0.999999) - 1
+	return s[min(max(i, 0), len(s)-1)]
 }
