@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -84,9 +83,6 @@ func (a *Agent) removeSecrets(id string) error {
 	}
 	return nil
 }
-
-// sameRefs reports whether the delivered secrets are the ones wanted, versions included.
-func sameRefs(a, b []cluster.SecretRef) bool { return slices.Equal(a, b) }
 
 // errSecretsGone: the worker's directory went (it was stopped) while its secrets were on
 // their way.

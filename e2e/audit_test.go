@@ -359,7 +359,7 @@ func httpsAdmin(t testing.TB, h *harness, url string) *api.Client {
 		pool, err = api.CAPool(filepath.Join(data, pki.CACertFile))
 		return err == nil
 	})
-	cl := clustertest.AdminClient(t, data, url) // waits for the token
+	clustertest.AdminClient(t, data, url) // waits for the token
 	tok, _ := os.ReadFile(filepath.Join(data, api.AdminTokenFile))
 	cl, err := api.NewClient(url, strings.TrimSpace(string(tok)), api.WithRootCAs(pool))
 	if err != nil {
