@@ -353,17 +353,7 @@ func (a *Agent) secretsPresent(id string) bool {
 // be fetched: it waits and tries again with the start backoff, its state saying why. Not a
 // crash: the master does not take a master or network outage for a crash loop.
 func (r *run) secretsFailed(s *slot, seq int, err error) {
-	s.busy = false
-	if seq != s.seq {
-		return
-	}
-	s.failures++
-	s.state, s.since = cluster.WorkerFailed, time.Now()
-	s.lastExit = "waiting for its secrets: " + strings.Join(strings.Fields(err.Error()), " ")
-	s.retryAt = time.Now().Add(r.backoff(s.failures))
-	r.log.Warn("worker waits for its secrets", "worker", s.id, "attempt", s.failures, "retry_in", r.backoff(s.failures), "err", err)
-	r.reconcile()
-	r.publishSoon()
+	r.notStarted(s, seq, "waiting for its secrets", "worker waits for its secrets", err)
 }
 
 // refreshSecrets gives a running worker the new versions of its secrets: each file replaced

@@ -142,7 +142,7 @@ func startCapture(t *testing.T) *capture {
 	c := &capture{file: filepath.Join(t.TempDir(), "run.pcap")}
 	// -U writes each packet as it comes, so that stop loses nothing; -s 0 whole packets.
 	c.cmd = exec.Command(bin, "-i", "lo", "-U", "-s", "0", "-n", "-w", c.file, "tcp and not port 2181 and not port 5055")
-	var errOut lockedBuffer
+	var errOut testenv.Buffer
 	c.cmd.Stderr = &errOut
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)

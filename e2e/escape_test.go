@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -40,7 +39,7 @@ func TestTenantCannotEscape(t *testing.T) {
 	}
 	ctx := context.Background()
 	// Everything the cluster logs, at every level, for the secrets case: no value in it.
-	clusterLog := &lockedBuffer{}
+	clusterLog := &testenv.Buffer{}
 	l := clustertest.StartLocal(t, binary, daemon.LocalConfig{Nodes: 6, RacksPerDC: 1,
 		Logger: slog.New(slog.NewMultiHandler(testenv.Logger(t, slog.LevelWarn).Handler(),
 			slog.NewTextHandler(clusterLog, &slog.HandlerOptions{Level: slog.LevelDebug})))})
@@ -224,7 +223,7 @@ gracePeriod: 1s
 // reaches the running worker without a restart (same pid); the value is nowhere else: not
 // in `job status -o json`, events, the worker's log, the CLI's output, the cluster's log,
 // nor the store (store.json).
-func secretsCase(t *testing.T, l *clustertest.Local, tenants map[string]*api.Client, uids map[string]int, clusterLog *lockedBuffer) {
+func secretsCase(t *testing.T, l *clustertest.Local, tenants map[string]*api.Client, uids map[string]int, clusterLog *testenv.Buffer) {
 	ctx := context.Background()
 	v1, v2 := "alpha-db-"+api.NewToken()[:16], "alpha-db-rotated-"+api.NewToken()[:16]
 	alphaTok, err := l.Client.TenantToken(ctx, "alpha")
@@ -347,24 +346,6 @@ func jobLog(t *testing.T, l *clustertest.Local, job string) []byte {
 		t.Fatal(err)
 	}
 	return b.Bytes()
-}
-
-// lockedBuffer is a log sink read while written.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestNonRootAgentRefusesTenantWorkers: `stormdock up` run by an unprivileged user (uid

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,24 +25,6 @@ import (
 	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/httpapi"
 )
-
-// syncBuffer is a log sink the test reads while the master writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // nodeKeys is a simulated node's identity: what the real agent makes in its state dir.
 type nodeKeys struct {
@@ -118,7 +99,7 @@ func TestSecretsAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testenv.Buffer
 	m, _, _ := tc.Master("m1", func(c *master.Config) {
 		c.Keyring = ring
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
