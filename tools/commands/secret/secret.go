@@ -26,7 +26,7 @@ var Command = &cli.Command{
 				"which running workers get live (their file rewritten, then SIGHUP)",
 			ArgsUsage: "TENANT NAME --from-file FILE|-",
 			Flags: append(commands.MasterFlags(),
-				&cli.StringFlag{Name: "from-file", Usage: "`FILE` holding the value (at most 64 KiB), - for stdin", Required: true}),
+				&cli.StringFlag{Name: "from-file", Usage: "`FILE` holding the value (at most 64 KiB), - for stdin (required)"}),
 			Action: secretSet,
 		},
 		{
@@ -80,6 +80,9 @@ func secretSet(c *cli.Context) error {
 		return err
 	}
 	file := c.String("from-file")
+	if file == "" {
+		return commands.UsageErr("secret set needs --from-file FILE (- reads stdin): values never go on a command line")
+	}
 	var value []byte
 	source := file
 	if file == "-" {
