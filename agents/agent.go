@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -250,6 +251,8 @@ type Agent struct {
 	// imgs with them: they are read through driver, modesNow and images.
 	drvMu sync.RWMutex
 	imgs  Images
+	// id is the node's identity (identity.go), loaded by Run.
+	id *identity
 
 	imageMetrics *imageMetrics
 
@@ -267,6 +270,12 @@ type Agent struct {
 	// lastAccess holds what the store last said of shared images and tenants' registry
 	// credentials, for starts while it does not answer (images.go).
 	lastAccess map[string][]byte
+	// masterHTTP reaches the leading master for secrets, as advertised by masterHTTPID
+	// (its URL and certificate).
+	masterHTTP   *http.Client
+	masterHTTPID string
+	// regAuth holds tenants' sealed registry credentials as the master opened them.
+	regAuth map[string]openedAuth
 }
 
 // New returns an agent for the node in cfg that runs workers through drivers and keeps its
@@ -418,6 +427,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer unlock()
 	a.prepareDockerLauncher()
+	if a.id, err = loadIdentity(a.cfg.StateDir); err != nil {
+		return err
+	}
 
 	r := newRun(ctx, a)
 	a.mu.Lock()

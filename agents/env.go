@@ -168,6 +168,12 @@ func (a *Agent) spec(id string, wa cluster.WorkerAssignment, mode string, port i
 	if wa.OutputToken != "" {
 		env[EnvOutputTokenFile] = a.tokenPath(id, mode)
 	}
+	if len(wa.Secrets) > 0 {
+		env[EnvSecretsDir] = a.secretsPath(id, mode)
+		if mode == cluster.IsolationDocker {
+			mounts = append(mounts, isolation.Mount{Source: a.secretsDir(id), Target: containerSecretsDir, ReadOnly: true})
+		}
+	}
 	a.routerTLSEnv(env, id, wa, mode)
 	return isolation.Spec{
 		ID:           id,

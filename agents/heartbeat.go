@@ -108,6 +108,7 @@ func (r *run) record() cluster.NodeRecord {
 		Logs:             r.a.cfg.Logs,
 		Agent:            r.a.instance,
 		Started:          r.began,
+		Identity:         r.a.identityRecord(),
 	}
 }
 

@@ -75,6 +75,11 @@ func (a *Agent) imageAccess(ctx context.Context, tenant, ref string) (images.Acc
 	if val == nil {
 		return acc, nil
 	}
+	if _, ok := cluster.ParseSealedRegistryAuth(val); ok {
+		// Sealed with the masters' keyring: the leading master opens them for this node.
+		acc.Auth, err = a.tenantRegistryAuth(ctx, tenant, val)
+		return acc, err
+	}
 	if acc.Auth, err = images.ParseAuth(val, "tenant "+tenant+"'s registry credentials"); err != nil {
 		return acc, fmt.Errorf("read tenant %s's registry credentials: %w", tenant, err)
 	}
@@ -227,15 +232,22 @@ func (r *run) fetch(ctx context.Context, s *slot, seq int, tenant, ref string) e
 // is not a crash: the restart counts stay, so the master does not take a registry outage
 // for a crash loop and move the worker; the start is retried with the start backoff.
 func (r *run) pullFailed(s *slot, seq int, err error) {
+	r.notStarted(s, seq, "image pull failed", "image pull failed", err)
+}
+
+// notStarted records a start that did not happen for a reason outside the worker (its
+// image, its secrets): not a crash, so the restart counts stay; it is tried again with the
+// start backoff, its state showing why (lastExit: "what: err", in one line).
+func (r *run) notStarted(s *slot, seq int, what, logMsg string, err error) {
 	s.busy = false
 	if seq != s.seq {
 		return
 	}
 	s.failures++
 	s.state, s.since = cluster.WorkerFailed, time.Now()
-	s.lastExit = "image pull failed: " + strings.Join(strings.Fields(err.Error()), " ")
+	s.lastExit = what + ": " + strings.Join(strings.Fields(err.Error()), " ")
 	s.retryAt = time.Now().Add(r.backoff(s.failures))
-	r.log.Warn("image pull failed", "worker", s.id, "attempt", s.failures, "retry_in", r.backoff(s.failures), "err", err)
+	r.log.Warn(logMsg, "worker", s.id, "attempt", s.failures, "retry_in", r.backoff(s.failures), "err", err)
 	r.reconcile()
 }
 

@@ -100,12 +100,12 @@ func sameFile(a, b string) (bool, error) {
 	return os.SameFile(fa, fb), nil
 }
 
-// removeLease deletes a worker's lease directory once the worker is gone.
+// removeLease deletes a worker's lease directory, and its secrets, once the worker is gone.
 func (a *Agent) removeLease(id string) error {
 	if err := os.RemoveAll(filepath.Dir(a.leaseFile(id))); err != nil {
 		return fmt.Errorf("remove lease of %s: %w", id, err)
 	}
-	return nil
+	return a.removeSecrets(id)
 }
 
 // touch sets a file's times to now, creating it if missing.

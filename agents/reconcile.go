@@ -44,6 +44,20 @@ type slot struct {
 	held       bool // the driver still holds the ended worker: release it before a start
 	seq        int  // instance counter: results of an older instance are ignored
 	cancelWait context.CancelFunc
+
+	// files guards the worker's secrets directory; delivered are the secrets in it (names
+	// and versions). A rotation in flight is secretsBusy; one that failed is tried again
+	// at secretsRetry.
+	files           *workerFiles
+	delivered       []cluster.SecretRef
+	secretsBusy     bool
+	secretsFailures int
+	secretsRetry    time.Time
+}
+
+// record is what the agent keeps on disk of the slot.
+func (s *slot) record() record {
+	return record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts, Secrets: s.delivered}
 }
 
 // active reports whether the worker's process may be alive.
@@ -90,6 +104,14 @@ func (r *run) reconcile() {
 		} else if !equalAssignment(s.assign, want) {
 			r.liveChange(s, want)
 		}
+		if s.state == cluster.WorkerRunning && !s.busy && !s.secretsBusy {
+			switch {
+			case !behind(s.delivered, s.assign.Secrets):
+				s.secretsFailures, s.secretsRetry = 0, time.Time{}
+			case !now.Before(s.secretsRetry):
+				r.refreshSecrets(s)
+			}
+		}
 	}
 	if g.canRun {
 		// Starts run concurrently, each in a goroutine of its own, at most as many as the
@@ -98,7 +120,7 @@ func (r *run) reconcile() {
 		for id, want := range r.desired {
 			s := r.workers[id]
 			if s == nil {
-				s = &slot{id: id, assign: want, known: true, mode: isolationOf(want)}
+				s = &slot{id: id, assign: want, known: true, mode: isolationOf(want), files: &workerFiles{}}
 				r.workers[id] = s
 			}
 			if s.busy || s.evicted || s.state == cluster.WorkerRunning || now.Before(s.retryAt) || room <= 0 {
@@ -131,6 +153,9 @@ func (r *run) armRetry() {
 	for _, s := range r.workers {
 		if !s.busy && !s.retryAt.IsZero() && (next.IsZero() || s.retryAt.Before(next)) {
 			next = s.retryAt
+		}
+		if s.state == cluster.WorkerRunning && !s.busy && !s.secretsBusy && !s.secretsRetry.IsZero() && (next.IsZero() || s.secretsRetry.Before(next)) {
+			next = s.secretsRetry
 		}
 	}
 	if next.IsZero() || next.Equal(r.retryAt) {
@@ -206,7 +231,7 @@ func (r *run) start(s *slot) {
 		r.startFailed(s, err)
 		return
 	}
-	if err := r.a.writeRecord(s.id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
+	if err := r.a.writeRecord(s.id, s.record()); err != nil {
 		r.startFailed(s, err)
 		return
 	}
@@ -236,11 +261,27 @@ func (r *run) start(s *slot) {
 	s.seq++
 	seq, held, ctx := s.seq, s.held, r.ctx
 	pull := s.mode == cluster.IsolationDocker && r.a.images() != nil && spec.Image != ""
+	// A worker restarted with the secrets it has (a crash, the agent's restart) starts
+	// without asking the master: only missing or older ones are fetched.
+	fetch := len(s.assign.Secrets) > 0 && (behind(s.delivered, s.assign.Secrets) || !r.a.secretsPresent(s.id))
+	files, assign := s.files, s.assign
 	r.goOp(func() {
 		if held {
 			if _, err := drv.Stop(ctx, s.id, 0); err != nil && !errors.Is(err, isolation.ErrNotFound) {
 				r.log.Warn("release ended worker", "worker", s.id, "err", err)
 			}
+		}
+		if fetch {
+			refs, err := r.a.deliverSecrets(ctx, files, s.id, assign, u)
+			if err != nil {
+				r.post(func() { r.secretsFailed(s, seq, err) })
+				return
+			}
+			r.post(func() {
+				if s.seq == seq {
+					s.delivered = refs
+				}
+			})
 		}
 		if pull {
 			if err := r.fetch(ctx, s, seq, s.assign.Tenant, spec.Image); err != nil {
@@ -323,7 +364,7 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 		r.a.metrics.oomKills.WithLabelValues(s.assign.Key.Job).Inc()
 	}
 	r.a.metrics.restarts.WithLabelValues(s.assign.Key.Job).Inc()
-	if err := r.a.writeRecord(s.id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
+	if err := r.a.writeRecord(s.id, s.record()); err != nil {
 		r.log.Warn("write worker record", "worker", s.id, "err", err)
 	}
 	r.reconcile()
@@ -372,6 +413,9 @@ func (r *run) stopped(s *slot, remove bool, ex isolation.Exit, err error) {
 		delete(r.workers, s.id)
 		if err := r.a.removeRecord(s.id); err != nil {
 			r.log.Warn("remove worker record", "worker", s.id, "err", err)
+		}
+		if err := s.files.remove(r.a, s.id); err != nil {
+			r.log.Warn("remove secrets", "worker", s.id, "err", err)
 		}
 		if err := r.a.removeLease(s.id); err != nil {
 			r.log.Warn("remove lease", "worker", s.id, "err", err)
@@ -444,9 +488,9 @@ func (r *run) adoptOne(mode string, w isolation.Worker) error {
 		r.log.Warn("unreadable worker record: the worker will be replaced", "worker", id, "err", err)
 		ok = false
 	}
-	s := &slot{id: id, mode: mode, known: ok}
+	s := &slot{id: id, mode: mode, known: ok, files: &workerFiles{}}
 	if ok {
-		s.assign, s.port, s.restarts = rec.Assignment, rec.Port, rec.Restarts
+		s.assign, s.port, s.restarts, s.delivered = rec.Assignment, rec.Port, rec.Restarts, rec.Secrets
 	} else {
 		s.assign = cluster.WorkerAssignment{Key: cluster.WorkerKey{Job: w.Spec.Job, Worker: w.Spec.Worker}}
 		s.port, _ = strconv.Atoi(w.Spec.Env[EnvPort])

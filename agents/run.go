@@ -287,11 +287,13 @@ func (r *run) adopt() error {
 		// A worker of an isolation whose engine does not answer yet is kept for when it
 		// does (AddDriver adopts it then).
 		if rec, ok, _ := r.a.readRecord(id); ok && slices.Contains(r.a.cfg.LateIsolation, rec.Isolation) && r.a.driver(rec.Isolation) == nil {
+			kept[id] = true // and its secrets with it
 			continue
 		}
 		_ = r.a.removeRecord(id)
 		_ = r.a.removeLease(id)
 	}
+	r.a.sweepSecrets(kept)
 	return nil
 }
 

@@ -20,6 +20,8 @@ type record struct {
 	Isolation  string                   `json:"isolation"`
 	Port       int                      `json:"port"`
 	Restarts   int                      `json:"restarts"`
+	// Secrets are the worker's secrets in its directory, names and versions (never values).
+	Secrets []cluster.SecretRef `json:"secrets,omitempty"`
 }
 
 func (a *Agent) recordPath(id string) string { return filepath.Join(a.workersDir(), id+".json") }

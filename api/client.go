@@ -281,6 +281,37 @@ func (c *Client) ClearRegistryAuth(ctx context.Context, tenant string) error {
 	return c.doJSON(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(tenant)+"/registry-auth/clear", nil, nil)
 }
 
+// SetSecret stores value as the tenant's secret name (a new version when it has one): the
+// admin for any tenant, a tenant's token for its own. The value goes in the body alone.
+func (c *Client) SetSecret(ctx context.Context, tenant, name string, value []byte) (SecretSetReply, error) {
+	var out SecretSetReply
+	err := c.do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(tenant)+"/secrets/"+url.PathEscape(name), value, "application/octet-stream", &out)
+	return out, err
+}
+
+// DeleteSecret removes the tenant's secret name.
+func (c *Client) DeleteSecret(ctx context.Context, tenant, name string) error {
+	return c.doJSON(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(tenant)+"/secrets/"+url.PathEscape(name)+"/delete", nil, nil)
+}
+
+// Secrets lists the tenant's secrets ("": every tenant's the caller may see), never values.
+func (c *Client) Secrets(ctx context.Context, tenant string) ([]SecretView, error) {
+	path := "/v1/secrets"
+	if tenant != "" {
+		path += "?tenant=" + url.QueryEscape(tenant)
+	}
+	var out []SecretView
+	err := c.doJSON(ctx, http.MethodGet, path, nil, &out)
+	return out, err
+}
+
+// RewrapSecrets seals every secret again with the masters' active key (admin only).
+func (c *Client) RewrapSecrets(ctx context.Context) (SecretsRewrapReply, error) {
+	var out SecretsRewrapReply
+	err := c.doJSON(ctx, http.MethodPost, "/v1/secrets/rewrap", nil, &out)
+	return out, err
+}
+
 // SharedImages lists the shared repository prefixes (admin only).
 func (c *Client) SharedImages(ctx context.Context) ([]string, error) {
 	var out SharedImages

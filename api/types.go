@@ -138,6 +138,32 @@ type RegistryAuthReply struct {
 	Hosts  []string `json:"hosts"`
 }
 
+// SecretView is what the API shows of a tenant secret: never its value.
+type SecretView struct {
+	Tenant    string    `json:"tenant"`
+	Name      string    `json:"name"`
+	Version   int64     `json:"version"`
+	Size      int       `json:"size"`
+	Created   time.Time `json:"created"`
+	Updated   time.Time `json:"updated"`
+	UpdatedBy string    `json:"updatedBy,omitempty"`
+}
+
+// SecretSetReply answers `secret set` (PUT /v1/tenants/NAME/secrets/SECRET): the secret as
+// stored now, and whether the value changed (an equal value makes no new version).
+type SecretSetReply struct {
+	SecretView
+	Changed bool `json:"changed"`
+}
+
+// SecretsRewrapReply answers POST /v1/secrets/rewrap: how many values were sealed again
+// with the masters' active key, which one that is, and how many already were.
+type SecretsRewrapReply struct {
+	Key       string `json:"key"`
+	Rewrapped int    `json:"rewrapped"`
+	Current   int    `json:"current"`
+}
+
 // SharePrefix is the body of POST /v1/images/share and /v1/images/unshare.
 type SharePrefix struct {
 	Prefix string `json:"prefix"`

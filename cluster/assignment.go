@@ -67,17 +67,24 @@ func (a Assignment) Check() error {
 
 // SameRun reports whether two assignments of one worker run the same thing, so that a
 // running worker can stay: command, image (and its pinned digest), environment but its live
-// keys, resources, isolation, output, the uid and the restart rollout. The generation is left out:
+// keys, resources, isolation, output, the uid, the names of its secrets and the restart
+// rollout. The generation is left out:
 // a new generation that changes none of these reaches a worker live.
 func (a WorkerAssignment) SameRun(b WorkerAssignment) bool {
 	return a.Key == b.Key && a.Tenant == b.Tenant && a.Restart == b.Restart &&
 		a.Isolation == b.Isolation && a.Image == b.Image && a.Pinned == b.Pinned &&
 		a.Output == b.Output && a.OutputToken == b.OutputToken && a.System == b.System && a.UID == b.UID && a.Resources == b.Resources &&
-		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env)
+		slices.Equal(a.Command, b.Command) && maps.Equal(a.Env, b.Env) && sameSecretNames(a.Secrets, b.Secrets)
+}
+
+// sameSecretNames reports whether two workers get the same secrets, whatever their
+// versions: a new version reaches a running worker live.
+func sameSecretNames(a, b []SecretRef) bool {
+	return slices.EqualFunc(a, b, func(x, y SecretRef) bool { return x.Name == y.Name })
 }
 
 // SameLive reports whether two assignments of one worker give it the same live
-// configuration (WorkerConfig).
+// configuration (WorkerConfig). Its secrets' versions are apart: see SameRun.
 func (a WorkerAssignment) SameLive(b WorkerAssignment) bool {
 	return a.Workers == b.Workers && a.Epoch == b.Epoch && a.Generation == b.Generation &&
 		slices.Equal(a.Routers, b.Routers) && maps.Equal(a.LiveEnv, b.LiveEnv)

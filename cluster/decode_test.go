@@ -100,6 +100,11 @@ func TestDecodeTable(t *testing.T) {
 		{"bad output", base + "output: ftp://x\n", "output: must be a file:// or http:// URL"},
 		{"grace", base + "gracePeriod: soon\n", "gracePeriod: must be a duration like 30s or 1m (line 6)"},
 		{"priority", base + "priority: 5000\n", "priority: must be between 0 and 1000 (line 6)"},
+		{"secret name", base + "secrets: [db, ../etc]\n", "secrets[1]: secret name \"../etc\" must be 1-63 letters, digits, '_', '-' or '.', starting with a letter or digit (line 6)"},
+		{"secret twice", base + "secrets: [db, db]\n", "secrets[1]: \"db\" is listed twice"},
+		{"secret dot", base + "secrets: [.hidden]\n", "secrets[0]: secret name \".hidden\" must be"},
+		{"output secret unmirrored", base + "outputSecret: sinkpass\n", "outputSecret: goes with a mirrored job's output"},
+		{"output secret name", base + "links: [a, b]\noutput: file:///x\noutputSecret: a/b\n", "outputSecret: secret name \"a/b\" must be"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

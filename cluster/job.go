@@ -70,6 +70,12 @@ type JobSpec struct {
 	LiveEnv []string `json:"liveEnv,omitempty" yaml:"liveEnv,omitempty"`
 	// Update says how `job update` replaces the workers whose run spec changed.
 	Update UpdatePolicy `json:"update,omitzero" yaml:"update,omitempty"`
+	// Secrets names tenant secrets each worker gets as a file, $STORMDOCK_SECRETS_DIR/NAME
+	// (see secret.go); a new value reaches running workers live.
+	Secrets []string `json:"secrets,omitempty" yaml:"secrets,omitempty"`
+	// OutputSecret names the tenant secret a mirrored job's output routers get, the same
+	// way, for their sink's credentials (an HTTP sink sends it as a bearer token).
+	OutputSecret string `json:"outputSecret,omitempty" yaml:"outputSecret,omitempty"`
 }
 
 // SplitEnv splits the spec's environment into what a worker runs with (a change replaces

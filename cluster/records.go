@@ -312,6 +312,18 @@ type NodeRecord struct {
 	// SessionRequested is the session timeout the agent asked for, shown only when the
 	// store granted less (its maxSessionTimeout is lower).
 	SessionRequested Duration `json:"sessionRequested,omitempty"`
+	// Identity holds the node's public keys: the leading master hands the node its
+	// workers' secrets only on a request signed with the first, sealed to the second.
+	Identity *NodeIdentity `json:"identity,omitempty"`
+}
+
+// NodeIdentity is a node's public keys, made by its agent at its first start (the private
+// halves never leave its state directory).
+type NodeIdentity struct {
+	// Sign is an Ed25519 public key: requests of the node's agent are signed with it.
+	Sign []byte `json:"sign"`
+	// Seal is an X25519 public key: secrets for the node are sealed to it (HPKE).
+	Seal []byte `json:"seal"`
 }
 
 // WorkerAssignment is everything an agent needs to run one worker. A change of what it runs
@@ -361,6 +373,10 @@ type WorkerAssignment struct {
 	// for its link workers. Like the worker count, they reach a running worker through its
 	// live configuration (WorkerConfig), without a restart.
 	Routers []string `json:"routers,omitempty"`
+	// Secrets are the tenant secrets the worker gets as files (names and versions, never
+	// values: its agent fetches those from the leading master). The names are part of its
+	// run; a new version reaches it live.
+	Secrets []SecretRef `json:"secrets,omitempty"`
 }
 
 // WorkerConfig is a worker's live configuration: the file named by STORMDOCK_CONFIG, which
@@ -404,6 +420,10 @@ type NodeAssignment struct {
 type MasterInfo struct {
 	ID  string `json:"id"`
 	API string `json:"api"`
+	// CertSHA256 is the SHA-256 (hex, of the DER bytes) of the certificate an https:// API
+	// serves: agents fetching their workers' secrets trust it alone (the store, which only
+	// the cluster can write, vouches for it), whatever CA signed it.
+	CertSHA256 string `json:"certSha256,omitempty"`
 }
 
 // LogsEndpoint is an agent's HTTP endpoint for its workers' logs, at the node's Addr.

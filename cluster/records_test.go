@@ -62,3 +62,25 @@ func FuzzCheckName(f *testing.F) {
 		}
 	})
 }
+
+// TestSecretNamesAndKeys: a secret name is a file name that stays in its directory and a
+// store key that stays below its tenant's; nothing else passes.
+func TestSecretNamesAndKeys(t *testing.T) {
+	for _, name := range []string{"", ".", "..", ".env", "a/b", "../x", "-a", "_a", "a b", "a\x00", "a\n", "é", strings.Repeat("a", 64)} {
+		if err := CheckSecretName(name); !errors.Is(err, ErrInvalidName) {
+			t.Errorf("secret name %q: %v, want ErrInvalidName", name, err)
+		}
+		if k, err := SecretKey("acme", name); err == nil {
+			t.Errorf("secret key of %q = %q", name, k)
+		}
+	}
+	for _, name := range []string{"db", "DB_PASSWORD", "api-key", "tls.crt", "a", strings.Repeat("a", 63)} {
+		k, err := SecretKey("acme", name)
+		if err != nil || path.Dir(k) != SecretsKey+"/acme" || path.Base(k) != name {
+			t.Errorf("secret key of %q = %q, %v", name, k, err)
+		}
+	}
+	if _, err := SecretKey("../x", "db"); !errors.Is(err, ErrInvalidName) {
+		t.Errorf("a secret key of tenant ../x: %v", err)
+	}
+}

@@ -65,7 +65,8 @@ func TestParseUpdateProblems(t *testing.T) {
 
 func TestSameRunAndLive(t *testing.T) {
 	base := WorkerAssignment{Key: WorkerKey{Job: "wc", Worker: 1}, Generation: 3, Workers: 4, Epoch: 1,
-		Command: []string{"a"}, Env: map[string]string{"A": "1"}, LiveEnv: map[string]string{"L": "x"}}
+		Command: []string{"a"}, Env: map[string]string{"A": "1"}, LiveEnv: map[string]string{"L": "x"},
+		Secrets: []SecretRef{{Name: "db", Version: 2}}}
 	for _, tc := range []struct {
 		name      string
 		change    func(*WorkerAssignment)
@@ -80,6 +81,13 @@ func TestSameRunAndLive(t *testing.T) {
 		{"command", func(w *WorkerAssignment) { w.Command = []string{"b"} }, false, true},
 		{"restart", func(w *WorkerAssignment) { w.Restart = 7 }, false, true},
 		{"pinned image", func(w *WorkerAssignment) { w.Pinned = "r/x@sha256:1" }, false, true},
+		// A secret's new version reaches the worker live (its file, then SIGHUP); another
+		// set of secrets is another run.
+		{"secret version", func(w *WorkerAssignment) { w.Secrets = []SecretRef{{Name: "db", Version: 3}} }, true, true},
+		{"secret names", func(w *WorkerAssignment) { w.Secrets = []SecretRef{{Name: "api", Version: 2}} }, false, true},
+		{"secret added", func(w *WorkerAssignment) {
+			w.Secrets = []SecretRef{{Name: "db", Version: 2}, {Name: "api", Version: 1}}
+		}, false, true},
 	} {
 		b := base
 		b.Env, b.LiveEnv = map[string]string{"A": "1"}, map[string]string{"L": "x"}

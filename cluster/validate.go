@@ -165,6 +165,7 @@ func (j *JobSpec) Validate() error {
 	j.Update.validate(&ps, "update.", j.Workers)
 	j.Placement.validate(&ps)
 	j.validateLinks(&ps)
+	j.validateSecrets(&ps)
 	if j.Priority < 0 || j.Priority > MaxPriority {
 		ps.add("priority", "must be between 0 and %d", MaxPriority)
 	}

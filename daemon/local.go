@@ -23,10 +23,15 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
 	"github.com/stormdock/stormdock/internal/await"
+	"github.com/stormdock/stormdock/internal/keyring"
 	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/docker"
 	"github.com/stormdock/stormdock/master/eventlog"
 )
+
+// SecretsKeyFile is the masters' keyring in a data directory (`up` makes it; see
+// internal/keyring).
+const SecretsKeyFile = "secrets.key"
 
 // RootSinkDir is where a local cluster started as root keeps mirrored jobs' file sinks
 // unless told otherwise: outside its data directory, which the routers' uids cannot enter.
@@ -80,6 +85,9 @@ type LocalConfig struct {
 	CgroupParent string
 	// Self is the stormdock binary every node runs workers with (AgentConfig.Self).
 	Self string
+	// SecretsKey is the masters' keyring file (MasterConfig.SecretsKey); default
+	// DataDir/secrets.key, made at the first start; "off" turns secrets off.
+	SecretsKey string
 	// Events bounds the cluster's events (eventlog.Config).
 	Events eventlog.Config
 	Logger *slog.Logger
@@ -221,7 +229,16 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	// Its nodes start with the master, in this process: they need no longer than a session
 	// to register, not a whole cluster's re-registration window (the demo loses a node
 	// seconds after the start).
-	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir, SinkDir: cfg.SinkDir,
+	switch cfg.SecretsKey {
+	case "off":
+		cfg.SecretsKey = ""
+	case "":
+		cfg.SecretsKey = filepath.Join(cfg.DataDir, SecretsKeyFile)
+		if _, err := keyring.Ensure(cfg.SecretsKey); err != nil {
+			return fail(err)
+		}
+	}
+	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir, SinkDir: cfg.SinkDir, SecretsKey: cfg.SecretsKey,
 		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, ReregisterGrace: cfg.SessionTimeout, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger}
 	if cfg.TLS {
 		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {

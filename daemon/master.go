@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +23,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/await"
+	"github.com/stormdock/stormdock/internal/keyring"
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/eventlog"
@@ -65,6 +68,9 @@ type MasterConfig struct {
 	Events eventlog.Config
 	// TenantUIDs is the range tenants' uids are given from; zero: the default.
 	TenantUIDs cluster.UIDRange
+	// SecretsKey is the keyring file tenant secrets are sealed with (internal/keyring),
+	// the same on every master; "" turns secrets off.
+	SecretsKey string
 	Logger     *slog.Logger
 }
 
@@ -168,9 +174,15 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 			return nil, err
 		}
 	}
+	var ring *keyring.File
+	if cfg.SecretsKey != "" {
+		if ring, err = keyring.Open(cfg.SecretsKey); err != nil {
+			return nil, err
+		}
+	}
 	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore, SinkDir: cfg.SinkDir,
 		ReregisterGrace: cfg.ReregisterGrace, AvoidPeriod: cfg.AvoidPeriod, AvoidMax: cfg.AvoidMax, Resolver: res, Events: cfg.Events, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger, Registry: m.registry,
-		StoreWaiting: storeWaiting})
+		Keyring: ring, APICertSHA256: certSHA256(cfg.TLS), StoreWaiting: storeWaiting})
 	if err != nil {
 		return nil, err
 	}
@@ -275,4 +287,14 @@ func (m *Master) Close() {
 	if m.ownStore && m.store != nil {
 		m.store.Close()
 	}
+}
+
+// certSHA256 is the SHA-256 (hex) of the certificate conf serves, "" without TLS: the
+// master advertises it so that agents trust that certificate alone (cluster.MasterInfo).
+func certSHA256(conf *tls.Config) string {
+	if conf == nil || len(conf.Certificates) == 0 || len(conf.Certificates[0].Certificate) == 0 {
+		return ""
+	}
+	sum := sha256.Sum256(conf.Certificates[0].Certificate[0])
+	return hex.EncodeToString(sum[:])
 }

@@ -3,9 +3,11 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -36,7 +38,11 @@ func TestTenantCannotEscape(t *testing.T) {
 		t.Skip("needs root")
 	}
 	ctx := context.Background()
-	l := clustertest.StartLocal(t, binary, daemon.LocalConfig{Nodes: 6, RacksPerDC: 1})
+	// Everything the cluster logs, at every level, for the secrets case: no value in it.
+	clusterLog := &testenv.Buffer{}
+	l := clustertest.StartLocal(t, binary, daemon.LocalConfig{Nodes: 6, RacksPerDC: 1,
+		Logger: slog.New(slog.NewMultiHandler(testenv.Logger(t, slog.LevelWarn).Handler(),
+			slog.NewTextHandler(clusterLog, &slog.HandlerOptions{Level: slog.LevelDebug})))})
 	for _, name := range []string{"alpha", "beta"} {
 		if err := l.Client.CreateTenant(ctx, cluster.Tenant{Name: name, MaxPriority: 10}); err != nil {
 			t.Fatal(err)
@@ -204,8 +210,142 @@ gracePeriod: 1s
 			}
 		}
 	})
+	t.Run("SecretsAreFilesOfTheirTenantAlone", func(t *testing.T) {
+		secretsCase(t, l, tenants, uids, clusterLog)
+	})
 	// File sinks outside --sink-dir, through symlinks or onto files the router did not write:
 	// TestFileSinkConfined (multidc_test.go), on a cluster of processes.
+}
+
+// secretsCase: tenant alpha sets a secret with the CLI (from stdin); beta's job naming it is
+// refused at submit; alpha's job reads it from its file, which the host sees as alpha's
+// uid's alone (owner, mode; beta's uid cannot read it or list its directory); a new value
+// reaches the running worker without a restart (same pid); the value is nowhere else: not
+// in `job status -o json`, events, the worker's log, the CLI's output, the cluster's log,
+// nor the store (store.json).
+func secretsCase(t *testing.T, l *clustertest.Local, tenants map[string]*api.Client, uids map[string]int, clusterLog *testenv.Buffer) {
+	ctx := context.Background()
+	v1, v2 := "alpha-db-"+api.NewToken()[:16], "alpha-db-rotated-"+api.NewToken()[:16]
+	alphaTok, err := l.Client.TenantToken(ctx, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenants["alpha"], _ = api.NewClient(l.API(), alphaTok)
+	var cliOut strings.Builder
+	stormdock := func(stdin string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(binary, args...)
+		cmd.Env = append(os.Environ(), "STORMDOCK_DATA="+l.DataDir, "STORMDOCK_MASTER="+l.API(), "STORMDOCK_TOKEN="+alphaTok)
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		cliOut.Write(out)
+		if err != nil {
+			t.Fatalf("stormdock %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	stormdock(v1, "secret", "set", "alpha", "db", "--from-file", "-")
+	if out := stormdock("", "secret", "list", "alpha"); !strings.Contains(out, "db") || !strings.Contains(out, "tenant/alpha") {
+		t.Errorf("secret list:\n%s", out)
+	}
+	_, err = tenants["beta"].SubmitJob(ctx, []byte(`name: thief
+tenant: beta
+workers: 1
+resources: {memory: 32Mi, cpu: 0.05}
+secrets: [db]
+command: [sh, -c, 'exec sleep 600']
+`))
+	if !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), "tenant beta has no secret db") {
+		t.Errorf("beta's job naming alpha's secret: %v; want bad_input", err)
+	}
+	if _, err := l.Client.Job(ctx, "thief"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("the refused job exists: %v", err)
+	}
+	out := worldDir(t)
+	submit(t, tenants["alpha"], fmt.Sprintf(`name: reader
+tenant: alpha
+workers: 1
+resources: {memory: 32Mi, cpu: 0.05}
+secrets: [db]
+command: [sh, -c, 'echo reader started; while :; do cat "$STORMDOCK_SECRETS_DIR/db" > %[1]s/seen.tmp && mv %[1]s/seen.tmp %[1]s/seen; sleep 0.2; done']
+gracePeriod: 1s
+`, out))
+	l.WaitRunning("reader", 1)
+	seen := func(want string) {
+		t.Helper()
+		testenv.EventuallyWith(t, "the worker reads "+want[:14]+"...", testenv.Timeout(30*time.Second), func() (bool, string) {
+			b, _ := os.ReadFile(filepath.Join(out, "seen"))
+			return string(b) == want, fmt.Sprintf("read %d bytes", len(b))
+		})
+	}
+	seen(v1)
+	p := jobProcs(t, "reader", 1)[0]
+	env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.pid))
+	var dir string
+	for _, kv := range strings.Split(string(env), "\x00") {
+		if v, ok := strings.CutPrefix(kv, "STORMDOCK_SECRETS_DIR="); ok {
+			dir = v
+		}
+	}
+	if dir == "" {
+		t.Fatal("the worker's environment names no STORMDOCK_SECRETS_DIR")
+	}
+	for path, mode := range map[string]os.FileMode{dir: 0o500, filepath.Join(dir, "db"): 0o400} {
+		fi, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if fi.Mode().Perm() != mode || int(st.Uid) != uids["alpha"] || int(st.Gid) != uids["alpha"] {
+			t.Errorf("%s: mode %v owner %d:%d; want %v owned by alpha's uid %d", path, fi.Mode().Perm(), st.Uid, st.Gid, mode, uids["alpha"])
+		}
+	}
+	for _, uid := range []int{uids["beta"], uids["alpha"] + 1} {
+		if got, err := asUser(uid, "cat", filepath.Join(dir, "db")); err == nil || strings.Contains(got, v1) {
+			t.Errorf("uid %d reads alpha's secret file: %v", uid, err)
+		}
+		if _, err := asUser(uid, "ls", dir); err == nil {
+			t.Errorf("uid %d lists alpha's secrets directory", uid)
+		}
+	}
+	stormdock(v2, "secret", "set", "alpha", "db", "--from-file", "-")
+	seen(v2)
+	if again := jobProcs(t, "reader", 1)[0]; again.pid != p.pid || !clustertest.Alive(p.pid) {
+		t.Errorf("after the rotation the worker is pid %d, was %d: restarted", again.pid, p.pid)
+	}
+	st, err := l.Client.Job(ctx, "reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := l.Client.Events(ctx, api.EventFilter{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := jobLog(t, l, "reader")
+	store, _ := os.ReadFile(filepath.Join(l.DataDir, "store.json"))
+	statusJSON, _ := json.Marshal(st)
+	eventsJSON, _ := json.Marshal(evs)
+	for what, b := range map[string][]byte{"job status -o json": statusJSON, "events": eventsJSON, "the worker's log": logs,
+		"the CLI's output": []byte(cliOut.String()), "the cluster's log": []byte(clusterLog.String()), "the store (store.json)": store} {
+		for _, v := range []string{v1, v2} {
+			if bytes.Contains(b, []byte(v)) {
+				t.Errorf("%s holds the secret's value", what)
+			}
+		}
+	}
+	if !bytes.Contains(logs, []byte("reader started")) {
+		t.Errorf("the worker's log was not read (%d bytes): the check above saw nothing", len(logs))
+	}
+}
+
+// jobLog reads a job's worker 0 log through the master.
+func jobLog(t *testing.T, l *clustertest.Local, job string) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := l.Client.Logs(context.Background(), job, api.LogRequest{Worker: 0, Tail: -1}, &b); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
 }
 
 // TestNonRootAgentRefusesTenantWorkers: `stormdock up` run by an unprivileged user (uid

@@ -25,7 +25,9 @@ import (
 // a's credentials (403), and b's jobs naming a's image by tag and by digest, on the node
 // that has it, are refused with the one-line error and run nothing, though the node's own
 // credentials reach the registry; once the admin shares the prefix they run with those.
-// No credential is in `tenant list -o json`, the events or the cluster's output.
+// No credential is in `tenant list -o json`, the events, the cluster's output or its store:
+// they are sealed there, and the node gets them from the master (TestSecretsDelivered's
+// channel).
 func TestTenantRegistryAuth(t *testing.T) {
 	testenv.Cgroups(t)
 	testenv.DockerSocket(t)
@@ -136,7 +138,13 @@ func TestTenantRegistryAuth(t *testing.T) {
 	_ = up.Wait()
 	for _, secret := range []string{pass, nodePass, base64.StdEncoding.EncodeToString([]byte(user + ":" + pass)),
 		base64.StdEncoding.EncodeToString([]byte(nodeUser + ":" + nodePass))} {
-		for what, text := range map[string]string{"tenant list -o json": list, "events": events, "the cluster's output": upOut.String()} {
+		// Sealed with the masters' keyring (up makes one): not in the store either.
+		store, err := os.ReadFile(filepath.Join(data, "store.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for what, text := range map[string]string{"tenant list -o json": list, "events": events, "the cluster's output": upOut.String(),
+			"the store (store.json)": string(store)} {
 			if strings.Contains(text, secret) {
 				t.Errorf("a credential (%s...) is in %s", secret[:4], what)
 			}

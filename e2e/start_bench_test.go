@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/keyring"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -25,14 +26,20 @@ import (
 // job of 1 and of 16 sleeping workers. Each iteration submits the job, then kills it. From
 // the agent's debug log it traces where the time went: the assignment's arrival at the
 // agent, the driver's starts (first begun, last done), the node record handed to the
-// keeper, the record in the store, the CLI's return. Run it alone:
+// keeper, the record in the store, the CLI's return. With secrets=1 each worker names a
+// tenant secret, which its agent fetches from the master (HTTPS, signed, sealed) and writes
+// before the worker starts: the difference is what secret delivery adds. Run it alone:
 //
 //	CI=true go test -run '^$' -bench AgentStart -benchtime 5x ./e2e/
 func BenchmarkAgentStart(b *testing.B) {
 	const slots = 16
 	h := newHarness(b, 2*time.Second)
-	url := h.StartMaster("m1")
-	cl := h.AdminClient(url)
+	keyFile := filepath.Join(h.Dir, "secrets.key")
+	if _, err := keyring.Generate(keyFile); err != nil {
+		b.Fatal(err)
+	}
+	url := strings.Replace(h.StartMaster("m1", "--tls", "--secrets-key", keyFile), "http://", "https://", 1)
+	cl := httpsAdmin(b, h, url)
 	ctx := context.Background()
 	testenv.Eventually(b, "m1 leads", 30*time.Second, func() bool { hl, err := cl.Health(ctx); return err == nil && hl.Leader })
 	h.StartAgent("n1", "dc-a", "r1", slots, "--heartbeat", "1s", "--log-level", "debug")
@@ -40,8 +47,15 @@ func BenchmarkAgentStart(b *testing.B) {
 	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
 		b.Fatal(err)
 	}
-	for _, workers := range []int{1, slots} {
-		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+	if _, err := cl.SetSecret(ctx, "e2e", "db", []byte("bench-secret-value")); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct{ workers, secrets int }{{1, 0}, {1, 1}, {slots, 0}, {slots, 1}} {
+		workers, secrets := c.workers, ""
+		if c.secrets > 0 {
+			secrets = "secrets: [db]\n"
+		}
+		b.Run(fmt.Sprintf("workers=%d/secrets=%d", workers, c.secrets), func(b *testing.B) {
 			var toRunning, submitWait []time.Duration
 			var traces []string
 			for i := 0; b.Loop(); i++ {
@@ -53,7 +67,7 @@ workers: %d
 resources: {memory: 16Mi, cpu: 0.1}
 command: [/bin/sleep, "100000"]
 gracePeriod: 1s
-`, job, workers)), 0o644); err != nil {
+%s`, job, workers, secrets)), 0o644); err != nil {
 					b.Fatal(err)
 				}
 				seen := h.watchStart(b, job, workers)
@@ -88,10 +102,17 @@ gracePeriod: 1s
 				time.Sleep(500 * time.Millisecond)
 				b.StartTimer()
 			}
+			if c.secrets > 0 {
+				fetch, write := h.secretDeliveries(b, "s"+fmt.Sprint(workers)+"-")
+				b.ReportMetric(median(fetch).Seconds()*1000, "secret-fetch-ms")
+				b.ReportMetric(median(write).Seconds()*1000, "secret-write-ms")
+				b.Logf("figure: secret delivery per worker (%d starts): fetch from the master (signed, HTTPS, sealed) median %v, p90 %v; files written median %v",
+					len(fetch), median(fetch).Round(10*time.Microsecond), percentile(sorted(fetch), 90).Round(10*time.Microsecond), median(write).Round(10*time.Microsecond))
+			}
 			b.ReportMetric(median(toRunning).Seconds(), "assigned-to-running-s")
 			b.ReportMetric(median(submitWait).Seconds(), "submit-wait-s")
-			b.Logf("figure: one agent, %d slots, %d workers, %d runs: assignment written -> all running %v (median %v); job submit --wait %v (median %v)",
-				slots, workers, len(toRunning), rounded(toRunning), median(toRunning).Round(time.Millisecond), rounded(submitWait), median(submitWait).Round(time.Millisecond))
+			b.Logf("figure: one agent, %d slots, %d workers, %d secrets each, %d runs: assignment written -> all running %v (median %v); job submit --wait %v (median %v)",
+				slots, workers, c.secrets, len(toRunning), rounded(toRunning), median(toRunning).Round(time.Millisecond), rounded(submitWait), median(submitWait).Round(time.Millisecond))
 			b.Logf("trace of the last run, ms from the CLI's start: %s", traces[len(traces)-1])
 		})
 	}
@@ -221,9 +242,13 @@ func (h *harness) startTrace(tb testing.TB, job string, n int, t0 time.Time, st 
 }
 
 func median(ds []time.Duration) time.Duration {
+	return sorted(ds)[len(ds)/2]
+}
+
+func sorted(ds []time.Duration) []time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	return s[len(s)/2]
+	return s
 }
 
 func rounded(ds []time.Duration) []time.Duration {
@@ -233,3 +258,38 @@ func rounded(ds []time.Duration) []time.Duration {
 	}
 	return out
 }
+
+// secretDeliveries reads node n1's agent log for the secret deliveries of the workers of
+// jobs named with prefix: how long each fetch from the master and each write of the files
+// took.
+func (h *harness) secretDeliveries(tb testing.TB, prefix string) (fetch, write []time.Duration) {
+	f, err := os.Open(filepath.Join(h.Dir, "agent-n1.log"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, `msg="secrets delivered"`) {
+			continue
+		}
+		attrs := map[string]string{}
+		for _, a := range logAttr.FindAllStringSubmatch(line, -1) {
+			attrs[a[1]] = strings.Trim(a[2], `"`)
+		}
+		if !strings.Contains(attrs["worker"], ".n1."+prefix) && !strings.HasPrefix(attrs["worker"], "n1."+prefix) {
+			continue
+		}
+		if d, err := time.ParseDuration(attrs["fetch"]); err == nil {
+			fetch = append(fetch, d)
+		}
+		if d, err := time.ParseDuration(attrs["write"]); err == nil {
+			write = append(write, d)
+		}
+	}
+	return fetch, write
+}
+
+// percentile is the p-th of ds (0 < p <= 1), nearest rank.

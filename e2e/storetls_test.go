@@ -19,6 +19,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord/zktest"
 	"github.com/stormdock/stormdock/internal/clustertest"
+	"github.com/stormdock/stormdock/internal/keyring"
 	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/multidc"
@@ -31,13 +32,26 @@ import (
 // certificates from the router CA: plain HTTP gets nothing from them and a sender trusting
 // another CA refuses them. A CLI and a master given another store CA fail with one line
 // that says which flag to fix.
+//
+// It is also the run the audits look at: the loopback traffic of every process of it is
+// captured from the start, and once it has run a mirrored job with an HTTP sink and an output
+// secret, a job reading a tenant secret (rotated, then rolled out anew), registry credentials
+// and tenants' tokens, every value of the store and every byte of the run's connections are
+// searched for what must not be there in clear (auditSecrets).
 func TestStoreOverTLS(t *testing.T) {
+	wire := startCapture(t)
 	h := &harness{clustertest.NewTLS(t, binary, 2*time.Second)}
 	ca := h.StoreCA()
 	if !strings.HasPrefix(h.StoreURL(), "zks://") {
 		t.Fatalf("store URL %s: want zks://", h.StoreURL())
 	}
-	cl := h.AdminClient(h.StartMaster("m1", "--store-ca", ca))
+	keyFile := filepath.Join(h.Dir, "secrets.key")
+	if _, err := keyring.Generate(keyFile); err != nil {
+		t.Fatal(err)
+	}
+	// The master serves HTTPS (--tls): the CLI, and the agents fetching secrets, over TLS.
+	masterURL := strings.Replace(h.StartMaster("m1", "--store-ca", ca, "--tls", "--secrets-key", keyFile), "http://", "https://", 1)
+	cl := httpsAdmin(t, h, masterURL)
 	ctx := context.Background()
 	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1"} {
 		h.StartAgent(n, n[:4], n[5:], 4, "--store-ca", ca)
@@ -150,6 +164,8 @@ gracePeriod: 1s
 		!strings.Contains(err.Error(), "certificate signed by unknown authority") {
 		t.Errorf("a sender trusting another CA: %v; want the router's certificate refused", err)
 	}
+
+	auditSecrets(t, h, wire, cl, masterURL, keyFile, input)
 
 	// Another CA: the CLI and a master fail at once, with one line naming the flag.
 	want := "store " + h.StoreURL() + ": TLS: certificate signed by unknown authority: give --store-ca the CA that signed the ZooKeeper servers' certificates"

@@ -19,6 +19,7 @@ import (
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/await"
 	"github.com/stormdock/stormdock/internal/ctxtime"
+	"github.com/stormdock/stormdock/internal/keyring"
 	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/master/eventlog"
 )
@@ -65,6 +66,12 @@ type Config struct {
 	// TenantUIDs is the range tenants' uids are given from (desired.CreateTenantIn).
 	// Default cluster.DefaultTenantUIDs.
 	TenantUIDs cluster.UIDRange
+	// Keyring holds the key tenant secrets are sealed with (the operator's --secrets-key
+	// file, the same on every master); nil turns secrets off.
+	Keyring *keyring.File
+	// APICertSHA256 is the SHA-256 of the certificate an https:// API serves, advertised
+	// with it (cluster.MasterInfo) so that agents trust that certificate alone.
+	APICertSHA256 string
 	// Events bounds and paces the cluster's events (see eventlog.go).
 	Events   eventlog.Config
 	Logger   *slog.Logger
@@ -132,7 +139,9 @@ type Master struct {
 	// The mirrors run for the master's whole life: the API reads them on every master,
 	// and the leader plans from them.
 	jobs, nodes, confs, assigns, tenants, dcs *mirror
-	wake                                      chan struct{}
+	// secrets mirrors each tenant's secret index (versions, never values).
+	secrets *mirror
+	wake    chan struct{}
 	// events holds the cluster's events and queues those this master records.
 	events *eventlog.Log
 	// quit is closed when Run returns: streaming answers (events -f, job logs -f) end.
@@ -175,6 +184,9 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	// A tenant's priority cap changes what placement sees of its jobs: replan on a change.
 	m.tenants = newMirror(store, cluster.TenantsKey, m.poke)
 	m.dcs = newMirror(store, cluster.DCsKey, m.poke)
+	// A secret's new version reaches its workers through their assignments.
+	m.secrets = newMirror(store, cluster.SecretsKey, m.poke)
+	m.secrets.decode = secretsDecoder
 	return m, nil
 }
 
@@ -252,6 +264,9 @@ func (m *Master) Run(ctx context.Context) error {
 		return err
 	}
 	m.setWaiting("")
+	if err := m.checkKeyring(ctx); err != nil {
+		return err
+	}
 	defer m.quitOnce.Do(func() { close(m.quit) })
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -272,7 +287,7 @@ func (m *Master) Run(ctx context.Context) error {
 		defer wg.Done()
 		m.repin(ctx)
 	}()
-	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
+	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs, m.secrets} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -284,7 +299,7 @@ func (m *Master) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
+	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs, m.secrets} {
 		select {
 		case <-mr.ready:
 		case <-ctx.Done():
@@ -336,7 +351,7 @@ func (m *Master) Run(ctx context.Context) error {
 // EnsureDirs creates the store's top-level directories so watches have something to watch.
 func EnsureDirs(ctx context.Context, s coord.KV) error {
 	for _, k := range []string{cluster.JobsKey, cluster.TenantsKey, cluster.NodesKey, cluster.AssignmentsKey, cluster.NodeConfsKey, cluster.DCsKey, cluster.MasterDirKey,
-		cluster.HistoryKey, cluster.RoutersKey, cluster.EventsKey} {
+		cluster.HistoryKey, cluster.RoutersKey, cluster.EventsKey, cluster.SecretsKey} {
 		if _, err := s.Create(ctx, k, nil, coord.Persistent); err != nil && !errors.Is(err, coord.ErrExists) {
 			return fmt.Errorf("master: create %s: %w", k, err)
 		}
@@ -348,7 +363,7 @@ func EnsureDirs(ctx context.Context, s coord.KV) error {
 func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) error {
 	kv := coord.Fenced(m.store, fence)
 	if m.cfg.API != "" {
-		info, _ := json.Marshal(cluster.MasterInfo{ID: m.cfg.ID, API: m.cfg.API})
+		info, _ := json.Marshal(cluster.MasterInfo{ID: m.cfg.ID, API: m.cfg.API, CertSHA256: m.cfg.APICertSHA256})
 		if err := m.advertise(ctx, kv, info); err != nil && ctx.Err() == nil {
 			m.log.Warn("advertise API", "err", err)
 		}

@@ -242,6 +242,14 @@ func (m *mirror) decodedSnapshot() map[string]decodedValue {
 	return maps.Clone(m.decoded)
 }
 
+// decodedOne returns the decoded value of the child name, if the mirror has it.
+func (m *mirror) decodedOne(name string) (decodedValue, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, ok := m.decoded[name]
+	return d, ok
+}
+
 // snapshot returns a copy of the entries by child name.
 func (m *mirror) snapshot() map[string]coord.Entry {
 	m.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
+	"github.com/stormdock/stormdock/internal/keyring"
 	"github.com/stormdock/stormdock/master/desired"
 )
 
@@ -28,7 +29,7 @@ type Resolver interface {
 // ImageAccess says whose credentials fetch a tenant's image: the master's and the nodes' own
 // when the image is under a prefix the admin shared, the tenant's (from the store) otherwise,
 // never another tenant's.
-func ImageAccess(ctx context.Context, s coord.KV, tenant, ref string) (images.Access, error) {
+func ImageAccess(ctx context.Context, s coord.KV, ring *keyring.Keyring, tenant, ref string) (images.Access, error) {
 	acc := images.Access{Tenant: tenant}
 	shared, err := desired.SharedImages(ctx, s)
 	if err != nil {
@@ -38,7 +39,7 @@ func ImageAccess(ctx context.Context, s coord.KV, tenant, ref string) (images.Ac
 		acc.Shared = true
 		return acc, nil
 	}
-	acc.Auth, err = desired.TenantRegistryAuth(ctx, s, tenant)
+	acc.Auth, err = desired.TenantRegistryAuth(ctx, s, ring, tenant)
 	return acc, err
 }
 
@@ -64,7 +65,7 @@ const DefaultPinRetry = 5 * time.Second
 // pinImage resolves the image of spec for generation gen. It returns nil for a job that has
 // no image to pin: not docker, or an image that names no registry (built on the nodes, or
 // from Docker Hub by short name).
-func pinImage(ctx context.Context, res Resolver, store coord.KV, spec *cluster.JobSpec, gen int64) *cluster.ImagePin {
+func pinImage(ctx context.Context, res Resolver, store coord.KV, ring *keyring.Keyring, spec *cluster.JobSpec, gen int64) *cluster.ImagePin {
 	if res == nil || spec.IsolationMode() != cluster.IsolationDocker || spec.Image == "" {
 		return nil
 	}
@@ -76,7 +77,7 @@ func pinImage(ctx context.Context, res Resolver, store coord.KV, spec *cluster.J
 	ctx, cancel := context.WithTimeout(ctx, pinTimeout)
 	defer cancel()
 	var dgst string
-	acc, err := ImageAccess(ctx, store, spec.Tenant, spec.Image)
+	acc, err := ImageAccess(ctx, store, ring, spec.Tenant, spec.Image)
 	if err == nil {
 		dgst, err = res.ResolveAccess(ctx, spec.Image, acc)
 	}
@@ -101,7 +102,8 @@ func (m *Master) CheckImageCommand(ctx context.Context, spec *cluster.JobSpec, p
 	}
 	ctx, cancel := context.WithTimeout(ctx, pinTimeout)
 	defer cancel()
-	acc, err := ImageAccess(ctx, m.store, spec.Tenant, spec.Image)
+	ring, _ := m.Keyring()
+	acc, err := ImageAccess(ctx, m.store, ring, spec.Tenant, spec.Image)
 	if err != nil {
 		return nil
 	}
@@ -138,7 +140,8 @@ func (m *Master) repin(ctx context.Context) {
 			if json.Unmarshal(snap[name].Value, &rec) != nil || !unpinned(rec) {
 				continue
 			}
-			pin := pinImage(ctx, m.cfg.Resolver, m.store, &rec.Spec, rec.Generation)
+			ring, _ := m.Keyring()
+			pin := pinImage(ctx, m.cfg.Resolver, m.store, ring, &rec.Spec, rec.Generation)
 			if pin == nil || (pin.Ref == "" && pin.Error == rec.Image.Error && pin.NoAccess == rec.Image.NoAccess) {
 				continue
 			}

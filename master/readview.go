@@ -139,6 +139,8 @@ type reads struct {
 	// need is what a state must reflect: the mirrors as they were once the changes this
 	// master's API made had reached them (read-your-writes).
 	need Stamp
+	// changed is closed, and replaced, whenever the leader publishes a state.
+	changed chan struct{}
 }
 
 // Stamp tells whether the mirrors changed: each one's count of changes. It costs the same
@@ -186,7 +188,22 @@ func (m *Master) publish(s Stamp, rs readStamp, v *View, assign map[string]assig
 	}
 	m.reads.mu.Lock()
 	m.reads.published = st
+	if m.reads.changed != nil {
+		close(m.reads.changed)
+		m.reads.changed = nil
+	}
 	m.reads.mu.Unlock()
+}
+
+// leaderState returns the leader's last published state (nil before its first reconcile,
+// or on a master that does not lead) and a channel closed when it publishes the next.
+func (m *Master) leaderState() (*Snapshot, <-chan struct{}) {
+	m.reads.mu.Lock()
+	defer m.reads.mu.Unlock()
+	if m.reads.changed == nil {
+		m.reads.changed = make(chan struct{})
+	}
+	return m.reads.published, m.reads.changed
 }
 
 // unpublish drops the leader's state when it stops leading: another master plans now.

@@ -253,6 +253,7 @@ func workerAssignment(v *View, j cluster.JobRecord, k cluster.WorkerKey, outputK
 		Grace:    cluster.Duration(s.Grace()),
 		Output:   s.Output,
 		UID:      v.uids[s.Tenant],
+		Secrets:  v.secretRefs(s.Tenant, s.Secrets),
 	}
 	if s.Mirrored() {
 		// Link workers send to the job's routers, whose leader alone writes to the job's

@@ -107,6 +107,7 @@ func (r *reconciler) assignmentOf(v *View, j cluster.JobRecord, k cluster.Worker
 	// Held: what it runs stays, what it can re-read follows the job.
 	kept := cur.wa
 	kept.Workers, kept.Epoch, kept.Routers, kept.LiveEnv = target.Workers, target.Epoch, target.Routers, target.LiveEnv
+	kept.Secrets = v.secretRefs(kept.Tenant, refNames(kept.Secrets)) // new values reach it too
 	return kept
 }
 

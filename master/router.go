@@ -44,6 +44,8 @@ func routerRecord(rec cluster.JobRecord, store string, nodes int) cluster.JobRec
 	args.TokenHash, args.LinkTokenHashes = rec.OutputTokenHash, rec.OutputLinkTokenHashes
 	// The router's agent gives it the sink dir; the tenant is the job's.
 	args.Tenant = j.Tenant
+	// The output secret's value is a file its agent delivers (STORMDOCK_SECRETS_DIR).
+	args.OutputSecret = j.OutputSecret
 	r := cluster.JobSpec{
 		Name:      j.Name + routerSuffix,
 		Tenant:    j.Tenant,
@@ -58,6 +60,9 @@ func routerRecord(rec cluster.JobRecord, store string, nodes int) cluster.JobRec
 		GracePeriod: routerGrace(j.GracePeriod),
 		Placement: cluster.PlacementSpec{Spread: []string{"dc", "node"}, MaxPerNode: 1,
 			DCs: j.Placement.DCs, NodeLabels: maps.Clone(j.Placement.NodeLabels)},
+	}
+	if j.OutputSecret != "" {
+		r.Secrets = []string{j.OutputSecret}
 	}
 	return cluster.JobRecord{Spec: r, Generation: rec.Generation, State: rec.State, Submitted: rec.Submitted, Updated: rec.Updated}
 }

@@ -40,4 +40,17 @@ func TestRouterCommand(t *testing.T) {
 	if local := routerRecord(rec, "mem://", 6); local.Spec.Workers != 1 {
 		t.Fatalf("routers on a store they cannot share: %d of them, want 1 (they could not elect one leader)", local.Spec.Workers)
 	}
+	if len(rr.Spec.Secrets) != 0 {
+		t.Fatalf("routers of a job without an output secret get secrets %v", rr.Spec.Secrets)
+	}
+	// An output secret: the routers get it as a secret of theirs, and its name (never its
+	// value) on their command line.
+	rec.Spec.OutputSecret = "sinkpass"
+	rr = routerRecord(rec, "zk://127.0.0.1:2181/sd", 6)
+	if err := got.Parse(rr.Spec.Command[2:]); err != nil {
+		t.Fatal(err)
+	}
+	if got.OutputSecret != "sinkpass" || !reflect.DeepEqual(rr.Spec.Secrets, []string{"sinkpass"}) {
+		t.Fatalf("routers of a job with an output secret: --output-secret %q, secrets %v", got.OutputSecret, rr.Spec.Secrets)
+	}
 }

@@ -64,7 +64,8 @@ func (m *Master) AssignmentEntries() map[string]coord.Entry { return m.assigns.s
 // PinImage resolves a docker job's image to a digest with the master's resolver (see
 // pinImage); nil for a job that needs none.
 func (m *Master) PinImage(ctx context.Context, spec *cluster.JobSpec, gen int64) *cluster.ImagePin {
-	return pinImage(ctx, m.cfg.Resolver, m.store, spec, gen)
+	ring, _ := m.Keyring()
+	return pinImage(ctx, m.cfg.Resolver, m.store, ring, spec, gen)
 }
 
 // NodeEntry is a live node's record with the store session that owns its entry.

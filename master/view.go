@@ -29,6 +29,7 @@ type View struct {
 	copies   []nodeWorker                     // every worker every agent reports
 	caps     map[string]int                   // each tenant's priority cap
 	uids     map[string]int                   // each tenant's uid (0 or missing: none yet)
+	secrets  map[string]secretVersions        // each tenant's secrets' versions
 }
 
 type Job struct {
@@ -242,6 +243,7 @@ func (m *Master) view() *View {
 		return conf, ok
 	}, func(id string, _ int64, conf cluster.NodeConf) { v.confs[id] = conf })
 	v.setCaps(m.log, m.tenants.snapshot())
+	v.setSecrets(m.secrets.decodedSnapshot())
 	v.addRouters(m.cfg.RouterStore)
 	return v
 }

@@ -46,6 +46,11 @@ type RouterArgs struct {
 	SinkDir string
 	Tenant  string
 	Listen  string
+	// OutputSecret names the job's output secret (--output-secret), the sink's credentials:
+	// the file SecretsDir/OutputSecret, which the agent delivers (env STORMDOCK_SECRETS_DIR
+	// gives SecretsDir). See OutputCredential.
+	OutputSecret string
+	SecretsDir   string
 	// TLSCert and TLSKey are the API's certificate and key (HTTPS); the agent issues them
 	// from the router CA and names them in the environment (EnvRouterCert, EnvRouterKey).
 	TLSCert, TLSKey string
@@ -90,6 +95,8 @@ func (a *RouterArgs) flags(links, linkHashes *string) *flag.FlagSet {
 	fs.StringVar(&a.Sink, "sink", d.Sink, "output `URL`: file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never] or http(s)://HOST/PATH (required)")
 	fs.StringVar(&a.SinkDir, "sink-dir", d.SinkDir, "`DIR` below which file sinks live, as SINKDIR/TENANT/... (env STORMDOCK_SINK_DIR, set by the agent; none: file sinks refused)")
 	fs.StringVar(&a.Tenant, "tenant", d.Tenant, "the job's `TENANT`, whose part of --sink-dir a file sink is in (env STORMDOCK_TENANT)")
+	fs.StringVar(&a.OutputSecret, "output-secret", d.OutputSecret, "the tenant secret `NAME` that holds the sink's credentials (an HTTP sink sends it as a bearer token)")
+	fs.StringVar(&a.SecretsDir, "secrets-dir", d.SecretsDir, "`DIR` the router's secrets are files in (env STORMDOCK_SECRETS_DIR, set by the agent)")
 	fs.StringVar(&a.TLSCert, "tls-cert", d.TLSCert, "`FILE` (PEM) with the API's certificate: it serves HTTPS (env STORMDOCK_ROUTER_CERT, set by the agent)")
 	fs.StringVar(&a.TLSKey, "tls-key", d.TLSKey, "`FILE` (PEM) with the key of --tls-cert (env STORMDOCK_ROUTER_KEY)")
 	fs.Int64Var(&a.MaxBody, "max-body", d.MaxBody, "`BYTES` a records request's body may hold (413 above)")
@@ -123,6 +130,12 @@ func (a RouterArgs) Args() []string {
 	}
 	if a.Tenant != d.Tenant {
 		args = append(args, "--tenant", a.Tenant)
+	}
+	if a.OutputSecret != d.OutputSecret {
+		args = append(args, "--output-secret", a.OutputSecret)
+	}
+	if a.SecretsDir != d.SecretsDir {
+		args = append(args, "--secrets-dir", a.SecretsDir)
 	}
 	dur := func(name string, v, def time.Duration) {
 		if v != def {

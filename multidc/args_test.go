@@ -112,6 +112,7 @@ func TestRouterArgsRoundTripConfinement(t *testing.T) {
 	a := DefaultRouterArgs()
 	a.Store, a.Job, a.Links, a.Sink, a.Listen = "zk://h/sd", "wc", []string{"dc-a", "dc-b"}, "file:///srv/sinks/acme/out", "l"
 	a.SinkDir, a.Tenant, a.MaxBody = "/srv/sinks", "acme", 1<<20
+	a.OutputSecret, a.SecretsDir = "sinkpass", "/run/stormdock/leases/x.secrets"
 	a.LinkTokenHashes = map[string]string{"dc-b": "bb", "dc-a": "aa"}
 	var got RouterArgs
 	if err := got.Parse(a.Args()); err != nil {

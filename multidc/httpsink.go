@@ -30,7 +30,10 @@ type HTTPSinkOptions struct {
 	// MinBackoff and MaxBackoff bound the jittered exponential wait between attempts.
 	// Defaults 50 ms and 5 s.
 	MinBackoff, MaxBackoff time.Duration
-	Logger                 *slog.Logger
+	// Credential, when set, is sent with every request as "Authorization: Bearer VALUE",
+	// read again for each one (a rotated secret is used from the next request on).
+	Credential *Credential
+	Logger     *slog.Logger
 }
 
 // HTTPSink posts each batch as JSON lines (the FileSink line format) to a URL and retries
@@ -105,6 +108,18 @@ func (s *HTTPSink) post(ctx context.Context, body []byte, first, last string) er
 		req.Header.Set(HeaderJob, s.opts.Job)
 	}
 	req.Header.Set("Idempotency-Key", s.opts.Job+":"+first+"-"+last)
+	if c := s.opts.Credential; c != nil {
+		v, err := c.Bytes()
+		if err != nil {
+			return err
+		}
+		if len(v) == 0 || bytes.ContainsAny(v, "\r\n\x00") {
+			clear(v)
+			return fmt.Errorf("the output secret %s is empty or holds a line break: an HTTP sink sends it as one header", c.Name())
+		}
+		req.Header.Set("Authorization", "Bearer "+string(v))
+		clear(v)
+	}
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
 		return err

@@ -35,7 +35,9 @@ type SinkOptions struct {
 	Tenant  string
 	// Evidence is what the router's record says of its file sink (see SinkEvidence).
 	Evidence *SinkEvidence
-	Logger   *slog.Logger
+	// Credential is the job's output secret, the sink's credentials (nil: none).
+	Credential *Credential
+	Logger     *slog.Logger
 }
 
 // OpenSink opens the sink named by a job's output URL:
@@ -57,7 +59,7 @@ func OpenSink(raw string, opts SinkOptions) (Sink, error) {
 		}
 		return OpenFileSink(opts.SinkDir, opts.Tenant, u.Path, FileSinkOptions{Policy: policy, Evidence: opts.Evidence})
 	}
-	return NewHTTPSink(raw, HTTPSinkOptions{Job: opts.Job, Logger: opts.Logger}), nil
+	return NewHTTPSink(raw, HTTPSinkOptions{Job: opts.Job, Credential: opts.Credential, Logger: opts.Logger}), nil
 }
 
 // CheckSink checks a job's output URL without opening the sink (see OpenSink).

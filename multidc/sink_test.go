@@ -308,3 +308,71 @@ func openTestFileSink(path string, policy FsyncPolicy) (*FileSink, error) {
 	}
 	return OpenFileSink(path[:i], testTenant, path, FileSinkOptions{Policy: policy})
 }
+
+// TestHTTPSinkSendsOutputSecret: with an output secret, every request carries it as a bearer
+// token, read from its file for each request, so that a rotated secret (the file replaced)
+// is sent from the next one on; a secret that cannot be a header, or is missing, holds the
+// batch back (retried) rather than sending it without credentials.
+func TestHTTPSinkSendsOutputSecret(t *testing.T) {
+	dir := t.TempDir()
+	write := func(v string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, ".tmp"), []byte(v), 0o400); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(dir, ".tmp"), filepath.Join(dir, "sinkpass")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var auths []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		auths = append(auths, r.Header.Get("Authorization"))
+		if r.Header.Get("Authorization") == "" {
+			http.Error(w, "who are you", http.StatusUnauthorized)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	cred, err := OutputCredential(dir, "sinkpass")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := OutputCredential(dir, ""); c != nil || err != nil {
+		t.Fatalf("no output secret: %v %v", c, err)
+	}
+	if _, err := OutputCredential(dir, "../x"); err == nil {
+		t.Fatal("an output secret named ../x")
+	}
+	s := NewHTTPSink(srv.URL, HTTPSinkOptions{Job: "job1", MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		Credential: cred, Logger: slog.New(slog.DiscardHandler)})
+	ctx := context.Background()
+	// Not delivered yet: nothing is sent until it is.
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	if err := s.Write(cctx, recs("dc-a", 0, 1)); err == nil || !strings.Contains(err.Error(), "not delivered yet") {
+		t.Errorf("without the secret's file: %v", err)
+	}
+	cancel()
+	write("token-one\n")
+	if err := s.Write(ctx, recs("dc-a", 0, 5)); err != nil {
+		t.Fatal(err)
+	}
+	write("token-two")
+	if err := s.Write(ctx, recs("dc-a", 5, 10)); err != nil {
+		t.Fatal(err)
+	}
+	write("two\nlines")
+	cctx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := s.Write(cctx, recs("dc-a", 10, 11)); err == nil || !strings.Contains(err.Error(), "holds a line break") || strings.Contains(err.Error(), "lines") {
+		t.Errorf("a secret with a line break: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(auths) != 2 || auths[0] != "Bearer token-one" || auths[1] != "Bearer token-two" {
+		t.Errorf("the receiver got Authorization %q; want the secret as it was at each request", auths)
+	}
+}

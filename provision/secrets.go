@@ -13,6 +13,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/keyring"
 	"github.com/stormdock/stormdock/internal/pki"
 )
 
@@ -51,6 +52,29 @@ func (t Tokens) StoreCredentials(name string, create bool) (string, error) {
 	}
 	return creds, nil
 }
+
+// SecretsKeyring returns cluster name's keyring for tenant secrets (the file SecretsKeyFile
+// in its directory, beside the admin token, made at the first call), as text: its masters
+// get it in their containers' environment. Rotate it with `stormdock secret keygen FILE`
+// on that file, then restart the master containers and run `stormdock secret rewrap`.
+func (t Tokens) SecretsKeyring(name string) (string, error) {
+	dir, err := t.ClusterDir(name)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("secrets keyring: %w", err)
+	}
+	path := filepath.Join(dir, SecretsKeyFile)
+	if _, err := keyring.Ensure(path); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(path)
+	return string(b), err
+}
+
+// SecretsKeyFile is a cluster's keyring for tenant secrets, in its directory.
+const SecretsKeyFile = "secrets.key"
 
 // MasterTLS makes (at the first call) the cluster's CA and a certificate for a master
 // serving on loopback, and returns the certificate and key as PEM.

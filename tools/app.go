@@ -19,6 +19,7 @@ import (
 	"github.com/stormdock/stormdock/tools/commands/node"
 	"github.com/stormdock/stormdock/tools/commands/plan"
 	"github.com/stormdock/stormdock/tools/commands/run"
+	"github.com/stormdock/stormdock/tools/commands/secret"
 	"github.com/stormdock/stormdock/tools/commands/tenant"
 	"github.com/stormdock/stormdock/tools/daemons"
 	"github.com/stormdock/stormdock/tools/demo"
@@ -46,6 +47,7 @@ func App() *cli.App {
 			job.Command,
 			node.Command,
 			tenant.Command,
+			secret.Command,
 			dc.Command,
 			events.Command,
 			VersionCommand,

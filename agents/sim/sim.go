@@ -68,6 +68,9 @@ type Config struct {
 	// Behavior shapes how workers start, stop and crash, and images pull; Hooks hear it.
 	Behavior Behavior
 	Hooks    Hooks
+	// Identity, when set, gives each node the identity its record publishes (the real
+	// agent's keys, cluster.NodeIdentity), for tests of the masters' secrets delivery.
+	Identity func(node string) *cluster.NodeIdentity
 	Logger   *slog.Logger
 }
 
@@ -600,7 +603,15 @@ func (a *Agent) record() ([]byte, error) {
 		Isolation: a.cfg.Isolation,
 		Agent:     a.instance,
 		Started:   a.started,
+		Identity:  a.identity(),
 	})
+}
+
+func (a *Agent) identity() *cluster.NodeIdentity {
+	if a.cfg.Identity == nil {
+		return nil
+	}
+	return a.cfg.Identity(a.node.ID)
 }
 
 // writer keeps the node's session-bound entry, as the real agent's keeper does: it creates

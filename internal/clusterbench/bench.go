@@ -357,7 +357,11 @@ func (r *run) workload() {
 // register starts every simulated agent and waits until the master lists every node.
 func (r *run) register(ctx context.Context) error {
 	start := time.Now()
-	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS},
+	// A session may take longer than the default 5 s to open when thousands of agents
+	// start at once (each a TLS handshake, with zks://) on a loaded machine: the time is
+	// what Register measures, not a failure.
+	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS,
+		ConnectTimeout: 60 * time.Second},
 		Heartbeat: r.cfg.Heartbeat, Churn: r.cfg.Churn, Events: r.tr, Logger: r.cfg.Logger}
 	r.logf("starting %d simulated agents", len(r.nodes))
 	if err := parallel(ctx, len(r.nodes), 32, func(i int) error {

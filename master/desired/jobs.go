@@ -72,6 +72,10 @@ func SubmitJobAs(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cl
 		if err := checkQuota(t, usedW, usedM, spec); err != nil {
 			return err
 		}
+		sop, named, err := secretsOp(ctx, s, spec)
+		if err != nil {
+			return err
+		}
 		now := time.Now().UTC()
 		rec = cluster.JobRecord{Spec: *spec, Generation: 1, Epoch: 1, State: cluster.JobRunning, Image: pin, Submitted: now, Updated: now}
 		if spec.Mirrored() {
@@ -89,6 +93,9 @@ func SubmitJobAs(ctx context.Context, s coord.KV, spec *cluster.JobSpec, pin *cl
 			ops = append(ops, coord.PutOp(historyKey, hist, he.Version))
 		} else {
 			ops = append(ops, coord.CreateOp(historyKey, hist, coord.Persistent))
+		}
+		if named {
+			ops = append(ops, sop)
 		}
 		// A conflict on the tenant (another submit or scale counted its quota meanwhile)
 		// makes Retry read everything again.

@@ -30,15 +30,15 @@ func TestTenantRegistryAuth(t *testing.T) {
 		{"unknown tenant", "nobody", `{"auths": {"h": {"username": "u", "password": "s3cret"}}}`, api.ErrNotFound},
 		{"bad name", "../jobs", `{"auths": {"h": {"username": "u", "password": "s3cret"}}}`, api.ErrBadInput},
 	} {
-		_, err := SetTenantRegistryAuth(ts.ctx, ts.admin, c.tenant, []byte(c.body))
+		_, err := SetTenantRegistryAuth(ts.ctx, ts.admin, nil, c.tenant, []byte(c.body))
 		if !errors.Is(err, c.want) || strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%s: %v; want %v in one line without the secret", c.name, err, c.want)
 		}
 	}
-	if a, err := TenantRegistryAuth(ts.ctx, ts.admin, "acme"); a != nil || err != nil {
+	if a, err := TenantRegistryAuth(ts.ctx, ts.admin, nil, "acme"); a != nil || err != nil {
 		t.Fatalf("after refusals: %v, %v; want none", a, err)
 	}
-	hosts, err := SetTenantRegistryAuth(ts.ctx, ts.admin, "acme",
+	hosts, err := SetTenantRegistryAuth(ts.ctx, ts.admin, nil, "acme",
 		[]byte(`{"auths": {"https://127.0.0.1:5055/v1/": {"username": "u", "password": "s3cret"}}, "credsStore": "desktop", "HttpHeaders": {"X": "y"}}`))
 	if err != nil || !slices.Equal(hosts, []string{"127.0.0.1:5055"}) {
 		t.Fatalf("set: %v, %v", hosts, err)
@@ -51,7 +51,7 @@ func TestTenantRegistryAuth(t *testing.T) {
 	if after, _ := ts.admin.Get(ts.ctx, tkey); string(after.Value) != string(before.Value) || strings.Contains(string(after.Value), "auth") {
 		t.Fatalf("the tenant record changed: %s", after.Value)
 	}
-	a, err := TenantRegistryAuth(ts.ctx, ts.admin, "acme")
+	a, err := TenantRegistryAuth(ts.ctx, ts.admin, nil, "acme")
 	if c, ok, _ := a.For("127.0.0.1:5055"); err != nil || !ok || c.Username != "u" || c.Password != "s3cret" {
 		t.Fatalf("read back: %v, %v", c, err)
 	}
@@ -61,7 +61,7 @@ func TestTenantRegistryAuth(t *testing.T) {
 	if err := ClearTenantRegistryAuth(ts.ctx, ts.admin, "acme"); err != nil {
 		t.Fatalf("clearing twice: %v", err)
 	}
-	if a, err := TenantRegistryAuth(ts.ctx, ts.admin, "acme"); a != nil || err != nil {
+	if a, err := TenantRegistryAuth(ts.ctx, ts.admin, nil, "acme"); a != nil || err != nil {
 		t.Fatalf("after clear: %v, %v", a, err)
 	}
 }

@@ -199,6 +199,10 @@ func changeJob(ctx context.Context, s coord.KV, name, kind string, c Change,
 				return err
 			}
 		}
+		sop, named, err := secretsOp(ctx, s, &spec)
+		if err != nil {
+			return err
+		}
 		now := time.Now().UTC()
 		gen := max(rec.Generation, h.Latest()) + 1
 		if pin != nil {
@@ -228,7 +232,11 @@ func changeJob(ctx context.Context, s coord.KV, name, kind string, c Change,
 		if err != nil {
 			return err
 		}
-		_, err = s.Txn(ctx, quotaOp(t, tenantKey, te), coord.PutOp(jobKey, val, je.Version), hop)
+		ops := []coord.Op{quotaOp(t, tenantKey, te), coord.PutOp(jobKey, val, je.Version), hop}
+		if named {
+			ops = append(ops, sop)
+		}
+		_, err = s.Txn(ctx, ops...)
 		if errors.Is(err, coord.ErrNotFound) || errors.Is(err, coord.ErrExists) {
 			err = fmt.Errorf("%w: %w", coord.ErrConflict, err)
 		}

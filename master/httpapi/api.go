@@ -63,12 +63,18 @@ func New(m *master.Master, cfg Config) *API {
 	route("POST /v1/tenants/{name}/update", roleAdmin, a.updateTenant)
 	route("POST /v1/tenants/{name}/registry-auth", roleTenant, a.setRegistryAuth)
 	route("POST /v1/tenants/{name}/registry-auth/clear", roleTenant, a.clearRegistryAuth)
+	route("GET /v1/secrets", roleTenant, a.listSecrets)
+	route("POST /v1/secrets/rewrap", roleAdmin, a.rewrapSecrets)
+	route("POST /v1/tenants/{name}/secrets/{secret}", roleTenant, a.setSecret)
+	route("POST /v1/tenants/{name}/secrets/{secret}/delete", roleTenant, a.deleteSecret)
 	route("GET /v1/images/shared", roleAdmin, a.sharedImages)
 	route("POST /v1/images/share", roleAdmin, a.shareImages(true))
 	route("POST /v1/images/unshare", roleAdmin, a.shareImages(false))
 	route("GET /v1/watch", roleTenant, newWatchHub(a).serve)
 	route("GET /v1/jobs/{name}/links", roleTenant, a.getLinks)
 	route("POST /v1/jobs/{name}/failover", roleTenant, a.failover)
+	// Not one of a.routes: no API token opens it; the node signs it with its own key.
+	mux.HandleFunc("POST /v1/nodes/{id}/secrets", a.nodeSecrets)
 	mux.Handle("GET "+console.Prefix, console.Handler())
 	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	if cfg.Gatherer != nil {
@@ -142,6 +148,10 @@ func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := a.m.CheckSinkDir(spec); err != nil {
+		failErr(w, err)
+		return
+	}
+	if err := a.m.CheckSecrets(spec); err != nil {
 		failErr(w, err)
 		return
 	}
@@ -381,8 +391,8 @@ func (a *API) listTenants(w http.ResponseWriter, r *http.Request) {
 		}
 		tv := master.TenantView(jobs, t.Tenant)
 		// Whether it has registry credentials, and for which hosts: never what they are.
-		if auth, err := desired.TenantRegistryAuth(r.Context(), a.store, name); err == nil && auth != nil {
-			tv.RegistryAuth, tv.RegistryHosts = true, auth.Hosts()
+		if hosts, ok, err := desired.TenantRegistryHosts(r.Context(), a.store, name); err == nil && ok {
+			tv.RegistryAuth, tv.RegistryHosts = true, hosts
 		}
 		out = append(out, tv)
 	}
@@ -402,7 +412,12 @@ func (a *API) setRegistryAuth(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	hosts, err := desired.SetTenantRegistryAuth(r.Context(), a.store, name, data)
+	ring, err := a.m.Keyring()
+	if err != nil {
+		failErr(w, fmt.Errorf("%w: the masters' keyring: %v", api.ErrInternal, err))
+		return
+	}
+	hosts, err := desired.SetTenantRegistryAuth(r.Context(), a.store, ring, name, data)
 	if err != nil {
 		failErr(w, err)
 		return

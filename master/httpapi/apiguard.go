@@ -41,12 +41,16 @@ func (a *API) secure(pattern string, need role, h http.HandlerFunc) http.Handler
 		// builders would refuse it too, but the caller deserves the reason at once.
 		for _, p := range params {
 			v := r.PathValue(p)
-			if err := cluster.CheckName(v); err != nil {
+			check := cluster.CheckName
+			if p == "secret" {
+				check = cluster.CheckSecretName
+			}
+			if err := check(v); err != nil {
 				fail(w, api.ErrBadInput, "%s in the path: %v", p, err)
 				return
 			}
-			if kind != "" {
-				noteObject(r, kind+"/"+v)
+			if kind != "" && p == params[0] {
+				noteObject(r, kind+"/"+v) // what the path's first segment names
 			}
 		}
 		a.guard(need, h)(w, r)

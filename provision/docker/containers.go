@@ -100,6 +100,8 @@ const (
 	envStoreCredentials = "STORMDOCK_STORE_CREDENTIALS"
 	envTLSCertPEM       = "STORMDOCK_TLS_CERT_PEM"
 	envTLSKeyPEM        = "STORMDOCK_TLS_KEY_PEM"
+	// envSecretsKeyring is the masters' keyring for tenant secrets (tools/daemons).
+	envSecretsKeyring = "STORMDOCK_SECRETS_KEYRING"
 )
 
 func (p *Provider) startMaster(ctx context.Context, spec provision.Spec, port int, env []string) (string, error) {

@@ -190,7 +190,12 @@ func (p *Provider) Create(ctx context.Context, spec provision.Spec) (_ provision
 		return provision.Cluster{}, err
 	}
 	apiURL := "https://127.0.0.1:" + strconv.Itoa(port)
-	masterEnv := []string{envStoreCredentials + "=" + creds, envTLSCertPEM + "=" + string(certPEM), envTLSKeyPEM + "=" + string(keyPEM)}
+	ring, err := p.cfg.Tokens.SecretsKeyring(spec.Name)
+	if err != nil {
+		return provision.Cluster{}, err
+	}
+	masterEnv := []string{envStoreCredentials + "=" + creds, envTLSCertPEM + "=" + string(certPEM), envTLSKeyPEM + "=" + string(keyPEM),
+		envSecretsKeyring + "=" + ring}
 	if _, err := p.startMaster(ctx, spec, port, masterEnv); err != nil {
 		return provision.Cluster{}, err
 	}

@@ -33,7 +33,8 @@ import (
 // mode 0600 on the operator's machine and appear on no command line of any container or
 // host process. Its agent is root in its container with the capabilities to switch users
 // alone; a tenant's process job runs, its worker as the tenant's uid with no capabilities
-// and no new privileges, judged from the host's /proc.
+// and no new privileges, judged from the host's /proc, with its tenant secret (the master
+// holds the keyring create made, given in its environment, never on a command line).
 func TestCreateLocksTheClusterDown(t *testing.T) {
 	p, spec, dc := newProvider(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(4*time.Minute))
@@ -47,7 +48,7 @@ func TestCreateLocksTheClusterDown(t *testing.T) {
 	}
 	tokens := provision.Tokens{Dir: p.TokenDir()}
 	dir, _ := tokens.ClusterDir(spec.Name)
-	for _, f := range []string{provision.StoreCredentialsFile, "admin.token", "metrics.token", "ca.key", "master.key"} {
+	for _, f := range []string{provision.StoreCredentialsFile, "admin.token", "metrics.token", "ca.key", "master.key", provision.SecretsKeyFile} {
 		fi, err := os.Stat(filepath.Join(dir, f))
 		if err != nil || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v, mode %v; want 0600", f, err, fi.Mode().Perm())
@@ -109,6 +110,12 @@ func TestCreateLocksTheClusterDown(t *testing.T) {
 		t.Fatalf("containers: %d, %v", len(ctrs), err)
 	}
 	secrets := []string{pass, token, strings.TrimSpace(string(keyPEM))}
+	ring, _ := os.ReadFile(filepath.Join(dir, provision.SecretsKeyFile))
+	for _, line := range strings.Split(string(ring), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(f[0], "#") {
+			secrets = append(secrets, f[1]) // the masters' keyring: the master's environment only
+		}
+	}
 	for _, ct := range ctrs {
 		info, err := dc.ContainerInspect(ctx, ct.ID)
 		if err != nil {
@@ -198,7 +205,12 @@ func TestCreateLocksTheClusterDown(t *testing.T) {
 	if uid <= 0 {
 		t.Fatalf("tenant t1 has uid %d", uid)
 	}
-	if _, err := cl.SubmitJob(ctx, jobSpec(1)); err != nil {
+	// Its master holds the cluster's keyring: a tenant secret is kept, and the worker,
+	// which names it, starts only once its agent got it from the master.
+	if _, err := cl.SetSecret(ctx, "t1", "db", []byte("created-cluster-secret")); err != nil {
+		t.Fatalf("a secret on a created cluster: %v", err)
+	}
+	if _, err := cl.SubmitJob(ctx, append(jobSpec(1), "secrets: [db]\n"...)); err != nil {
 		t.Fatal(err)
 	}
 	settled(t, cl, 1, time.Minute)

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -11,6 +12,8 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/internal/atomicfile"
+	"github.com/stormdock/stormdock/internal/keyring"
 	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/eventlog"
 	"github.com/stormdock/stormdock/tools/commands"
@@ -72,6 +75,36 @@ func masterTLS(c *cli.Context) (*tls.Config, error) {
 	return nil, nil
 }
 
+// envSecretsKeyring gives a master its keyring as text, for a container whose file system
+// holds no files of its own (see provision/docker): written to --data/secrets.key, 0600.
+const envSecretsKeyring = "STORMDOCK_SECRETS_KEYRING"
+
+// secretsKeyOf is the master's keyring file: --secrets-key, or the one written from
+// STORMDOCK_SECRETS_KEYRING, or "" (secrets off).
+func secretsKeyOf(c *cli.Context) (string, error) {
+	if f := c.String("secrets-key"); f != "" {
+		if _, err := keyring.Load(f); err != nil {
+			return "", commands.UsageErr("--secrets-key: %v", err)
+		}
+		return f, nil
+	}
+	text := os.Getenv(envSecretsKeyring)
+	if text == "" {
+		return "", nil
+	}
+	if _, err := keyring.Parse([]byte(text), envSecretsKeyring); err != nil {
+		return "", commands.UsageErr("%v", err)
+	}
+	path := filepath.Join(c.String("data"), daemon.SecretsKeyFile)
+	if err := os.MkdirAll(c.String("data"), 0o700); err != nil {
+		return "", cli.Exit("stormdock master: "+err.Error(), 1)
+	}
+	if err := atomicfile.WriteFile(path, []byte(text), 0o600); err != nil {
+		return "", cli.Exit("stormdock master: "+err.Error(), 1)
+	}
+	return path, nil
+}
+
 // MasterCommand runs a master.
 var MasterCommand = &cli.Command{
 	Name:  "master",
@@ -89,10 +122,15 @@ var MasterCommand = &cli.Command{
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS: a CA and a server certificate are made in --data at the first start"},
 		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
 		tenantUIDsFlag(),
+		&cli.StringFlag{Name: "secrets-key", Usage: "keyring `FILE` (mode 0600) that tenant secrets are sealed with, the same on every master: make it with `stormdock secret keygen FILE` (default: none, secrets off)", EnvVars: []string{"STORMDOCK_SECRETS_KEY"}},
 	), eventsFlags()...),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
 			return commands.UsageErr("master takes no arguments, got %q", c.Args().First())
+		}
+		secretsKey, err := secretsKeyOf(c)
+		if err != nil {
+			return err
 		}
 		if _, err := coord.ParseURL(c.String("store")); err != nil {
 			return commands.UsageErr("--store: %v", err)
@@ -136,6 +174,7 @@ var MasterCommand = &cli.Command{
 			AvoidPeriod:     c.Duration("avoid-period"),
 			AvoidMax:        c.Duration("avoid-max"),
 			RegistryAuth:    c.String("registry-auth"),
+			SecretsKey:      secretsKey,
 			Logger:          log,
 		})
 		if err != nil {

@@ -51,7 +51,7 @@ func routerRun(c *cli.Context) error {
 	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"},
 		{"tls-cert", multidc.EnvRouterCert}, {"tls-key", multidc.EnvRouterKey},
 		{"store-ca", commands.EnvStoreCA}, {"store-cert", commands.EnvStoreCert}, {"store-key", commands.EnvStoreKey},
-		{"sink-dir", multidc.EnvSinkDir}, {"tenant", "STORMDOCK_TENANT"}} {
+		{"sink-dir", multidc.EnvSinkDir}, {"tenant", "STORMDOCK_TENANT"}, {"secrets-dir", multidc.EnvSecretsDir}} {
 		if v, ok := os.LookupEnv(fe[1]); ok {
 			env = append(env, "--"+fe[0]+"="+v)
 		}
@@ -76,6 +76,10 @@ func routerRun(c *cli.Context) error {
 		if err := cluster.CheckSinkPath(a.SinkDir, a.Tenant, u.Path); err != nil {
 			return commands.UsageErr("--sink: %v", err)
 		}
+	}
+	cred, err := multidc.OutputCredential(a.SecretsDir, a.OutputSecret)
+	if err != nil {
+		return commands.UsageErr("--output-secret: %v", err)
 	}
 	if _, err := coord.ParseURL(a.Store); err != nil {
 		return commands.UsageErr("--store: %v", err)
@@ -118,7 +122,8 @@ func routerRun(c *cli.Context) error {
 		Links: a.Links,
 		Store: store,
 		OpenSink: func(ev *multidc.SinkEvidence) (multidc.Sink, error) {
-			return multidc.OpenSink(a.Sink, multidc.SinkOptions{Job: a.Job, SinkDir: a.SinkDir, Tenant: a.Tenant, Evidence: ev, Logger: log})
+			return multidc.OpenSink(a.Sink, multidc.SinkOptions{Job: a.Job, SinkDir: a.SinkDir, Tenant: a.Tenant, Evidence: ev,
+				Credential: cred, Logger: log})
 		},
 		// The master writes $STORMDOCK_ADDR:$STORMDOCK_PORT: the node's advertised address
 		// and the port its agent gave the router.

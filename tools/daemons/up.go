@@ -32,6 +32,7 @@ var UpCommand = &cli.Command{
 		&cli.StringFlag{Name: "run-as", Usage: "single-tenant opt-out: every tenant's process workers run as `USER` (name or UID:GID, never root) instead of each tenant's own uid, so tenants are not apart (default: each tenant's uid; without root, give your own user)"},
 		tenantUIDsFlag(),
 		&cli.StringFlag{Name: "sink-dir", Usage: "`DIR` below which mirrored jobs' file sinks live, as DIR/TENANT/...; off turns file sinks off (default: /var/lib/stormdock/sinks as root, whose routers run as their tenants' uids and cannot enter --data; else DATA-DIR/sinks)"},
+		&cli.StringFlag{Name: "secrets-key", Usage: "keyring `FILE` tenant secrets are sealed with; off turns secrets off (default: DATA-DIR/secrets.key, made at the first start)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the API over TLS (a CA and certificate are made in --data at the first start; the CLI trusts them by itself)", Value: true},
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
@@ -95,6 +96,7 @@ func runUp(c *cli.Context) error {
 		RegistryAuth: c.String("registry-auth"),
 		CgroupParent: c.String("cgroup-parent"),
 		SinkDir:      c.String("sink-dir"),
+		SecretsKey:   c.String("secrets-key"),
 		TenantUIDs:   uids,
 	})
 	if err != nil {

@@ -7,7 +7,9 @@
 // (default) waits for SIGTERM and exits 0; "crash" exits 3 (or HELPER_EXIT_CODE) after
 // HELPER_CRASH_AFTER;
 // "ignore-term" ignores SIGTERM. On SIGHUP it copies its live configuration (STORMDOCK_CONFIG)
-// to <key>.<pid>.hup.<n>, n counting the signals from 1.
+// to <key>.<pid>.hup.<n>, n counting the signals from 1. With HELPER_SECRET set it copies that
+// secret's file (STORMDOCK_SECRETS_DIR/HELPER_SECRET), as it reads it, to <key>.<pid>.secret.<n>,
+// n being 0 at start and then each SIGHUP's.
 package main
 
 import (
@@ -72,6 +74,21 @@ func helper() {
 	if err := os.WriteFile(base+".json.tmp", b, 0o644); err == nil {
 		_ = os.Rename(base+".json.tmp", base+".json")
 	}
+	copySecret := func(n int) {
+		name := os.Getenv("HELPER_SECRET")
+		if name == "" {
+			return
+		}
+		b, err := os.ReadFile(filepath.Join(os.Getenv("STORMDOCK_SECRETS_DIR"), name))
+		if err != nil {
+			b = []byte("error: " + err.Error())
+		}
+		p := fmt.Sprintf("%s.secret.%d", base, n)
+		if err := os.WriteFile(p+".tmp", b, 0o644); err == nil {
+			_ = os.Rename(p+".tmp", p)
+		}
+	}
+	copySecret(0)
 	hups := make(chan os.Signal, 1)
 	signal.Notify(hups, syscall.SIGHUP)
 	go func() {
@@ -82,6 +99,7 @@ func helper() {
 			if err := os.WriteFile(p+".tmp", b, 0o644); err == nil {
 				_ = os.Rename(p+".tmp", p)
 			}
+			copySecret(n)
 		}
 	}()
 	if mode == "crash" {
