@@ -41,6 +41,9 @@ type Options struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// StartTimeout bounds the wait for the server to answer. Default 30 s.
 	StartTimeout time.Duration
+	// User and Password, when Password is set, make the server ask every client for them
+	// (--user, --pass), or for Password as a token when User is empty (--auth).
+	User, Password string
 }
 
 // Server is a nats-server run by a test (Start), or the shared one (Shared).
@@ -122,6 +125,12 @@ func (s *Server) spawn(bin string) error {
 	}
 	fmt.Fprintf(out, "==== natstest: starting at %s\n", time.Now().Format("15:04:05.000"))
 	args := []string{"-js", "-a", host, "-p", port, "-sd", filepath.Join(s.dir, "js")}
+	switch {
+	case s.opts.Password != "" && s.opts.User != "":
+		args = append(args, "--user", s.opts.User, "--pass", s.opts.Password)
+	case s.opts.Password != "":
+		args = append(args, "--auth", s.opts.Password)
+	}
 	cmd := exec.Command(bin, args...)
 	if s.opts.Host != nil {
 		cmd = s.opts.Host.Command(bin, args...)
@@ -190,6 +199,12 @@ func (s *Server) Connect() (*nats.Conn, error) {
 	opts := []nats.Option{nats.Timeout(2 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}
 	if s.opts.Dial != nil {
 		opts = append(opts, nats.SetCustomDialer(dialer{s.opts.Dial}))
+	}
+	switch {
+	case s.opts.Password != "" && s.opts.User != "":
+		opts = append(opts, nats.UserInfo(s.opts.User, s.opts.Password))
+	case s.opts.Password != "":
+		opts = append(opts, nats.Token(s.opts.Password))
 	}
 	return nats.Connect(s.URL(), opts...)
 }
