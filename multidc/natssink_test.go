@@ -255,7 +255,6 @@ func TestNATSSinkServerRestarts(t *testing.T) {
 	checkSubject(t, readSubject(t, srv, subject), total)
 }
 
-
 // The password (or token) comes from the function the router is given and appears in no
 // error; the URL holds none.
 func TestNATSSinkPassword(t *testing.T) {
