@@ -127,14 +127,16 @@ func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request, allowed
 	var res IngestResult
 	kickIt := false
 	r.mu.Lock()
+	// A standby hears the workers too (those that came to it, the leader not answering
+	// them): when it takes over, it knows at once which links are alive.
+	for _, b := range beats {
+		r.live.beat(b.link, b.worker, b.workers, now)
+		r.noteConnLocked(req, beatKey{b.link, b.worker})
+	}
 	if r.state != ready {
 		r.mu.Unlock()
 		writeError(w, errNotReady)
 		return
-	}
-	for _, b := range beats {
-		r.live.beat(b.link, b.worker, b.workers, now)
-		r.noteConnLocked(req, beatKey{b.link, b.worker})
 	}
 	active := r.ord.activeName()
 	for i := range recs {
@@ -307,13 +309,13 @@ func (r *Router) handleHeartbeat(w http.ResponseWriter, req *http.Request, allow
 		return
 	}
 	r.mu.Lock()
+	r.live.beat(link, worker, workers, time.Now()) // a standby's too, see handleRecords
+	r.noteConnLocked(req, beatKey{link, worker})
 	if r.state != ready {
 		r.mu.Unlock()
 		writeError(w, errNotReady)
 		return
 	}
-	r.live.beat(link, worker, workers, time.Now())
-	r.noteConnLocked(req, beatKey{link, worker})
 	res := HeartbeatResult{Active: r.ord.activeName(), NextOffset: r.ord.next, Instance: r.instance}
 	r.mu.Unlock()
 	writeJSON(w, http.StatusOK, res)

@@ -157,7 +157,8 @@ type Sender struct {
 	hc              *http.Client
 	// Token is the job's sender token (ReadTokenFile), sent with every request.
 	Token string
-	// MinBackoff and MaxBackoff bound the wait between retries (defaults 10 ms, 1 s).
+	// MinBackoff and MaxBackoff bound the wait between retries (defaults 10 ms, 100 ms: a
+	// standby that takes over is used within a tenth of a second).
 	MinBackoff, MaxBackoff time.Duration
 
 	mu    sync.Mutex
@@ -172,12 +173,16 @@ type Sender struct {
 	caErr       error  // the router CA named by EnvRouterCA is not readable
 }
 
-// sendTimeout bounds one request of a sender. A router answers at once (it never holds a
-// request: a full buffer is a 429), so a request without an answer within it went to a
-// router whose host is lost or cut off: a partition drops packets, and only a timeout ends
-// the request. The next request goes to the next router. With 10 s here a lost router's
-// host held a mirrored job's output for 11 s (network lab, 2 s sessions).
-const sendTimeout = 2 * time.Second
+// sendTimeout bounds one records request of a sender, heartbeatTimeout one heartbeat. A
+// router answers at once (it never holds a request: a full buffer is a 429), so a request
+// without an answer within them went to a router whose host is lost or cut off: a partition
+// drops packets, and only a timeout ends the request. The next request goes to the next
+// router. With 10 s here a lost router's host held a mirrored job's output for 11 s
+// (network lab, 2 s sessions); with 2 s, 4 to 6 s.
+const (
+	sendTimeout      = time.Second
+	heartbeatTimeout = 500 * time.Millisecond
+)
 
 // NewSender returns a sender for worker (of workers) of link, to the routers at bases (a
 // comma-separated list of https://HOST:PORT). It trusts the router CA in the file its agent
@@ -191,9 +196,9 @@ func NewSender(bases, link string, worker, workers int) *Sender {
 	}
 	s := &Sender{
 		link: link, worker: worker, workers: workers,
-		hc:         httpClient(sendTimeout, pool),
+		hc:         httpClient(0, pool), // each request has its own timeout
 		caErr:      caErr,
-		MinBackoff: 10 * time.Millisecond, MaxBackoff: time.Second,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		rewind: -1,
 	}
 	s.SetRouters(strings.Split(bases, ","))
@@ -234,8 +239,10 @@ func (s *Sender) base() string {
 }
 
 // unreachableFor is how long a router that did not answer is passed over while another
-// router answers: about the time a standby takes to lead once the leader's session expired.
-const unreachableFor = 5 * time.Second
+// router answers: about the time a standby takes to lead once the leader is gone (it takes a
+// fencing sink over on evidence within a second; else when the leader's session expired).
+// A router passed over by mistake (slow, not gone) is tried again after it.
+const unreachableFor = 2 * time.Second
 
 // next moves to the next router after base failed or stood by (answered is false when base
 // did not answer at all). Routers that did not answer lately are passed over while one
@@ -313,6 +320,8 @@ func (s *Sender) Heartbeat(ctx context.Context) (HeartbeatResult, error) {
 	if base == "" {
 		return HeartbeatResult{}, errNoRouter
 	}
+	ctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/heartbeat?"+q.Encode(), nil)
 	if err != nil {
 		return HeartbeatResult{}, err
@@ -400,6 +409,8 @@ func (s *Sender) post(ctx context.Context, u string, batch []byte) error {
 	if s.caErr != nil {
 		return s.caErr
 	}
+	ctx, cancel := context.WithTimeout(ctx, sendTimeout)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(batch))
 	if err != nil {
 		return err

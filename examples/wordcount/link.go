@@ -17,7 +17,7 @@ import (
 
 // heartbeatEvery is how often a link worker tells the router it is alive; the router fails
 // a link over after a few missed beats.
-const heartbeatEvery = 200 * time.Millisecond
+const heartbeatEvery = 100 * time.Millisecond
 
 // runLink is the worker of one link of a mirrored job: it sends its records to the job's
 // output router with the router's protocol (multidc.Sender): heartbeats while idle, a start
