@@ -41,7 +41,7 @@ const (
 	envLinks     = "MULTIDC_TEST_LINKS"
 	envTimeout   = "MULTIDC_TEST_HB_TIMEOUT"
 	envCkptEvery = "MULTIDC_TEST_CHECKPOINT"
-	envEnd       = "MULTIDC_TEST_END" // file the test writes the input's final length to
+	envEnd       = "MULTIDC_TEST_END"      // file the test writes the input's final length to
 	envSinkURL   = "MULTIDC_TEST_SINK_URL" // a fencing sink's URL, instead of envSink's file
 	envSession   = "MULTIDC_TEST_SESSION"  // the router's store session timeout
 )

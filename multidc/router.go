@@ -114,14 +114,14 @@ type Router struct {
 	checkpoint   int64
 	failovers    int64
 	lastFailover *Failover
-	switched     bool                   // a failover not yet saved in the record: save it at the next tick
-	spurious     int64                  // heartbeat failovers whose link was alive again at once
-	suspect      *Failover              // the last heartbeat failover, until its link is seen dead long enough
-	epoch        int64                  // the fencing sink's epoch this router holds
-	how          string                 // how this router came to lead: elected or evidence
-	sinkErr      string                 // the sink's last failure, "" once it works again
+	switched     bool      // a failover not yet saved in the record: save it at the next tick
+	spurious     int64     // heartbeat failovers whose link was alive again at once
+	suspect      *Failover // the last heartbeat failover, until its link is seen dead long enough
+	epoch        int64     // the fencing sink's epoch this router holds
+	how          string    // how this router came to lead: elected or evidence
+	sinkErr      string    // the sink's last failure, "" once it works again
 	sinkErrSince time.Time
-	stopped      bool // the last checkpoint of a router stopping: the standby need not wait
+	stopped      bool                   // the last checkpoint of a router stopping: the standby need not wait
 	conns        map[net.Conn][]beatKey // the workers each open connection carried
 	fails        *api.FailLimiter       // failed token checks, per remote address
 }

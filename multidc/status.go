@@ -12,9 +12,9 @@ type Status struct {
 	NextOffset int64 `json:"nextOffset"`
 	Delivered  int64 `json:"delivered"`
 	// Checkpoint is the delivered offset last saved in the store (after the sink's Sync).
-	Checkpoint   int64        `json:"checkpoint"`
-	Failovers    int64        `json:"failovers"`
-	LastFailover *Failover    `json:"lastFailover,omitempty"`
+	Checkpoint   int64     `json:"checkpoint"`
+	Failovers    int64     `json:"failovers"`
+	LastFailover *Failover `json:"lastFailover,omitempty"`
 	// SpuriousFailovers counts the heartbeat failovers whose link was alive again at once
 	// (its workers late, not gone): harmless, a sign that the heartbeat timeout is short
 	// for the machines' load.
@@ -25,10 +25,10 @@ type Status struct {
 	// Epoch is the fencing epoch the router holds in a fencing sink (PostgreSQL, JetStream).
 	Epoch int64 `json:"epoch,omitempty"`
 	// SinkError is why the sink cannot be opened or written now, since SinkErrorSince.
-	SinkError      string     `json:"sinkError,omitempty"`
-	SinkErrorSince *time.Time `json:"sinkErrorSince,omitempty"`
-	Links        []LinkStatus `json:"links"`
-	Updated      time.Time    `json:"updated"`
+	SinkError      string       `json:"sinkError,omitempty"`
+	SinkErrorSince *time.Time   `json:"sinkErrorSince,omitempty"`
+	Links          []LinkStatus `json:"links"`
+	Updated        time.Time    `json:"updated"`
 }
 
 // LinkStatus is one link as the router sees it.
