@@ -57,6 +57,9 @@ func runLink(ctx context.Context, cfg Config) error {
 // streamFrom sends this worker's records from offset from on, until ctx is done (nil) or
 // the router restarted (the offset to start again from).
 func streamFrom(ctx context.Context, cfg Config, s *multidc.Sender, from int64) (int64, error) {
+	if IsJetStream(cfg.Input) {
+		return streamFromJetStream(ctx, cfg, s, from)
+	}
 	src, closeSrc, err := openInput(cfg)
 	if err != nil {
 		return 0, err
