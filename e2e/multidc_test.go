@@ -88,7 +88,8 @@ func TestDataCenterLoss(t *testing.T) {
 // mid-stream, then the leading router's node, and the sink still holds every offset once.
 func TestMirroredJob(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
-	cl := h.AdminClient(h.StartMaster("m1", "--reregister-grace", "1s"))
+	url := h.StartMaster("m1", "--reregister-grace", "1s")
+	cl := h.AdminClient(url)
 	ctx := context.Background()
 	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1", "dc-c-r2"} {
 		h.StartAgent(n, n[:4], n[5:], 4)
@@ -186,6 +187,30 @@ gracePeriod: 2s
 	if err != nil || st.Sink == nil || !st.Sink.Fed {
 		t.Errorf("job status says the sink is not fed after recovery: %+v, %v", st.Sink, err)
 	}
+
+	// The routers' logs, read like workers': the leader's by default, the other by index.
+	c := &cli{t: t, env: []string{"STORMDOCK_MASTER=" + url, "STORMDOCK_DATA=" + filepath.Join(h.Dir, "data")}}
+	var lead string
+	testenv.EventuallyWith(t, "the leading router's log", 30*time.Second, func() (bool, string) {
+		out, code := c.run("job", "logs", "mirror", "--router", "--tail", "-1")
+		lead = out
+		return code == 0 && strings.Contains(out, "router recovered"), out
+	})
+	ls = h.linkStatus(t, "mirror")
+	if !strings.Contains(lead, ls.Router) {
+		t.Errorf("job logs --router is not the leading router's (%s) log:\n%s", ls.Router, lead)
+	}
+	var standby string
+	for _, w := range []string{"0", "1"} {
+		if out := c.ok("job", "logs", "mirror", "--router", "--worker", w, "--tail", "-1"); !strings.Contains(out, ls.Router) {
+			standby = out
+		}
+	}
+	if !strings.Contains(standby, "waiting to lead") {
+		t.Errorf("no router's log (--worker 0 or 1) is the standby's:\n%s", standby)
+	}
+	c.refused("a router serves every link", "job", "logs", "mirror", "--router", "--link", "dc-a")
+	c.refused("has routers 0 to 1", "job", "logs", "mirror", "--router", "--worker", "2")
 }
 
 // linkStatus runs `stormdock link status -o json` against the store.

@@ -64,6 +64,29 @@ func routerRecord(rec cluster.JobRecord, store string, nodes int) cluster.JobRec
 	return cluster.JobRecord{Spec: r, Generation: rec.Generation, State: rec.State, Submitted: rec.Submitted, Updated: rec.Updated}
 }
 
+// RouterJobName is the name of a mirrored job's router job ("wc.router"), whose workers 0 and
+// 1 are its routers.
+func RouterJobName(job string) string { return job + routerSuffix }
+
+// LeadingRouter returns the worker index, in the job's router job, of the router that leads
+// (the one its record names), as api.ErrNotFound when none does now.
+func (m *Master) LeadingRouter(ctx context.Context, v *View, job string) (int, error) {
+	rr, ok := v.routers[RouterJobName(job)]
+	if !ok {
+		return 0, fmt.Errorf("%w: job %s has no routers", api.ErrNotFound, job)
+	}
+	rec, found, err := multidc.ReadRecord(ctx, m.store, job)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", api.ErrUnavailable, err)
+	}
+	for _, k := range rr.Spec.Keys() {
+		if u, ok := v.routerURL(k); ok && found && u == rec.Router {
+			return k.Worker, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: no router of job %s leads now (see `stormdock job status %s`): name one with --worker 0 or --worker 1", api.ErrNotFound, job, job)
+}
+
 // routerGrace is a router's grace period: the mirrored job's, or the default.
 func routerGrace(job cluster.Duration) cluster.Duration {
 	if job > 0 {
@@ -92,18 +115,25 @@ func (v *View) RouterURLs(job string) []string {
 	}
 	var out []string
 	for _, k := range rr.Spec.Keys() {
-		s, ok := v.statuses[k]
-		if !ok || s.status.State != cluster.WorkerRunning || s.status.Port == 0 {
-			continue
+		if u, ok := v.routerURL(k); ok {
+			out = append(out, u)
 		}
-		addr := v.nodes[s.node].Node.Addr
-		if addr == "" {
-			addr = "127.0.0.1" // an agent from before advertised addresses: one host
-		}
-		// Routers serve HTTPS with a certificate from the router CA (see multidc).
-		out = append(out, fmt.Sprintf("https://%s", net.JoinHostPort(addr, strconv.Itoa(s.status.Port))))
 	}
 	return out
+}
+
+// routerURL is where the router k serves, as its agent reports it running.
+func (v *View) routerURL(k cluster.WorkerKey) (string, bool) {
+	s, ok := v.statuses[k]
+	if !ok || s.status.State != cluster.WorkerRunning || s.status.Port == 0 {
+		return "", false
+	}
+	addr := v.nodes[s.node].Node.Addr
+	if addr == "" {
+		addr = "127.0.0.1" // an agent from before advertised addresses: one host
+	}
+	// Routers serve HTTPS with a certificate from the router CA (see multidc).
+	return fmt.Sprintf("https://%s", net.JoinHostPort(addr, strconv.Itoa(s.status.Port))), true
 }
 
 // staleRouter is how old a router's record may be before the sink counts as not fed: a
@@ -275,8 +305,7 @@ func (r *reconciler) standbyRouter(ctx context.Context, v *View, job string, ps 
 		if !reported || s.node != p.Node || s.status.State != cluster.WorkerRunning {
 			return -1
 		}
-		url := fmt.Sprintf("https://%s", net.JoinHostPort(v.nodes[p.Node].Node.Addr, strconv.Itoa(s.status.Port)))
-		if !ok || url != rec.Router {
+		if url, _ := v.routerURL(p.Key()); !ok || url != rec.Router {
 			standby = i
 		}
 	}
