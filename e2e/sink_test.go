@@ -37,7 +37,7 @@ type sinkWatch struct {
 	partial    []byte // a line being written
 	epoch      int64  // the newest fencing epoch seen (a row's, a fence message's)
 	arrivals   []time.Time
-	next       int64  // the offset the next line must carry
+	next       int64 // the offset the next line must carry
 	lastAt     time.Time
 	lastLink   string
 	maxGap     time.Duration // the longest the sink received nothing, between two records

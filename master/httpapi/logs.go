@@ -19,8 +19,8 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
-	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/master"
 )
 
 // Workers' logs reach the CLI through the master: GET /v1/jobs/{name}/logs finds the node
