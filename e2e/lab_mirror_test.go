@@ -393,6 +393,9 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 				break
 			}
 		}
+		if standby == "" {
+			t.Fatalf("no standby link worker of %s runs (active link %q)", mpg.name, active)
+		}
 		cutUntilFed(t, "a standby link worker's host "+standby+" cut", []*netlab.Host{lc.node(standby).host})
 		waitAll(t)
 	})
