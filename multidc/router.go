@@ -441,7 +441,11 @@ func (r *Router) acquire(ctx context.Context, el *coord.Election, held *leadersh
 	var retryAt time.Time
 	backoff := 500 * time.Millisecond
 	for {
-		if take, why := r.leaderGone(ctx, &w, held.get() != nil); take && !time.Now().Before(retryAt) {
+		take, why := r.leaderGone(ctx, &w, held.get() != nil)
+		if take {
+			w.claimed = why
+		}
+		if take && !time.Now().Before(retryAt) {
 			rec, _, err := r.ckpt.load(ctx)
 			if err != nil {
 				return err
@@ -500,6 +504,7 @@ type leaderWatch struct {
 	version int64
 	seen    bool
 	changed time.Time // when the standby last saw it change (its own clock)
+	claimed string    // why this router last decided to take the sink (see Status.Leading)
 }
 
 // leaderGone says whether this router should take the sink, and how it came to. A record
@@ -529,7 +534,7 @@ func (r *Router) leaderGone(ctx context.Context, w *leaderWatch, elected bool) (
 	}
 	switch {
 	case rec.Instance == r.instance:
-		return true, r.how // this router's own record (a sink problem it noted)
+		return true, w.claimed // this router's own record (a sink problem it noted)
 	case rec.Stopped:
 		return true, LeadElected // the leader stopped and said so
 	case now.Sub(w.changed) < r.cfg.StaleAfter:

@@ -3,12 +3,14 @@ package multidc
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -204,4 +206,88 @@ func firstWritten(t testing.TB, srv *pgtest.Server, db string, epoch int64) time
 		t.Fatal(err)
 	}
 	return at
+}
+
+// switchProxy forwards TCP connections to target while up; down, it closes every connection
+// it takes at once (a database that refuses).
+type switchProxy struct {
+	ln     net.Listener
+	target string
+	up     atomic.Bool
+}
+
+func newSwitchProxy(t testing.TB, target string) *switchProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &switchProxy{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if !p.up.Load() {
+				c.Close()
+				continue
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(s, c); s.Close() }()
+			go func() { _, _ = io.Copy(c, s); c.Close() }()
+		}
+	}()
+	return p
+}
+
+// A router whose fencing sink cannot be opened keeps trying and says why in its record
+// (which `job status` shows): the database unreachable, then a table of another shape;
+// once the database answers with a table it can write, it leads and the reason goes.
+func TestRouterSaysWhyTheSinkIsNotFed(t *testing.T) {
+	srv := pgtest.Shared(t)
+	db := srv.NewDB(t)
+	proxy := newSwitchProxy(t, srv.Addr())
+	_, store := embeddedStore(t)
+	tr := startRouter(t, store, []string{"dc-a", "dc-b"}, func(c *Config) {
+		c.Sink, c.TakeOver = nil, true
+		c.OpenSink = func(ctx context.Context, _ *SinkEvidence) (Sink, error) {
+			return OpenSink(ctx, pgURL(proxy.ln.Addr().String(), db, "out"), SinkOptions{Job: "wordcount", Logger: c.Logger})
+		}
+	})
+	problem := func(want string) {
+		t.Helper()
+		testenv.EventuallyWith(t, "the record saying "+want, 30*time.Second, func() (bool, string) {
+			rec, ok, err := ReadRecord(context.Background(), store, "wordcount")
+			return ok && err == nil && strings.Contains(rec.SinkError, want) && rec.SinkErrorSince != nil, fmt.Sprintf("%+v %v", rec.Status, err)
+		})
+	}
+	problem("cannot connect")
+	srv.Exec(t, db, `CREATE TABLE out ("offset" bigint PRIMARY KEY, link text, epoch int, record jsonb)`)
+	proxy.up.Store(true)
+	problem(`column "epoch" is integer, not bigint; it must look like CREATE TABLE "out"`)
+	if _, err := tr.Status(); err == nil {
+		t.Fatal("the router is ready with a sink it cannot open")
+	}
+	srv.Exec(t, db, `DROP TABLE out`)
+	waitReady(t, tr.URL())
+	var body strings.Builder
+	for off := range 5 {
+		fmt.Fprintf(&body, "{\"offset\":%d,\"link\":\"dc-a\",\"worker\":0,\"workers\":1}\n", off)
+	}
+	testenv.EventuallyWith(t, "5 records delivered", 20*time.Second, func() (bool, string) {
+		post(t, tr.URL()+"/v1/records?link=dc-a&worker=0", body.String())
+		post(t, tr.URL()+"/v1/heartbeat?link=dc-b&worker=0&workers=1", "")
+		st, _ := tr.Status()
+		return st.Delivered == 4, fmt.Sprintf("delivered %d", st.Delivered)
+	})
+	testenv.EventuallyWith(t, "the reason gone from the record", 10*time.Second, func() (bool, string) {
+		rec, _, err := ReadRecord(context.Background(), store, "wordcount")
+		return err == nil && rec.SinkError == "" && rec.Leading == LeadElected, fmt.Sprintf("%+v", rec.Status)
+	})
+	checkPGRows(t, pgRows(t, srv, db, "out"), 5)
 }
