@@ -299,18 +299,23 @@ func (r *reconciler) standbyRouter(ctx context.Context, v *View, job string, ps 
 	if err != nil {
 		return -1
 	}
-	standby := -1
+	leaders, standby := 0, -1
 	for i, p := range ps {
 		s, reported := v.statuses[p.Key()]
 		if !reported || s.node != p.Node || s.status.State != cluster.WorkerRunning {
 			return -1
 		}
-		if url, _ := v.routerURL(p.Key()); !ok || url != rec.Router {
+		if url, _ := v.routerURL(p.Key()); ok && url == rec.Router {
+			leaders++
+		} else {
 			standby = i
 		}
 	}
 	if !ok {
 		return 1 // no router has led yet: either will do
+	}
+	if leaders != 1 {
+		return -1 // the record names neither (a leader that is gone): not now
 	}
 	return standby
 }

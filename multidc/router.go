@@ -117,6 +117,7 @@ type Router struct {
 	switched     bool      // a failover not yet saved in the record: save it at the next tick
 	spurious     int64     // heartbeat failovers whose link was alive again at once
 	suspect      *Failover // the last heartbeat failover, until its link is seen dead long enough
+	suspectBeat  time.Time // the last beat of that link's stalest worker before it
 	epoch        int64     // the fencing sink's epoch this router holds
 	how          string    // how this router came to lead: elected or evidence
 	sinkErr      string    // the sink's last failure, "" once it works again
@@ -447,11 +448,8 @@ func (r *Router) acquire(ctx context.Context, el *coord.Election, held *leadersh
 		}
 		if take && !time.Now().Before(retryAt) {
 			rec, _, err := r.ckpt.load(ctx)
-			if err != nil {
-				return err
-			}
 			sink := r.cfg.Sink
-			if sink == nil {
+			if err == nil && sink == nil {
 				sink, err = r.cfg.OpenSink(ctx, rec.Sink)
 			}
 			if err == nil {
@@ -463,7 +461,11 @@ func (r *Router) acquire(ctx context.Context, el *coord.Election, held *leadersh
 			if ctx.Err() != nil {
 				return err
 			}
-			r.sinkProblem(ctx, fmt.Errorf("multidc: open sink: %w", err))
+			if errors.Is(err, coord.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+				r.log.Warn("cannot take the sink over yet: the store does not answer; trying again", "err", err)
+			} else {
+				r.sinkProblem(ctx, fmt.Errorf("multidc: open sink: %w", err))
+			}
 			retryAt = time.Now().Add(backoff)
 			backoff = min(2*backoff, 5*time.Second)
 		}
@@ -805,35 +807,37 @@ func (r *Router) switchLocked(to, reason string, now time.Time) {
 	r.lastFailover = &Failover{From: from, To: to, Reason: reason, At: now.UTC(), NextOffset: r.ord.next}
 	if reason == ReasonHeartbeat && r.ord.activeName() != from {
 		r.suspect = r.lastFailover
+		r.suspectBeat, _ = r.live.oldest(from, now)
 	}
 	r.switched = true // the masters' events learn of it from the record
 	r.log.Warn("failover", "from", from, "to", to, "reason", reason, "nextOffset", r.ord.next,
 		"run", r.ord.run(r.ord.active))
 }
 
-// spuriousWithin is how soon a link failed over for its heartbeats must be alive again for
-// the failover to count as spurious: its workers were late, not gone (a loaded machine, a
-// pause). A spurious failover loses nothing; it is counted, so that the heartbeat timeout
-// can be judged against the machines' load.
-func (r *Router) spuriousWithin() time.Duration { return 2 * r.cfg.HeartbeatTimeout }
+// spuriousSilence is how long at most the link failed over for its heartbeats may have been
+// silent for the failover to count as spurious: its workers were late, not gone (a loaded
+// machine, a pause), and beat again within two timeouts of their last beat. A worker that
+// died and was started again is silent longer. A spurious failover loses nothing; it is
+// counted, so that the heartbeat timeout can be judged against the machines' load.
+func (r *Router) spuriousSilence() time.Duration { return 2 * r.cfg.HeartbeatTimeout }
 
 // checkSpuriousLocked counts the last heartbeat failover as spurious when the link it left
-// is alive again soon after.
+// is alive again within spuriousSilence of its last beat.
 func (r *Router) checkSpuriousLocked(now time.Time) {
 	f := r.suspect
 	if f == nil {
 		return
 	}
-	since := now.Sub(f.At)
+	silent := now.Sub(r.suspectBeat)
 	switch {
-	case since > r.spuriousWithin():
+	case silent > r.spuriousSilence():
 		r.suspect = nil
 	case r.live.alive(f.From, now):
 		r.suspect = nil
 		r.spurious++
 		r.m.spurious.Inc()
 		r.log.Warn("spurious failover: the link failed over for its heartbeats was alive again at once (its workers were late, not gone)",
-			"link", f.From, "after", since.Round(time.Millisecond), "heartbeatTimeout", r.cfg.HeartbeatTimeout)
+			"link", f.From, "silentFor", silent.Round(time.Millisecond), "heartbeatTimeout", r.cfg.HeartbeatTimeout)
 	}
 }
 
