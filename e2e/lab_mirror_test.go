@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/stormdock/stormdock/internal/netlab"
 	"github.com/stormdock/stormdock/internal/pgtest"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/multidc"
 )
 
 // mirrorJob is a mirrored job of the lab's tests: links in dc-a and dc-b (the router outside
@@ -289,7 +292,11 @@ func waitMirrorRunning(t testing.TB, m *mirrorJob) {
 // fenced router is kept (the epochs show it), and the routers end in different data
 // centers.
 func TestAcrossHostsMirroredJob(t *testing.T) {
-	lc := newLabCluster(t, plainLabSpec())
+	spec := plainLabSpec()
+	// Three mirrored jobs: 12 link workers (6 a data center, which they cannot leave) and 6
+	// routers, which must find room in two data centers when the third is cut.
+	spec.slots = 6
+	lc := newLabCluster(t, spec)
 	pg := pgtest.Start(t, pgtest.Options{Host: lc.lab.AddHosts(t, "pg")[0], Dial: lc.lab.DialContext})
 	ns := natstest.Start(t, natstest.Options{Host: lc.lab.AddHosts(t, "nats")[0], Dial: lc.lab.DialContext})
 	in := startJSInput(t, ns, "IN", 100)
@@ -350,6 +357,15 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 			}
 		}()
 		fed := map[*mirrorJob]time.Time{}
+		defer func() {
+			if t.Failed() {
+				for _, j := range jobs {
+					if fed[j].IsZero() {
+						diagnoseRouters(t, lc, j.name)
+					}
+				}
+			}
+		}()
 		testenv.EventuallyWith(t, what+": every sink receiving again", 90*time.Second, func() (bool, string) {
 			var why []string
 			for _, j := range jobs {
@@ -459,6 +475,23 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 	for _, j := range []*mirrorJob{mpg, mjs} {
 		if e := j.watch.epochs(); e < 2 {
 			t.Errorf("%s: the sink's fencing epoch is %d after the router cuts: no router took it over", j.name, e)
+		}
+	}
+}
+
+// diagnoseRouters logs what a mirrored job's routers last recorded, and has each of them
+// write its goroutines to its log (SIGQUIT: it exits), which STORMDOCK_LAB_LOGS keeps.
+func diagnoseRouters(t *testing.T, lc *labCluster, job string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if rec, ok, err := multidc.ReadRecord(ctx, lc.Store, job); err == nil && ok {
+		b, _ := json.Marshal(rec.Status)
+		t.Logf("%s: the routers' record: %s", job, b)
+	}
+	for k, ps := range workerProcs(job + routerJobSuffix) {
+		for _, p := range ps {
+			t.Logf("%s: router %s on %s (pid %d): SIGQUIT for its goroutines", job, k, p.node, p.pid)
+			_ = syscall.Kill(p.pid, syscall.SIGQUIT)
 		}
 	}
 }
