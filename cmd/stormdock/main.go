@@ -14,6 +14,12 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		// A worker's agent sends SIGHUP when its live configuration changes, which may be
+		// right after it starts (its job's routers starting): until the worker listens for
+		// it, SIGHUP must not kill it.
+		signal.Ignore(syscall.SIGHUP)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := tools.Run(ctx, os.Args)
 	stop()
