@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -141,19 +140,32 @@ func startJSInput(t *testing.T, srv *natstest.Server, stream string, rate int) *
 	return in
 }
 
-// publish adds n lines, each acknowledged by the server: the control host is never cut, and
-// neither is the server's host.
+// publish adds n lines, all acknowledged by the server before it returns: the control host
+// is never cut, and neither is the server's host.
 func (in *jsInput) publish(t testing.TB, n int) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for range n {
-		if _, err := in.js.Publish(ctx, in.subject, fmt.Appendf(nil, "line %d of the replayable input", in.lines)); err != nil {
+	var acks []jetstream.PubAckFuture
+	for i := range n {
+		f, err := in.js.PublishAsync(in.subject, fmt.Appendf(nil, "line %d of the replayable input", in.lines+int64(i)))
+		if err != nil {
 			t.Errorf("input: %v", err)
 			return
 		}
-		in.lines++
+		acks = append(acks, f)
+	}
+	timeout := time.After(testenv.Timeout(30 * time.Second))
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+			in.lines++
+		case err := <-f.Err():
+			t.Errorf("input: %v", err)
+			return
+		case <-timeout:
+			t.Errorf("input: no acknowledgement in 30s")
+			return
+		}
 	}
 }
 
@@ -479,8 +491,7 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 	}
 }
 
-// diagnoseRouters logs what a mirrored job's routers last recorded, and has each of them
-// write its goroutines to its log (SIGQUIT: it exits), which STORMDOCK_LAB_LOGS keeps.
+// diagnoseRouters logs what a mirrored job's routers last recorded, and where they run.
 func diagnoseRouters(t *testing.T, lc *labCluster, job string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -490,8 +501,7 @@ func diagnoseRouters(t *testing.T, lc *labCluster, job string) {
 	}
 	for k, ps := range workerProcs(job + routerJobSuffix) {
 		for _, p := range ps {
-			t.Logf("%s: router %s on %s (pid %d): SIGQUIT for its goroutines", job, k, p.node, p.pid)
-			_ = syscall.Kill(p.pid, syscall.SIGQUIT)
+			t.Logf("%s: router %s on %s (pid %d)", job, k, p.node, p.pid)
 		}
 	}
 }

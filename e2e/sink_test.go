@@ -282,12 +282,11 @@ func watchPG(t testing.TB, srv *pgtest.Server, db, table string) *sinkWatch {
 }
 
 // watchJetStream follows a JetStream sink's subject from the server's own view of its
-// stream: records in order, fence messages raising the epoch every later record must hold,
-// the server's timestamp as the arrival.
+// stream (an ordered consumer of it, from its first message): records in order, fence
+// messages raising the epoch every later record must hold, the server's timestamp as the
+// arrival.
 func watchJetStream(t testing.TB, srv *natstest.Server, subject string) *sinkWatch {
 	s := &sinkWatch{what: "JetStream subject " + subject}
-	var st jetstream.Stream
-	var seq uint64 = 1
 	nc, err := srv.Connect()
 	if err != nil {
 		t.Fatal(err)
@@ -297,31 +296,43 @@ func watchJetStream(t testing.TB, srv *natstest.Server, subject string) *sinkWat
 	if err != nil {
 		t.Fatal(err)
 	}
+	var it jetstream.MessagesContext
+	t.Cleanup(func() {
+		if it != nil {
+			it.Stop()
+		}
+	})
 	return s.run(t, 50*time.Millisecond, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if st == nil {
+		if it == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
 			name, err := js.StreamNameBySubject(ctx, subject)
 			if err != nil {
 				return // not made yet
 			}
-			if st, err = js.Stream(ctx, name); err != nil {
+			cons, err := js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{})
+			if err != nil {
+				return
+			}
+			if it, err = cons.Messages(); err != nil {
+				it = nil
 				return
 			}
 		}
 		for {
-			m, err := st.GetMsg(ctx, seq)
+			m, err := it.Next(jetstream.NextMaxWait(20 * time.Millisecond))
 			if err != nil {
-				return // not there yet (or the server is cut off from the test: later)
+				return // nothing more now
 			}
-			seq++
-			if m.Subject != subject {
+			md, err := m.Metadata()
+			if err != nil || m.Subject() != subject {
 				continue
 			}
-			epoch, _ := strconv.ParseInt(m.Header.Get(multidc.HeaderEpoch), 10, 64)
+			h := m.Headers()
+			epoch, _ := strconv.ParseInt(h.Get(multidc.HeaderEpoch), 10, 64)
 			s.mu.Lock()
-			if m.Header.Get(multidc.HeaderKind) == multidc.KindFence {
-				s.fenceLocked(epoch, m.Time)
+			if h.Get(multidc.HeaderKind) == multidc.KindFence {
+				s.fenceLocked(epoch, md.Timestamp)
 				s.mu.Unlock()
 				continue
 			}
@@ -329,14 +340,14 @@ func watchJetStream(t testing.TB, srv *natstest.Server, subject string) *sinkWat
 				Offset *int64 `json:"offset"`
 				Link   string `json:"link"`
 			}
-			if err := json.Unmarshal(m.Data, &rec); err != nil || rec.Offset == nil {
-				s.violations = append(s.violations, fmt.Sprintf("message %d: unreadable: %q", m.Sequence, m.Data))
+			if err := json.Unmarshal(m.Data(), &rec); err != nil || rec.Offset == nil {
+				s.violations = append(s.violations, fmt.Sprintf("message %d: unreadable: %q", md.Sequence.Stream, m.Data()))
 			} else {
 				if epoch != s.epoch {
 					s.violations = append(s.violations, fmt.Sprintf("%s: offset %d published at epoch %d after the fence of epoch %d",
-						m.Time.Format("15:04:05.000"), *rec.Offset, epoch, s.epoch))
+						md.Timestamp.Format("15:04:05.000"), *rec.Offset, epoch, s.epoch))
 				}
-				s.addLocked(*rec.Offset, rec.Link, epoch, m.Time)
+				s.addLocked(*rec.Offset, rec.Link, epoch, md.Timestamp)
 			}
 			s.mu.Unlock()
 		}

@@ -33,13 +33,13 @@ func BenchmarkRouterSinks(b *testing.B) {
 		srv := pgtest.Shared(b)
 		db := srv.NewDB(b)
 		benchRouter(b, func(ctx context.Context) (Sink, error) {
-			return OpenPGSink(ctx, pgURL(srv.Addr(), db, "out"), PGSinkOptions{Job: "wordcount", Logger: slog.New(slog.DiscardHandler)})
+			return OpenPGSink(ctx, pgURL(srv.Addr(), db, "out"), FencingOptions{Job: "wordcount", Logger: slog.New(slog.DiscardHandler)})
 		})
 	})
 	b.Run("jetstream", func(b *testing.B) {
 		srv := natstest.Shared(b)
 		benchRouter(b, func(ctx context.Context) (Sink, error) {
-			return OpenNATSSink(ctx, srv.URL()+"/"+natsSubject(), NATSSinkOptions{Job: "wordcount", Logger: slog.New(slog.DiscardHandler)})
+			return OpenNATSSink(ctx, srv.URL()+"/"+natsSubject(), FencingOptions{Job: "wordcount", Logger: slog.New(slog.DiscardHandler)})
 		})
 	})
 }

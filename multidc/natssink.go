@@ -28,7 +28,7 @@ import (
 // nor skipped. Consumers skip the fence messages (header Stormdock-Kind: fence, no body).
 type NATSSink struct {
 	out  cluster.NATSOutput
-	opts NATSSinkOptions
+	opts FencingOptions
 	log  *slog.Logger
 
 	nc     *nats.Conn
@@ -38,21 +38,6 @@ type NATSSink struct {
 	epoch     int64
 	delivered int64
 	lastSeq   uint64 // the stream sequence of the subject's last message, as this router left it
-}
-
-// NATSSinkOptions tune OpenNATSSink.
-type NATSSinkOptions struct {
-	Job string
-	// Router names this router: its fence messages carry it.
-	Router string
-	// Password returns the user's password (when the URL names a user) or the server's
-	// token, each time the sink connects; nil: no authentication.
-	Password func() ([]byte, error)
-	// Dial, when set, makes the sink's connections (tests through a network lab).
-	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// WriteTimeout bounds one batch's publishes. Default 10 s.
-	WriteTimeout time.Duration
-	Logger       *slog.Logger
 }
 
 // Headers of the sink's messages.
@@ -74,17 +59,12 @@ const natsDuplicates = 2 * time.Minute
 
 // OpenNATSSink connects, finds (or makes) the stream that takes the subject, and takes the
 // sink over with a fence message of a new epoch.
-func OpenNATSSink(ctx context.Context, raw string, opts NATSSinkOptions) (*NATSSink, error) {
+func OpenNATSSink(ctx context.Context, raw string, opts FencingOptions) (*NATSSink, error) {
 	out, err := cluster.ParseNATSOutput(raw)
 	if err != nil {
 		return nil, fmt.Errorf("multidc: nats sink: %w", err)
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.WriteTimeout <= 0 {
-		opts.WriteTimeout = 10 * time.Second
-	}
+	opts = opts.withDefaults()
 	s := &NATSSink{out: out, opts: opts}
 	s.log = opts.Logger.With("sink", s.String())
 	if err := s.connect(ctx); err != nil {

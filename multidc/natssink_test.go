@@ -7,10 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	mathrand "math/rand/v2"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,7 +29,7 @@ func openNATS(t testing.TB, raw, job, router string) *NATSSink {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := OpenNATSSink(ctx, raw, NATSSinkOptions{Job: job, Router: router, Logger: testenv.Logger(t, slog.LevelWarn)})
+	s, err := OpenNATSSink(ctx, raw, FencingOptions{Job: job, Router: router, Logger: testenv.Logger(t, slog.LevelWarn)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +152,7 @@ func TestNATSSinkFencesTheOldRouter(t *testing.T) {
 	if f := checkSubject(t, readSubject(t, srv, subject), 20); f != 2 {
 		t.Errorf("%d fences, want 2", f)
 	}
-	if _, err := OpenNATSSink(ctx, raw, NATSSinkOptions{Job: "other", Router: "c"}); err == nil {
+	if _, err := OpenNATSSink(ctx, raw, FencingOptions{Job: "other", Router: "c"}); err == nil {
 		t.Error("another job's router took the subject")
 	}
 	// A subject with messages of someone else's is refused.
@@ -171,7 +169,7 @@ func TestNATSSinkFencesTheOldRouter(t *testing.T) {
 	if _, err := js.Publish(ctx, foreign, []byte("hello")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenNATSSink(ctx, srv.URL()+"/"+foreign, NATSSinkOptions{Job: "wc"}); err == nil {
+	if _, err := OpenNATSSink(ctx, srv.URL()+"/"+foreign, FencingOptions{Job: "wc"}); err == nil {
 		t.Error("a subject holding another publisher's messages was taken")
 	}
 }
@@ -208,50 +206,8 @@ func TestNATSSinkServerRestarts(t *testing.T) {
 	subject := "out"
 	s := openNATS(t, srv.URL()+"/"+subject, "wc", "a")
 	s.opts.WriteTimeout = 2 * time.Second
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var written atomic.Int64
 	const total = 3000
-	done := make(chan error, 1)
-	go func() {
-		next := int64(0)
-		for next < total {
-			n := min(int64(1+mathrand.IntN(50)), total-next)
-			batch := recs("dc-a", next, next+n)
-			for {
-				err := s.Write(ctx, batch)
-				if err == nil {
-					break
-				}
-				if errors.Is(err, ErrFenced) || errors.Is(err, ErrSinkBroken) || ctx.Err() != nil {
-					done <- err
-					return
-				}
-				batch = recs("dc-b", next, next+n+int64(mathrand.IntN(5)))
-				n = int64(len(batch))
-				time.Sleep(20 * time.Millisecond)
-			}
-			next += n
-			written.Store(next)
-		}
-		done <- nil
-	}()
-	for i := 0; i < 4; i++ {
-		at := written.Load()
-		testenv.Eventually(t, "batches published", 30*time.Second, func() bool { return written.Load() > at+100 || written.Load() >= total })
-		if written.Load() >= total {
-			break
-		}
-		srv.Restart()
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(testenv.Timeout(90 * time.Second)):
-		t.Fatalf("publishes stuck at %d", written.Load())
-	}
+	writeThroughRestarts(t, s, total, srv.Restart)
 	checkSubject(t, readSubject(t, srv, subject), total)
 }
 
@@ -267,7 +223,7 @@ func TestNATSSinkPassword(t *testing.T) {
 			raw = "nats://" + user + "@" + srv.Addr() + "/out"
 		}
 		good := func() ([]byte, error) { return []byte(pw + "\n"), nil }
-		s, err := OpenNATSSink(ctx, raw, NATSSinkOptions{Job: "wc", Router: "a", Password: good})
+		s, err := OpenNATSSink(ctx, raw, FencingOptions{Job: "wc", Router: "a", Password: good})
 		if err != nil {
 			t.Fatalf("user %q: %v", user, err)
 		}
@@ -276,7 +232,7 @@ func TestNATSSinkPassword(t *testing.T) {
 		}
 		s.Close()
 		for _, bad := range []func() ([]byte, error){nil, func() ([]byte, error) { return []byte("wrong"), nil }} {
-			_, err := OpenNATSSink(ctx, raw, NATSSinkOptions{Job: "wc", Router: "b", Password: bad})
+			_, err := OpenNATSSink(ctx, raw, FencingOptions{Job: "wc", Router: "b", Password: bad})
 			if err == nil || strings.Contains(err.Error(), pw) {
 				t.Errorf("user %q, a missing or wrong password: %v", user, err)
 			}

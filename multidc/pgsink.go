@@ -31,7 +31,7 @@ import (
 // a new router where to continue.
 type PGSink struct {
 	out   cluster.PostgresOutput
-	opts  PGSinkOptions
+	opts  FencingOptions
 	log   *slog.Logger
 	table string // the fence row's key: [SCHEMA.]TABLE as in the URL
 	qual  string // the data table, quoted for SQL
@@ -42,21 +42,6 @@ type PGSink struct {
 	epoch     int64
 	delivered int64
 	lastErr   string // the last connect or write error, to log a change once
-}
-
-// PGSinkOptions tune OpenPGSink.
-type PGSinkOptions struct {
-	Job string
-	// Router names this router in the fence row (its URL or instance).
-	Router string
-	// Password returns the role's password each time the sink connects (a file the router
-	// is given, read anew so that a rotated secret is used); nil: no password.
-	Password func() ([]byte, error)
-	// Dial, when set, makes the sink's connections (tests through a network lab).
-	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// WriteTimeout bounds one batch's statement, a connect included. Default 10 s.
-	WriteTimeout time.Duration
-	Logger       *slog.Logger
 }
 
 // ErrFenced is a fencing sink's refusal of a router whose epoch is no longer the sink's:
@@ -85,17 +70,12 @@ var (
 
 // OpenPGSink connects, makes the tables when missing (or checks their shape), and takes the
 // sink over: it bumps the fencing epoch, after which no earlier router's write commits.
-func OpenPGSink(ctx context.Context, raw string, opts PGSinkOptions) (*PGSink, error) {
+func OpenPGSink(ctx context.Context, raw string, opts FencingOptions) (*PGSink, error) {
 	out, err := cluster.ParsePostgresOutput(raw)
 	if err != nil {
 		return nil, fmt.Errorf("multidc: postgres sink: %w", err)
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.WriteTimeout <= 0 {
-		opts.WriteTimeout = 10 * time.Second
-	}
+	opts = opts.withDefaults()
 	s := &PGSink{out: out, opts: opts, table: out.Table, qual: pgx.Identifier{out.Table}.Sanitize(),
 		fence: pgx.Identifier{pgFenceTable}.Sanitize(), app: appName(opts.Job)}
 	if out.Schema != "" {

@@ -5,11 +5,41 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/stormdock/stormdock/cluster"
 )
+
+// FencingOptions tune the fencing sinks (OpenPGSink, OpenNATSSink).
+type FencingOptions struct {
+	// Job is the job whose output the sink is: a table or a subject is one job's alone.
+	Job string
+	// Router names this router in the sink's fence (its row, its fence messages).
+	Router string
+	// Password returns the credential each time the sink connects: the database role's
+	// password, the NATS user's password (or, without a user in the URL, the server's
+	// token). The router reads it from a file it is given, anew at every connect so that a
+	// rotated secret is used; nil: none.
+	Password func() ([]byte, error)
+	// Dial, when set, makes the sink's connections (tests through a network lab).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// WriteTimeout bounds one batch's write, a connect included. Default 10 s.
+	WriteTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+func (o FencingOptions) withDefaults() FencingOptions {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 10 * time.Second
+	}
+	return o
+}
 
 // urlError leaves out what url.Parse repeats of its input, which may hold a password.
 func urlError(err error) error {
@@ -78,9 +108,9 @@ func OpenSink(ctx context.Context, raw string, opts SinkOptions) (Sink, error) {
 		}
 		return OpenFileSink(opts.SinkDir, opts.Tenant, u.Path, FileSinkOptions{Policy: policy, Evidence: opts.Evidence})
 	case "postgres", "postgresql":
-		return OpenPGSink(ctx, raw, PGSinkOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, Logger: opts.Logger})
+		return OpenPGSink(ctx, raw, FencingOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, Logger: opts.Logger})
 	case "nats":
-		return OpenNATSSink(ctx, raw, NATSSinkOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, Logger: opts.Logger})
+		return OpenNATSSink(ctx, raw, FencingOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, Logger: opts.Logger})
 	}
 	return NewHTTPSink(raw, HTTPSinkOptions{Job: opts.Job, Logger: opts.Logger}), nil
 }
