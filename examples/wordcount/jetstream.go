@@ -102,6 +102,7 @@ func streamFromJetStream(ctx context.Context, cfg Config, s *multidc.Sender, fro
 	var batch bytes.Buffer
 	n := 0
 	begin, emitted := time.Now(), 0
+	var batchStart time.Time // when the batch's first record was made
 	next := from // the next offset to read
 	flush := func() (int64, bool, error) {
 		if n == 0 {
@@ -122,6 +123,9 @@ func streamFromJetStream(ctx context.Context, cfg Config, s *multidc.Sender, fro
 	emit := func(v any) error {
 		if err := json.NewEncoder(&batch).Encode(v); err != nil {
 			return err
+		}
+		if n == 0 {
+			batchStart = time.Now()
 		}
 		n++
 		emitted++
@@ -181,7 +185,9 @@ func streamFromJetStream(ctx context.Context, cfg Config, s *multidc.Sender, fro
 			Counts: Count(strings.TrimRight(string(m.Data()), "\r\n"))}); err != nil {
 			return 0, err
 		}
-		if n >= batchRecords {
+		// A stream that never pauses never times out: a batch also goes when it is old, so
+		// that the router (and the standby link) hears of records within batchInterval.
+		if n >= batchRecords || n > 0 && time.Since(batchStart) >= batchInterval {
 			if r, again, err := flush(); err != nil || again {
 				return r, err
 			}
