@@ -53,9 +53,8 @@ type Server struct {
 	opts Options
 	dir  string // the JetStream store and server.log; "" for the shared server
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	mu   sync.Mutex
+	proc *testenv.Proc // nil while not running
 }
 
 // Binary is the nats-server program.
@@ -115,15 +114,10 @@ func Shared(t testing.TB) *Server {
 func (s *Server) spawn(bin string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd != nil {
+	if s.proc != nil {
 		return errors.New("already running")
 	}
 	host, port, _ := net.SplitHostPort(s.addr)
-	out, err := os.OpenFile(filepath.Join(s.dir, "server.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "==== natstest: starting at %s\n", time.Now().Format("15:04:05.000"))
 	args := []string{"-js", "-a", host, "-p", port, "-sd", filepath.Join(s.dir, "js")}
 	switch {
 	case s.opts.Password != "" && s.opts.User != "":
@@ -135,46 +129,32 @@ func (s *Server) spawn(bin string) error {
 	if s.opts.Host != nil {
 		cmd = s.opts.Host.Command(bin, args...)
 	}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		out.Close()
-		return fmt.Errorf("start nats-server: %w", err)
+	p, err := testenv.StartProc(cmd, filepath.Join(s.dir, "server.log"))
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		out.Close()
-		close(exited)
-	}()
-	s.cmd, s.exited = cmd, exited
+	s.proc = p
 	return nil
 }
 
 func (s *Server) waitUp() error {
 	s.mu.Lock()
-	exited := s.exited
+	p := s.proc
 	s.mu.Unlock()
-	deadline := time.Now().Add(testenv.Timeout(s.opts.StartTimeout))
-	for {
+	err := p.WaitUp(s.opts.StartTimeout, func() error {
 		nc, err := s.Connect()
 		if err == nil {
 			nc.Close()
-			return nil
 		}
-		select {
-		case <-exited:
-			s.mu.Lock()
-			s.cmd = nil
-			s.mu.Unlock()
-			return fmt.Errorf("nats-server at %s exited while starting: %s", s.addr, s.LogTail())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			s.Kill()
-			return fmt.Errorf("nats-server at %s not answering after %s (%v): %s", s.addr, s.opts.StartTimeout, err, s.LogTail())
-		}
+		return err
+	})
+	if err != nil {
+		s.mu.Lock()
+		s.proc = nil
+		s.mu.Unlock()
+		return fmt.Errorf("nats-server at %s: %w", s.addr, err)
 	}
+	return nil
 }
 
 // Addr is the server's HOST:PORT.
@@ -213,12 +193,10 @@ func (s *Server) Connect() (*nats.Conn, error) {
 func (s *Server) Kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
+	if s.proc != nil {
+		s.proc.Stop(syscall.SIGKILL, 0)
+		s.proc = nil
 	}
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	<-s.exited
-	s.cmd = nil
 }
 
 // Restart kills the server and starts it again on the same address and store.
@@ -237,10 +215,4 @@ func (s *Server) Restart() {
 }
 
 // LogTail returns the end of the server's log.
-func (s *Server) LogTail() string {
-	b, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
-}
+func (s *Server) LogTail() string { return testenv.LogTail(filepath.Join(s.dir, "server.log")) }

@@ -67,9 +67,8 @@ type Server struct {
 	opts Options
 	dir  string // holds data/ (the cluster), the socket and server.log; "" for the shared server
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	mu   sync.Mutex
+	proc *testenv.Proc // nil while not running
 }
 
 // Start runs a server of the test's own and stops it, removing its data, when the test
@@ -225,15 +224,10 @@ func (s *Server) writeHBA() error {
 func (s *Server) spawn() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd != nil {
+	if s.proc != nil {
 		return errors.New("already running")
 	}
 	host, port, _ := net.SplitHostPort(s.addr)
-	out, err := os.OpenFile(filepath.Join(s.dir, "server.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "==== pgtest: starting at %s\n", time.Now().Format("15:04:05.000"))
 	// fsync off: a test server's data need not reach the disk (a killed server's writes
 	// are still in the page cache), and on a loaded machine fsyncs stall it.
 	args := []string{"--reuid=postgres", "--regid=postgres", "--init-groups", filepath.Join(BinDir, "postgres"),
@@ -243,51 +237,36 @@ func (s *Server) spawn() error {
 	if s.opts.Host != nil {
 		cmd = s.opts.Host.Command("setpriv", args...)
 	}
-	cmd.Stdout, cmd.Stderr = out, out
-	// Its own process group: a kill takes the server's backends with it, so that a restart
-	// finds no old backend holding the shared memory.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		out.Close()
-		return fmt.Errorf("start postgres: %w", err)
+	p, err := testenv.StartProc(cmd, s.logFile())
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		out.Close()
-		close(exited)
-	}()
-	s.cmd, s.exited = cmd, exited
+	s.proc = p
 	return nil
 }
 
+func (s *Server) logFile() string { return filepath.Join(s.dir, "server.log") }
+
 func (s *Server) waitUp() error {
 	s.mu.Lock()
-	exited := s.exited
+	p := s.proc
 	s.mu.Unlock()
-	deadline := time.Now().Add(testenv.Timeout(s.opts.StartTimeout))
-	for {
+	err := p.WaitUp(s.opts.StartTimeout, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
 		c, err := pgx.ConnectConfig(ctx, s.adminConfig("postgres"))
 		if err == nil {
 			_ = c.Close(ctx)
-			cancel()
-			return nil
 		}
-		cancel()
-		select {
-		case <-exited:
-			s.mu.Lock()
-			s.cmd = nil
-			s.mu.Unlock()
-			return fmt.Errorf("postgres at %s exited while starting: %s", s.addr, s.LogTail())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			s.Kill()
-			return fmt.Errorf("postgres at %s not answering after %s (%v): %s", s.addr, s.opts.StartTimeout, err, s.LogTail())
-		}
+		return err
+	})
+	if err != nil {
+		s.mu.Lock()
+		s.proc = nil
+		s.mu.Unlock()
+		return fmt.Errorf("postgres at %s: %w", s.addr, err)
 	}
+	return nil
 }
 
 // Addr is the server's HOST:PORT.
@@ -370,42 +349,19 @@ func (s *Server) NewDB(t testing.TB) string {
 
 // Kill SIGKILLs the server and its backends, as a crash or a lost machine would, and waits.
 // Nothing of a transaction in flight commits; the next start recovers from the WAL.
-func (s *Server) Kill() {
-	s.signalAndWait(syscall.SIGKILL, 0)
-}
+func (s *Server) Kill() { s.stop(syscall.SIGKILL, 0) }
 
 // Stop shuts the server down fast (SIGINT: transactions in flight are rolled back) and
 // waits; after 10 s it kills it.
-func (s *Server) Stop() {
-	s.signalAndWait(syscall.SIGINT, 10*time.Second)
-}
+func (s *Server) Stop() { s.stop(syscall.SIGINT, 10*time.Second) }
 
-func (s *Server) signalAndWait(sig syscall.Signal, grace time.Duration) {
+func (s *Server) stop(sig syscall.Signal, grace time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
+	if s.proc != nil {
+		s.proc.Stop(sig, grace)
+		s.proc = nil
 	}
-	pid := s.cmd.Process.Pid
-	_ = syscall.Kill(-pid, sig)
-	if grace > 0 {
-		select {
-		case <-s.exited:
-		case <-time.After(grace):
-			_ = syscall.Kill(-pid, syscall.SIGKILL)
-			<-s.exited
-		}
-	} else {
-		<-s.exited
-	}
-	// Backends that outlived the postmaster for a moment hold the shared memory: wait them out.
-	for range 100 {
-		if syscall.Kill(-pid, 0) != nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	s.cmd = nil
 }
 
 // Restart kills the server (when it runs) and starts it again on the same address and data,
@@ -428,14 +384,8 @@ func (s *Server) Restart() {
 func (s *Server) Running() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cmd != nil
+	return s.proc != nil
 }
 
 // LogTail returns the end of the server's log.
-func (s *Server) LogTail() string {
-	b, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
-}
+func (s *Server) LogTail() string { return testenv.LogTail(s.logFile()) }
