@@ -155,7 +155,7 @@ func (m *Master) SinkView(ctx context.Context, v *View, job string) *api.SinkVie
 		switch age := time.Since(rec.Updated); {
 		case age > staleRouter:
 			sv.Problem = fmt.Sprintf("the leading router (%s) has not recorded anything for %s: it is down or cut off", rec.Router, age.Round(time.Second))
-		case rec.SinkError != "" && (rec.SinkErrorSince == nil || time.Since(*rec.SinkErrorSince) > sinkErrorGrace):
+		case rec.SinkError != "" && (rec.Active == "" || rec.SinkErrorSince == nil || time.Since(*rec.SinkErrorSince) > sinkErrorGrace):
 			since := ""
 			if rec.SinkErrorSince != nil {
 				since = fmt.Sprintf(" for %s", time.Since(*rec.SinkErrorSince).Round(time.Second))
@@ -172,8 +172,9 @@ func (m *Master) SinkView(ctx context.Context, v *View, job string) *api.SinkVie
 	return sv
 }
 
-// sinkErrorGrace is how long a router's sink may fail before `job status` says the sink is
-// not fed: a write retried at once is not worth a word.
+// sinkErrorGrace is how long a leading router's writes may fail before `job status` says
+// the sink is not fed: a write retried at once is not worth a word. A sink the router cannot
+// open is said at once.
 const sinkErrorGrace = 2 * time.Second
 
 // routersSharedDC returns the data center both of a job's running routers are in, "" when

@@ -29,6 +29,7 @@ const retryAfter = 100 * time.Millisecond
 //	GET  /v1/status            Status
 //	POST /v1/failover          ?to=L (optional) [&job=J]
 //	GET  /healthz, /readyz
+//	GET  /v1/lead              200 while this router leads, or claims the sink (see claimFor)
 //
 // The POST routes need a token (see Config.TokenHash and LinkTokenHashes); without one: 401
 // and nothing is taken. Records and heartbeats for a link need that link's token (403
@@ -41,6 +42,13 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/status", r.handleStatus)
 	mux.HandleFunc("POST /v1/failover", r.authJob(r.handleFailover))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /v1/lead", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.leads(time.Now()) {
+			writeError(w, errNotReady)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"instance": r.instance})
+	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		r.mu.Lock()
 		ok := r.state == ready

@@ -189,7 +189,7 @@ type Sender struct {
 // cut connection counts against the worker's liveness there (Config.CloseGrace).
 const (
 	sendTimeout      = 2 * time.Second
-	heartbeatTimeout = time.Second
+	heartbeatTimeout = 2 * time.Second
 )
 
 // NewSender returns a sender for worker (of workers) of link, to the routers at bases (a

@@ -44,7 +44,7 @@ type Config struct {
 	// StaleAfter is how long a leader's record may stay unchanged before a standby (with
 	// TakeOver) asks the leader's API whether it still leads. Default 2 x StatusInterval.
 	StaleAfter time.Duration
-	// PeerClient asks another router's API whether it leads (GET /readyz): one that trusts
+	// PeerClient asks another router's API whether it leads (GET /v1/lead): one that trusts
 	// the router CA. Default: a plain client.
 	PeerClient *http.Client
 	// TokenHash is the hash (api.HashToken) of the job's own token (SenderToken): failovers
@@ -123,6 +123,7 @@ type Router struct {
 	sinkErr      string    // the sink's last failure, "" once it works again
 	sinkErrSince time.Time
 	stopped      bool                   // the last checkpoint of a router stopping: the standby need not wait
+	claimSince   time.Time              // when this router began trying to open the sink it claimed (zero: not)
 	conns        map[net.Conn][]beatKey // the workers each open connection carried
 	fails        *api.FailLimiter       // failed token checks, per remote address
 }
@@ -464,6 +465,11 @@ func (r *Router) acquire(ctx context.Context, el *coord.Election, held *leadersh
 			if errors.Is(err, coord.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 				r.log.Warn("cannot take the sink over yet: the store does not answer; trying again", "err", err)
 			} else {
+				r.mu.Lock()
+				if r.claimSince.IsZero() {
+					r.claimSince = time.Now()
+				}
+				r.mu.Unlock()
 				r.sinkProblem(ctx, fmt.Errorf("multidc: open sink: %w", err))
 			}
 			retryAt = time.Now().Add(backoff)
@@ -511,7 +517,7 @@ type leaderWatch struct {
 
 // leaderGone says whether this router should take the sink, and how it came to. A record
 // that does not change for StaleAfter (the leader rewrites it every StatusInterval) is asked
-// about: a leader answering its /readyz still leads, anything else (a cut host times out, a
+// about: a leader answering its /v1/lead still leads, anything else (a cut host times out, a
 // dead process refuses, a stopping one says not ready) is evidence that it is gone. Time is
 // measured on this router's clock from the store's versions, not from the record's wall
 // clock, which is another host's. With no record yet, the election decides.
@@ -550,14 +556,27 @@ func (r *Router) leaderGone(ctx context.Context, w *leaderWatch, elected bool) (
 	return true, LeadEvidence
 }
 
-// peerLeads asks another router's API whether it leads (GET /readyz answers 200).
+// claimFor is how long a router that claimed a fencing sink but cannot open it holds the
+// claim (answering GET /v1/lead) before the other router may try: the sink may be out of
+// reach from this router's data center alone.
+const claimFor = 10 * time.Second
+
+// leads reports whether this router leads, or holds a claim on its sink it is still trying
+// to make good (see claimFor).
+func (r *Router) leads(now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state == ready || !r.claimSince.IsZero() && now.Sub(r.claimSince) < claimFor
+}
+
+// peerLeads asks another router's API whether it leads (GET /v1/lead answers 200).
 func (r *Router) peerLeads(ctx context.Context, url string) bool {
 	if url == "" || url == r.URL() {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, peerTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/lead", nil)
 	if err != nil {
 		return false
 	}
@@ -677,6 +696,7 @@ func (r *Router) recover(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	r.state = ready
+	r.claimSince = time.Time{}
 	r.readyAt = time.Now()
 	r.mu.Unlock()
 	r.log.Info("router recovered", "nextOffset", next, "checkpointFound", found, "previousActive", r.preferred)
