@@ -358,10 +358,52 @@ func (s *Server) Stop() { s.stop(syscall.SIGINT, 10*time.Second) }
 func (s *Server) stop(sig syscall.Signal, grace time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.proc != nil {
-		s.proc.Stop(sig, grace)
-		s.proc = nil
+	if s.proc == nil {
+		return
 	}
+	// PostgreSQL's backends are sessions of their own (setsid), out of the server's process
+	// group: a killed server's backends are killed too, as a crash would, and waited for, so
+	// that a restart finds no backend holding the old shared memory.
+	kids := children(s.proc.Pid())
+	s.proc.Stop(sig, grace)
+	for _, k := range kids {
+		_ = syscall.Kill(k, syscall.SIGKILL)
+	}
+	for range 250 {
+		alive := 0
+		for _, k := range kids {
+			if syscall.Kill(k, 0) == nil {
+				alive++
+			}
+		}
+		if alive == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.proc = nil
+}
+
+// children lists the processes whose parent is pid, from /proc.
+func children(pid int) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		k, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if f := strings.Fields(string(b[i+1:])); i > 0 && len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // Restart kills the server (when it runs) and starts it again on the same address and data,

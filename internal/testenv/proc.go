@@ -39,6 +39,9 @@ func StartProc(cmd *exec.Cmd, logFile string) (*Proc, error) {
 	return p, nil
 }
 
+// Pid is the process's pid, its process group's too.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
 // WaitUp polls up until it returns nil, within Timeout(timeout); it fails, with the end of
 // the log, when the process exits first or the time runs out (and then kills it).
 func (p *Proc) WaitUp(timeout time.Duration, up func() error) error {
