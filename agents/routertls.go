@@ -91,7 +91,8 @@ func (a *Agent) prepareRouterTLS(ctx context.Context, id string, wa cluster.Work
 		b    []byte
 		perm os.FileMode
 	}
-	files := []file{{routerKeyFile, keyPEM, 0o400}, {routerCertFile, certPEM, 0o444}} // the key first
+	// The CA too: a router of a fencing sink asks the other router whether it leads.
+	files := []file{{routerKeyFile, keyPEM, 0o400}, {routerCertFile, certPEM, 0o444}, {routerCAFile, []byte(ca.Cert), 0o444}} // the key first
 	for _, f := range []struct {
 		src, name string
 		perm      os.FileMode
@@ -120,6 +121,7 @@ func (a *Agent) routerTLSEnv(env map[string]string, id string, wa cluster.Worker
 	case isRouter(wa):
 		env[multidc.EnvRouterCert] = a.workerPath(id, mode, routerCertFile)
 		env[multidc.EnvRouterKey] = a.workerPath(id, mode, routerKeyFile)
+		env[multidc.EnvRouterCA] = a.workerPath(id, mode, routerCAFile)
 		for _, f := range [][3]string{{EnvStoreCA, a.cfg.StoreTLS.CA, storeCAFile}, {EnvStoreCert, a.cfg.StoreTLS.Cert, storeCertFile}, {EnvStoreKey, a.cfg.StoreTLS.Key, storeKeyFile}} {
 			if f[1] != "" {
 				env[f[0]] = a.workerPath(id, mode, f[2])

@@ -9,8 +9,12 @@ import (
 // LogRequest selects a worker's output: GET /v1/jobs/{name}/logs on a master, which relays
 // it from the worker's agent (GET /v1/logs there).
 type LogRequest struct {
+	// Worker is the worker's index; with Router, -1 is the router that leads.
 	Worker int
 	Link   string // for a mirrored job's link worker
+	// Router reads a mirrored job's output router's log (its routers are workers 0 and 1
+	// of JOB.router) instead of a worker's.
+	Router bool
 	// Follow keeps the answer open, printing what the worker writes as it writes it, also
 	// after it restarts, until the client goes away.
 	Follow bool
@@ -38,16 +42,30 @@ func (r LogRequest) Query() url.Values {
 	if r.Previous {
 		q.Set("previous", "true")
 	}
+	if r.Router {
+		q.Set("router", "true")
+	}
 	return q
 }
+
+// LeadingRouter is the Worker of a LogRequest for a job's router that leads.
+const LeadingRouter = -1
 
 // ParseLogRequest reads a LogRequest from query parameters; tail defaults to
 // DefaultLogTail.
 func ParseLogRequest(q url.Values) (LogRequest, error) {
 	r := LogRequest{Link: q.Get("link"), Tail: DefaultLogTail}
 	var err error
-	if r.Worker, err = strconv.Atoi(q.Get("worker")); err != nil || r.Worker < 0 {
+	if s := q.Get("router"); s != "" {
+		if r.Router, err = strconv.ParseBool(s); err != nil {
+			return r, fmt.Errorf("%w: router must be true or false, not %q", ErrBadInput, s)
+		}
+	}
+	if r.Worker, err = strconv.Atoi(q.Get("worker")); err != nil || r.Worker < 0 && !(r.Router && r.Worker == LeadingRouter) {
 		return r, fmt.Errorf("%w: worker must be a worker's index (0 or more), not %q", ErrBadInput, q.Get("worker"))
+	}
+	if r.Router && r.Link != "" {
+		return r, fmt.Errorf("%w: a router serves every link: --router takes no --link", ErrBadInput)
 	}
 	if s := q.Get("tail"); s != "" {
 		if r.Tail, err = strconv.Atoi(s); err != nil {

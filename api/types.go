@@ -85,9 +85,21 @@ type SinkView struct {
 	Delivered int64     `json:"delivered"`
 	Updated   time.Time `json:"updated,omitempty"`
 	// Fed is false when the sink is not being fed; Problem then says why (no router
-	// leads, no link is active, the router stopped recording).
+	// leads, no link is active, the router stopped recording, the sink cannot be written).
 	Fed     bool   `json:"fed"`
 	Problem string `json:"problem,omitempty"`
+	// Leading says how the leader came to lead: "elected", or "evidence" (it took a fencing
+	// sink over from a leader that was gone); Epoch is its fencing epoch in such a sink.
+	Leading string `json:"leading,omitempty"`
+	Epoch   int64  `json:"epoch,omitempty"`
+	// Failovers counts the switches of the active link; SpuriousFailovers those whose link
+	// was alive again at once (late heartbeats, not a loss: harmless, counted).
+	Failovers         int64 `json:"failovers"`
+	SpuriousFailovers int64 `json:"spuriousFailovers,omitempty"`
+	// SharedDC names the data center both routers run in, when they share one: its loss
+	// would stop the output until a router starts elsewhere. The masters move the standby
+	// to another data center as soon as one has room.
+	SharedDC string `json:"sharedDC,omitempty"`
 }
 
 // NodeView is one node as operators see it.

@@ -97,7 +97,7 @@ func TestDecodeTable(t *testing.T) {
 		{"stormdock env", base + "env: {STORMDOCK_JOB: x}\n", "env.STORMDOCK_JOB: STORMDOCK_ and _STORMDOCK_ variables are set by stormdock itself (line 6)"},
 		{"driver env", base + "env: {_STORMDOCK_ISOLATION_USER: \"0:0:\"}\n", "env._STORMDOCK_ISOLATION_USER: STORMDOCK_ and _STORMDOCK_ variables are set by stormdock itself (line 6)"},
 		{"link not in dcs", base + "placement: {dcs: [a, b]}\nlinks: [a, c]\noutput: file:///x\n", "links[1]: \"c\" is not in placement.dcs (line 7)"},
-		{"bad output", base + "output: ftp://x\n", "output: must be a file:// or http:// URL"},
+		{"bad output", base + "output: ftp://x\n", "output: must be a file://, http(s)://, postgres:// or nats:// URL"},
 		{"grace", base + "gracePeriod: soon\n", "gracePeriod: must be a duration like 30s or 1m (line 6)"},
 		{"priority", base + "priority: 5000\n", "priority: must be between 0 and 1000 (line 6)"},
 		{"secret name", base + "secrets: [db, ../etc]\n", "secrets[1]: secret name \"../etc\" must be 1-63 letters, digits, '_', '-' or '.', starting with a letter or digit (line 6)"},

@@ -237,7 +237,7 @@ func (j *JobSpec) validateLinks(ps *problems) {
 		}
 	}
 	if j.Output == "" {
-		ps.add("output", "is required for a mirrored job (file:///PATH or http://HOST/PATH)")
+		ps.add("output", "is required for a mirrored job (file:///PATH, http://HOST/PATH, postgres://USER@HOST:PORT/DB?table=NAME or nats://HOST:PORT/SUBJECT)")
 		return
 	}
 	checkOutput(ps, j.Output)
@@ -246,7 +246,7 @@ func (j *JobSpec) validateLinks(ps *problems) {
 func checkOutput(ps *problems, out string) {
 	u, err := url.Parse(out)
 	if err != nil {
-		ps.add("output", "is not a URL: %v", err)
+		ps.add("output", "is not a URL: %v", urlErr(err))
 		return
 	}
 	switch u.Scheme {
@@ -258,8 +258,19 @@ func checkOutput(ps *problems, out string) {
 		if u.Host == "" {
 			ps.add("output", "an http sink needs a host")
 		}
+		if _, has := u.User.Password(); has {
+			ps.add("output", "a password is never written in the output URL: give it to the routers as the job's output secret")
+		}
+	case "postgres", "postgresql":
+		if _, err := ParsePostgresOutput(out); err != nil {
+			ps.add("output", "postgres sink: %v", err)
+		}
+	case "nats":
+		if _, err := ParseNATSOutput(out); err != nil {
+			ps.add("output", "nats sink: %v", err)
+		}
 	default:
-		ps.add("output", "must be a file:// or http:// URL, not %q", out)
+		ps.add("output", "must be a file://, http(s)://, postgres:// or nats:// URL, not %q", u.Redacted())
 	}
 }
 

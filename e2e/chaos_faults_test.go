@@ -40,6 +40,11 @@ type chaos struct {
 
 	// The docker job whose workers run their image's own command (nil: none).
 	docker *dockerChaos
+
+	// More mirrored jobs (-chaos.sinks), reading jsIn.
+	extra       []*mirrorJob
+	extraFences []*fenceWatch
+	jsIn        *jsInput
 }
 
 // fault is one injected fault and how to heal it.
@@ -83,7 +88,7 @@ func (c *chaos) faultKinds() map[string]func(claimed map[string]bool) *fault {
 	if c.mirror != nil {
 		kinds["kill-router"] = func(cl map[string]bool) *fault { return c.signalRouter(cl, syscall.SIGKILL) }
 		kinds["stop-router"] = func(cl map[string]bool) *fault { return c.signalRouter(cl, syscall.SIGSTOP) }
-		kinds["kill-link-worker"] = func(cl map[string]bool) *fault { return c.signalJobWorker(cl, c.mirror.name, syscall.SIGKILL) }
+		kinds["kill-link-worker"] = func(cl map[string]bool) *fault { return c.signalJobWorker(cl, c.someMirror().name, syscall.SIGKILL) }
 	}
 	if *chaosFaults != "" {
 		only := map[string]func(map[string]bool) *fault{}
@@ -263,7 +268,13 @@ func (c *chaos) signalWorker(claimed map[string]bool, sig syscall.Signal) *fault
 }
 
 func (c *chaos) signalRouter(claimed map[string]bool, sig syscall.Signal) *fault {
-	return c.signalJobWorker(claimed, c.mirror.name+routerJobSuffix, sig)
+	return c.signalJobWorker(claimed, c.someMirror().name+routerJobSuffix, sig)
+}
+
+// someMirror picks one of the run's mirrored jobs.
+func (c *chaos) someMirror() *mirrorJob {
+	ms := c.mirrors()
+	return ms[c.rng.IntN(len(ms))]
 }
 
 func (c *chaos) signalJobWorker(claimed map[string]bool, job string, sig syscall.Signal) *fault {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/natstest"
+	"github.com/stormdock/stormdock/internal/pgtest"
 )
 
 // The chaos run (issue 14): a cluster across lab hosts, a plain job on it, and for a given
@@ -30,6 +32,7 @@ var (
 	chaosHold       = flag.Duration("chaos.hold", 6*time.Second, "longest a fault is held before it is healed (holds are random, from 500ms)")
 	chaosFaults     = flag.String("chaos.faults", "", "inject only these fault kinds (comma-separated names, as in the report); default every kind")
 	chaosVouch      = flag.Bool("chaos.vouch", false, "after each heal, undrain every node the masters avoid for the job after a crash loop, as an operator who knows the faults were injected would")
+	chaosSinks      = flag.String("chaos.sinks", "file", "the mirrored jobs beside the plain one, by sink, comma-separated: file (a growing file in), postgres and jetstream (a JetStream stream in; PostgreSQL and nats-server on lab hosts of their own)")
 )
 
 func TestChaos(t *testing.T) {
@@ -66,6 +69,7 @@ func TestChaos(t *testing.T) {
 	} else {
 		c.rep.note(noDocker)
 	}
+	c.startFencingMirrors()
 	t.Logf("chaos: seed %d, %s", seed, c.rep.setup)
 
 	start := time.Now()
@@ -184,12 +188,53 @@ func (c *chaos) allRunning() bool {
 	if c.docker != nil && !c.docker.running() {
 		return false
 	}
-	if m := c.mirror; m != nil {
+	for _, m := range c.mirrors() {
 		ps, all := procsOf(m.name), workerProcs(m.name)
-		ok, _ := routersRunning(m)
-		return len(ps) == 2*m.workers && len(all) == 2*m.workers && ok
+		if ok, _ := routersRunning(m); !ok || len(ps) != 2*m.workers || len(all) != 2*m.workers {
+			return false
+		}
 	}
 	return true
+}
+
+// mirrors are the run's mirrored jobs.
+func (c *chaos) mirrors() []*mirrorJob {
+	if c.mirror == nil {
+		return nil
+	}
+	return append([]*mirrorJob{c.mirror}, c.extra...)
+}
+
+// startFencingMirrors starts the mirrored jobs -chaos.sinks asks for beside the file one:
+// reading a JetStream stream (on a lab host of its own, 50 lines/s), writing PostgreSQL (on
+// a lab host of its own) or a JetStream subject.
+func (c *chaos) startFencingMirrors() {
+	t, lc := c.t, c.lc
+	sinks := strings.Split(*chaosSinks, ",")
+	pgWanted, jsWanted := slices.Contains(sinks, "postgres"), slices.Contains(sinks, "jetstream")
+	if !pgWanted && !jsWanted {
+		return
+	}
+	ns := natstest.Start(t, natstest.Options{Host: lc.lab.AddHosts(t, "nats")[0], Dial: lc.lab.DialContext})
+	c.jsIn = startJSInput(t, ns, "IN", 50)
+	if pgWanted {
+		pg := pgtest.Start(t, pgtest.Options{Host: lc.lab.AddHosts(t, "pg")[0], Dial: lc.lab.DialContext})
+		m := submitMirror(t, lc, "mirrorpg", ns.URL()+"/IN", fmt.Sprintf("postgres://%s@%s/postgres?table=mirrorpg&sslmode=disable", pgtest.Superuser, pg.Addr()))
+		waitMirrorRunning(t, m)
+		m.watch = watchPG(t, pg, "postgres", "mirrorpg")
+		c.extra = append(c.extra, m)
+	}
+	if jsWanted {
+		m := submitMirror(t, lc, "mirrorjs", ns.URL()+"/IN", ns.URL()+"/mirrorjs.out")
+		waitMirrorRunning(t, m)
+		m.watch = watchJetStream(t, ns, "mirrorjs.out")
+		c.extra = append(c.extra, m)
+	}
+	for _, m := range c.extra {
+		c.extraFences = append(c.extraFences, watchFence(t, m.name, fencingBound(lc.Session, labJobGrace)),
+			watchFence(t, m.name+routerJobSuffix, fencingBound(lc.Session, labJobGrace)))
+		c.rep.setup += fmt.Sprintf("; mirrored job %s (a JetStream stream in, 50 lines/s, into %s)", m.name, strings.TrimPrefix(m.name, "mirror"))
+	}
 }
 
 // finishMirror stops the mirrored job's input and checks that the sink receives all of it,
@@ -227,6 +272,38 @@ func (c *chaos) finishMirror() {
 	n, _, _ := c.sink.delivered()
 	gap, end := c.sink.longestGap()
 	c.rep.sink = fmt.Sprintf("sink: %d of %d offsets, each once and in order; longest without a record: %s (until %s)", n, total, gap.Round(time.Millisecond), end.Format("15:04:05"))
+	if c.jsIn == nil {
+		return
+	}
+	total = c.jsIn.stop()
+	for _, m := range c.extra {
+		deadline := time.Now().Add(2 * c.recovery)
+		for {
+			n, _, _ := m.watch.delivered()
+			if n >= total || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		m.watch.end()
+		for _, v := range m.watch.report() {
+			c.violation(m.name + " sink: " + v)
+		}
+		n, _, _ := m.watch.delivered()
+		if n < total {
+			c.violation(fmt.Sprintf("the %s sink holds %d of the %d input lines %s after the input stopped", m.name, n, total, 2*c.recovery))
+		}
+		gap, end := m.watch.longestGap()
+		c.rep.sink += fmt.Sprintf("\n%s sink: %d of %d offsets, each once and in order, no write of a fenced router kept (fencing epoch at the end %d); longest without a record: %s (until %s)",
+			m.name, n, total, m.watch.epochs(), gap.Round(time.Millisecond), end.Format("15:04:05"))
+	}
+	for _, f := range c.extraFences {
+		v, longest, key, _ := f.report()
+		for _, s := range v {
+			c.violation("ran twice beyond the fencing bound: " + s)
+		}
+		c.rep.note(fmt.Sprintf("%s: longest a worker ran twice: %s (worker %q)", f.job, longest.Round(time.Millisecond), key))
+	}
 }
 
 // recover waits until every desired worker runs, once, and reports how long that took after
@@ -282,8 +359,8 @@ func (c *chaos) vouch() {
 			continue
 		}
 		jobs := []string{c.job}
-		if c.mirror != nil {
-			jobs = append(jobs, c.mirror.name, c.mirror.name+routerJobSuffix)
+		for _, m := range c.mirrors() {
+			jobs = append(jobs, m.name, m.name+routerJobSuffix)
 		}
 		if c.docker != nil {
 			jobs = append(jobs, c.docker.job)
@@ -341,8 +418,8 @@ func (c *chaos) avoidedAtEnd() {
 // API is asked only to explain, never to judge).
 func (c *chaos) unplaced() string {
 	jobs := []string{c.job}
-	if c.mirror != nil {
-		jobs = append(jobs, c.mirror.name)
+	for _, m := range c.mirrors() {
+		jobs = append(jobs, m.name)
 	}
 	if c.docker != nil {
 		jobs = append(jobs, c.docker.job)

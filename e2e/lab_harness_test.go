@@ -375,7 +375,9 @@ func keepLogs(t testing.TB, from, dir string) {
 	}
 	logs, _ := filepath.Glob(filepath.Join(from, "*.log"))
 	keepers, _ := filepath.Glob(filepath.Join(from, "agent-*", "keeper.log"))
-	for _, p := range append(logs, keepers...) {
+	// Workers' logs (routers' among them), in their agents' state directories.
+	workers, _ := filepath.Glob(filepath.Join(from, "agent-*", "*", "*", "*.log*"))
+	for _, p := range append(append(logs, keepers...), workers...) {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			continue

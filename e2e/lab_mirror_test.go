@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -12,18 +13,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/stormdock/stormdock/api"
+	"github.com/stormdock/stormdock/internal/natstest"
 	"github.com/stormdock/stormdock/internal/netlab"
+	"github.com/stormdock/stormdock/internal/pgtest"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/multidc"
 )
 
 // mirrorJob is a mirrored job of the lab's tests: links in dc-a and dc-b (the router outside
-// them, in dc-c), reading an input file that grows, writing a file sink.
+// them, in dc-c), reading an input file that grows, writing a file sink; or (submitMirror)
+// reading a JetStream stream, writing a sink of another kind.
 type mirrorJob struct {
 	name    string
 	input   string
 	sink    string
 	workers int
+	watch   *sinkWatch // the sink as the test sees it
 
 	mu      sync.Mutex
 	lines   int64 // written to the input so far
@@ -67,6 +75,113 @@ gracePeriod: 2s
 	return m
 }
 
+// submitMirror submits a mirrored job reading input (a JetStream stream the test feeds,
+// jsInput) and writing output, whose sink the test follows with watch.
+func submitMirror(t *testing.T, lc *labCluster, name, input, output string) *mirrorJob {
+	m := &mirrorJob{name: name, input: input, workers: 2, stopped: make(chan struct{}), done: make(chan struct{})}
+	close(m.stopped)
+	close(m.done)
+	spec := fmt.Sprintf(`name: %s
+tenant: e2e
+workers: %d
+resources: {memory: 64Mi, cpu: 0.1}
+command: [stormdock, worker, wordcount, --input, %s]
+links: [dc-a, dc-b]
+output: %s
+gracePeriod: 2s
+`, name, m.workers, input, output)
+	lc.submit(t, []byte(spec))
+	return m
+}
+
+// jsInput feeds a JetStream stream, the input of mirrored jobs (stream sequence N is the
+// line of offset N-1), at a rate per second until stopped.
+type jsInput struct {
+	js      jetstream.JetStream
+	subject string
+	mu      sync.Mutex
+	lines   int64
+	stopped chan struct{}
+	done    chan struct{}
+}
+
+func startJSInput(t *testing.T, srv *natstest.Server, stream string, rate int) *jsInput {
+	t.Helper()
+	nc, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &jsInput{js: js, subject: strings.ToLower(stream), stopped: make(chan struct{}), done: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{in.subject}}); err != nil {
+		t.Fatal(err)
+	}
+	in.publish(t, rate)
+	go func() {
+		defer close(in.done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-in.stopped:
+				return
+			case <-tick.C:
+				in.publish(t, rate)
+			}
+		}
+	}()
+	t.Cleanup(func() { in.stop() })
+	return in
+}
+
+// publish adds n lines, all acknowledged by the server before it returns: the control host
+// is never cut, and neither is the server's host.
+func (in *jsInput) publish(t testing.TB, n int) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	var acks []jetstream.PubAckFuture
+	for i := range n {
+		f, err := in.js.PublishAsync(in.subject, fmt.Appendf(nil, "line %d of the replayable input", in.lines+int64(i)))
+		if err != nil {
+			t.Errorf("input: %v", err)
+			return
+		}
+		acks = append(acks, f)
+	}
+	timeout := time.After(testenv.Timeout(30 * time.Second))
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+			in.lines++
+		case err := <-f.Err():
+			t.Errorf("input: %v", err)
+			return
+		case <-timeout:
+			t.Errorf("input: no acknowledgement in 30s")
+			return
+		}
+	}
+}
+
+// stop stops publishing and returns how many lines the stream holds.
+func (in *jsInput) stop() int64 {
+	select {
+	case <-in.stopped:
+	default:
+		close(in.stopped)
+	}
+	<-in.done
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.lines
+}
+
 // append adds n lines to the input, which the link workers follow.
 func (m *mirrorJob) append(t testing.TB, n int) {
 	m.mu.Lock()
@@ -104,10 +219,14 @@ func (m *mirrorJob) stop() int64 {
 // leadingRouter is the node of the router that writes the sink, as the masters report it
 // (job status, sink.leader): the routers elect it among themselves.
 func (m *mirrorJob) leadingRouter(t testing.TB, lc *labCluster) string {
+	return leadingRouter(t, lc, m.name)
+}
+
+func leadingRouter(t testing.TB, lc *labCluster, job string) string {
 	t.Helper()
 	var node string
-	lc.anyMaster(t, m.name+": the leading router", func(ctx context.Context, cl *api.Client) error {
-		st, err := cl.Job(ctx, m.name)
+	lc.anyMaster(t, job+": the leading router", func(ctx context.Context, cl *api.Client) error {
+		st, err := cl.Job(ctx, job)
 		if err != nil {
 			return err
 		}
@@ -131,7 +250,7 @@ func (m *mirrorJob) leadingRouter(t testing.TB, lc *labCluster) string {
 
 // routersRunning reports whether the mirrored job's routers (a leader and a standby) run,
 // once each. Where they run is the test's to check: after a data center's loss both may
-// run in one, and nothing moves a running router back when it returns.
+// run in one until another data center has room (routersApart).
 func routersRunning(m *mirrorJob) (bool, string) {
 	rs := workerProcs(m.name + routerJobSuffix)
 	if len(rs) != 2 || len(rs["0"]) != 1 || len(rs["1"]) != 1 {
@@ -141,6 +260,17 @@ func routersRunning(m *mirrorJob) (bool, string) {
 }
 
 const routerJobSuffix = ".router"
+
+// routersApart reports whether the job's two routers run in two data centers (a node's id
+// starts with its data center's letter).
+func routersApart(m *mirrorJob) (bool, string) {
+	if ok, why := routersRunning(m); !ok {
+		return false, why
+	}
+	rs := workerProcs(m.name + routerJobSuffix)
+	a, b := rs["0"][0].node, rs["1"][0].node
+	return a[:1] != b[:1], fmt.Sprintf("%s: routers on %s and %s", m.name, a, b)
+}
 
 // waitMirrorRunning waits until every link worker and both routers run, once each, each
 // link's workers in their link's data center and the routers in two data centers.
@@ -164,28 +294,67 @@ func waitMirrorRunning(t testing.TB, m *mirrorJob) {
 	})
 }
 
+// TestAcrossHostsMirroredJob runs three mirrored jobs across the lab's hosts: one reading a
+// growing file into a file sink; two reading a JetStream stream on a host of its own, one
+// into PostgreSQL on a host of its own, one into a JetStream subject. Through cuts of the
+// active link's data center, a standby link worker's host, a leading router's host and a
+// leading router's data center, the leading master's host and the ZooKeeper leader's host,
+// each healed, every sink holds every offset exactly once and in order all the time (the
+// table and the subject read from their servers, not through stormdock), no write of a
+// fenced router is kept (the epochs show it), and the routers end in different data
+// centers.
 func TestAcrossHostsMirroredJob(t *testing.T) {
-	lc := newLabCluster(t, plainLabSpec())
+	spec := plainLabSpec()
+	// Three mirrored jobs: 12 link workers (6 a data center, which they cannot leave) and 6
+	// routers, which must find room in two data centers when the third is cut.
+	spec.slots = 6
+	lc := newLabCluster(t, spec)
+	pg := pgtest.Start(t, pgtest.Options{Host: lc.lab.AddHosts(t, "pg")[0], Dial: lc.lab.DialContext})
+	ns := natstest.Start(t, natstest.Options{Host: lc.lab.AddHosts(t, "nats")[0], Dial: lc.lab.DialContext})
+	in := startJSInput(t, ns, "IN", 100)
 	m := startMirror(t, lc, "mirror", 100)
-	waitMirrorRunning(t, m)
-	if rs := workerProcs(m.name + routerJobSuffix); rs["0"][0].node[:1] == rs["1"][0].node[:1] ||
-		!strings.HasPrefix(rs["0"][0].node, "c") && !strings.HasPrefix(rs["1"][0].node, "c") {
-		t.Errorf("routers run on %s and %s; want them in two data centers, one of them dc-c, outside both links", rs["0"][0].node, rs["1"][0].node)
+	mpg := submitMirror(t, lc, "mirrorpg", ns.URL()+"/IN", fmt.Sprintf("postgres://%s@%s/postgres?table=mirrorpg&sslmode=disable", pgtest.Superuser, pg.Addr()))
+	mjs := submitMirror(t, lc, "mirrorjs", ns.URL()+"/IN", ns.URL()+"/mirrorjs.out")
+	jobs := []*mirrorJob{m, mpg, mjs}
+	kinds := map[*mirrorJob]string{m: "file", mpg: "postgres", mjs: "jetstream"}
+	for _, j := range jobs {
+		waitMirrorRunning(t, j)
+		if ok, why := routersApart(j); !ok || !strings.Contains(why, " c") {
+			t.Errorf("%s; want them in two data centers, one of them dc-c, outside both links", why)
+		}
 	}
-	sink := watchSink(t, m.sink)
-	fence := watchFence(t, m.name, fencingBound(lc.Session, labJobGrace))
-	routerFence := watchFence(t, m.name+routerJobSuffix, fencingBound(lc.Session, labJobGrace))
+	m.watch = watchSink(t, m.sink)
+	mpg.watch = watchPG(t, pg, "postgres", "mirrorpg")
+	mjs.watch = watchJetStream(t, ns, "mirrorjs.out")
+	var fences []*fenceWatch
+	for _, j := range jobs {
+		fences = append(fences, watchFence(t, j.name, fencingBound(lc.Session, labJobGrace)), watchFence(t, j.name+routerJobSuffix, fencingBound(lc.Session, labJobGrace)))
+	}
 	testenv.EventuallyWith(t, "output flowing", 90*time.Second, func() (bool, string) {
-		n, _, _ := sink.delivered()
-		return n > 300, fmt.Sprintf("%d delivered", n)
+		var why []string
+		for _, j := range jobs {
+			if n, _, _ := j.watch.delivered(); n <= 300 {
+				why = append(why, fmt.Sprintf("%s: %d delivered", j.name, n))
+			}
+		}
+		return len(why) == 0, strings.Join(why, "; ")
 	})
 
-	// Each case cuts hosts and waits for the sink to receive records made after the cut,
-	// then heals them.
-	cutUntilFed := func(t *testing.T, what string, hosts []*netlab.Host, wantSwitch bool) {
+	// Each case cuts hosts and waits until every sink receives records made after the cut
+	// (from another link for a job whose active link's data center is cut), then heals.
+	cutUntilFed := func(t *testing.T, what string, hosts []*netlab.Host) {
 		t.Helper()
 		ctx := context.Background()
-		_, active, _ := sink.delivered()
+		cutDCs := map[string]bool{}
+		for _, n := range lc.nodes {
+			if slices.Contains(hosts, n.host) && len(hostsOfDC(lc, n.dc, hosts...)) == 0 {
+				cutDCs[n.dc] = true
+			}
+		}
+		actives := map[*mirrorJob]string{}
+		for _, j := range jobs {
+			_, actives[j], _ = j.watch.delivered()
+		}
 		start := time.Now()
 		for i, h := range hosts {
 			if err := h.Cut(ctx, slices.Delete(slices.Clone(hosts), i, i+1)...); err != nil {
@@ -199,83 +368,151 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 				}
 			}
 		}()
-		var fed time.Duration
-		testenv.EventuallyWith(t, what+": the sink receiving again", 90*time.Second, func() (bool, string) {
-			_, link, at := sink.delivered()
-			if at.After(start.Add(lc.Session)) && (!wantSwitch || link != active) {
-				fed = at.Sub(start)
-				return true, ""
+		fed := map[*mirrorJob]time.Time{}
+		defer func() {
+			if t.Failed() {
+				for _, j := range jobs {
+					if fed[j].IsZero() {
+						diagnoseRouters(t, lc, j.name)
+					}
+				}
 			}
-			return false, fmt.Sprintf("last record from %s at %s", link, at.Format("15:04:05.000"))
+		}()
+		testenv.EventuallyWith(t, what+": every sink receiving again", 90*time.Second, func() (bool, string) {
+			var why []string
+			for _, j := range jobs {
+				_, link, at := j.watch.delivered()
+				if at.After(start.Add(lc.Session)) && (!cutDCs[actives[j]] || link != actives[j]) {
+					fed[j] = at
+					continue
+				}
+				why = append(why, fmt.Sprintf("%s: last record from %s at %s", j.name, link, at.Format("15:04:05.000")))
+			}
+			return len(why) == 0, strings.Join(why, "; ")
 		})
-		msg := fmt.Sprintf("figure: mirrored job, %s: the sink receiving again after %s", what, fed.Round(time.Millisecond))
-		if sw, ok := sink.switchedSince(start); ok && wantSwitch {
-			msg += fmt.Sprintf("; switched from %s to %s after %s", sw.from, sw.to, sw.at.Sub(start).Round(time.Millisecond))
-		}
-		t.Log(msg)
-	}
-	hostsOf := func(pred func(labNode) bool) []*netlab.Host {
-		var out []*netlab.Host
-		for _, n := range lc.nodes {
-			if pred(n) {
-				out = append(out, n.host)
+		for _, j := range jobs {
+			msg := fmt.Sprintf("figure: mirrored job %s (%s sink), %s:", j.name, kinds[j], what)
+			if back, ok := j.watch.resumedAfter(start, fed[j]); ok {
+				msg += fmt.Sprintf(" output back after %s", back.Round(time.Millisecond))
 			}
+			if sw, ok := j.watch.switchedSince(start); ok && cutDCs[actives[j]] {
+				msg += fmt.Sprintf("; sink switched from %s to %s after %s", sw.from, sw.to, sw.at.Sub(start).Round(time.Millisecond))
+			}
+			t.Log(msg)
 		}
-		return out
+	}
+	waitAll := func(t *testing.T) {
+		for _, j := range jobs {
+			waitMirrorRunning(t, j)
+		}
 	}
 
 	t.Run("active-link-dc-cut", func(t *testing.T) {
-		_, active, _ := sink.delivered()
-		cutUntilFed(t, "active link's data center "+active+" cut", hostsOf(func(n labNode) bool { return n.dc == active }), true)
-		waitMirrorRunning(t, m)
+		_, active, _ := mpg.watch.delivered()
+		cutUntilFed(t, "the active link's data center "+active+" cut", hostsOfDC(lc, active))
+		waitAll(t)
 	})
 	t.Run("standby-link-worker-host-cut", func(t *testing.T) {
-		_, active, _ := sink.delivered()
+		_, active, _ := mpg.watch.delivered()
 		var standby string
-		for k, p := range procsOf(m.name) {
+		for k, p := range procsOf(mpg.name) {
 			if !strings.HasPrefix(k, active+"/") {
 				standby = p.node
 				break
 			}
 		}
-		cutUntilFed(t, "a standby link worker's host "+standby+" cut", hostsOf(func(n labNode) bool { return n.id == standby }), false)
-		waitMirrorRunning(t, m)
+		if standby == "" {
+			t.Fatalf("no standby link worker of %s runs (active link %q)", mpg.name, active)
+		}
+		cutUntilFed(t, "a standby link worker's host "+standby+" cut", []*netlab.Host{lc.node(standby).host})
+		waitAll(t)
 	})
 	t.Run("router-host-cut", func(t *testing.T) {
-		r := m.leadingRouter(t, lc)
-		cutUntilFed(t, "the leading router's host "+r+" cut", hostsOf(func(n labNode) bool { return n.id == r }), false)
-		waitMirrorRunning(t, m)
+		r := mpg.leadingRouter(t, lc)
+		cutUntilFed(t, "the leading router's host "+r+" cut (mirrorpg's)", []*netlab.Host{lc.node(r).host})
+		waitAll(t)
 	})
 	t.Run("router-dc-cut", func(t *testing.T) {
-		r := m.leadingRouter(t, lc)
+		r := mjs.leadingRouter(t, lc)
 		dc := lc.node(r).dc
-		cutUntilFed(t, "the leading router's data center "+dc+" cut", hostsOf(func(n labNode) bool { return n.dc == dc }), false)
-		waitMirrorRunning(t, m)
+		cutUntilFed(t, "the leading router's data center "+dc+" cut (mirrorjs's)", hostsOfDC(lc, dc))
+		waitAll(t)
 	})
 	t.Run("master-host-cut", func(t *testing.T) {
 		ls := lc.leaders()
 		if len(ls) != 1 {
 			t.Fatalf("leaders %v", ls)
 		}
-		cutUntilFed(t, "the leading master's host cut", []*netlab.Host{lc.masterHost(ls[0])}, false)
+		cutUntilFed(t, "the leading master's host cut", []*netlab.Host{lc.masterHost(ls[0])})
 	})
 	t.Run("zk-leader-host-cut", func(t *testing.T) {
 		l := lc.Ens.Leader()
 		if l == nil {
 			t.Fatal("no ZooKeeper leader")
 		}
-		cutUntilFed(t, "the ZooKeeper leader's host cut", []*netlab.Host{l.Host().(*netlab.Host)}, false)
+		cutUntilFed(t, "the ZooKeeper leader's host cut", []*netlab.Host{l.Host().(*netlab.Host)})
 	})
 
-	total := m.stop()
-	testenv.EventuallyWith(t, "every input line in the sink", 120*time.Second, func() (bool, string) {
-		n, _, _ := sink.delivered()
-		return n >= total, fmt.Sprintf("%d of %d", n, total)
+	totals := map[*mirrorJob]int64{m: m.stop()}
+	totals[mpg] = in.stop()
+	totals[mjs] = totals[mpg]
+	testenv.EventuallyWith(t, "every input line in every sink", 120*time.Second, func() (bool, string) {
+		var why []string
+		for _, j := range jobs {
+			if n, _, _ := j.watch.delivered(); n < totals[j] {
+				why = append(why, fmt.Sprintf("%s: %d of %d", j.name, n, totals[j]))
+			}
+		}
+		return len(why) == 0, strings.Join(why, "; ")
 	})
-	sink.end()
-	sink.check(t)
-	fence.check(t)
-	routerFence.check(t)
-	gap, end := sink.longestGap()
-	t.Logf("figure: mirrored job: the longest the sink received nothing: %s (until %s)", gap.Round(time.Millisecond), end.Format("15:04:05.000"))
+	testenv.EventuallyWith(t, "every job's routers in two data centers", 90*time.Second, func() (bool, string) {
+		for _, j := range jobs {
+			if ok, why := routersApart(j); !ok {
+				return false, why
+			}
+		}
+		return true, ""
+	})
+	for _, j := range jobs {
+		j.watch.end()
+		j.watch.check(t)
+		gap, end := j.watch.longestGap()
+		t.Logf("figure: mirrored job %s (%s sink): the longest the sink received nothing: %s (until %s); fencing epoch at the end %d",
+			j.name, kinds[j], gap.Round(time.Millisecond), end.Format("15:04:05.000"), j.watch.epochs())
+	}
+	for _, f := range fences {
+		f.check(t)
+	}
+	// The router cuts made the fencing sinks change hands on evidence at least once.
+	for _, j := range []*mirrorJob{mpg, mjs} {
+		if e := j.watch.epochs(); e < 2 {
+			t.Errorf("%s: the sink's fencing epoch is %d after the router cuts: no router took it over", j.name, e)
+		}
+	}
+}
+
+// diagnoseRouters logs what a mirrored job's routers last recorded, and where they run.
+func diagnoseRouters(t *testing.T, lc *labCluster, job string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if rec, ok, err := multidc.ReadRecord(ctx, lc.Store, job); err == nil && ok {
+		b, _ := json.Marshal(rec.Status)
+		t.Logf("%s: the routers' record: %s", job, b)
+	}
+	for k, ps := range workerProcs(job + routerJobSuffix) {
+		for _, p := range ps {
+			t.Logf("%s: router %s on %s (pid %d)", job, k, p.node, p.pid)
+		}
+	}
+}
+
+// hostsOfDC returns the hosts of a data center's nodes, but those in except.
+func hostsOfDC(lc *labCluster, dc string, except ...*netlab.Host) []*netlab.Host {
+	var out []*netlab.Host
+	for _, n := range lc.nodes {
+		if n.dc == dc && !slices.Contains(except, n.host) {
+			out = append(out, n.host)
+		}
+	}
+	return out
 }

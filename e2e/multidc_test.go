@@ -15,6 +15,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/internal/pgtest"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/multidc"
 )
@@ -88,7 +89,8 @@ func TestDataCenterLoss(t *testing.T) {
 // mid-stream, then the leading router's node, and the sink still holds every offset once.
 func TestMirroredJob(t *testing.T) {
 	h := newHarness(t, 2*time.Second)
-	cl := h.AdminClient(h.StartMaster("m1", "--reregister-grace", "1s"))
+	url := h.StartMaster("m1", "--reregister-grace", "1s")
+	cl := h.AdminClient(url)
 	ctx := context.Background()
 	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1", "dc-c-r2"} {
 		h.StartAgent(n, n[:4], n[5:], 4)
@@ -186,6 +188,30 @@ gracePeriod: 2s
 	if err != nil || st.Sink == nil || !st.Sink.Fed {
 		t.Errorf("job status says the sink is not fed after recovery: %+v, %v", st.Sink, err)
 	}
+
+	// The routers' logs, read like workers': the leader's by default, the other by index.
+	c := &cli{t: t, env: []string{"STORMDOCK_MASTER=" + url, "STORMDOCK_DATA=" + filepath.Join(h.Dir, "data")}}
+	var lead string
+	testenv.EventuallyWith(t, "the leading router's log", 30*time.Second, func() (bool, string) {
+		out, code := c.run("job", "logs", "mirror", "--router", "--tail", "-1")
+		lead = out
+		return code == 0 && strings.Contains(out, "router recovered"), out
+	})
+	ls = h.linkStatus(t, "mirror")
+	if !strings.Contains(lead, ls.Router) {
+		t.Errorf("job logs --router is not the leading router's (%s) log:\n%s", ls.Router, lead)
+	}
+	var standby string
+	for _, w := range []string{"0", "1"} {
+		if out := c.ok("job", "logs", "mirror", "--router", "--worker", w, "--tail", "-1"); !strings.Contains(out, ls.Router) {
+			standby = out
+		}
+	}
+	if !strings.Contains(standby, "waiting to lead") {
+		t.Errorf("no router's log (--worker 0 or 1) is the standby's:\n%s", standby)
+	}
+	c.refused("a router serves every link", "job", "logs", "mirror", "--router", "--link", "dc-a")
+	c.refused("has routers 0 to 1", "job", "logs", "mirror", "--router", "--worker", "2")
 }
 
 // linkStatus runs `stormdock link status -o json` against the store.
@@ -360,5 +386,121 @@ func TestFileSinkConfined(t *testing.T) {
 		if _, err := os.Lstat(filepath.Join(tenantDir, name)); err == nil {
 			t.Errorf("a router wrote the evidence %s of a file it refused", name)
 		}
+	}
+}
+
+// TestPostgresSink runs a mirrored job into PostgreSQL on a local cluster. Bad input says
+// why the sink is not fed, in `job status`, in one line: a database that does not answer,
+// a table of another shape (with what it must look like). Once the table is right the sink
+// is fed, and the database killed and restarted mid-stream twice loses and doubles nothing:
+// the table, read with SQL, holds every offset once, in order.
+func TestPostgresSink(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Options{})
+	h := newHarness(t, 2*time.Second)
+	url := h.StartMaster("m1", "--reregister-grace", "1s")
+	cl := h.AdminClient(url)
+	ctx := context.Background()
+	for _, n := range []string{"dc-a-r1", "dc-b-r1", "dc-c-r1"} {
+		h.StartAgent(n, n[:4], n[5:], 4)
+	}
+	testenv.Eventually(t, "3 nodes", 20*time.Second, func() bool { return len(h.NodeRecords()) == 3 })
+	if err := cl.CreateTenant(ctx, cluster.Tenant{Name: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := sharedDir(t, filepath.Join(h.Dir, "io"))
+	const lines = 2000
+	input := filepath.Join(dir, "input.txt")
+	var text strings.Builder
+	for i := range lines {
+		fmt.Fprintf(&text, "line %d of the replayable input\n", i)
+	}
+	if err := os.WriteFile(input, []byte(text.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	submit := func(name, output string) {
+		spec := fmt.Sprintf("name: %s\ntenant: e2e\nworkers: 2\nresources: {memory: 64Mi, cpu: 0.1}\n"+
+			"command: [stormdock, worker, wordcount, --input, %s, --rate, '150']\nlinks: [dc-a, dc-b]\noutput: %s\ngracePeriod: 2s\n", name, input, output)
+		if _, err := cl.SubmitJob(ctx, []byte(spec)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &cli{t: t, env: []string{"STORMDOCK_MASTER=" + url, "STORMDOCK_DATA=" + filepath.Join(h.Dir, "data")}}
+	notFed := func(job, want string) {
+		t.Helper()
+		testenv.EventuallyWith(t, job+": job status saying "+want, 60*time.Second, func() (bool, string) {
+			st, err := cl.Job(ctx, job)
+			if err != nil || st.Sink == nil {
+				return false, fmt.Sprint(err)
+			}
+			return !st.Sink.Fed && strings.Contains(st.Sink.Problem, want), st.Sink.Problem
+		})
+		out := c.ok("job", "status", job)
+		line := ""
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "sink NOT FED: ") {
+				line = l
+			}
+		}
+		if !strings.Contains(line, want) {
+			t.Errorf("%s: job status says no line 'sink NOT FED: ...%s...':\n%s", job, want, out)
+		}
+	}
+
+	// A database that does not answer.
+	submit("pgdown", fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?table=out&sslmode=disable", pgtest.Superuser, testenv.FreePort(t)))
+	notFed("pgdown", "cannot connect")
+	if _, err := cl.KillJob(ctx, "pgdown", 0); err != nil {
+		t.Fatal(err)
+	}
+
+	// A table of another shape, then one the router makes.
+	pg.Exec(t, "postgres", `CREATE TABLE pgout ("offset" int PRIMARY KEY, link text, epoch bigint, record jsonb)`)
+	submit("pgjob", fmt.Sprintf("postgres://%s@%s/postgres?table=pgout&sslmode=disable", pgtest.Superuser, pg.Addr()))
+	notFed("pgjob", `table pgout is not a sink table: column "offset" is integer, not bigint; it must look like CREATE TABLE "pgout" ("offset" bigint PRIMARY KEY`)
+	pg.Exec(t, "postgres", `DROP TABLE pgout`)
+	rows := func() int64 {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		conn, err := pg.Admin(cctx, "postgres")
+		if err != nil {
+			return -1
+		}
+		defer conn.Close(cctx)
+		var n int64
+		if conn.QueryRow(cctx, `SELECT count(*) FROM pgout`).Scan(&n) != nil {
+			return -1
+		}
+		return n
+	}
+	testenv.Eventually(t, "rows in the table", 60*time.Second, func() bool { return rows() > 200 })
+	st, err := cl.Job(ctx, "pgjob")
+	if err != nil || st.Sink == nil || !st.Sink.Fed || st.Sink.Epoch < 1 {
+		t.Errorf("job status once the table is right: %+v, %v", st.Sink, err)
+	}
+
+	// The database killed and restarted mid-stream, twice.
+	for range 2 {
+		at := rows()
+		pg.Restart()
+		testenv.Eventually(t, "rows written after the restart", 60*time.Second, func() bool { return rows() > at+200 })
+	}
+	testenv.Eventually(t, "every line in the table", 90*time.Second, func() bool { return rows() >= lines })
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pg.Admin(cctx, "postgres")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(cctx)
+	var n, distinct, first, last, backwards int64
+	err = conn.QueryRow(cctx, `SELECT count(*), count(DISTINCT "offset"), min("offset"), max("offset"),
+		count(*) FILTER (WHERE epoch < prev) FROM (SELECT "offset", epoch, max(epoch) OVER (ORDER BY "offset") AS prev FROM pgout) r`).
+		Scan(&n, &distinct, &first, &last, &backwards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != lines || distinct != lines || first != 0 || last != lines-1 || backwards != 0 {
+		t.Errorf("table: %d rows, %d offsets, %d..%d, %d written at an epoch older than an earlier offset's; want %d once each, 0..%d, none",
+			n, distinct, first, last, backwards, lines, lines-1)
 	}
 }

@@ -2,28 +2,42 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stormdock/stormdock/internal/natstest"
+	"github.com/stormdock/stormdock/internal/pgtest"
+	"github.com/stormdock/stormdock/multidc"
 )
 
-// sinkWatch follows a mirrored job's file sink (one JSON object per line: offset, link,
-// record) until stopped, and checks all the time that it holds every offset exactly once:
-// offsets 0, 1, 2, ... in order, none twice, none skipped. It remembers when each line
-// arrived, for figures (the sink receiving again, switching links).
+// sinkWatch follows a mirrored job's sink (a file of JSON lines, a PostgreSQL table, a
+// JetStream subject) until stopped, and checks all the time that it holds every offset
+// exactly once: offsets 0, 1, 2, ... in order, none twice, none skipped, and (fencing
+// sinks) none written by a router at an epoch older than one that wrote before. It
+// remembers when each record arrived, for figures (the sink receiving again, switching
+// links, the longest gap).
 type sinkWatch struct {
-	path string
+	what string
 	stop chan struct{}
 	done chan struct{}
 
 	mu         sync.Mutex
+	path       string // a file sink's
 	pos        int64  // bytes of the file read
 	partial    []byte // a line being written
-	next       int64  // the offset the next line must carry
+	epoch      int64  // the newest fencing epoch seen (a row's, a fence message's)
+	arrivals   []time.Time
+	next       int64 // the offset the next line must carry
 	lastAt     time.Time
 	lastLink   string
 	maxGap     time.Duration // the longest the sink received nothing, between two records
@@ -39,20 +53,27 @@ type linkSwitch struct {
 	offset   int64
 }
 
+// watchSink follows a file sink.
 func watchSink(t testing.TB, path string) *sinkWatch {
-	s := &sinkWatch{path: path, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &sinkWatch{what: path, path: path}
+	return s.run(t, 20*time.Millisecond, s.poll)
+}
+
+// run polls every period until stopped (and once more then).
+func (s *sinkWatch) run(t testing.TB, every time.Duration, poll func()) *sinkWatch {
+	s.stop, s.done = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(s.done)
-		tick := time.NewTicker(20 * time.Millisecond)
+		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
 			select {
 			case <-s.stop:
-				s.poll()
+				poll()
 				return
 			case <-tick.C:
 			}
-			s.poll()
+			poll()
 		}
 	}()
 	t.Cleanup(s.end)
@@ -102,24 +123,76 @@ func (s *sinkWatch) poll() {
 			s.violations = append(s.violations, fmt.Sprintf("%s: unreadable sink line %q: %v", now.Format("15:04:05.000"), line, err))
 			continue
 		}
-		switch o := *rec.Offset; {
-		case o < s.next:
-			s.violations = append(s.violations, fmt.Sprintf("%s: offset %d delivered again (next due %d, from %s)", now.Format("15:04:05.000"), o, s.next, rec.Link))
-		case o > s.next:
-			s.violations = append(s.violations, fmt.Sprintf("%s: offsets %d..%d lost (got %d from %s)", now.Format("15:04:05.000"), s.next, o-1, o, rec.Link))
-			s.next = o + 1
-		default:
-			s.next++
-		}
-		if s.lastLink != "" && rec.Link != s.lastLink {
-			s.switches = append(s.switches, linkSwitch{at: now, from: s.lastLink, to: rec.Link, offset: *rec.Offset})
-		}
-		if !s.lastAt.IsZero() && now.Sub(s.lastAt) > s.maxGap {
-			s.maxGap, s.maxGapEnd = now.Sub(s.lastAt), now
-		}
-		s.lastLink, s.lastAt = rec.Link, now
+		s.addLocked(*rec.Offset, rec.Link, 0, now)
 	}
 	s.partial = append([]byte(nil), b...)
+}
+
+// addLocked takes the sink's next record: its offset, link, the fencing epoch it was
+// written at (0: none) and when it arrived.
+func (s *sinkWatch) addLocked(o int64, link string, epoch int64, at time.Time) {
+	switch {
+	case o < s.next:
+		s.violations = append(s.violations, fmt.Sprintf("%s: offset %d delivered again (next due %d, from %s)", at.Format("15:04:05.000"), o, s.next, link))
+	case o > s.next:
+		s.violations = append(s.violations, fmt.Sprintf("%s: offsets %d..%d lost (got %d from %s)", at.Format("15:04:05.000"), s.next, o-1, o, link))
+		s.next = o + 1
+	default:
+		s.next++
+	}
+	if epoch != 0 && epoch < s.epoch {
+		s.violations = append(s.violations, fmt.Sprintf("%s: offset %d written at epoch %d after epoch %d: a fenced router's write was kept", at.Format("15:04:05.000"), o, epoch, s.epoch))
+	}
+	s.epoch = max(s.epoch, epoch)
+	if s.lastLink != "" && link != s.lastLink {
+		s.switches = append(s.switches, linkSwitch{at: at, from: s.lastLink, to: link, offset: o})
+	}
+	if !s.lastAt.IsZero() && at.Sub(s.lastAt) > s.maxGap {
+		s.maxGap, s.maxGapEnd = at.Sub(s.lastAt), at
+	}
+	s.lastLink, s.lastAt = link, at
+	s.arrivals = append(s.arrivals, at)
+}
+
+// fenceLocked takes a fence of a fencing sink: every record after it must be of its epoch
+// or a newer one.
+func (s *sinkWatch) fenceLocked(epoch int64, at time.Time) {
+	if epoch <= s.epoch {
+		s.violations = append(s.violations, fmt.Sprintf("%s: a fence of epoch %d after epoch %d", at.Format("15:04:05.000"), epoch, s.epoch))
+	}
+	s.epoch = max(s.epoch, epoch)
+}
+
+// epochs returns the newest fencing epoch seen.
+func (s *sinkWatch) epochs() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.epoch
+}
+
+// resumedAfter says how long after cut the sink received again after its longest pause:
+// the arrival that ended the longest gap between cut and the first arrival after until,
+// minus cut. Without any arrival in that window, false.
+func (s *sinkWatch) resumedAfter(cut, until time.Time) (time.Duration, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	prev, best, resumed := cut, time.Duration(-1), time.Time{}
+	for _, a := range s.arrivals {
+		if !a.After(cut) {
+			continue
+		}
+		if a.After(until) && !resumed.IsZero() {
+			break
+		}
+		if g := a.Sub(prev); g > best {
+			best, resumed = g, a
+		}
+		prev = a
+	}
+	if resumed.IsZero() {
+		return 0, false
+	}
+	return resumed.Sub(cut), true
 }
 
 // delivered returns how many offsets the sink holds (all of 0..n-1), the link of the last
@@ -156,7 +229,7 @@ func (s *sinkWatch) check(t testing.TB) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, v := range s.violations {
-		t.Error("sink: " + v)
+		t.Error("sink " + s.what + ": " + v)
 	}
 }
 
@@ -164,4 +237,119 @@ func (s *sinkWatch) report() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]string(nil), s.violations...)
+}
+
+// watchPG follows a postgres sink's table, with SQL: every row in offset order, the time it
+// was written (the database's clock, this machine's) as its arrival.
+func watchPG(t testing.TB, srv *pgtest.Server, db, table string) *sinkWatch {
+	s := &sinkWatch{what: "postgres table " + table}
+	var conn *pgx.Conn
+	t.Cleanup(func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	})
+	return s.run(t, 50*time.Millisecond, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if conn == nil || conn.IsClosed() {
+			c, err := srv.Admin(ctx, db) // its socket: no cut of the test's reaches it
+			if err != nil {
+				return
+			}
+			conn = c
+		}
+		s.mu.Lock()
+		next := s.next
+		s.mu.Unlock()
+		rows, err := conn.Query(ctx, `SELECT "offset", link, epoch, written FROM `+table+` WHERE "offset" >= $1 ORDER BY "offset"`, next)
+		if err != nil {
+			return // the table is not made yet
+		}
+		defer rows.Close()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for rows.Next() {
+			var off, epoch int64
+			var link string
+			var at time.Time
+			if err := rows.Scan(&off, &link, &epoch, &at); err != nil {
+				return
+			}
+			s.addLocked(off, link, epoch, at)
+		}
+	})
+}
+
+// watchJetStream follows a JetStream sink's subject from the server's own view of its
+// stream (an ordered consumer of it, from its first message): records in order, fence
+// messages raising the epoch every later record must hold, the server's timestamp as the
+// arrival.
+func watchJetStream(t testing.TB, srv *natstest.Server, subject string) *sinkWatch {
+	s := &sinkWatch{what: "JetStream subject " + subject}
+	nc, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var it jetstream.MessagesContext
+	t.Cleanup(func() {
+		if it != nil {
+			it.Stop()
+		}
+	})
+	return s.run(t, 50*time.Millisecond, func() {
+		if it == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			name, err := js.StreamNameBySubject(ctx, subject)
+			if err != nil {
+				return // not made yet
+			}
+			cons, err := js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{})
+			if err != nil {
+				return
+			}
+			if it, err = cons.Messages(); err != nil {
+				it = nil
+				return
+			}
+		}
+		for {
+			m, err := it.Next(jetstream.NextMaxWait(20 * time.Millisecond))
+			if err != nil {
+				return // nothing more now
+			}
+			md, err := m.Metadata()
+			if err != nil || m.Subject() != subject {
+				continue
+			}
+			h := m.Headers()
+			epoch, _ := strconv.ParseInt(h.Get(multidc.HeaderEpoch), 10, 64)
+			s.mu.Lock()
+			if h.Get(multidc.HeaderKind) == multidc.KindFence {
+				s.fenceLocked(epoch, md.Timestamp)
+				s.mu.Unlock()
+				continue
+			}
+			var rec struct {
+				Offset *int64 `json:"offset"`
+				Link   string `json:"link"`
+			}
+			if err := json.Unmarshal(m.Data(), &rec); err != nil || rec.Offset == nil {
+				s.violations = append(s.violations, fmt.Sprintf("message %d: unreadable: %q", md.Sequence.Stream, m.Data()))
+			} else {
+				if epoch != s.epoch {
+					s.violations = append(s.violations, fmt.Sprintf("%s: offset %d published at epoch %d after the fence of epoch %d",
+						md.Timestamp.Format("15:04:05.000"), *rec.Offset, epoch, s.epoch))
+				}
+				s.addLocked(*rec.Offset, rec.Link, epoch, md.Timestamp)
+			}
+			s.mu.Unlock()
+		}
+	})
 }

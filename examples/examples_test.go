@@ -23,3 +23,20 @@ func TestWordcountSpec(t *testing.T) {
 		t.Errorf("spec = %+v, want process isolation running [stormdock worker wordcount ...]", spec)
 	}
 }
+
+func TestMirrorJetStreamSpec(t *testing.T) {
+	b, err := os.ReadFile("mirror-jetstream.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := cluster.ParseJobSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !spec.Mirrored() || len(spec.Command) < 5 || spec.Command[3] != "--input" {
+		t.Fatalf("spec = %+v, want a mirrored job reading --input", spec)
+	}
+	if _, err := cluster.ParsePostgresOutput(spec.Output); err != nil {
+		t.Errorf("output %s: %v", spec.Output, err)
+	}
+}

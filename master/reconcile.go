@@ -46,6 +46,9 @@ type reconciler struct {
 	// kv is the store as this term writes it: every write carries the term's fence, so a
 	// leader deposed meanwhile writes nothing (coord.Fenced).
 	kv coord.KV
+	// apartTried is when routersApart last found no other data center for a job's standby
+	// router: it tries again after apartRetry, not at every reconcile.
+	apartTried map[string]time.Time
 }
 
 func (r *reconciler) loadAssignments(ctx context.Context) error {
@@ -113,6 +116,9 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 		Hold: r.m.holdAbsent(v, keep)}
 	res, held, err := r.planWhole(v, in)
 	if err != nil {
+		return fmt.Errorf("master: plan: %w", err)
+	}
+	if res, held, err = r.routersApart(ctx, v, in, res, held); err != nil {
 		return fmt.Errorf("master: plan: %w", err)
 	}
 	r.withoutUIDs(ctx, v, res)

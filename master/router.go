@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stormdock/stormdock/placement"
+
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/multidc"
@@ -67,6 +69,29 @@ func routerRecord(rec cluster.JobRecord, store string, nodes int) cluster.JobRec
 	return cluster.JobRecord{Spec: r, Generation: rec.Generation, State: rec.State, Submitted: rec.Submitted, Updated: rec.Updated}
 }
 
+// RouterJobName is the name of a mirrored job's router job ("wc.router"), whose workers 0 and
+// 1 are its routers.
+func RouterJobName(job string) string { return job + routerSuffix }
+
+// LeadingRouter returns the worker index, in the job's router job, of the router that leads
+// (the one its record names), as api.ErrNotFound when none does now.
+func (m *Master) LeadingRouter(ctx context.Context, v *View, job string) (int, error) {
+	rr, ok := v.routers[RouterJobName(job)]
+	if !ok {
+		return 0, fmt.Errorf("%w: job %s has no routers", api.ErrNotFound, job)
+	}
+	rec, found, err := multidc.ReadRecord(ctx, m.store, job)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", api.ErrUnavailable, err)
+	}
+	for _, k := range rr.Spec.Keys() {
+		if u, ok := v.routerURL(k); ok && found && u == rec.Router {
+			return k.Worker, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: no router of job %s leads now (see `stormdock job status %s`): name one with --worker 0 or --worker 1", api.ErrNotFound, job, job)
+}
+
 // routerGrace is a router's grace period: the mirrored job's, or the default.
 func routerGrace(job cluster.Duration) cluster.Duration {
 	if job > 0 {
@@ -95,18 +120,25 @@ func (v *View) RouterURLs(job string) []string {
 	}
 	var out []string
 	for _, k := range rr.Spec.Keys() {
-		s, ok := v.statuses[k]
-		if !ok || s.status.State != cluster.WorkerRunning || s.status.Port == 0 {
-			continue
+		if u, ok := v.routerURL(k); ok {
+			out = append(out, u)
 		}
-		addr := v.nodes[s.node].Node.Addr
-		if addr == "" {
-			addr = "127.0.0.1" // an agent from before advertised addresses: one host
-		}
-		// Routers serve HTTPS with a certificate from the router CA (see multidc).
-		out = append(out, fmt.Sprintf("https://%s", net.JoinHostPort(addr, strconv.Itoa(s.status.Port))))
 	}
 	return out
+}
+
+// routerURL is where the router k serves, as its agent reports it running.
+func (v *View) routerURL(k cluster.WorkerKey) (string, bool) {
+	s, ok := v.statuses[k]
+	if !ok || s.status.State != cluster.WorkerRunning || s.status.Port == 0 {
+		return "", false
+	}
+	addr := v.nodes[s.node].Node.Addr
+	if addr == "" {
+		addr = "127.0.0.1" // an agent from before advertised addresses: one host
+	}
+	// Routers serve HTTPS with a certificate from the router CA (see multidc).
+	return fmt.Sprintf("https://%s", net.JoinHostPort(addr, strconv.Itoa(s.status.Port))), true
 }
 
 // staleRouter is how old a router's record may be before the sink counts as not fed: a
@@ -124,9 +156,16 @@ func (m *Master) SinkView(ctx context.Context, v *View, job string) *api.SinkVie
 		sv.Problem = "no router has led yet"
 	default:
 		sv.Leader, sv.Active, sv.Delivered, sv.Updated = rec.Router, rec.Active, rec.Delivered, rec.Updated
+		sv.Leading, sv.Epoch, sv.Failovers, sv.SpuriousFailovers = rec.Leading, rec.Epoch, rec.Failovers, rec.SpuriousFailovers
 		switch age := time.Since(rec.Updated); {
 		case age > staleRouter:
 			sv.Problem = fmt.Sprintf("the leading router (%s) has not recorded anything for %s: it is down or cut off", rec.Router, age.Round(time.Second))
+		case rec.SinkError != "" && (rec.Active == "" || rec.SinkErrorSince == nil || time.Since(*rec.SinkErrorSince) > sinkErrorGrace):
+			since := ""
+			if rec.SinkErrorSince != nil {
+				since = fmt.Sprintf(" for %s", time.Since(*rec.SinkErrorSince).Round(time.Second))
+			}
+			sv.Problem = fmt.Sprintf("the router (%s) cannot write the sink%s: %s", rec.Router, since, rec.SinkError)
 		case rec.Active == "":
 			sv.Problem = "no link is active: no link's workers heartbeat to the router"
 		case len(sv.Routers) == 0:
@@ -134,7 +173,41 @@ func (m *Master) SinkView(ctx context.Context, v *View, job string) *api.SinkVie
 		}
 	}
 	sv.Fed = sv.Problem == ""
+	sv.SharedDC = v.routersSharedDC(job)
 	return sv
+}
+
+// sinkErrorGrace is how long a leading router's writes may fail before `job status` says
+// the sink is not fed: a write retried at once is not worth a word. A sink the router cannot
+// open is said at once.
+const sinkErrorGrace = 2 * time.Second
+
+// routersSharedDC returns the data center both of a job's running routers are in, "" when
+// they are in two (or fewer than two run).
+func (v *View) routersSharedDC(job string) string {
+	rr, ok := v.routers[job+routerSuffix]
+	if !ok || rr.Spec.Workers < 2 {
+		return ""
+	}
+	dcs := map[string]int{}
+	n := 0
+	for _, k := range rr.Spec.Keys() {
+		s, ok := v.statuses[k]
+		if !ok || s.status.State != cluster.WorkerRunning {
+			continue
+		}
+		if rec, ok := v.nodes[s.node]; ok {
+			dcs[rec.Node.DC]++
+			n++
+		}
+	}
+	if n < 2 || len(dcs) != 1 {
+		return ""
+	}
+	for dc := range dcs {
+		return dc
+	}
+	return ""
 }
 
 // record finds a job, or a router job, by name.
@@ -153,4 +226,102 @@ func (m *Master) CheckSinkDir(spec *cluster.JobSpec) error {
 		return fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
 	return nil
+}
+
+// apartRetry is how long routersApart waits before planning a standby router's move again
+// after a plan found it no other data center.
+const apartRetry = 10 * time.Second
+
+// routersApart moves a mirrored job's standby router to another data center when both of its
+// routers are in one (a data center was lost, and has come back or another has room again):
+// the loss of that one data center would stop the output. The standby holds no state, so
+// moving it costs no output; the leader stays. It plans once more without the standby's
+// current node, and takes that plan only if it puts the standby in another data center than
+// the leader's, changing nothing else.
+func (r *reconciler) routersApart(ctx context.Context, v *View, in placement.Input, res *placement.Result, held map[cluster.WorkerKey]string) (*placement.Result, map[cluster.WorkerKey]string, error) {
+	dcOf := func(node string) string { return v.nodes[node].Node.DC }
+	byJob := map[string][]cluster.Placement{}
+	for _, p := range res.Placements {
+		if isRouterJob(p.Job) {
+			byJob[p.Job] = append(byJob[p.Job], p)
+		}
+	}
+	liveDCs := map[string]bool{}
+	for _, n := range in.Nodes {
+		liveDCs[n.DC] = true
+	}
+	for _, name := range slices.Sorted(maps.Keys(byJob)) {
+		ps := byJob[name]
+		rr := v.routers[name]
+		if len(ps) != 2 || dcOf(ps[0].Node) == "" || dcOf(ps[0].Node) != dcOf(ps[1].Node) {
+			continue
+		}
+		shared := dcOf(ps[0].Node)
+		other := false
+		for dc := range liveDCs {
+			other = other || dc != shared && (len(rr.Spec.Placement.DCs) == 0 || slices.Contains(rr.Spec.Placement.DCs, dc))
+		}
+		if !other || time.Since(r.apartTried[name]) < apartRetry {
+			continue
+		}
+		// Both placements must be where the routers run now: a router just placed is not
+		// moved again.
+		standby := r.standbyRouter(ctx, v, strings.TrimSuffix(name, routerSuffix), ps)
+		if standby < 0 {
+			continue
+		}
+		trial := in
+		trial.Current = slices.DeleteFunc(slices.Clone(in.Current), func(p cluster.Placement) bool { return p.Key() == ps[standby].Key() })
+		tres, theld, err := r.planWhole(v, trial)
+		if err != nil {
+			return res, held, err
+		}
+		to := ""
+		for _, p := range tres.Placements {
+			if p.Key() == ps[standby].Key() {
+				to = p.Node
+			}
+		}
+		if to == "" || dcOf(to) == shared || len(tres.Moves) != len(res.Moves)+1 {
+			if r.apartTried == nil {
+				r.apartTried = map[string]time.Time{}
+			}
+			r.apartTried[name] = time.Now()
+			continue
+		}
+		r.m.log.Info("moving a standby router to another data center: both of the job's routers were in one",
+			"router", ps[standby].Key().String(), "dc", shared, "from", ps[standby].Node, "to", to)
+		delete(r.apartTried, name)
+		res, held = tres, theld
+	}
+	return res, held, nil
+}
+
+// standbyRouter returns which of a job's two router placements is the standby (the one the
+// router record does not name as leading), -1 when it cannot tell or a router does not run
+// where it is placed.
+func (r *reconciler) standbyRouter(ctx context.Context, v *View, job string, ps []cluster.Placement) int {
+	rec, ok, err := multidc.ReadRecord(ctx, r.m.store, job)
+	if err != nil {
+		return -1
+	}
+	leaders, standby := 0, -1
+	for i, p := range ps {
+		s, reported := v.statuses[p.Key()]
+		if !reported || s.node != p.Node || s.status.State != cluster.WorkerRunning {
+			return -1
+		}
+		if url, _ := v.routerURL(p.Key()); ok && url == rec.Router {
+			leaders++
+		} else {
+			standby = i
+		}
+	}
+	if !ok {
+		return 1 // no router has led yet: either will do
+	}
+	if leaders != 1 {
+		return -1 // the record names neither (a leader that is gone): not now
+	}
+	return standby
 }

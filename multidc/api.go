@@ -29,6 +29,7 @@ const retryAfter = 100 * time.Millisecond
 //	GET  /v1/status            Status
 //	POST /v1/failover          ?to=L (optional) [&job=J]
 //	GET  /healthz, /readyz
+//	GET  /v1/lead              200 while this router leads, or claims the sink (see claimFor)
 //
 // The POST routes need a token (see Config.TokenHash and LinkTokenHashes); without one: 401
 // and nothing is taken. Records and heartbeats for a link need that link's token (403
@@ -41,6 +42,13 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/status", r.handleStatus)
 	mux.HandleFunc("POST /v1/failover", r.authJob(r.handleFailover))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /v1/lead", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.leads(time.Now()) {
+			writeError(w, errNotReady)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"instance": r.instance})
+	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		r.mu.Lock()
 		ok := r.state == ready
@@ -127,14 +135,16 @@ func (r *Router) handleRecords(w http.ResponseWriter, req *http.Request, allowed
 	var res IngestResult
 	kickIt := false
 	r.mu.Lock()
+	// A standby hears the workers too (those that came to it, the leader not answering
+	// them): when it takes over, it knows at once which links are alive.
+	for _, b := range beats {
+		r.live.beat(b.link, b.worker, b.workers, now)
+		r.noteConnLocked(req, beatKey{b.link, b.worker})
+	}
 	if r.state != ready {
 		r.mu.Unlock()
 		writeError(w, errNotReady)
 		return
-	}
-	for _, b := range beats {
-		r.live.beat(b.link, b.worker, b.workers, now)
-		r.noteConnLocked(req, beatKey{b.link, b.worker})
 	}
 	active := r.ord.activeName()
 	for i := range recs {
@@ -307,13 +317,13 @@ func (r *Router) handleHeartbeat(w http.ResponseWriter, req *http.Request, allow
 		return
 	}
 	r.mu.Lock()
+	r.live.beat(link, worker, workers, time.Now()) // a standby's too, see handleRecords
+	r.noteConnLocked(req, beatKey{link, worker})
 	if r.state != ready {
 		r.mu.Unlock()
 		writeError(w, errNotReady)
 		return
 	}
-	r.live.beat(link, worker, workers, time.Now())
-	r.noteConnLocked(req, beatKey{link, worker})
 	res := HeartbeatResult{Active: r.ord.activeName(), NextOffset: r.ord.next, Instance: r.instance}
 	r.mu.Unlock()
 	writeJSON(w, http.StatusOK, res)

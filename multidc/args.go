@@ -40,7 +40,11 @@ type RouterArgs struct {
 	// LinkTokenHashes are the hashes of the links' sender tokens (Config.LinkTokenHashes);
 	// --link-token-hashes is LINK=HEX,LINK=HEX.
 	LinkTokenHashes map[string]string
-	Sink            string // file:///SINKDIR/TENANT/PATH[?fsync=...] or http(s)://HOST/PATH (OpenSink)
+	Sink            string // file:///SINKDIR/TENANT/PATH[?fsync=...], http(s)://HOST/PATH, postgres://..., nats://... (OpenSink)
+	// SinkPasswordFile names the file holding the sink's password or token (a tenant
+	// secret delivered to the router as a file); $VARIABLES in it are expanded from the
+	// router's environment. The credential itself is never on the command line.
+	SinkPasswordFile string
 	// SinkDir confines a file sink below SinkDir/Tenant (SinkOptions); the agent gives it
 	// (env STORMDOCK_SINK_DIR, STORMDOCK_TENANT).
 	SinkDir string
@@ -69,7 +73,7 @@ func DefaultRouterArgs() RouterArgs {
 	return RouterArgs{
 		SessionTimeout:     2 * time.Second,
 		Listen:             "127.0.0.1:7090",
-		HeartbeatTimeout:   600 * time.Millisecond,
+		HeartbeatTimeout:   400 * time.Millisecond,
 		CheckpointInterval: 100 * time.Millisecond,
 		BufferRecords:      8192,
 		BufferBytes:        32 << 20,
@@ -92,7 +96,8 @@ func (a *RouterArgs) flags(links, linkHashes *string) *flag.FlagSet {
 	fs.StringVar(&a.TokenHash, "token-hash", d.TokenHash, "`HEX` SHA-256 of the job's sender token: requests without the token are refused (required)")
 	fs.StringVar(links, "links", strings.Join(d.Links, ","), "the job's `LINKS`, comma-separated, in order of preference (required)")
 	fs.StringVar(linkHashes, "link-token-hashes", "", "`LINK=HEX,...` SHA-256 of each link's sender token: a link's records are taken with its own token only")
-	fs.StringVar(&a.Sink, "sink", d.Sink, "output `URL`: file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never] or http(s)://HOST/PATH (required)")
+	fs.StringVar(&a.Sink, "sink", d.Sink, "output `URL`: file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never], http(s)://HOST/PATH, postgres://USER@HOST:PORT/DB?table=NAME or nats://HOST:PORT/SUBJECT (required)")
+	fs.StringVar(&a.SinkPasswordFile, "sink-password-file", d.SinkPasswordFile, "`FILE` holding the sink's password (postgres) or password or token (nats), read at every connect; $VARIABLES are expanded")
 	fs.StringVar(&a.SinkDir, "sink-dir", d.SinkDir, "`DIR` below which file sinks live, as SINKDIR/TENANT/... (env STORMDOCK_SINK_DIR, set by the agent; none: file sinks refused)")
 	fs.StringVar(&a.Tenant, "tenant", d.Tenant, "the job's `TENANT`, whose part of --sink-dir a file sink is in (env STORMDOCK_TENANT)")
 	fs.StringVar(&a.OutputSecret, "output-secret", d.OutputSecret, "the tenant secret `NAME` that holds the sink's credentials (an HTTP sink sends it as a bearer token)")
@@ -127,6 +132,9 @@ func (a RouterArgs) Args() []string {
 	}
 	if a.SinkDir != d.SinkDir {
 		args = append(args, "--sink-dir", a.SinkDir)
+	}
+	if a.SinkPasswordFile != d.SinkPasswordFile {
+		args = append(args, "--sink-password-file", a.SinkPasswordFile)
 	}
 	if a.Tenant != d.Tenant {
 		args = append(args, "--tenant", a.Tenant)

@@ -72,6 +72,11 @@ func TestRouterArgs(t *testing.T) {
 			change: func(a *RouterArgs) {
 				a.SinkDir, a.Tenant, a.LinkTokenHashes = "/srv/sinks", "acme", map[string]string{"dc-a": "aa", "dc-b": "bb"}
 			}},
+		{name: "a fencing sink and its password file", args: append(want[:len(want):len(want)], "--sink", "postgres://app@db:5432/orders?table=out",
+			"--sink-password-file", "$STORMDOCK_SECRETS_DIR/db"),
+			change: func(a *RouterArgs) {
+				a.Sink, a.SinkPasswordFile = "postgres://app@db:5432/orders?table=out", "$STORMDOCK_SECRETS_DIR/db"
+			}},
 		{name: "bad link token hashes", args: append(want[:len(want):len(want)], "--link-token-hashes", "dc-a"), errText: "want LINK=HEX"},
 		{name: "positional argument", args: append(want[:len(want):len(want)], "extra"), wantErr: ErrRouterArgs},
 		{name: "missing sink and job", args: []string{"--store", "s", "--links", "a"}, errText: `required flags "job, sink" not set`},

@@ -113,6 +113,8 @@ func TestRouterRefusesOtherSenders(t *testing.T) {
 		t.Fatalf("the job's token: %d %s", code, body)
 	}
 	testenv.Eventually(t, "the record delivered", testenv.Timeout(5*time.Second), func() bool {
+		// The worker beats on, so that its link is alive when the router chooses one.
+		post(t, other.URL()+"/v1/heartbeat?link=dc-a&worker=0&workers=1", "")
 		st, _ := other.Status()
 		return st.Delivered == 0
 	})

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormdock/stormdock/internal/natstest"
+	"github.com/stormdock/stormdock/internal/pgtest"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -17,9 +19,51 @@ import (
 // HTTP as fast as the router takes them; one link's records are delivered, the other's
 // de-duplicated. records/s counts records delivered to the file.
 func BenchmarkRouterFileSink(b *testing.B) {
+	benchRouter(b, nil)
+}
+
+// BenchmarkRouterSinks is BenchmarkRouterFileSink for each kind of sink, side by side: the
+// file, PostgreSQL (the shared server, a database of its own) and JetStream (the shared
+// server, a subject of its own), each on this machine's loopback.
+//
+//	go test -run x -bench RouterSinks -benchtime 50000x ./multidc
+func BenchmarkRouterSinks(b *testing.B) {
+	b.Run("file", func(b *testing.B) { benchRouter(b, nil) })
+	b.Run("postgres", func(b *testing.B) {
+		srv := pgtest.Shared(b)
+		db := srv.NewDB(b)
+		benchRouter(b, func(ctx context.Context) (Sink, error) {
+			return OpenPGSink(ctx, pgURL(srv.Addr(), db, "out"), FencingOptions{Job: "wordcount", Logger: slog.New(slog.DiscardHandler)})
+		})
+	})
+	b.Run("jetstream", func(b *testing.B) {
+		srv := natstest.Shared(b)
+		benchRouter(b, func(ctx context.Context) (Sink, error) {
+			return OpenNATSSink(ctx, srv.URL()+"/"+natsSubject(), FencingOptions{Job: "wordcount", Logger: slog.New(slog.DiscardHandler)})
+		})
+	})
+}
+
+// benchRouter runs the router throughput benchmark with the sink open opens (nil: the file
+// sink).
+func benchRouter(b *testing.B, open func(ctx context.Context) (Sink, error)) {
 	n := max(b.N, 20000)
 	_, store := embeddedStore(b)
-	tr := startRouter(b, store, []string{"dc-a", "dc-b"}, func(c *Config) { c.Logger = slog.New(slog.DiscardHandler) })
+	var timed *timedSink
+	tr := startRouter(b, store, []string{"dc-a", "dc-b"}, func(c *Config) {
+		c.Logger = slog.New(slog.DiscardHandler)
+		if open != nil {
+			s, err := open(context.Background())
+			if err != nil {
+				b.Fatal(err)
+			}
+			timed = &timedSink{Sink: s}
+			c.Sink = timed
+		}
+	})
+	if timed == nil {
+		timed = tr.sink
+	}
 	waitReady(b, tr.URL())
 	const workers, batch = 2, 256
 	type job struct {
@@ -72,9 +116,9 @@ func BenchmarkRouterFileSink(b *testing.B) {
 	testenv.Eventually(b, "every record delivered", time.Minute, func() bool { st, _ := tr.Status(); return st.Delivered == int64(n-1) })
 	b.StopTimer()
 	// The time the last batch reached the sink, not the time the poll saw it.
-	tr.sink.mu.Lock()
-	elapsed := tr.sink.writes[len(tr.sink.writes)-1].at.Sub(start)
-	tr.sink.mu.Unlock()
+	timed.mu.Lock()
+	elapsed := timed.writes[len(timed.writes)-1].at.Sub(start)
+	timed.mu.Unlock()
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "records/s")
 	b.ReportMetric(0, "ns/op")
 	cancel()

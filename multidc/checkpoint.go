@@ -19,6 +19,8 @@ type RouterRecord struct {
 	// Sink is the evidence of a file sink as the router last made it durable: how the next
 	// router knows the file as its own (see SinkEvidence).
 	Sink *SinkEvidence `json:"sink,omitempty"`
+	// Stopped marks the last record of a router that stopped: a standby takes over at once.
+	Stopped bool `json:"stopped,omitempty"`
 }
 
 // ReadRecord reads a job's router record. ok is false while no router has written one.

@@ -41,7 +41,9 @@ const (
 	envLinks     = "MULTIDC_TEST_LINKS"
 	envTimeout   = "MULTIDC_TEST_HB_TIMEOUT"
 	envCkptEvery = "MULTIDC_TEST_CHECKPOINT"
-	envEnd       = "MULTIDC_TEST_END" // file the test writes the input's final length to
+	envEnd       = "MULTIDC_TEST_END"      // file the test writes the input's final length to
+	envSinkURL   = "MULTIDC_TEST_SINK_URL" // a fencing sink's URL, instead of envSink's file
+	envSession   = "MULTIDC_TEST_SESSION"  // the router's store session timeout
 )
 
 func TestMain(m *testing.M) {
@@ -178,23 +180,34 @@ func routerChild() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	store, err := coord.Open(ctx, os.Getenv(envStore), coord.Options{SessionTimeout: time.Second, Logger: log})
+	session := time.Second
+	if d, err := time.ParseDuration(os.Getenv(envSession)); err == nil {
+		session = d
+	}
+	store, err := coord.Open(ctx, os.Getenv(envStore), coord.Options{SessionTimeout: session, Logger: log})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "router child:", err)
 		return 2
 	}
 	defer store.Close()
-	sink, err := openTestFileSink(os.Getenv(envSink), FsyncCheckpoint)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "router child:", err)
-		return 2
-	}
 	timeout, _ := time.ParseDuration(os.Getenv(envTimeout))
 	every, _ := time.ParseDuration(os.Getenv(envCkptEvery))
-	r, err := New(Config{
-		Job: "wordcount", Links: strings.Split(os.Getenv(envLinks), ","), Store: store, Sink: sink, TokenHash: testTokenHash,
+	cfg := Config{
+		Job: "wordcount", Links: strings.Split(os.Getenv(envLinks), ","), Store: store, TokenHash: testTokenHash,
 		Listen: os.Getenv(envListen), HeartbeatTimeout: timeout, CheckpointInterval: every, Logger: log,
-	})
+	}
+	if raw := os.Getenv(envSinkURL); raw != "" {
+		cfg.TakeOver = Fences(raw)
+		cfg.OpenSink = func(ctx context.Context, _ *SinkEvidence) (Sink, error) {
+			return OpenSink(ctx, raw, SinkOptions{Job: "wordcount", Router: os.Getenv(envListen), Logger: log})
+		}
+	} else {
+		if cfg.Sink, err = openTestFileSink(os.Getenv(envSink), FsyncCheckpoint); err != nil {
+			fmt.Fprintln(os.Stderr, "router child:", err)
+			return 2
+		}
+	}
+	r, err := New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "router child:", err)
 		return 2

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -148,8 +149,11 @@ func (e *RestartError) Error() string {
 // Sender is the worker side of the ingest protocol: it posts batches of records of one
 // link's worker, retrying on backpressure and unavailability, sends heartbeats, and tells
 // the worker when the router restarted (RestartError, Rewind). A job has more than one
-// router (one leads, the others stand by in other data centers): the sender keeps to the
-// one that took its last request and moves to the next when that one fails or stands by.
+// router (one leads, the others stand by in other data centers): the sender heartbeats to
+// every one of them (Heartbeats), sends records to the one that leads (the one that answers
+// them: a standby answers 503), and moves to another as soon as that one answers as the
+// leader, cancelling a request still waiting on the old one. So a standby that takes over
+// is used within a heartbeat, not after a request timed out on a leader that is cut off.
 // Safe for concurrent use.
 type Sender struct {
 	link            string
@@ -157,7 +161,8 @@ type Sender struct {
 	hc              *http.Client
 	// Token is the job's sender token (ReadTokenFile), sent with every request.
 	Token string
-	// MinBackoff and MaxBackoff bound the wait between retries (defaults 10 ms, 1 s).
+	// MinBackoff and MaxBackoff bound the wait between retries (defaults 10 ms, 100 ms: a
+	// standby that takes over is used within a tenth of a second).
 	MinBackoff, MaxBackoff time.Duration
 
 	mu    sync.Mutex
@@ -170,14 +175,22 @@ type Sender struct {
 	instance    string // the router instance that answered last
 	rewind      int64  // -1, or where to rewind after a router restart not yet reported
 	caErr       error  // the router CA named by EnvRouterCA is not readable
+	// moved is closed when requests move to another router: a records request still
+	// waiting on the old one gives up at once.
+	moved chan struct{}
 }
 
-// sendTimeout bounds one request of a sender. A router answers at once (it never holds a
-// request: a full buffer is a 429), so a request without an answer within it went to a
-// router whose host is lost or cut off: a partition drops packets, and only a timeout ends
-// the request. The next request goes to the next router. With 10 s here a lost router's
-// host held a mirrored job's output for 11 s (network lab, 2 s sessions).
-const sendTimeout = 2 * time.Second
+// sendTimeout bounds one records request of a sender, heartbeatTimeout one heartbeat. A
+// router answers at once (it never holds a request: a full buffer is a 429), so a request
+// without an answer within them went to a router whose host is lost or cut off: a partition
+// drops packets, and only a timeout ends the request. The next request goes to the next
+// router. They are not what makes a sender move to a router that took over: its heartbeat
+// answer does (see Sender). Short timeouts would cut slow answers of a loaded router, and a
+// cut connection counts against the worker's liveness there (Config.CloseGrace).
+const (
+	sendTimeout      = 2 * time.Second
+	heartbeatTimeout = 2 * time.Second
+)
 
 // NewSender returns a sender for worker (of workers) of link, to the routers at bases (a
 // comma-separated list of https://HOST:PORT). It trusts the router CA in the file its agent
@@ -191,10 +204,10 @@ func NewSender(bases, link string, worker, workers int) *Sender {
 	}
 	s := &Sender{
 		link: link, worker: worker, workers: workers,
-		hc:         httpClient(sendTimeout, pool),
+		hc:         httpClient(0, pool), // each request has its own timeout
 		caErr:      caErr,
-		MinBackoff: 10 * time.Millisecond, MaxBackoff: time.Second,
-		rewind: -1,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		rewind: -1, moved: make(chan struct{}),
 	}
 	s.SetRouters(strings.Split(bases, ","))
 	return s
@@ -221,21 +234,51 @@ func (s *Sender) SetRouters(urls []string) {
 			s.cur = i
 		}
 	}
+	if s.curLocked() != old {
+		s.movedLocked()
+	}
 }
 
-// base is the router requests go to now, "" while none is known.
-func (s *Sender) base() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (s *Sender) curLocked() string {
 	if len(s.bases) == 0 {
 		return ""
 	}
 	return s.bases[s.cur%len(s.bases)]
 }
 
+// movedLocked tells requests waiting on the router left that they are to give up.
+func (s *Sender) movedLocked() {
+	close(s.moved)
+	s.moved = make(chan struct{})
+}
+
+// lead moves requests to base, which answered a heartbeat as the router that leads.
+func (s *Sender) lead(base string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.unreachable, base)
+	for i, b := range s.bases {
+		if b == base && i != s.cur%len(s.bases) {
+			s.cur = i
+			s.movedLocked()
+			return
+		}
+	}
+}
+
+// base is the router requests go to now, "" while none is known, and the channel closed
+// when they move elsewhere.
+func (s *Sender) base() (string, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.curLocked(), s.moved
+}
+
 // unreachableFor is how long a router that did not answer is passed over while another
-// router answers: about the time a standby takes to lead once the leader's session expired.
-const unreachableFor = 5 * time.Second
+// router answers: about the time a standby takes to lead once the leader is gone (it takes a
+// fencing sink over on evidence within a second; else when the leader's session expired).
+// A router passed over by mistake (slow, not gone) is tried again after it.
+const unreachableFor = 2 * time.Second
 
 // next moves to the next router after base failed or stood by (answered is false when base
 // did not answer at all). Routers that did not answer lately are passed over while one
@@ -257,11 +300,15 @@ func (s *Sender) next(base string, answered bool) {
 	for i := 1; i <= n; i++ {
 		c := (s.cur + i) % n
 		if until, ok := s.unreachable[s.bases[c]]; !ok || now.After(until) {
-			s.cur = c
+			if c != s.cur%n {
+				s.cur = c
+				s.movedLocked()
+			}
 			return
 		}
 	}
 	s.cur = (s.cur + 1) % n // none answered lately: go round
+	s.movedLocked()
 }
 
 // errNoRouter: the worker's configuration names no router yet (the job's routers are
@@ -300,8 +347,18 @@ func (s *Sender) Rewind() (int64, bool) {
 	return off, off >= 0
 }
 
-// Heartbeat sends one heartbeat and returns the router's answer.
+// Heartbeat sends one heartbeat to the router requests go to and returns its answer.
 func (s *Sender) Heartbeat(ctx context.Context) (HeartbeatResult, error) {
+	base, _ := s.base()
+	if base == "" {
+		return HeartbeatResult{}, errNoRouter
+	}
+	return s.heartbeatTo(ctx, base)
+}
+
+// heartbeatTo sends one heartbeat to the router at base. One that answers 200 leads, and
+// requests go to it; one that does not answer, or stands by, is left if requests go to it.
+func (s *Sender) heartbeatTo(ctx context.Context, base string) (HeartbeatResult, error) {
 	q := url.Values{"link": {s.link}, "worker": {strconv.Itoa(s.worker)}}
 	if s.workers > 0 {
 		q.Set("workers", strconv.Itoa(s.workers))
@@ -309,18 +366,18 @@ func (s *Sender) Heartbeat(ctx context.Context) (HeartbeatResult, error) {
 	if s.caErr != nil {
 		return HeartbeatResult{}, s.caErr
 	}
-	base := s.base()
-	if base == "" {
-		return HeartbeatResult{}, errNoRouter
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/heartbeat?"+q.Encode(), nil)
+	hctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(hctx, http.MethodPost, base+"/v1/heartbeat?"+q.Encode(), nil)
 	if err != nil {
 		return HeartbeatResult{}, err
 	}
 	s.authorize(req)
 	resp, err := s.hc.Do(req)
 	if err != nil {
-		s.next(base, false)
+		if ctx.Err() == nil {
+			s.next(base, false) // no answer: down or cut off
+		}
 		return HeartbeatResult{}, err
 	}
 	defer resp.Body.Close()
@@ -335,21 +392,60 @@ func (s *Sender) Heartbeat(ctx context.Context) (HeartbeatResult, error) {
 	if err := json.Unmarshal(b, &res); err != nil {
 		return HeartbeatResult{}, fmt.Errorf("multidc: heartbeat answer: %w", err)
 	}
+	s.lead(base)
 	s.answered(res.Instance, res.NextOffset)
 	return res, nil
 }
 
-// Heartbeats sends a heartbeat every interval until ctx is done. Failures are ignored: the
-// next beat is the retry, and a router that misses them fails the link over, as it should.
+// Heartbeats sends a heartbeat to every router every interval until ctx is done, each
+// router on its own so that one that does not answer delays no other. Failures are
+// ignored: the next beat is the retry, and a router that misses them fails the link over,
+// as it should.
 func (s *Sender) Heartbeats(ctx context.Context, interval time.Duration) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	beating := map[string]context.CancelFunc{}
+	defer func() {
+		for _, stop := range beating {
+			stop()
+		}
+	}()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		_, _ = s.Heartbeat(ctx)
+		s.mu.Lock()
+		bases := slices.Clone(s.bases)
+		s.mu.Unlock()
+		for _, b := range bases {
+			if _, ok := beating[b]; ok {
+				continue
+			}
+			bctx, stop := context.WithCancel(ctx)
+			beating[b] = stop
+			wg.Go(func() { s.beat(bctx, b, interval) })
+		}
+		for b, stop := range beating {
+			if !slices.Contains(bases, b) {
+				stop() // a router that moved away
+				delete(beating, b)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// beat heartbeats to one router every interval (at once again when an answer took
+// longer) until ctx is done.
+func (s *Sender) beat(ctx context.Context, base string, interval time.Duration) {
+	for {
+		start := time.Now()
+		_, _ = s.heartbeatTo(ctx, base)
+		if ctxtime.Sleep(ctx, interval-time.Since(start)) != nil {
+			return
 		}
 	}
 }
@@ -366,8 +462,8 @@ func (s *Sender) Send(ctx context.Context, batch []byte) error {
 			return &RestartError{NextOffset: off}
 		}
 		err := errNoRouter
-		if base := s.base(); base != "" {
-			if err = s.post(ctx, base+q, batch); err != nil {
+		if base, moved := s.base(); base != "" {
+			if err = s.post(ctx, base+q, batch, moved); err != nil {
 				var ae *APIError
 				if !errors.As(err, &ae) {
 					s.next(base, false) // no answer: down or cut off
@@ -396,10 +492,19 @@ func (s *Sender) Send(ctx context.Context, batch []byte) error {
 	}
 }
 
-func (s *Sender) post(ctx context.Context, u string, batch []byte) error {
+func (s *Sender) post(ctx context.Context, u string, batch []byte, moved <-chan struct{}) error {
 	if s.caErr != nil {
 		return s.caErr
 	}
+	ctx, cancel := context.WithTimeout(ctx, sendTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-moved: // another router leads: this one's answer is not awaited
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(batch))
 	if err != nil {
 		return err

@@ -291,12 +291,12 @@ func TestCheckSinkPath(t *testing.T) {
 func TestRouterSinkEvidence(t *testing.T) {
 	base := testSinkBase(t)
 	sinkDir := filepath.Dir(base)
-	open := func(path string, got **SinkEvidence) func(ev *SinkEvidence) (Sink, error) {
-		return func(ev *SinkEvidence) (Sink, error) {
+	open := func(path string, got **SinkEvidence) func(_ context.Context, ev *SinkEvidence) (Sink, error) {
+		return func(_ context.Context, ev *SinkEvidence) (Sink, error) {
 			if got != nil {
 				*got = ev
 			}
-			return OpenSink("file://"+path, SinkOptions{SinkDir: sinkDir, Tenant: testTenant, Evidence: ev})
+			return OpenSink(context.Background(), "file://"+path, SinkOptions{SinkDir: sinkDir, Tenant: testTenant, Evidence: ev})
 		}
 	}
 

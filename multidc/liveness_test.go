@@ -1,6 +1,7 @@
 package multidc
 
 import (
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -77,5 +78,50 @@ func TestLivenessConnectionClosed(t *testing.T) {
 	lv.beat("dc-a", 0, 2, at(900))
 	if !lv.alive("dc-a", at(900)) {
 		t.Fatal("a restarted worker's beat must revive the link")
+	}
+}
+
+// A heartbeat failover whose link beats again within two timeouts of its last beat was
+// spurious (its workers were late) and is counted; one whose link was silent longer (dead,
+// started again) is not. The router's clock is the test's.
+func TestSpuriousFailoversCounted(t *testing.T) {
+	_, store := embeddedStore(t)
+	fs, err := openTestFileSink(filepath.Join(testSinkBase(t), "sink.jsonl"), FsyncCheckpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs.Close()
+	r, err := New(Config{Job: "wordcount", Links: []string{"dc-a", "dc-b"}, Store: store, Sink: fs, TokenHash: testTokenHash,
+		HeartbeatTimeout: 400 * time.Millisecond, CloseGrace: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	r.ord, r.readyAt = newOrderer(r.cfg.Links, 0, Limits{}), t0
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// silent says when each link does not beat: [from, to) in ms.
+	run := func(from, to int, silent map[string][2]int) {
+		for ms := from; ms < to; ms += 10 {
+			for _, l := range r.cfg.Links {
+				if s := silent[l]; ms%100 == 0 && !(ms >= s[0] && ms < s[1]) {
+					r.live.beat(l, 0, 1, at(ms))
+				}
+			}
+			r.checkHealthLocked(at(ms))
+		}
+	}
+	run(0, 1000, nil)
+	if r.ord.activeName() != "dc-a" {
+		t.Fatalf("active %q, want dc-a", r.ord.activeName())
+	}
+	// dc-a late: silent 500 ms, within two timeouts of its last beat.
+	run(1000, 2000, map[string][2]int{"dc-a": {1000, 1500}})
+	if r.failovers != 1 || r.spurious != 1 || r.ord.activeName() != "dc-b" {
+		t.Fatalf("after a late link: %d failovers, %d spurious, active %s; want 1, 1, dc-b", r.failovers, r.spurious, r.ord.activeName())
+	}
+	// dc-b gone for 1.1 s and back 0.7 s after the failover: not spurious (it was silent too long).
+	run(2000, 5000, map[string][2]int{"dc-b": {2000, 3000}})
+	if r.failovers != 2 || r.spurious != 1 || r.ord.activeName() != "dc-a" {
+		t.Fatalf("after a lost link: %d failovers, %d spurious, active %s; want 2, 1, dc-a", r.failovers, r.spurious, r.ord.activeName())
 	}
 }

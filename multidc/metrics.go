@@ -12,6 +12,7 @@ import (
 // metric updates.
 type metrics struct {
 	failovers  *prometheus.CounterVec
+	spurious   prometheus.Counter
 	latency    prometheus.Histogram
 	sinkErrors prometheus.Counter
 	// authFailures counts refused requests by reason: missing, invalid, limited.
@@ -23,6 +24,10 @@ func newMetrics(r *Router, reg prometheus.Registerer) (*metrics, error) {
 		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stormdock_router_failovers_total", Help: "Switches of the active link, by reason (heartbeat, manual).",
 		}, []string{"reason"}),
+		spurious: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stormdock_router_spurious_failovers_total",
+			Help: "Heartbeat failovers whose link was alive again within two heartbeat timeouts: its workers were late, not gone.",
+		}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "stormdock_router_delivery_latency_seconds",
 			Help:    "Time from a record's arrival at the router to its write to the sink.",
@@ -45,7 +50,7 @@ func newMetrics(r *Router, reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	reg = prometheus.WrapRegistererWith(prometheus.Labels{"job": r.cfg.Job}, reg)
-	for _, c := range []prometheus.Collector{m.failovers, m.latency, m.sinkErrors, m.authFailures, &linkCollector{r: r}} {
+	for _, c := range []prometheus.Collector{m.failovers, m.spurious, m.latency, m.sinkErrors, m.authFailures, &linkCollector{r: r}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("multidc: register metrics: %w", err)
 		}

@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -30,7 +32,21 @@ type Config struct {
 	// OpenSink, when Sink is nil, opens the sink once the router leads the job's election:
 	// a standby router must not hold the sink (a file sink is locked by its writer).
 	// It gets the evidence of a file sink that the router's record keeps (nil: none).
-	OpenSink func(ev *SinkEvidence) (Sink, error)
+	OpenSink func(ctx context.Context, ev *SinkEvidence) (Sink, error)
+	// TakeOver says that opening the sink fences off every router that opened it before
+	// (a fencing sink: PostgreSQL, JetStream; see Fences). A standby then takes the sink over
+	// on evidence that the leader is gone (its record unchanged for StaleAfter and its API
+	// not answering as the leader) instead of waiting for its store session to expire, a
+	// leader keeps delivering when its store session is lost (the sink fences it, not the
+	// election), and a sink that cannot be opened is retried, the reason in the record,
+	// instead of stopping the router.
+	TakeOver bool
+	// StaleAfter is how long a leader's record may stay unchanged before a standby (with
+	// TakeOver) asks the leader's API whether it still leads. Default 2 x StatusInterval.
+	StaleAfter time.Duration
+	// PeerClient asks another router's API whether it leads (GET /v1/lead): one that trusts
+	// the router CA. Default: a plain client.
+	PeerClient *http.Client
 	// TokenHash is the hash (api.HashToken) of the job's own token (SenderToken): failovers
 	// need it. Without LinkTokenHashes (a job from before per-link tokens), records and
 	// heartbeats of every link are taken with it too.
@@ -48,7 +64,9 @@ type Config struct {
 	// token, package internal/metricsauth).
 	Metrics http.Handler
 	// HeartbeatTimeout is how long a worker may be silent before its link counts as dead.
-	// Default 600 ms (workers beat every 200 ms).
+	// Default 400 ms (workers beat every 100 ms): the sink switches links within half a
+	// second of the active link's loss. Failovers of links that were only late are counted
+	// (Status.SpuriousFailovers).
 	HeartbeatTimeout time.Duration
 	// CloseGrace is how long a worker whose connection to the router closed may take to
 	// beat again before it counts as dead: a killed worker is noticed after CloseGrace
@@ -59,7 +77,8 @@ type Config struct {
 	// moved. Default 100 ms.
 	CheckpointInterval time.Duration
 	// StatusInterval is how often the record is rewritten when nothing was delivered, so
-	// that its status (heartbeat ages, buffers) stays fresh. Default 1 s.
+	// that its status (heartbeat ages, buffers) stays fresh and, with TakeOver, a standby
+	// sees the leader alive. Default 1 s, or 200 ms with TakeOver.
 	StatusInterval time.Duration
 	Limits         Limits
 	// MaxBatch bounds the records of one sink write. Default 1024.
@@ -95,7 +114,16 @@ type Router struct {
 	checkpoint   int64
 	failovers    int64
 	lastFailover *Failover
-	switched     bool                   // a failover not yet saved in the record: save it at the next tick
+	switched     bool      // a failover not yet saved in the record: save it at the next tick
+	spurious     int64     // heartbeat failovers whose link was alive again at once
+	suspect      *Failover // the last heartbeat failover, until its link is seen dead long enough
+	suspectBeat  time.Time // the last beat of that link's stalest worker before it
+	epoch        int64     // the fencing sink's epoch this router holds
+	how          string    // how this router came to lead: elected or evidence
+	sinkErr      string    // the sink's last failure, "" once it works again
+	sinkErrSince time.Time
+	stopped      bool                   // the last checkpoint of a router stopping: the standby need not wait
+	claimSince   time.Time              // when this router began trying to open the sink it claimed (zero: not)
 	conns        map[net.Conn][]beatKey // the workers each open connection carried
 	fails        *api.FailLimiter       // failed token checks, per remote address
 }
@@ -139,7 +167,7 @@ func New(cfg Config) (*Router, error) {
 		return nil, fmt.Errorf("multidc: link token hashes for %d of %d links: give one per link", len(cfg.LinkTokenHashes), len(cfg.Links))
 	}
 	if cfg.HeartbeatTimeout <= 0 {
-		cfg.HeartbeatTimeout = 600 * time.Millisecond
+		cfg.HeartbeatTimeout = 400 * time.Millisecond
 	}
 	switch {
 	case cfg.CloseGrace == 0:
@@ -152,6 +180,15 @@ func New(cfg Config) (*Router, error) {
 	}
 	if cfg.StatusInterval <= 0 {
 		cfg.StatusInterval = time.Second
+		if cfg.TakeOver {
+			cfg.StatusInterval = 200 * time.Millisecond
+		}
+	}
+	if cfg.StaleAfter <= 0 {
+		cfg.StaleAfter = 2 * cfg.StatusInterval
+	}
+	if cfg.PeerClient == nil {
+		cfg.PeerClient = &http.Client{}
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 1024
@@ -250,32 +287,25 @@ func (r *Router) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("multidc: %w", err)
 	}
-	r.log.Info("waiting to lead the job's router election", "instance", r.instance)
-	lead, err := el.Campaign(ctx)
-	if err != nil {
+	r.log.Info("waiting to lead the job's router election", "instance", r.instance, "takeOver", r.cfg.TakeOver)
+	held := &leadership{}
+	defer held.resign()
+	if r.cfg.TakeOver {
+		// The election only breaks the tie between routers when none has led yet; the
+		// sink's fence keeps one writer. A router keeps standing for it while it runs.
+		cctx, ccancel := context.WithCancel(ctx)
+		var camp sync.WaitGroup
+		camp.Go(func() { r.keepCampaigning(cctx, el, held) })
+		defer func() {
+			ccancel()
+			camp.Wait()
+		}()
+	}
+	if err := r.acquire(ctx, el, held); err != nil {
 		if ctx.Err() != nil {
 			return fatal(ctx)
 		}
-		return fmt.Errorf("multidc: campaign: %w", err)
-	}
-	defer func() {
-		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer rcancel()
-		_ = lead.Resign(rctx)
-	}()
-	if r.cfg.Sink == nil {
-		// The record's evidence lets a file sink know its file (see SinkEvidence).
-		rec, _, err := r.ckpt.load(ctx)
-		if err != nil {
-			return err
-		}
-		sink, err := r.cfg.OpenSink(rec.Sink)
-		if err != nil {
-			return fmt.Errorf("multidc: open sink: %w", err)
-		}
-		r.mu.Lock()
-		r.cfg.Sink = sink
-		r.mu.Unlock()
+		return err
 	}
 	if err := r.recover(ctx); err != nil {
 		return err
@@ -293,8 +323,12 @@ func (r *Router) Run(ctx context.Context) (err error) {
 			cancel(err)
 		}
 	})
+	lost := make(<-chan struct{})
+	if !r.cfg.TakeOver {
+		lost = held.get().Done()
+	}
 	select {
-	case <-lead.Done():
+	case <-lost:
 		if ctx.Err() == nil {
 			cancel(errors.New("multidc: lost the router election (store session lost or store closed): stopping so that one router writes the sink"))
 		}
@@ -305,18 +339,286 @@ func (r *Router) Run(ctx context.Context) (err error) {
 	r.mu.Unlock()
 	loops.Wait()
 
-	// A last checkpoint, unless leadership is gone: then another router may be writing.
+	// A last checkpoint, unless another router may be writing: leadership is gone, or
+	// another router took the sink over.
+	cause := context.Cause(ctx)
+	taken := errors.Is(cause, ErrFenced) || errors.Is(cause, coord.ErrConflict)
 	select {
-	case <-lead.Done():
+	case <-lost:
 	default:
+		if taken {
+			break
+		}
 		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer scancel()
+		r.mu.Lock()
+		r.stopped = true
+		r.mu.Unlock()
 		if serr := r.saveCheckpoint(sctx); serr != nil {
 			r.log.Warn("last checkpoint failed; the next router recovers from the sink", "err", serr)
 		}
 	}
 	r.log.Info("router stopped")
 	return fatal(ctx)
+}
+
+// leadership is the election's leadership a router holds now, nil while none.
+type leadership struct {
+	mu sync.Mutex
+	l  *coord.Leadership
+}
+
+func (h *leadership) get() *coord.Leadership {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.l
+}
+
+func (h *leadership) set(l *coord.Leadership) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.l = l
+}
+
+func (h *leadership) resign() {
+	if l := h.get(); l != nil {
+		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer rcancel()
+		_ = l.Resign(rctx)
+	}
+}
+
+// keepCampaigning stands in the job's router election until ctx is done, again after every
+// loss (TakeOver: losing the election stops no one).
+func (r *Router) keepCampaigning(ctx context.Context, el *coord.Election, held *leadership) {
+	for ctx.Err() == nil {
+		l, err := el.Campaign(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("campaign failed; standing again", "err", err)
+				_ = ctxtime.Sleep(ctx, time.Second)
+			}
+			continue
+		}
+		held.set(l)
+		select {
+		case <-l.Done():
+			held.set(nil)
+			r.log.Info("lost the router election (the sink's fence, not the election, keeps one writer)")
+		case <-ctx.Done():
+		}
+	}
+}
+
+// acquire returns once this router may write the sink, with the sink open. Without TakeOver
+// that is when it leads the election. With it, when it leads the election and no router has
+// led before, or when the router that led is gone by evidence (see leaderGone); opening the
+// sink then fences that router off.
+func (r *Router) acquire(ctx context.Context, el *coord.Election, held *leadership) error {
+	if !r.cfg.TakeOver {
+		lead, err := el.Campaign(ctx)
+		if err != nil {
+			return fmt.Errorf("multidc: campaign: %w", err)
+		}
+		held.set(lead)
+		r.how = LeadElected
+		if r.cfg.Sink != nil {
+			return nil
+		}
+		// The record's evidence lets a file sink know its file (see SinkEvidence).
+		rec, _, err := r.ckpt.load(ctx)
+		if err != nil {
+			return err
+		}
+		sink, err := r.cfg.OpenSink(ctx, rec.Sink)
+		if err != nil {
+			return fmt.Errorf("multidc: open sink: %w", err)
+		}
+		r.setSink(sink)
+		return nil
+	}
+	var w leaderWatch
+	t := time.NewTicker(takeoverCheck)
+	defer t.Stop()
+	var retryAt time.Time
+	backoff := 500 * time.Millisecond
+	for {
+		take, why := r.leaderGone(ctx, &w, held.get() != nil)
+		if take {
+			w.claimed = why
+		}
+		if take && !time.Now().Before(retryAt) {
+			rec, _, err := r.ckpt.load(ctx)
+			sink := r.cfg.Sink
+			if err == nil && sink == nil {
+				sink, err = r.cfg.OpenSink(ctx, rec.Sink)
+			}
+			if err == nil {
+				r.setSink(sink)
+				r.how = why
+				r.log.Info("taking the sink over", "how", why)
+				return nil
+			}
+			if ctx.Err() != nil {
+				return err
+			}
+			if errors.Is(err, coord.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+				r.log.Warn("cannot take the sink over yet: the store does not answer; trying again", "err", err)
+			} else {
+				r.mu.Lock()
+				if r.claimSince.IsZero() {
+					r.claimSince = time.Now()
+				}
+				r.mu.Unlock()
+				r.sinkProblem(ctx, fmt.Errorf("multidc: open sink: %w", err))
+			}
+			retryAt = time.Now().Add(backoff)
+			backoff = min(2*backoff, 5*time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Router) setSink(sink Sink) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cfg.Sink = sink
+	if f, ok := sink.(fencing); ok {
+		r.epoch = f.Epoch()
+	}
+}
+
+// fencing is a sink whose opening fences off every earlier opener (PGSink, NATSSink).
+type fencing interface{ Epoch() int64 }
+
+// How a router came to lead (Status.Leading).
+const (
+	LeadElected  = "elected"
+	LeadEvidence = "evidence"
+)
+
+// takeoverCheck is how often a standby with TakeOver looks at the leader's record.
+const takeoverCheck = 100 * time.Millisecond
+
+// peerTimeout bounds a standby's question to the leader's API.
+const peerTimeout = 300 * time.Millisecond
+
+// leaderWatch is what a standby saw of the leader's record.
+type leaderWatch struct {
+	version int64
+	seen    bool
+	changed time.Time // when the standby last saw it change (its own clock)
+	claimed string    // why this router last decided to take the sink (see Status.Leading)
+}
+
+// leaderGone says whether this router should take the sink, and how it came to. A record
+// that does not change for StaleAfter (the leader rewrites it every StatusInterval) is asked
+// about: a leader answering its /v1/lead still leads, anything else (a cut host times out, a
+// dead process refuses, a stopping one says not ready) is evidence that it is gone. Time is
+// measured on this router's clock from the store's versions, not from the record's wall
+// clock, which is another host's. With no record yet, the election decides.
+func (r *Router) leaderGone(ctx context.Context, w *leaderWatch, elected bool) (bool, string) {
+	key, _ := cluster.RouterKey(r.cfg.Job)
+	gctx, cancel := context.WithTimeout(ctx, time.Second)
+	e, err := r.cfg.Store.Get(gctx, key)
+	cancel()
+	now := time.Now()
+	switch {
+	case errors.Is(err, coord.ErrNotFound) || err == nil && len(e.Value) == 0:
+		return elected, LeadElected
+	case err != nil:
+		return false, "" // no evidence either way
+	}
+	var rec RouterRecord
+	if json.Unmarshal(e.Value, &rec) != nil {
+		return elected, LeadElected
+	}
+	if !w.seen || e.Version != w.version {
+		w.seen, w.version, w.changed = true, e.Version, now
+	}
+	switch {
+	case rec.Instance == r.instance:
+		return true, w.claimed // this router's own record (a sink problem it noted)
+	case rec.Stopped:
+		return true, LeadElected // the leader stopped and said so
+	case now.Sub(w.changed) < r.cfg.StaleAfter:
+		return false, ""
+	case r.peerLeads(ctx, rec.Router):
+		w.changed = now // alive but slow to write: give it another StaleAfter
+		return false, ""
+	}
+	r.log.Warn("the leading router is gone by evidence: taking the sink over",
+		"leader", rec.Router, "leaderInstance", rec.Instance, "unchangedFor", now.Sub(w.changed).Round(time.Millisecond))
+	return true, LeadEvidence
+}
+
+// claimFor is how long a router that claimed a fencing sink but cannot open it holds the
+// claim (answering GET /v1/lead) before the other router may try: the sink may be out of
+// reach from this router's data center alone.
+const claimFor = 10 * time.Second
+
+// leads reports whether this router leads, or holds a claim on its sink it is still trying
+// to make good (see claimFor).
+func (r *Router) leads(now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state == ready || !r.claimSince.IsZero() && now.Sub(r.claimSince) < claimFor
+}
+
+// peerLeads asks another router's API whether it leads (GET /v1/lead answers 200).
+func (r *Router) peerLeads(ctx context.Context, url string) bool {
+	if url == "" || url == r.URL() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, peerTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/lead", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := r.cfg.PeerClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode == http.StatusOK
+}
+
+// sinkProblem notes why the sink cannot be written (opened, or written to): in the router's
+// log and in its record, where `job status` reads it.
+func (r *Router) sinkProblem(ctx context.Context, err error) {
+	now := time.Now()
+	r.mu.Lock()
+	changed := r.sinkErr != err.Error()
+	if r.sinkErr == "" {
+		r.sinkErrSince = now
+	}
+	r.sinkErr = err.Error()
+	since := r.sinkErrSince
+	ready := r.ord != nil
+	r.mu.Unlock()
+	if changed {
+		r.log.Warn("the sink cannot be written; retrying", "err", err)
+	}
+	if ready {
+		return // the checkpoint loop saves it with the status
+	}
+	// Not leading yet: the record says it, in this router's name.
+	rec, _, lerr := r.ckpt.load(ctx)
+	if lerr != nil {
+		return
+	}
+	rec.Instance, rec.Router, rec.Updated = r.instance, r.URL(), now.UTC()
+	rec.Job, rec.Stopped = r.cfg.Job, false
+	rec.SinkError, rec.SinkErrorSince = err.Error(), &since
+	if serr := r.ckpt.save(ctx, rec); serr != nil {
+		r.log.Warn("cannot record the sink's problem", "err", serr)
+	}
 }
 
 // fatal returns why ctx ended, or nil when its parent was simply cancelled.
@@ -361,6 +663,11 @@ func (r *Router) recover(ctx context.Context) error {
 				"checkpoint", next-1, "sink", last)
 		}
 		next = max(next, last+1)
+		if _, ok := r.cfg.Sink.(fencing); ok {
+			// A fencing sink holds its delivered offset with the rows: it, not the
+			// checkpoint, is where this router continues.
+			next = last + 1
+		}
 	}
 	r.mu.Lock()
 	r.ord = newOrderer(r.cfg.Links, next, r.cfg.Limits)
@@ -373,11 +680,23 @@ func (r *Router) recover(ctx context.Context) error {
 		}
 	}
 	r.mu.Unlock()
-	if err := r.saveCheckpoint(ctx); err != nil {
-		return err
+	for attempt := 0; ; attempt++ {
+		err := r.saveCheckpoint(ctx)
+		if err == nil {
+			break
+		}
+		// A leader taken over by evidence may write its record once more before it learns
+		// (from its sink or the record) that it is fenced off: the record is this router's.
+		if !r.cfg.TakeOver || !errors.Is(err, coord.ErrConflict) || attempt >= 10 {
+			return err
+		}
+		if _, _, err := r.ckpt.load(ctx); err != nil {
+			return err
+		}
 	}
 	r.mu.Lock()
 	r.state = ready
+	r.claimSince = time.Time{}
 	r.readyAt = time.Now()
 	r.mu.Unlock()
 	r.log.Info("router recovered", "nextOffset", next, "checkpointFound", found, "previousActive", r.preferred)
@@ -404,11 +723,12 @@ func (r *Router) deliverLoop(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if errors.Is(err, ErrSinkBroken) {
+			if errors.Is(err, ErrSinkBroken) || errors.Is(err, ErrFenced) {
 				return err
 			}
 			r.m.sinkErrors.Inc()
-			r.log.Warn("sink write failed; retrying", "first", batch[0].Offset, "records", len(batch), "err", err, "backoff", backoff)
+			r.sinkProblem(ctx, err)
+			r.log.Debug("sink write failed; retrying", "first", batch[0].Offset, "records", len(batch), "err", err, "backoff", backoff)
 			if ctxtime.Sleep(ctx, backoff) != nil {
 				return nil
 			}
@@ -418,6 +738,10 @@ func (r *Router) deliverLoop(ctx context.Context) error {
 		backoff = 50 * time.Millisecond
 		now := time.Now()
 		r.mu.Lock()
+		if r.sinkErr != "" {
+			r.log.Info("the sink is written again", "after", now.Sub(r.sinkErrSince).Round(time.Millisecond))
+			r.sinkErr = ""
+		}
 		err := r.ord.commit(batch)
 		r.mu.Unlock()
 		if err != nil {
@@ -452,11 +776,17 @@ func (r *Router) healthLoop(ctx context.Context) {
 // checkHealthLocked chooses the active link: the first one once links heartbeat, and
 // another one when the active link's heartbeats stop. It reports whether it switched.
 func (r *Router) checkHealthLocked(now time.Time) bool {
+	r.checkSpuriousLocked(now)
 	act := r.ord.active
 	if act != nil && r.live.alive(act.name, now) {
 		return false
 	}
 	alive := func(name string) bool { return (act == nil || name != act.name) && r.live.alive(name, now) }
+	if act == nil && r.preferred != "" && alive(r.preferred) {
+		// A router that took over: the link that was active goes on at once.
+		r.switchLocked(r.preferred, ReasonHeartbeat, now)
+		return true
+	}
 	if act == nil {
 		// At start, give every link one timeout to show up, so that the previous active
 		// link (or the first configured one) is chosen rather than the quickest.
@@ -495,9 +825,40 @@ func (r *Router) switchLocked(to, reason string, now time.Time) {
 	r.failovers++
 	r.m.failovers.WithLabelValues(reason).Inc()
 	r.lastFailover = &Failover{From: from, To: to, Reason: reason, At: now.UTC(), NextOffset: r.ord.next}
+	if reason == ReasonHeartbeat && r.ord.activeName() != from {
+		r.suspect = r.lastFailover
+		r.suspectBeat, _ = r.live.oldest(from, now)
+	}
 	r.switched = true // the masters' events learn of it from the record
 	r.log.Warn("failover", "from", from, "to", to, "reason", reason, "nextOffset", r.ord.next,
 		"run", r.ord.run(r.ord.active))
+}
+
+// spuriousSilence is how long at most the link failed over for its heartbeats may have been
+// silent for the failover to count as spurious: its workers were late, not gone (a loaded
+// machine, a pause), and beat again within two timeouts of their last beat. A worker that
+// died and was started again is silent longer. A spurious failover loses nothing; it is
+// counted, so that the heartbeat timeout can be judged against the machines' load.
+func (r *Router) spuriousSilence() time.Duration { return 2 * r.cfg.HeartbeatTimeout }
+
+// checkSpuriousLocked counts the last heartbeat failover as spurious when the link it left
+// is alive again within spuriousSilence of its last beat.
+func (r *Router) checkSpuriousLocked(now time.Time) {
+	f := r.suspect
+	if f == nil {
+		return
+	}
+	silent := now.Sub(r.suspectBeat)
+	switch {
+	case silent > r.spuriousSilence():
+		r.suspect = nil
+	case r.live.alive(f.From, now):
+		r.suspect = nil
+		r.spurious++
+		r.m.spurious.Inc()
+		r.log.Warn("spurious failover: the link failed over for its heartbeats was alive again at once (its workers were late, not gone)",
+			"link", f.From, "silentFor", silent.Round(time.Millisecond), "heartbeatTimeout", r.cfg.HeartbeatTimeout)
+	}
 }
 
 // Failover makes to the active link by hand; with to == "" it picks the most advanced live
@@ -584,7 +945,9 @@ func (r *Router) saveCheckpoint(ctx context.Context) error {
 	st := r.statusLocked(time.Now())
 	r.mu.Unlock()
 	st.Checkpoint = delivered
-	rec := RouterRecord{Status: st, Instance: r.instance}
+	r.mu.Lock()
+	rec := RouterRecord{Status: st, Instance: r.instance, Stopped: r.stopped}
+	r.mu.Unlock()
 	if ev, ok := r.cfg.Sink.(evidencer); ok {
 		rec.Sink = ev.Evidence()
 	}

@@ -267,7 +267,8 @@ func TestAPIBadInput(t *testing.T) {
 		t.Errorf("failover of another job: %v", err)
 	}
 	testenv.EventuallyWith(t, "every link's heartbeats stale", 5*time.Second, func() (bool, string) {
-		st, err := tr.Status()
+		var err error
+		st, err = tr.Status() // the active link as of when none is alive: it cannot change after
 		if err != nil {
 			return false, err.Error()
 		}

@@ -5,9 +5,49 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strconv"
+	"time"
+
+	"github.com/stormdock/stormdock/cluster"
 )
+
+// FencingOptions tune the fencing sinks (OpenPGSink, OpenNATSSink).
+type FencingOptions struct {
+	// Job is the job whose output the sink is: a table or a subject is one job's alone.
+	Job string
+	// Router names this router in the sink's fence (its row, its fence messages).
+	Router string
+	// Password returns the credential each time the sink connects: the database role's
+	// password, the NATS user's password (or, without a user in the URL, the server's
+	// token). The router reads it from a file it is given, anew at every connect so that a
+	// rotated secret is used; nil: none.
+	Password func() ([]byte, error)
+	// Dial, when set, makes the sink's connections (tests through a network lab).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// WriteTimeout bounds one batch's write, a connect included. Default 10 s.
+	WriteTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+func (o FencingOptions) withDefaults() FencingOptions {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 10 * time.Second
+	}
+	return o
+}
+
+// urlError leaves out what url.Parse repeats of its input, which may hold a password.
+func urlError(err error) error {
+	if ue, ok := err.(*url.Error); ok {
+		return ue.Err
+	}
+	return err
+}
 
 // Sink is where the router delivers the active link's records. Write is called by one
 // goroutine at a time with records in offset order, each batch starting right after the
@@ -28,7 +68,13 @@ var ErrSinkBroken = errors.New("multidc: sink broken")
 
 // SinkOptions tune OpenSink.
 type SinkOptions struct {
-	Job string // named in HTTP sink requests
+	Job string // named in HTTP sink requests, the job a fencing sink's table or subject is
+	// Router names the router in a fencing sink (its fence row, its fence messages).
+	Router string
+	// Password returns the credential of a postgres:// or nats:// sink each time it
+	// connects: the router reads it from a file it is given, never from the URL, the spec,
+	// a log or the environment. nil: none.
+	Password func() ([]byte, error)
 	// SinkDir and Tenant confine a file sink below SINKDIR/<tenant>/ (see FileSink); without
 	// a SinkDir, file sinks are refused.
 	SinkDir string
@@ -44,7 +90,11 @@ type SinkOptions struct {
 //
 //	file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never]   see FileSink
 //	http://HOST/PATH, https://HOST/PATH                 see HTTPSink
-func OpenSink(raw string, opts SinkOptions) (Sink, error) {
+//	postgres://USER@HOST:PORT/DB?table=NAME             see PGSink (fencing)
+//	nats://HOST:PORT/SUBJECT[?stream=NAME]              see NATSSink (fencing)
+//
+// Opening a fencing sink takes it over: every router that opened it before is fenced off.
+func OpenSink(ctx context.Context, raw string, opts SinkOptions) (Sink, error) {
 	u, err := CheckSink(raw)
 	if err != nil {
 		return nil, err
@@ -52,21 +102,34 @@ func OpenSink(raw string, opts SinkOptions) (Sink, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	if u.Scheme == "file" {
+	switch u.Scheme {
+	case "file":
 		policy := FsyncPolicy(u.Query().Get("fsync"))
 		if policy == "" {
 			policy = FsyncCheckpoint
 		}
 		return OpenFileSink(opts.SinkDir, opts.Tenant, u.Path, FileSinkOptions{Policy: policy, Evidence: opts.Evidence})
+	case "postgres", "postgresql":
+		return OpenPGSink(ctx, raw, FencingOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, Logger: opts.Logger})
+	case "nats":
+		return OpenNATSSink(ctx, raw, FencingOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, Logger: opts.Logger})
 	}
 	return NewHTTPSink(raw, HTTPSinkOptions{Job: opts.Job, Credential: opts.Credential, Logger: opts.Logger}), nil
+}
+
+// Fences reports whether the sink a job's output URL names fences off earlier routers when
+// a router opens it (PostgreSQL, JetStream): its routers take over on evidence (see
+// Config.TakeOver).
+func Fences(raw string) bool {
+	u, err := url.Parse(raw)
+	return err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql" || u.Scheme == "nats")
 }
 
 // CheckSink checks a job's output URL without opening the sink (see OpenSink).
 func CheckSink(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("multidc: sink %q: %w", raw, err)
+		return nil, fmt.Errorf("multidc: sink: %w", urlError(err))
 	}
 	switch u.Scheme {
 	case "file":
@@ -76,11 +139,21 @@ func CheckSink(raw string) (*url.URL, error) {
 		return u, nil
 	case "http", "https":
 		if u.Host == "" {
-			return nil, fmt.Errorf("multidc: sink %q: no host", raw)
+			return nil, fmt.Errorf("multidc: sink %q: no host", u.Redacted())
+		}
+		return u, nil
+	case "postgres", "postgresql":
+		if _, err := cluster.ParsePostgresOutput(raw); err != nil {
+			return nil, fmt.Errorf("multidc: postgres sink: %w", err)
+		}
+		return u, nil
+	case "nats":
+		if _, err := cluster.ParseNATSOutput(raw); err != nil {
+			return nil, fmt.Errorf("multidc: nats sink: %w", err)
 		}
 		return u, nil
 	}
-	return nil, fmt.Errorf("multidc: sink %q: want file:// or http(s)://", raw)
+	return nil, fmt.Errorf("multidc: sink %q: want file://, http(s)://, postgres:// or nats://", u.Redacted())
 }
 
 // appendLine appends the sink line of r: {"offset":N,"link":"L","record":{...}} and "\n".

@@ -169,7 +169,7 @@ func TestFileSinkRecoverLongLinesAndForeignFiles(t *testing.T) {
 
 func TestOpenSink(t *testing.T) {
 	dir := testSinkBase(t)
-	s, err := OpenSink("file://"+filepath.Join(dir, "a.jsonl")+"?fsync=always", SinkOptions{SinkDir: filepath.Dir(dir), Tenant: testTenant})
+	s, err := OpenSink(context.Background(), "file://"+filepath.Join(dir, "a.jsonl")+"?fsync=always", SinkOptions{SinkDir: filepath.Dir(dir), Tenant: testTenant})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,20 +177,20 @@ func TestOpenSink(t *testing.T) {
 		t.Fatalf("got %T %+v", s, s)
 	}
 	s.Close()
-	if s, err := OpenSink("http://127.0.0.1:1/in", SinkOptions{Job: "j"}); err != nil {
+	if s, err := OpenSink(context.Background(), "http://127.0.0.1:1/in", SinkOptions{Job: "j"}); err != nil {
 		t.Fatal(err)
 	} else if _, ok := s.(*HTTPSink); !ok {
 		t.Fatalf("got %T", s)
 	}
 	// Without a sink dir, or outside the tenant's part of it, a file sink does not open.
-	if _, err := OpenSink("file://"+filepath.Join(dir, "b.jsonl"), SinkOptions{}); err == nil {
+	if _, err := OpenSink(context.Background(), "file://"+filepath.Join(dir, "b.jsonl"), SinkOptions{}); err == nil {
 		t.Error("a file sink opened without a sink dir")
 	}
-	if _, err := OpenSink("file://"+filepath.Join(dir, "b.jsonl"), SinkOptions{SinkDir: filepath.Dir(dir), Tenant: "other"}); err == nil {
+	if _, err := OpenSink(context.Background(), "file://"+filepath.Join(dir, "b.jsonl"), SinkOptions{SinkDir: filepath.Dir(dir), Tenant: "other"}); err == nil {
 		t.Error("a file sink opened in another tenant's sink dir")
 	}
 	for _, bad := range []string{"file://host/x", "file:rel", "kafka://b/t", "http:///x", "::"} {
-		if _, err := OpenSink(bad, SinkOptions{}); err == nil {
+		if _, err := OpenSink(context.Background(), bad, SinkOptions{}); err == nil {
 			t.Errorf("OpenSink(%q) succeeded", bad)
 		}
 	}

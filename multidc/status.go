@@ -12,11 +12,23 @@ type Status struct {
 	NextOffset int64 `json:"nextOffset"`
 	Delivered  int64 `json:"delivered"`
 	// Checkpoint is the delivered offset last saved in the store (after the sink's Sync).
-	Checkpoint   int64        `json:"checkpoint"`
-	Failovers    int64        `json:"failovers"`
-	LastFailover *Failover    `json:"lastFailover,omitempty"`
-	Links        []LinkStatus `json:"links"`
-	Updated      time.Time    `json:"updated"`
+	Checkpoint   int64     `json:"checkpoint"`
+	Failovers    int64     `json:"failovers"`
+	LastFailover *Failover `json:"lastFailover,omitempty"`
+	// SpuriousFailovers counts the heartbeat failovers whose link was alive again at once
+	// (its workers late, not gone): harmless, a sign that the heartbeat timeout is short
+	// for the machines' load.
+	SpuriousFailovers int64 `json:"spuriousFailovers,omitempty"`
+	// Leading says how the router came to lead: "elected", or "evidence" (it took a fencing
+	// sink over from a leader that was gone).
+	Leading string `json:"leading,omitempty"`
+	// Epoch is the fencing epoch the router holds in a fencing sink (PostgreSQL, JetStream).
+	Epoch int64 `json:"epoch,omitempty"`
+	// SinkError is why the sink cannot be opened or written now, since SinkErrorSince.
+	SinkError      string       `json:"sinkError,omitempty"`
+	SinkErrorSince *time.Time   `json:"sinkErrorSince,omitempty"`
+	Links          []LinkStatus `json:"links"`
+	Updated        time.Time    `json:"updated"`
 }
 
 // LinkStatus is one link as the router sees it.
@@ -71,6 +83,15 @@ func (r *Router) statusLocked(now time.Time) Status {
 		Checkpoint: r.checkpoint,
 		Failovers:  r.failovers,
 		Updated:    now.UTC(),
+
+		SpuriousFailovers: r.spurious,
+		Leading:           r.how,
+		Epoch:             r.epoch,
+		SinkError:         r.sinkErr,
+	}
+	if r.sinkErr != "" {
+		t := r.sinkErrSince.UTC()
+		st.SinkErrorSince = &t
 	}
 	if r.lastFailover != nil {
 		f := *r.lastFailover

@@ -111,3 +111,13 @@ func httpClient(timeout time.Duration, pool *x509.CertPool) *http.Client {
 	tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	return &http.Client{Timeout: timeout, Transport: tr}
 }
+
+// NewPeerClient is the client a router asks another router with (Config.PeerClient): it
+// trusts the router CA in file (EnvRouterCA) and no other.
+func NewPeerClient(file string) (*http.Client, error) {
+	pool, err := RouterPool(file)
+	if err != nil {
+		return nil, err
+	}
+	return httpClient(peerTimeout, pool), nil
+}

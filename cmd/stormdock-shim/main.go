@@ -9,12 +9,19 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/stormdock/stormdock/agents/launcher"
 	"github.com/stormdock/stormdock/isolation/shim"
 )
 
 func main() {
+	// The agent sends a worker SIGHUP when its live configuration changes, which may be
+	// right after it starts (its job's routers starting): while this process is the shim,
+	// and then the launcher until it listens for it, SIGHUP must not kill it. Ignored, it
+	// stays ignored across the exec into the launcher, which takes it up with Notify.
+	signal.Ignore(syscall.SIGHUP)
 	// As the shim this returns only when the program is this binary: the launcher, run in
 	// place with its own argv.
 	shim.Run()

@@ -14,6 +14,12 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && (os.Args[1] == "worker" || os.Args[1] == "launch") {
+		// A worker's agent sends SIGHUP when its live configuration changes, which may be
+		// right after it starts (its job's routers starting): until the lease launcher and
+		// the worker listen for it (they do, with signal.Notify), SIGHUP must not kill them.
+		signal.Ignore(syscall.SIGHUP)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := tools.Run(ctx, os.Args)
 	stop()

@@ -17,7 +17,7 @@ import (
 
 // heartbeatEvery is how often a link worker tells the router it is alive; the router fails
 // a link over after a few missed beats.
-const heartbeatEvery = 200 * time.Millisecond
+const heartbeatEvery = 100 * time.Millisecond
 
 // runLink is the worker of one link of a mirrored job: it sends its records to the job's
 // output router with the router's protocol (multidc.Sender): heartbeats while idle, a start
@@ -57,6 +57,9 @@ func runLink(ctx context.Context, cfg Config) error {
 // streamFrom sends this worker's records from offset from on, until ctx is done (nil) or
 // the router restarted (the offset to start again from).
 func streamFrom(ctx context.Context, cfg Config, s *multidc.Sender, from int64) (int64, error) {
+	if IsJetStream(cfg.Input) {
+		return streamFromJetStream(ctx, cfg, s, from)
+	}
 	src, closeSrc, err := openInput(cfg)
 	if err != nil {
 		return 0, err

@@ -152,6 +152,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Link != "" && (cfg.OutputURL != "" || cfg.ConfigFile != "") && cfg.Output == "" {
 		return runLink(ctx, cfg)
 	}
+	if IsJetStream(cfg.Input) {
+		return fmt.Errorf("wordcount: --input %s: a JetStream input is read by the link workers of a mirrored job (links: and an output)", cfg.Input)
+	}
 	if cfg.ConfigFile != "" && cfg.Output != "" {
 		return runLedger(ctx, cfg)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/master"
 )
 
 // Workers' logs reach the CLI through the master: GET /v1/jobs/{name}/logs finds the node
@@ -115,6 +116,27 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	spec := j.Record().Spec
+	if req.Router {
+		if !spec.Mirrored() {
+			fail(w, api.ErrBadInput, "job %s is not mirrored: it has no output routers", name)
+			return
+		}
+		rr := v.Routers()[master.RouterJobName(name)]
+		switch {
+		case req.Worker == api.LeadingRouter:
+			lead, err := a.m.LeadingRouter(r.Context(), v, name)
+			if err != nil {
+				failErr(w, err)
+				return
+			}
+			req.Worker = lead
+		case req.Worker >= rr.Spec.Workers:
+			fail(w, api.ErrBadInput, "job %s has routers 0 to %d, not %d", name, rr.Spec.Workers-1, req.Worker)
+			return
+		}
+		name, spec = master.RouterJobName(name), rr.Spec
+		req.Router = false
+	}
 	switch {
 	case spec.Mirrored() && req.Link == "":
 		fail(w, api.ErrBadInput, "job %s is mirrored: name the link with --link (one of %v)", name, spec.Links)

@@ -1,11 +1,13 @@
 package daemons
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -30,8 +32,8 @@ import (
 var RouterCommand = &cli.Command{
 	Name:  multidc.RouterCommand,
 	Usage: "run the output router of a mirrored job: one link's output to the sink, exactly once, with failover",
-	UsageText: "stormdock router --store URL --job JOB --links dc-a,dc-b --sink file:///SINKDIR/TENANT/PATH|http://HOST/PATH --sink-dir SINKDIR --tenant TENANT " +
-		"--listen 127.0.0.1:PORT [--heartbeat-timeout D]",
+	UsageText: "stormdock router --store URL --job JOB --links dc-a,dc-b --sink file:///SINKDIR/TENANT/PATH|http://HOST/PATH|postgres://USER@HOST:PORT/DB?table=NAME|nats://HOST:PORT/SUBJECT " +
+		"--sink-dir SINKDIR --tenant TENANT --listen 127.0.0.1:PORT [--sink-password-file FILE] [--heartbeat-timeout D]",
 	Description: "Workers post their records to https://LISTEN/v1/records (http:// without --tls-cert) and heartbeat at /v1/heartbeat\n" +
 		"(protocol: go doc github.com/stormdock/stormdock/multidc). Status: GET /v1/status, metrics: /metrics (with the scrape token).\n\n" +
 		"Flags:\n" + multidc.RouterUsage(),
@@ -112,6 +114,25 @@ func routerRun(c *cli.Context) error {
 		return cli.Exit(fmt.Sprintf("stormdock: open store: %v", err), 1)
 	}
 	defer store.Close()
+	// Routers of a fencing sink ask each other whether they lead, over HTTPS trusting the
+	// router CA, which the agent gives them as it gives link workers.
+	var peers *http.Client
+	if f := os.Getenv(multidc.EnvRouterCA); f != "" {
+		if peers, err = multidc.NewPeerClient(f); err != nil {
+			return cli.Exit(fmt.Sprintf("stormdock router: %v", err), 1)
+		}
+	}
+	// A postgres or nats sink's password: the job's output secret, as the agent delivers it
+	// (re-read at every connect, so a rotation reaches the next one), or a file given by hand.
+	var password func() ([]byte, error)
+	switch {
+	case a.SinkPasswordFile != "":
+		file := os.ExpandEnv(a.SinkPasswordFile)
+		password = func() ([]byte, error) { return os.ReadFile(file) }
+	case cred != nil:
+		password = cred.Bytes
+	}
+	listen := os.ExpandEnv(a.Listen)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every series is labelled with the job: for the scrape token or the admin token alone,
@@ -121,13 +142,15 @@ func routerRun(c *cli.Context) error {
 		Job:   a.Job,
 		Links: a.Links,
 		Store: store,
-		OpenSink: func(ev *multidc.SinkEvidence) (multidc.Sink, error) {
-			return multidc.OpenSink(a.Sink, multidc.SinkOptions{Job: a.Job, SinkDir: a.SinkDir, Tenant: a.Tenant, Evidence: ev,
-				Credential: cred, Logger: log})
+		OpenSink: func(ctx context.Context, ev *multidc.SinkEvidence) (multidc.Sink, error) {
+			return multidc.OpenSink(ctx, a.Sink, multidc.SinkOptions{Job: a.Job, Router: listen, SinkDir: a.SinkDir, Tenant: a.Tenant,
+				Evidence: ev, Password: password, Credential: cred, Logger: log})
 		},
+		TakeOver:   multidc.Fences(a.Sink),
+		PeerClient: peers,
 		// The master writes $STORMDOCK_ADDR:$STORMDOCK_PORT: the node's advertised address
 		// and the port its agent gave the router.
-		Listen:             os.ExpandEnv(a.Listen),
+		Listen:             listen,
 		TLS:                serverTLS,
 		TokenHash:          a.TokenHash,
 		LinkTokenHashes:    a.LinkTokenHashes,

@@ -34,7 +34,7 @@ var wordcountCommand = &cli.Command{
 		"is an http:// URL (POSTed JSON lines), else to stdout. It follows --input for appended lines\n" +
 		"until SIGTERM, then flushes and exits 0. Without --input it reads an embedded sample text.",
 	Flags: []cli.Flag{
-		&cli.StringFlag{Name: "input", Usage: "line source `FILE` (default: the embedded sample)"},
+		&cli.StringFlag{Name: "input", Usage: "line source `FILE` (default: the embedded sample), or for a mirrored job's links a JetStream stream nats://HOST:PORT/STREAM (stream sequence N is offset N-1)"},
 		&cli.StringFlag{Name: "output", Usage: "append records to `FILE`"},
 		&cli.Float64Flag{Name: "rate", Usage: "records per second at most (0: unpaced)"},
 	},

@@ -363,6 +363,9 @@ func jobStatus(c *cli.Context) error {
 			} else {
 				fmt.Fprintf(w, "sink NOT FED: %s\n", sk.Problem)
 			}
+			if sk.SharedDC != "" {
+				fmt.Fprintf(w, "routers: both in data center %s: its loss would stop the output until a router starts elsewhere (the standby moves as soon as another data center has room)\n", sk.SharedDC)
+			}
 		}
 		if line := imageLine(st.Job); line != "" {
 			fmt.Fprintln(w, line)
