@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/stormdock/stormdock/agents/scrape"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/isolation"
@@ -41,6 +42,7 @@ const (
 	DefaultRestartBackoff  = time.Second
 	DefaultMaxBackoff      = time.Minute
 	DefaultCrashLoopWindow = 5 * time.Minute
+	DefaultMetricsInterval = scrape.DefaultInterval
 	// DefaultContainerSelf is where worker images built by stormdock keep the stormdock
 	// binary (see package images).
 	DefaultContainerSelf = "/stormdock"
@@ -135,6 +137,12 @@ type Config struct {
 	// Logs is where the agent serves its workers' logs (LogsHandler), published in the node
 	// record for the masters; nil when it serves none.
 	Logs *cluster.LogsEndpoint
+	// MetricsInterval is how often the agent scrapes its workers' metrics (each gets a
+	// STORMDOCK_METRICS_PORT) and measures their cpu and memory, for the masters to pull
+	// (jobmetrics.go). Default DefaultMetricsInterval; negative turns job metrics off.
+	MetricsInterval time.Duration
+	// Scrape bounds each worker's scrape (timeout, bytes, series, labels).
+	Scrape scrape.Config
 	// Registerer receives the agent's metrics; nil means none are registered.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -211,6 +219,9 @@ func (c *Config) defaults() error {
 	if c.CrashLoopWindow <= 0 {
 		c.CrashLoopWindow = DefaultCrashLoopWindow
 	}
+	if c.MetricsInterval == 0 {
+		c.MetricsInterval = DefaultMetricsInterval
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -231,6 +242,9 @@ type Agent struct {
 	leases   string // the lease directory (prepareStateDir)
 
 	imageMetrics *imageMetrics
+	// scraper holds the workers' metrics between rounds and the node's answer to the
+	// masters (jobmetrics.go); nil when job metrics are off.
+	scraper *scrape.Node
 
 	// granted is the shortest session timeout the store granted (the agent's session or
 	// the keeper's), 0 while unknown; shortOnce logs a grant shorter than asked, once.
@@ -295,6 +309,13 @@ func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
 		return nil, err
 	}
 	a.noteGranted(coord.GrantedSessionTimeout(store), "agent")
+	if cfg.MetricsInterval > 0 {
+		sc := cfg.Scrape
+		if sc.Timeout <= 0 {
+			sc.Timeout = min(scrape.DefaultTimeout, cfg.MetricsInterval/2)
+		}
+		a.scraper = scrape.NewNode(cfg.Node.ID, sc)
+	}
 	return a, nil
 }
 
@@ -342,6 +363,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer unlock()
+	if a.scraper != nil {
+		defer a.scraper.Close()
+	}
 
 	r := newRun(ctx, a)
 	a.mu.Lock()

@@ -30,7 +30,7 @@ func equalAssignment(a, b cluster.WorkerAssignment) bool { return reflect.DeepEq
 func (r *run) liveChange(s *slot, want cluster.WorkerAssignment) {
 	config := !s.assign.SameLive(want)
 	s.assign = want
-	if err := r.a.writeRecord(s.id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
+	if err := r.a.writeRecord(s.id, s.record()); err != nil {
 		r.log.Warn("write worker record", "worker", s.id, "err", err)
 	}
 	if !config {

@@ -19,6 +19,8 @@ type slot struct {
 	assign cluster.WorkerAssignment
 	known  bool // assign is what runs; false for an adopted worker without a record
 	port   int
+	// metricsPort is where the worker may serve its metrics (0: none given).
+	metricsPort int
 
 	state       string // a cluster.Worker* state, or "" while waiting for a (re)start
 	pid         int
@@ -27,6 +29,7 @@ type slot struct {
 	memory      cluster.Bytes
 
 	restarts int
+	oomKills int         // ends at the memory limit, for the job's metrics
 	recent   []time.Time // restarts within the crash-loop window
 	lastExit string
 	// exitReason is why the worker last ended (a cluster.Exit* value); lapses counts its
@@ -41,6 +44,11 @@ type slot struct {
 	held       bool // the driver still holds the ended worker: release it before a start
 	seq        int  // instance counter: results of an older instance are ignored
 	cancelWait context.CancelFunc
+}
+
+// record is what the agent keeps on disk of the worker (state.go).
+func (s *slot) record() record {
+	return record{Assignment: s.assign, Isolation: s.mode, Port: s.port, MetricsPort: s.metricsPort, Restarts: s.restarts}
 }
 
 // active reports whether the worker's process may be alive.
@@ -137,12 +145,15 @@ func (r *run) armRetry() {
 	r.retry.Reset(max(time.Until(next), 0))
 }
 
-// allocPort returns the lowest port of the node's range that no other worker uses.
-func (r *run) allocPort(id string) int {
+// allocPort returns the lowest port of the node's range that no worker uses (its own other
+// port included): a worker's STORMDOCK_PORT and STORMDOCK_METRICS_PORT come from one range.
+func (r *run) allocPort() int {
 	used := map[int]bool{}
-	for oid, s := range r.workers {
-		if oid != id && s.port != 0 {
-			used[s.port] = true
+	for _, s := range r.workers {
+		for _, p := range []int{s.port, s.metricsPort} {
+			if p != 0 {
+				used[p] = true
+			}
 		}
 	}
 	p := r.a.cfg.PortBase
@@ -179,7 +190,10 @@ func (r *run) start(s *slot) {
 		return
 	}
 	if s.port == 0 {
-		s.port = r.allocPort(s.id)
+		s.port = r.allocPort()
+	}
+	if s.metricsPort == 0 && r.a.cfg.MetricsInterval > 0 && !s.assign.System {
+		s.metricsPort = r.allocPort()
 	}
 	// Who it runs as is decided first: a worker that must not run (no uid, root, the
 	// agent's own, an agent that cannot switch) gets no file either.
@@ -189,6 +203,9 @@ func (r *run) start(s *slot) {
 		return
 	}
 	spec := r.a.spec(s.id, s.assign, s.mode, s.port, u)
+	if s.metricsPort != 0 {
+		spec.Env[EnvMetricsPort] = strconv.Itoa(s.metricsPort)
+	}
 	if err := r.a.prepareLeaseDir(s.id, u); err != nil {
 		r.startFailed(s, err)
 		return
@@ -197,7 +214,7 @@ func (r *run) start(s *slot) {
 		r.startFailed(s, err)
 		return
 	}
-	if err := r.a.writeRecord(s.id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
+	if err := r.a.writeRecord(s.id, s.record()); err != nil {
 		r.startFailed(s, err)
 		return
 	}
@@ -319,6 +336,7 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 		s.lastExit = "lost: " + err.Error()
 	}
 	if ex.OOMKilled {
+		s.oomKills++
 		r.a.metrics.oomKills.WithLabelValues(s.assign.Key.Job).Inc()
 	}
 	r.a.metrics.restarts.WithLabelValues(s.assign.Key.Job).Inc()
@@ -327,7 +345,7 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 	s.retryAt = now.Add(delay)
 	r.log.Warn("worker ended, restarting after backoff", "worker", s.id, "exit", s.lastExit,
 		"restarts", s.restarts, "recent", len(s.recent), "backoff", delay)
-	if err := r.a.writeRecord(s.id, record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts}); err != nil {
+	if err := r.a.writeRecord(s.id, s.record()); err != nil {
 		r.log.Warn("write worker record", "worker", s.id, "err", err)
 	}
 	r.reconcile()
@@ -409,10 +427,11 @@ func (r *run) adoptOne(mode string, w isolation.Worker) error {
 	}
 	s := &slot{id: id, mode: mode, known: ok}
 	if ok {
-		s.assign, s.port, s.restarts = rec.Assignment, rec.Port, rec.Restarts
+		s.assign, s.port, s.metricsPort, s.restarts = rec.Assignment, rec.Port, rec.MetricsPort, rec.Restarts
 	} else {
 		s.assign = cluster.WorkerAssignment{Key: cluster.WorkerKey{Job: w.Spec.Job, Worker: w.Spec.Worker}}
 		s.port, _ = strconv.Atoi(w.Spec.Env[EnvPort])
+		s.metricsPort, _ = strconv.Atoi(w.Spec.Env[EnvMetricsPort])
 	}
 	r.workers[id] = s
 	if w.Running() {

@@ -19,7 +19,9 @@ type record struct {
 	Assignment cluster.WorkerAssignment `json:"assignment"`
 	Isolation  string                   `json:"isolation"`
 	Port       int                      `json:"port"`
-	Restarts   int                      `json:"restarts"`
+	// MetricsPort is the worker's STORMDOCK_METRICS_PORT (0: it has none).
+	MetricsPort int `json:"metricsPort,omitempty"`
+	Restarts    int `json:"restarts"`
 }
 
 func (a *Agent) recordPath(id string) string { return filepath.Join(a.workersDir(), id+".json") }

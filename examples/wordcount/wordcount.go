@@ -63,6 +63,9 @@ type Config struct {
 	Stdout      io.Writer
 	// Rate caps the records emitted per second; 0 means unpaced.
 	Rate float64
+	// Metrics, when set, counts the records emitted and keeps the input backlog
+	// (metrics.go).
+	Metrics *Metrics
 	// Worker and Workers say which lines are this worker's: offset % Workers == Worker.
 	Worker, Workers int
 	Job, Link       string
@@ -145,11 +148,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	prog := newProgress(cfg.Metrics, cfg.Input)
+	defer prog.close()
 	if cfg.Link != "" && (cfg.OutputURL != "" || cfg.ConfigFile != "") && cfg.Output == "" {
-		return runLink(ctx, cfg)
+		return runLink(ctx, cfg, prog)
 	}
 	if cfg.ConfigFile != "" && cfg.Output != "" {
-		return runLedger(ctx, cfg)
+		return runLedger(ctx, cfg, prog)
 	}
 	var src io.Reader
 	follow := false
@@ -167,7 +172,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	w := &worker{cfg: cfg, out: out, follow: follow}
+	w := &worker{cfg: cfg, out: out, follow: follow, prog: prog}
 	if cfg.ConfigFile != "" {
 		// Without a shared output file there is nothing to agree through: a new worker count
 		// applies from the offset this worker is at, so offsets near the change may be
@@ -190,6 +195,7 @@ type worker struct {
 	out     sink
 	follow  bool
 	live    *follower
+	prog    *progress
 	emitted int64
 	begin   time.Time
 }
@@ -210,6 +216,7 @@ func (w *worker) run(ctx context.Context, r *bufio.Reader) error {
 				return err
 			}
 			offset++
+			w.prog.at(offset, 0, w.cfg.Worker, w.cfg.Workers, false)
 			continue
 		}
 		if !errors.Is(err, io.EOF) {
@@ -224,6 +231,7 @@ func (w *worker) run(ctx context.Context, r *bufio.Reader) error {
 			offset++
 			partial = nil
 		}
+		w.prog.at(offset, 0, w.cfg.Worker, w.cfg.Workers, true)
 		// Idle: make what was emitted visible before waiting for more.
 		if err := w.out.Flush(ctx); err != nil && ctx.Err() == nil {
 			return err
@@ -274,6 +282,7 @@ func (w *worker) line(ctx context.Context, offset int64, line []byte) error {
 	if err := w.out.Write(ctx, rec); err != nil {
 		return err
 	}
+	w.prog.done()
 	w.emitted++
 	return nil
 }
