@@ -167,16 +167,16 @@ func SeriesID(name, labels string) string {
 
 // JobsMetrics is GET /v1/metrics/top: every job's latest values, for `job top`.
 type JobsMetrics struct {
-	At   time.Time    `json:"at"`
-	Step float64      `json:"step"`
-	Jobs []JobLatest  `json:"jobs"`
+	At   time.Time   `json:"at"`
+	Step float64     `json:"step"`
+	Jobs []JobLatest `json:"jobs"`
 }
 
 // JobLatest is one job's latest job-level values.
 type JobLatest struct {
-	Job     string            `json:"job"`
-	Tenant  string            `json:"tenant"`
-	Workers int               `json:"workers"` // desired
-	Values  map[string]float64 `json:"values"` // by series id: gauges' sums, counters' rates
+	Job     string             `json:"job"`
+	Tenant  string             `json:"tenant"`
+	Workers int                `json:"workers"` // desired
+	Values  map[string]float64 `json:"values"`  // by series id: gauges' sums, counters' rates
 	Kinds   map[string]string  `json:"kinds"`
 }

@@ -25,13 +25,13 @@ const NodeMetricsContentType = "application/x-stormdock-node-metrics"
 
 // Bounds a decoder holds an answer to; an agent never sends more (its own caps are lower).
 const (
-	MaxNodeMetricsBytes  = 8 << 20
-	maxWireStrings       = 1 << 16
-	maxWireString        = 4 << 10
-	maxWireJobs          = 1 << 12
-	maxWireSeries        = 1 << 17
-	nodeMetricsMagic     = "SDM1"
-	wireCounter     byte = 1
+	MaxNodeMetricsBytes      = 8 << 20
+	maxWireStrings           = 1 << 16
+	maxWireString            = 4 << 10
+	maxWireJobs              = 1 << 12
+	maxWireSeries            = 1 << 17
+	nodeMetricsMagic         = "SDM1"
+	wireCounter         byte = 1
 )
 
 // ErrMetricsWire: bytes that are not a NodeMetrics.
