@@ -165,7 +165,15 @@ func SeriesID(name, labels string) string {
 	return name + "{" + labels + "}"
 }
 
-// JobsMetrics is GET /v1/metrics/top: every job's latest values, for `job top`.
+// JobWorkerMetrics is GET /v1/jobs/{name}/metrics/workers: each worker's latest values as
+// its agent last read them, and the nodes that could not be asked.
+type JobWorkerMetrics struct {
+	Job      string          `json:"job"`
+	Workers  []WorkerMetrics `json:"workers"`
+	Problems []string        `json:"problems,omitempty"`
+}
+
+// JobsMetrics is GET /v1/metrics/latest: every job's latest values, for `job top`.
 type JobsMetrics struct {
 	At   time.Time   `json:"at"`
 	Step float64     `json:"step"`

@@ -64,7 +64,11 @@ func MarshalNodeMetrics(m NodeMetrics) []byte {
 	b := make([]byte, 0, 64+len(m.Jobs)*64)
 	b = append(b, nodeMetricsMagic...)
 	b = appendString(b, m.Node)
-	b = binary.AppendUvarint(b, uint64(max(m.At.UnixMilli(), 0)))
+	var at int64 // 0: no round yet
+	if !m.At.IsZero() {
+		at = max(m.At.UnixMilli(), 1)
+	}
+	b = binary.AppendUvarint(b, uint64(at))
 	b = binary.AppendUvarint(b, uint64(max(m.Interval.Milliseconds(), 0)))
 	b = binary.AppendUvarint(b, uint64(len(table)))
 	for _, s := range table {
@@ -175,7 +179,9 @@ func UnmarshalNodeMetrics(b []byte) (NodeMetrics, error) {
 	}
 	r := &wireReader{b: b[len(nodeMetricsMagic):]}
 	m.Node = r.string("node")
-	m.At = time.UnixMilli(int64(r.uvarint("time", math.MaxInt64))).UTC()
+	if at := int64(r.uvarint("time", math.MaxInt64)); at > 0 {
+		m.At = time.UnixMilli(at).UTC()
+	}
 	m.Interval = time.Duration(r.uvarint("interval", uint64(24*time.Hour/time.Millisecond))) * time.Millisecond
 	nstr := r.uvarint("strings", maxWireStrings)
 	table := make([]string, 0, min(nstr, uint64(len(r.b))))

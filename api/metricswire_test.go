@@ -11,8 +11,11 @@ import (
 
 func randomNodeMetrics(r *rand.Rand) NodeMetrics {
 	names := []string{"cpu", "memory", "input_backlog", "lines_processed_total", "q", ""}
-	m := NodeMetrics{Node: "n-" + string(rune('a'+r.IntN(26))), At: time.UnixMilli(r.Int64N(1 << 42)).UTC(),
+	m := NodeMetrics{Node: "n-" + string(rune('a'+r.IntN(26))), At: time.UnixMilli(1 + r.Int64N(1<<42)).UTC(),
 		Interval: time.Duration(r.IntN(60000)) * time.Millisecond}
+	if r.IntN(10) == 0 {
+		m.At = time.Time{} // an agent before its first round
+	}
 	for range r.IntN(5) {
 		j := NodeJobMetrics{Job: names[r.IntN(len(names))], Tenant: "t", Workers: r.IntN(20), Failed: r.IntN(3)}
 		if r.IntN(2) == 0 {

@@ -44,8 +44,11 @@ type AgentConfig struct {
 	// with every restart within the crash-loop window); 0 means agents.DefaultRestartBackoff.
 	RestartBackoff time.Duration
 	PortBase       int
-	LeaseTTL       time.Duration
-	NoLease        bool
+	// MetricsInterval is how often the agent scrapes its workers' metrics
+	// (agents.Config.MetricsInterval; negative: never).
+	MetricsInterval time.Duration
+	LeaseTTL        time.Duration
+	NoLease         bool
 	// RunAs, when set, is who every tenant's process workers run as (the single-tenant
 	// opt-out, see agents.Config.RunAs); nil: each tenant's own uid.
 	RunAs *isolation.User
@@ -226,6 +229,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		Heartbeat:            cfg.Heartbeat,
 		RestartBackoff:       cfg.RestartBackoff,
 		PortBase:             cfg.PortBase,
+		MetricsInterval:      cfg.MetricsInterval,
 		LeaseTTL:             cfg.LeaseTTL,
 		NoLease:              cfg.NoLease,
 		RunAs:                cfg.RunAs,

@@ -25,6 +25,7 @@ import (
 	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/docker"
 	"github.com/stormdock/stormdock/master/eventlog"
+	"github.com/stormdock/stormdock/master/jobmetrics"
 )
 
 // RootSinkDir is where a local cluster started as root keeps mirrored jobs' file sinks
@@ -81,7 +82,10 @@ type LocalConfig struct {
 	Self string
 	// Events bounds the cluster's events (eventlog.Config).
 	Events eventlog.Config
-	Logger *slog.Logger
+	// Metrics shapes the master's job metrics; its Interval is also the agents' scrape
+	// interval.
+	Metrics jobmetrics.Config
+	Logger  *slog.Logger
 }
 
 func (c *LocalConfig) defaults() error {
@@ -219,7 +223,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 	// to register, not a whole cluster's re-registration window (the demo loses a node
 	// seconds after the start).
 	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir, SinkDir: cfg.SinkDir,
-		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, ReregisterGrace: cfg.SessionTimeout, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger}
+		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, Metrics: cfg.Metrics, ReregisterGrace: cfg.SessionTimeout, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger}
 	if cfg.TLS {
 		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {
 			return fail(err)
@@ -294,13 +298,15 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 		StateDir:             filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
 		Drivers: DriverConfig{Isolation: iso, Cgroups: cgroups, Docker: c.docker,
 			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},
-		Heartbeat:    c.cfg.Heartbeat,
-		PortBase:     portBase,
-		LogsTLS:      c.cfg.TLS,
-		Health:       health,
-		RegistryAuth: c.cfg.RegistryAuth,
-		Self:         c.cfg.Self,
-		Logger:       c.cfg.Logger,
+		Heartbeat: c.cfg.Heartbeat,
+		PortBase:  portBase,
+		// One interval for both: a master's round then finds each agent's last one fresh.
+		MetricsInterval: c.cfg.Metrics.Interval,
+		LogsTLS:         c.cfg.TLS,
+		Health:          health,
+		RegistryAuth:    c.cfg.RegistryAuth,
+		Self:            c.cfg.Self,
+		Logger:          c.cfg.Logger,
 	})
 	if err != nil {
 		return fmt.Errorf("node %s: %w", spec.ID, err)

@@ -18,8 +18,10 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/ctxtime"
+	"github.com/stormdock/stormdock/master/agentclient"
 	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/master/eventlog"
+	"github.com/stormdock/stormdock/master/jobmetrics"
 )
 
 // Config tunes a master.
@@ -65,7 +67,9 @@ type Config struct {
 	// Default cluster.DefaultTenantUIDs.
 	TenantUIDs cluster.UIDRange
 	// Events bounds and paces the cluster's events (see eventlog.go).
-	Events   eventlog.Config
+	Events eventlog.Config
+	// Metrics shapes the collection and history of the jobs' metrics (jobmetrics.go).
+	Metrics  jobmetrics.Config
 	Logger   *slog.Logger
 	Registry prometheus.Registerer
 }
@@ -131,6 +135,10 @@ type Master struct {
 	wake                                      chan struct{}
 	// events holds the cluster's events and queues those this master records.
 	events *eventlog.Log
+	// agents signs this master's requests to agents (workers' logs, job metrics).
+	agents *agentclient.Client
+	// collector pulls the jobs' metrics from the agents and keeps their history.
+	collector *jobmetrics.Collector
 	// quit is closed when Run returns: streaming answers (events -f, job logs -f) end.
 	quit     chan struct{}
 	quitOnce sync.Once
@@ -156,6 +164,18 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m := &Master{cfg: cfg, store: store, log: cfg.Logger.With("master", cfg.ID), wake: make(chan struct{}, 1)}
 	m.metrics = newMetrics(cfg.Registry)
 	m.events = eventlog.New(store, cfg.Events, cfg.ID, m.log, m.metrics.events)
+	m.agents = agentclient.New(store)
+	mc := cfg.Metrics
+	if mc.Logger == nil {
+		mc.Logger = m.log
+	}
+	if mc.Registerer == nil {
+		mc.Registerer = cfg.Registry
+	}
+	var err error
+	if m.collector, err = jobmetrics.NewCollector(mc, metricsSource{m}, m.agents); err != nil {
+		return nil, fmt.Errorf("master: %w", err)
+	}
 	m.quit = make(chan struct{})
 	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
 	m.nodes = newMirror(store, cluster.NodesKey, m.poke)
@@ -167,6 +187,9 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 	m.dcs = newMirror(store, cluster.DCsKey, m.poke)
 	return m, nil
 }
+
+// Agents is how this master reaches the agents' signed endpoint.
+func (m *Master) Agents() *agentclient.Client { return m.agents }
 
 // Leader reports whether this master leads now.
 func (m *Master) Leader() bool {
@@ -237,6 +260,11 @@ func (m *Master) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		m.repin(ctx)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		m.collect(ctx)
 	}()
 	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs} {
 		wg.Add(1)

@@ -30,7 +30,7 @@ func New(m *master.Master, cfg Config) *API {
 		cfg.Registry = m.Registry()
 	}
 	a := &API{m: m, cfg: cfg, store: m.Store(), log: m.Logger(), authFails: api.NewFailLimiter(),
-		logKey: &logKeyCache{store: m.Store()}, metrics: newMetrics(cfg.Registry)}
+		logKey: m.Agents(), metrics: newMetrics(cfg.Registry)}
 	mux := http.NewServeMux()
 	route := func(pattern string, need role, h http.HandlerFunc) {
 		mux.HandleFunc(pattern, a.secure(pattern, need, h))
@@ -50,6 +50,9 @@ func New(m *master.Master, cfg Config) *API {
 	route("POST /v1/jobs/{name}/promote", roleTenant, a.rolloutAction(desired.ActionPromote))
 	route("GET /v1/jobs/{name}/history", roleTenant, a.jobHistory)
 	route("GET /v1/jobs/{name}/logs", roleTenant, a.jobLogs)
+	route("GET /v1/jobs/{name}/metrics", roleTenant, a.jobMetrics)
+	route("GET /v1/jobs/{name}/metrics/workers", roleTenant, a.jobWorkerMetrics)
+	route("GET /v1/metrics/latest", roleTenant, a.latestMetrics)
 	route("GET /v1/events", roleTenant, a.listEvents)
 	route("GET /v1/nodes", roleTenant, a.listNodes)
 	route("POST /v1/nodes/{id}/drain", roleAdmin, a.drainNode(true))
@@ -75,6 +78,8 @@ func New(m *master.Master, cfg Config) *API {
 		// Not one of a.routes: no API token opens it, and the scrape token opens nothing else.
 		mux.HandleFunc("GET /metrics", a.guard(roleScrape, promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}).ServeHTTP))
 	}
+	// The jobs' series for Prometheus federation: opened by the same tokens as /metrics.
+	mux.HandleFunc("GET /v1/metrics/jobs", a.guard(roleScrape, a.federate))
 	mux.HandleFunc("/", notFound(mux))
 	a.mux = mux
 	return a

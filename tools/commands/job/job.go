@@ -126,6 +126,8 @@ var Command = &cli.Command{
 			Action: jobKill,
 		},
 		jobLogsCommand,
+		jobTopCommand,
+		jobMetricsCommand,
 	},
 }
 
