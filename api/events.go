@@ -41,6 +41,15 @@ const (
 	EventJobKilled    = "job.killed"
 	EventJobRemoved   = "job.removed" // every worker stopped, the record gone
 
+	// Autoscaling (a job's scaling: block): a change with the numbers behind it, a change
+	// the policy wants but may not make (max, min, cooldown, quota, no room), a round in
+	// which nothing can be decided (no data, a change under way), a pause and a resume.
+	EventJobAutoscaled       = "job.autoscaled"
+	EventJobAutoscaleRefused = "job.autoscale-refused"
+	EventJobAutoscaleHeld    = "job.autoscale-held"
+	EventJobAutoscalePaused  = "job.autoscale-paused"
+	EventJobAutoscaleResumed = "job.autoscale-resumed"
+
 	EventRolloutStep     = "rollout.step" // a batch admitted, a canary held, done, paused...
 	EventRolloutFailed   = "rollout.failed"
 	EventRolloutReverted = "rollout.reverted"
@@ -78,6 +87,7 @@ const (
 // EventKinds lists the kinds above, for documentation and tests.
 func EventKinds() []string {
 	return []string{EventJobSubmitted, EventJobUpdated, EventJobScaled, EventJobKilled, EventJobRemoved,
+		EventJobAutoscaled, EventJobAutoscaleRefused, EventJobAutoscaleHeld, EventJobAutoscalePaused, EventJobAutoscaleResumed,
 		EventWorkerPlaced, EventWorkerStarted, EventWorkerExited, EventWorkerRestarted, EventWorkerCrashLoop,
 		EventWorkerFailed, EventWorkerEvicted, EventWorkerMoved, EventWorkerStopped, EventWorkerUnplaced,
 		EventNodeRegistered, EventNodeLost, EventNodeBack, EventNodeThrottled, EventNodeUnhealthy, EventNodeHealthy,

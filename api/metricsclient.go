@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/stormdock/stormdock/cluster"
 )
 
 // JobMetrics returns a job's series from since ("30m", an RFC 3339 time, "" for the whole
@@ -38,4 +40,11 @@ func (c *Client) LatestMetrics(ctx context.Context) (JobsMetrics, error) {
 	var out JobsMetrics
 	err := c.doJSON(ctx, http.MethodGet, "/v1/metrics/latest", nil, &out)
 	return out, err
+}
+
+// AutoscaleJob pauses (pause) or resumes a job's scaling policy.
+func (c *Client) AutoscaleJob(ctx context.Context, name string, pause bool) (cluster.JobRecord, error) {
+	var rec cluster.JobRecord
+	err := c.doJSON(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(name)+"/autoscale", AutoscaleRequest{Pause: pause, Resume: !pause}, &rec)
+	return rec, err
 }

@@ -70,6 +70,9 @@ type JobSpec struct {
 	LiveEnv []string `json:"liveEnv,omitempty" yaml:"liveEnv,omitempty"`
 	// Update says how `job update` replaces the workers whose run spec changed.
 	Update UpdatePolicy `json:"update,omitzero" yaml:"update,omitempty"`
+	// Scaling, when set, lets the leading master change Workers on the job's metrics
+	// (scaling.go).
+	Scaling *ScalingPolicy `json:"scaling,omitempty" yaml:"scaling,omitempty"`
 }
 
 // SplitEnv splits the spec's environment into what a worker runs with (a change replaces

@@ -2,9 +2,11 @@ package master
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 
+	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/master/jobmetrics"
 )
@@ -48,3 +50,20 @@ func (m *Master) JobMetrics() *jobmetrics.Collector { return m.collector }
 
 // collect runs the collection until ctx is done.
 func (m *Master) collect(ctx context.Context) { m.collector.Run(ctx) }
+
+// CheckScaling refuses a scaling policy this master cannot evaluate: job metrics off, or a
+// stabilization window longer than the history it keeps.
+func (m *Master) CheckScaling(spec *cluster.JobSpec) error {
+	p := spec.Scaling
+	if p == nil {
+		return nil
+	}
+	c := m.collector
+	if c.Interval() < 0 {
+		return fmt.Errorf("%w: scaling: the masters run with job metrics off (--metrics-interval 0): nothing could evaluate the policy", api.ErrBadInput)
+	}
+	if w := c.History().Window(); p.Window() > w {
+		return fmt.Errorf("%w: scaling.stabilization: %s is longer than the %s of history the masters keep (--metrics-window)", api.ErrBadInput, p.Window(), w)
+	}
+	return nil
+}

@@ -374,6 +374,16 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 		return err
 	}
 	m.backfillUIDs(ctx, kv)
+	actx, stopAutoscale := context.WithCancel(ctx)
+	autoscaleDone := make(chan struct{})
+	go func() {
+		defer close(autoscaleDone)
+		m.autoscale(actx, kv)
+	}()
+	defer func() {
+		stopAutoscale()
+		<-autoscaleDone
+	}()
 	tick := time.NewTicker(m.cfg.Resync)
 	defer tick.Stop()
 	for {

@@ -111,6 +111,7 @@ func streamFrom(ctx context.Context, cfg Config, s *multidc.Sender, from int64, 
 		partial = nil
 		if offset >= from && Mine(offset, cfg.Worker, cfg.Workers) {
 			if cfg.Rate > 0 {
+				begin = paced(begin, emitted, cfg.Rate)
 				due := begin.Add(time.Duration(float64(emitted) / cfg.Rate * float64(time.Second)))
 				if d := time.Until(due); d > 0 {
 					if next, again, err := flush(); err != nil || again {

@@ -250,6 +250,7 @@ func scan(ctx context.Context, cfg Config, l *ledger, out *os.File, f *follower,
 		partial = nil
 		if e, w := p.owner(offset); offset >= resume && e == conf.Epoch && w == conf.Worker {
 			if cfg.Rate > 0 {
+				begin = paced(begin, emitted, cfg.Rate)
 				due := begin.Add(time.Duration(float64(emitted) / cfg.Rate * float64(time.Second)))
 				for d := time.Until(due); d > 0; d = time.Until(due) {
 					if err := flush(); err != nil {

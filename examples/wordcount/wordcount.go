@@ -261,6 +261,7 @@ func (w *worker) line(ctx context.Context, offset int64, line []byte) error {
 		return nil
 	}
 	if w.cfg.Rate > 0 {
+		w.begin = paced(w.begin, w.emitted, w.cfg.Rate)
 		due := w.begin.Add(time.Duration(float64(w.emitted) / w.cfg.Rate * float64(time.Second)))
 		if d := time.Until(due); d > 0 {
 			if err := w.out.Flush(ctx); err != nil && ctx.Err() == nil {
@@ -285,4 +286,18 @@ func (w *worker) line(ctx context.Context, offset int64, line []byte) error {
 	w.prog.done()
 	w.emitted++
 	return nil
+}
+
+// maxBurst is how much of the rate a worker that waited for input may catch up on: Rate
+// is a cap, as a worker's capacity is, not a budget that grows while it idles.
+const maxBurst = time.Second
+
+// paced is the pacing start for emitted records at rate: begin, moved forward so that at
+// most maxBurst of unused rate is left.
+func paced[N int | int64](begin time.Time, emitted N, rate float64) time.Time {
+	due := begin.Add(time.Duration(float64(emitted) / rate * float64(time.Second)))
+	if late := time.Since(due); late > maxBurst {
+		return begin.Add(late - maxBurst)
+	}
+	return begin
 }

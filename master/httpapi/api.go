@@ -41,6 +41,7 @@ func New(m *master.Master, cfg Config) *API {
 	route("POST /v1/jobs", roleTenant, a.submitJob)
 	route("GET /v1/jobs/{name}", roleTenant, a.getJob)
 	route("POST /v1/jobs/{name}/scale", roleTenant, a.scaleJob)
+	route("POST /v1/jobs/{name}/autoscale", roleTenant, a.autoscaleJob)
 	route("POST /v1/jobs/{name}/kill", roleTenant, a.killJob)
 	route("POST /v1/jobs/{name}/update", roleTenant, a.updateJob)
 	route("POST /v1/jobs/{name}/rollback", roleTenant, a.rollbackJob)
@@ -145,6 +146,10 @@ func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
+	if err := a.m.CheckScaling(spec); err != nil {
+		failErr(w, err)
+		return
+	}
 	// The registry is asked before the store, outside its retries: a slow registry delays
 	// this submit only.
 	pin := a.m.PinImage(r.Context(), spec, 1)
@@ -170,11 +175,12 @@ func (a *API) scaleJob(w http.ResponseWriter, r *http.Request) {
 	if !a.mayUseJob(w, r) {
 		return
 	}
-	rec, err := desired.ScaleJob(r.Context(), a.store, r.PathValue("name"), req.Workers)
+	rec, err := desired.ScaleJobAs(r.Context(), a.store, r.PathValue("name"), req.Workers, principalOf(r.Context()).String())
 	if err != nil {
 		failErr(w, err)
 		return
 	}
+	a.autoscaleEvent(r, rec)
 	reply(w, http.StatusOK, rec)
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/master/jobmetrics"
 )
 
@@ -194,4 +195,43 @@ func (a *API) federate(w http.ResponseWriter, r *http.Request) {
 	// A series of one name with other labels in another job (workers' choice) cannot be in
 	// one family: what can be is served, the rest is left out.
 	promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}).ServeHTTP(w, r)
+}
+
+// autoscaleJob pauses or resumes a job's scaling policy.
+func (a *API) autoscaleJob(w http.ResponseWriter, r *http.Request) {
+	var req api.AutoscaleRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	if req.Pause == req.Resume {
+		fail(w, api.ErrBadInput, "give exactly one of pause and resume")
+		return
+	}
+	if !a.mayUseJob(w, r) {
+		return
+	}
+	rec, err := desired.SetAutoscale(r.Context(), a.store, r.PathValue("name"), req.Pause, principalOf(r.Context()).String())
+	if err != nil {
+		failErr(w, err)
+		return
+	}
+	a.autoscaleEvent(r, rec)
+	reply(w, http.StatusOK, rec)
+}
+
+// autoscaleEvent records a pause (by a manual scale, or asked for) or a resume of a job's
+// policy.
+func (a *API) autoscaleEvent(r *http.Request, rec cluster.JobRecord) {
+	if rec.Spec.Scaling == nil || rec.Autoscale == nil {
+		return
+	}
+	ev := api.Event{Object: "job/" + rec.Spec.Name, Job: rec.Spec.Name, Tenant: rec.Spec.Tenant, Principal: principalOf(r.Context()).String()}
+	if rec.Autoscale.Paused {
+		ev.Kind = api.EventJobAutoscalePaused
+		ev.Reason = fmt.Sprintf("the scaling policy decides nothing at %d workers until `stormdock job autoscale %s --resume`", rec.Spec.Workers, rec.Spec.Name)
+	} else {
+		ev.Kind = api.EventJobAutoscaleResumed
+		ev.Reason = fmt.Sprintf("the scaling policy decides again from %d workers: %s", rec.Spec.Workers, rec.Spec.Scaling)
+	}
+	a.m.Emit(ev)
 }

@@ -344,3 +344,58 @@ func sparkline(vs []*float64, width int) string {
 	}
 	return sb.String()
 }
+
+var jobAutoscaleCommand = &cli.Command{
+	Name:      "autoscale",
+	Usage:     "pause or resume a job's scaling policy (a manual job scale pauses it)",
+	ArgsUsage: "NAME",
+	Flags: append(commands.MasterFlags(),
+		&cli.BoolFlag{Name: "resume", Usage: "let the policy decide the worker count again"},
+		&cli.BoolFlag{Name: "pause", Usage: "keep the worker count where it is until --resume"}),
+	Action: func(c *cli.Context) error {
+		if err := commands.WantName(c, "the job NAME"); err != nil {
+			return err
+		}
+		if c.Bool("resume") == c.Bool("pause") {
+			return commands.UsageErr("give exactly one of --resume and --pause")
+		}
+		cl, err := commands.NewClient(c)
+		if err != nil {
+			return err
+		}
+		rec, err := cl.AutoscaleJob(c.Context, c.Args().First(), c.Bool("pause"))
+		if err != nil {
+			return commands.APIErr(c, err)
+		}
+		for _, line := range autoscaleLines(rec) {
+			fmt.Fprintln(c.App.Writer, line)
+		}
+		return nil
+	},
+}
+
+// autoscaleLines say a job's scaling policy and its last change, for `job status`.
+func autoscaleLines(rec cluster.JobRecord) []string {
+	p := rec.Spec.Scaling
+	if p == nil {
+		return nil
+	}
+	lines := []string{"autoscaling: " + p.String()}
+	as := rec.Autoscale
+	if as != nil && as.Paused {
+		by := ""
+		if as.PausedBy != "" {
+			by = " by " + as.PausedBy
+		}
+		lines = append(lines, fmt.Sprintf("autoscaling paused%s at %s: resume with `stormdock job autoscale %s --resume`",
+			by, as.PausedAt.Local().Format("2006-01-02 15:04:05"), rec.Spec.Name))
+	}
+	if as != nil && as.Last != nil {
+		l := as.Last
+		lines = append(lines, fmt.Sprintf("last decision %s: %d -> %d workers (%s %.4g per worker, target %g): %s",
+			l.At.Local().Format("15:04:05"), l.From, l.To, l.Metric, l.Value, l.Target, l.Reason))
+	} else {
+		lines = append(lines, "last decision: none yet")
+	}
+	return lines
+}
