@@ -47,11 +47,11 @@ func (g *ring) put(r int64, s api.SeriesSample) {
 	}
 	if r > g.last {
 		for k := max(g.last+1, r-size+1); k < r; k++ {
-			g.sum[k%size] = math.NaN()
+			g.sum[slot(k, size)] = math.NaN()
 		}
 		g.last = r
 	}
-	i := r % size
+	i := slot(r, size)
 	g.sum[i], g.min[i], g.max[i] = s.Sum, float32(s.Min), float32(s.Max)
 	g.n[i] = uint16(min(s.N, math.MaxUint16))
 	if r == g.last {
@@ -62,15 +62,18 @@ func (g *ring) put(r int64, s api.SeriesSample) {
 // at is round r's point; ok is false when the ring has none.
 func (g *ring) at(r int64) (sum float64, mn, mx float32, n uint16, ok bool) {
 	size := int64(len(g.sum))
-	if r > g.last || r <= g.last-size || r < 0 {
+	if r > g.last || r <= g.last-size {
 		return 0, 0, 0, 0, false
 	}
-	i := r % size
+	i := slot(r, size)
 	if math.IsNaN(g.sum[i]) {
 		return 0, 0, 0, 0, false
 	}
 	return g.sum[i], g.min[i], g.max[i], g.n[i], true
 }
+
+// slot is round r's index in a ring of size points.
+func slot(r, size int64) int64 { return (r%size + size) % size }
 
 // bytes is what the ring holds, for the memory figure.
 func (g *ring) bytes() int {
