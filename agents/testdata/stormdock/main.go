@@ -7,12 +7,15 @@
 // (default) waits for SIGTERM and exits 0; "crash" exits 3 (or HELPER_EXIT_CODE) after
 // HELPER_CRASH_AFTER;
 // "ignore-term" ignores SIGTERM. On SIGHUP it copies its live configuration (STORMDOCK_CONFIG)
-// to <key>.<pid>.hup.<n>, n counting the signals from 1.
+// to <key>.<pid>.hup.<n>, n counting the signals from 1. Given STORMDOCK_METRICS_PORT, it
+// serves helper_up (1) and helper_ticks_total (its seconds alive) there.
 package main
 
 import (
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -71,6 +74,14 @@ func helper() {
 	b, _ := json.Marshal(report{PID: os.Getpid(), PPID: os.Getppid(), Env: env, At: time.Now()})
 	if err := os.WriteFile(base+".json.tmp", b, 0o644); err == nil {
 		_ = os.Rename(base+".json.tmp", base+".json")
+	}
+	if port := os.Getenv("STORMDOCK_METRICS_PORT"); port != "" {
+		start := time.Now()
+		if ln, err := net.Listen("tcp", net.JoinHostPort(os.Getenv("STORMDOCK_ADDR"), port)); err == nil {
+			go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { //nolint:errcheck // for the process's life
+				fmt.Fprintf(w, "# TYPE helper_up gauge\nhelper_up 1\n# TYPE helper_ticks_total counter\nhelper_ticks_total %d\n", int(time.Since(start).Seconds()))
+			}))
+		}
 	}
 	hups := make(chan os.Signal, 1)
 	signal.Notify(hups, syscall.SIGHUP)
