@@ -74,6 +74,8 @@ scaling: {min: 1, max: 3, metric: input_backlog, target: 100, cooldownUp: 1s}
 	if len(violations) > 0 {
 		t.Errorf("Content-Security-Policy violations: %v", violations)
 	}
+	// A few more points for the picture.
+	admin.until("ten points on the worker count", 60*time.Second, `+document.querySelector('#view-job figure[data-series="workers"]').dataset.points >= 10`, "")
 	admin.screenshot("console-charts.png")
 
 	// A tenant sees its own jobs' charts, never another tenant's.

@@ -6,7 +6,7 @@
 import { h, fill, fmtBytes } from './dom.js';
 
 const SVG = 'http://www.w3.org/2000/svg';
-const W = 640, H = 150, PAD_L = 58, PAD_R = 8, PAD_T = 10, PAD_B = 20;
+const W = 400, H = 130, PAD_L = 52, PAD_R = 6, PAD_T = 8, PAD_B = 18;
 
 function s(tag, attrs, ...children) {
   const el = document.createElementNS(SVG, tag);
@@ -30,14 +30,13 @@ export function fmt(series, v) {
   return String(Math.round(v * 1000) / 1000);
 }
 
-// chart draws one series: its values (a line), for a gauge the band between the workers'
-// min and max scaled to the sum's range is left out (the sum is what the job does), and
-// marks at the given times.
-export function chart(series, m, marks) {
+// chart draws one series from point start on (where the page's history begins): its values
+// as a line (the sum over the workers, or a counter's rate), and marks at the given times.
+export function chart(series, m, start, marks) {
   const name = series.labels ? `${series.name}{${series.labels}}` : series.name;
-  const vals = series.values;
+  const vals = series.values.slice(start);
   const n = vals.length;
-  const from = new Date(m.from).getTime(), step = m.step * 1000;
+  const step = m.step * 1000, from = new Date(m.from).getTime() + start * step;
   let lo = Infinity, hi = -Infinity, last = null, count = 0;
   for (const v of vals) {
     if (v === null) continue;
@@ -53,7 +52,8 @@ export function chart(series, m, marks) {
   svg.append(s('line', { x1: PAD_L, y1: y(hi), x2: W - PAD_R, y2: y(hi), class: 'grid' }));
   svg.append(s('text', { x: PAD_L - 4, y: y(hi) + 4, class: 'tick', 'text-anchor': 'end' }, fmt(series.name, hi)));
   svg.append(s('text', { x: PAD_L - 4, y: y(lo), class: 'tick', 'text-anchor': 'end' }, fmt(series.name, lo)));
-  const time = (i) => new Date(from + i * step).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+  const short = n * step < 3600e3;
+  const time = (i) => new Date(from + i * step).toLocaleTimeString([], short ? { hour: '2-digit', minute: '2-digit', second: '2-digit' } : { hour: '2-digit', minute: '2-digit' });
   svg.append(s('text', { x: PAD_L, y: H - 4, class: 'tick' }, time(0)));
   svg.append(s('text', { x: W - PAD_R, y: H - 4, class: 'tick', 'text-anchor': 'end' }, time(n - 1)));
   // The line, broken where the history has no point.
@@ -154,12 +154,20 @@ export class Charts {
     if (!m.series.length) return fill(this.el, head, h('p', { class: 'muted' }, `No metrics yet: the masters read the agents every ${m.step}s.`));
     const order = ['throughput', 'cpu', 'memory'];
     const pick = (n) => m.series.find((x) => x.name === n && !x.labels);
-    const charts = [];
-    for (const n of order) if (pick(n)) charts.push(chart(pick(n), m));
+    // A history younger than the window starts where its first point is.
+    let start = Infinity;
     for (const x of m.series) {
-      if (!['workers', 'cpu', 'memory', 'throughput', 'restarts', 'oom_kills'].includes(x.name)) charts.push(chart(x, m));
+      const i = x.values.findIndex((v) => v !== null);
+      if (i >= 0) start = Math.min(start, i);
     }
-    if (pick('workers')) charts.push(chart(pick('workers'), m, this.marks));
+    if (!isFinite(start)) start = 0;
+    start = Math.min(start, Math.max(m.series[0].values.length - 2, 0));
+    const charts = [];
+    for (const n of order) if (pick(n)) charts.push(chart(pick(n), m, start));
+    for (const x of m.series) {
+      if (!['workers', 'cpu', 'memory', 'throughput', 'restarts', 'oom_kills'].includes(x.name)) charts.push(chart(x, m, start));
+    }
+    if (pick('workers')) charts.push(chart(pick('workers'), m, start, this.marks));
     const problems = m.problems && m.problems.length ? h('ul', { class: 'reasons' }, m.problems.map((p) => h('li', null, p))) : null;
     fill(this.el, head, problems, h('div', { class: 'chart-grid' }, charts),
       h('p', { class: 'muted keys' }, 'Gauges are summed over the workers, counters are rates (per second); on the worker count, a mark is a scaling decision (hover it for the numbers).'));

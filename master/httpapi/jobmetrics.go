@@ -203,11 +203,11 @@ func (a *API) autoscaleJob(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	if req.Pause == req.Resume {
-		fail(w, api.ErrBadInput, "give exactly one of pause and resume")
+	if !a.mayUseJob(w, r) {
 		return
 	}
-	if !a.mayUseJob(w, r) {
+	if req.Pause == req.Resume {
+		fail(w, api.ErrBadInput, "give exactly one of pause and resume")
 		return
 	}
 	rec, err := desired.SetAutoscale(r.Context(), a.store, r.PathValue("name"), req.Pause, principalOf(r.Context()).String())
