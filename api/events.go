@@ -50,6 +50,12 @@ const (
 	EventJobAutoscalePaused  = "job.autoscale-paused"
 	EventJobAutoscaleResumed = "job.autoscale-resumed"
 
+	// A provisioned cluster's autoscaler (`stormdock cluster autoscale`): nodes added or
+	// removed, and a change it wants and may not make. It records them through POST
+	// /v1/events with the admin token: the only kinds that may be recorded so.
+	EventClusterAutoscaled       = "cluster.autoscaled"
+	EventClusterAutoscaleRefused = "cluster.autoscale-refused"
+
 	EventRolloutStep     = "rollout.step" // a batch admitted, a canary held, done, paused...
 	EventRolloutFailed   = "rollout.failed"
 	EventRolloutReverted = "rollout.reverted"
@@ -88,6 +94,7 @@ const (
 func EventKinds() []string {
 	return []string{EventJobSubmitted, EventJobUpdated, EventJobScaled, EventJobKilled, EventJobRemoved,
 		EventJobAutoscaled, EventJobAutoscaleRefused, EventJobAutoscaleHeld, EventJobAutoscalePaused, EventJobAutoscaleResumed,
+		EventClusterAutoscaled, EventClusterAutoscaleRefused,
 		EventWorkerPlaced, EventWorkerStarted, EventWorkerExited, EventWorkerRestarted, EventWorkerCrashLoop,
 		EventWorkerFailed, EventWorkerEvicted, EventWorkerMoved, EventWorkerStopped, EventWorkerUnplaced,
 		EventNodeRegistered, EventNodeLost, EventNodeBack, EventNodeThrottled, EventNodeUnhealthy, EventNodeHealthy,

@@ -48,3 +48,9 @@ func (c *Client) AutoscaleJob(ctx context.Context, name string, pause bool) (clu
 	err := c.doJSON(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(name)+"/autoscale", AutoscaleRequest{Pause: pause, Resume: !pause}, &rec)
 	return rec, err
 }
+
+// RecordEvent records an external controller's event in the cluster's log (admin token;
+// only the cluster.* kinds a controller may record).
+func (c *Client) RecordEvent(ctx context.Context, e Event) error {
+	return c.doJSON(ctx, http.MethodPost, "/v1/events", e, nil)
+}

@@ -55,6 +55,7 @@ func New(m *master.Master, cfg Config) *API {
 	route("GET /v1/jobs/{name}/metrics/workers", roleTenant, a.jobWorkerMetrics)
 	route("GET /v1/metrics/latest", roleTenant, a.latestMetrics)
 	route("GET /v1/events", roleTenant, a.listEvents)
+	route("POST /v1/events", roleAdmin, a.recordEvent)
 	route("GET /v1/nodes", roleTenant, a.listNodes)
 	route("POST /v1/nodes/{id}/drain", roleAdmin, a.drainNode(true))
 	route("POST /v1/nodes/{id}/undrain", roleAdmin, a.drainNode(false))
