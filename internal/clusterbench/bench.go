@@ -97,9 +97,9 @@ type Report struct {
 	// Metrics is the master's job metrics when the agents serve them.
 	Metrics *Metrics `json:"metrics,omitempty"`
 	Store   Store    `json:"store"`
-	Poll   Poll   `json:"poll"`
-	Rack   Phase  `json:"rackLoss"`
-	DC     *Phase `json:"dcLoss,omitempty"`
+	Poll    Poll     `json:"poll"`
+	Rack    Phase    `json:"rackLoss"`
+	DC      *Phase   `json:"dcLoss,omitempty"`
 
 	// AgentSessionsExpired counts simulated agents' sessions that expired over the run
 	// (the bench process too slow to keep them): not 0 means the machine could not hold
@@ -187,9 +187,9 @@ type Poll struct {
 	// serve metrics.
 	MetricsP50 float64 `json:"jobMetricsP50Ms,omitempty"`
 	MetricsP99 float64 `json:"jobMetricsP99Ms,omitempty"`
-	Requests  int     `json:"requests"`
-	Errors    int     `json:"errors"`
-	MasterCPU float64 `json:"masterCPUSeconds"`
+	Requests   int     `json:"requests"`
+	Errors     int     `json:"errors"`
+	MasterCPU  float64 `json:"masterCPUSeconds"`
 }
 
 func (c *Config) defaults() error {
