@@ -131,8 +131,8 @@ type JobMetrics struct {
 }
 
 // SeriesHistory is one job-level series: for gauges the sum over the workers, for counters
-// the rate (per second) added up; Min and Max over the workers; N the workers that gave a
-// value. Total is a counter's latest total over the workers.
+// the rate (per second) added up; with detail, Min and Max over the workers and N the
+// workers that gave a value. Total is a counter's latest total over the workers.
 type SeriesHistory struct {
 	Name   string     `json:"name"`
 	Labels string     `json:"labels,omitempty"`

@@ -12,7 +12,19 @@ import (
 // JobMetrics returns a job's series from since ("30m", an RFC 3339 time, "" for the whole
 // window); series names some (by name, or name{labels}), none for all.
 func (c *Client) JobMetrics(ctx context.Context, name string, series []string, since string) (JobMetrics, error) {
+	return c.jobMetrics(ctx, name, series, since, false)
+}
+
+// JobMetricsDetail is JobMetrics with each point's min, max and count of workers.
+func (c *Client) JobMetricsDetail(ctx context.Context, name string, series []string, since string) (JobMetrics, error) {
+	return c.jobMetrics(ctx, name, series, since, true)
+}
+
+func (c *Client) jobMetrics(ctx context.Context, name string, series []string, since string, detail bool) (JobMetrics, error) {
 	q := url.Values{}
+	if detail {
+		q.Set("detail", "true")
+	}
 	if len(series) > 0 {
 		q.Set("series", strings.Join(series, ","))
 	}

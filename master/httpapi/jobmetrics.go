@@ -24,7 +24,7 @@ import (
 // The jobs' metrics, from this master's own history (package master/jobmetrics): every
 // master collects them, so any answers.
 //
-//	GET /v1/jobs/{name}/metrics[?series=S[,S...]&since=30m|RFC3339]  a job's series (tenant-scoped)
+//	GET /v1/jobs/{name}/metrics[?series=S[,S...]&since=30m|RFC3339&detail=true]  a job's series (tenant-scoped)
 //	GET /v1/jobs/{name}/metrics/workers                          each worker's latest values, from its agent
 //	GET /v1/metrics/latest                                       every job's latest values (`job top`)
 //	GET /v1/metrics/jobs                                         Prometheus federation (scrape token)
@@ -80,8 +80,17 @@ func (a *API) jobMetrics(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrBadInput, "%d series asked for: at most %d at once", len(asked), maxSeriesAsked)
 		return
 	}
+	detail := false
+	switch q.Get("detail") {
+	case "", "false":
+	case "true":
+		detail = true
+	default:
+		fail(w, api.ErrBadInput, "detail=%q: want true or false", clipPath(q.Get("detail")))
+		return
+	}
 	h := a.m.JobMetrics().History()
-	out, ok := h.Job(name, jobmetrics.Query{Series: asked, Since: since})
+	out, ok := h.Job(name, jobmetrics.Query{Series: asked, Since: since, Detail: detail})
 	if !ok || out.Tenant != rec.Spec.Tenant {
 		// Not collected yet (a job submitted within the last interval, or a master that
 		// just started): an empty answer, not an error.

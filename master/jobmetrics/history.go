@@ -234,10 +234,12 @@ func (h *History) Latest() time.Time {
 }
 
 // Query is what a reader asks of a job: some series (all when empty; a name alone means
-// every label set of it) from since on.
+// every label set of it) from since on; with Detail, each point's min, max and count of
+// workers too (three times the bytes).
 type Query struct {
 	Series []string
 	Since  time.Time
+	Detail bool
 }
 
 // Job returns job's series over the window the query asks for, and false when the
@@ -256,7 +258,7 @@ func (h *History) Job(name string, q Query) (api.JobMetrics, bool) {
 		if !wanted(q.Series, k) {
 			continue
 		}
-		out.Series = append(out.Series, history(jh.series[k], from, to))
+		out.Series = append(out.Series, history(jh.series[k], from, to, q.Detail))
 	}
 	return out, true
 }
@@ -278,7 +280,7 @@ func (h *History) group(rings map[seriesKey]*ring, since time.Time, tenant strin
 	from, to := h.span(since)
 	out := api.JobMetrics{Tenant: tenant, Step: h.step.Seconds(), From: h.roundTime(from), To: h.roundTime(to), Series: []api.SeriesHistory{}}
 	for _, k := range sortedKeys(rings) {
-		out.Series = append(out.Series, history(rings[k], from, to))
+		out.Series = append(out.Series, history(rings[k], from, to, true))
 	}
 	return out
 }
@@ -324,7 +326,7 @@ func wanted(asked []string, k seriesKey) bool {
 	return false
 }
 
-func history(g *ring, from, to int64) api.SeriesHistory {
+func history(g *ring, from, to int64, detail bool) api.SeriesHistory {
 	sh := api.SeriesHistory{Name: g.name, Labels: g.labels, Kind: api.KindGauge}
 	if g.counter {
 		sh.Kind = api.KindCounter
@@ -332,15 +334,22 @@ func history(g *ring, from, to int64) api.SeriesHistory {
 		sh.Total = &t
 	}
 	n := int(to - from + 1)
-	sh.Values, sh.Min, sh.Max, sh.N = make([]*float64, n), make([]*float64, n), make([]*float64, n), make([]int, n)
+	sh.Values = make([]*float64, n)
 	vals := make([]float64, 3*n)
+	if detail {
+		sh.Min, sh.Max, sh.N = make([]*float64, n), make([]*float64, n), make([]int, n)
+	}
 	for i := range n {
 		sum, mn, mx, cnt, ok := g.at(from + int64(i))
 		if !ok {
 			continue
 		}
-		vals[3*i], vals[3*i+1], vals[3*i+2] = sum, float64(mn), float64(mx)
-		sh.Values[i], sh.Min[i], sh.Max[i], sh.N[i] = &vals[3*i], &vals[3*i+1], &vals[3*i+2], int(cnt)
+		vals[3*i] = sum
+		sh.Values[i] = &vals[3*i]
+		if detail {
+			vals[3*i+1], vals[3*i+2] = float64(mn), float64(mx)
+			sh.Min[i], sh.Max[i], sh.N[i] = &vals[3*i+1], &vals[3*i+2], int(cnt)
+		}
 	}
 	return sh
 }

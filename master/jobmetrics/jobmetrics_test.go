@@ -135,7 +135,7 @@ func TestCollectorMerge(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Round(context.Background(), now)
-	m, ok := c.History().Job("wc", Query{})
+	m, ok := c.History().Job("wc", Query{Detail: true})
 	if !ok {
 		t.Fatal("no history of wc")
 	}

@@ -67,7 +67,11 @@ func jobMetricsAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	m, err := cl.JobMetrics(c.Context, c.Args().First(), c.StringSlice("series"), since)
+	get := cl.JobMetrics
+	if len(c.StringSlice("series")) == 1 || c.String("output") == "json" {
+		get = cl.JobMetricsDetail // one series is shown point by point, with the workers' min and max
+	}
+	m, err := get(c.Context, c.Args().First(), c.StringSlice("series"), since)
 	if err != nil {
 		return commands.APIErr(c, err)
 	}
