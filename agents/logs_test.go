@@ -35,17 +35,8 @@ func TestLogsHandler(t *testing.T) {
 	t.Cleanup(srv.Close)
 	get := func(uri, token string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, srv.URL+uri, nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		code, b := getWith(t, srv.URL+uri, token)
+		return code, string(b)
 	}
 	uri := "/v1/logs?job=wc&tail=-1&worker=0"
 	sign := func(k []byte, u string) string {
@@ -93,17 +84,7 @@ func TestMetricsHandler(t *testing.T) {
 	t.Cleanup(srv.Close)
 	get := func(uri, token string) (int, []byte) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, srv.URL+uri, nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
+		return getWith(t, srv.URL+uri, token)
 	}
 	sign := func(k []byte, u string) string {
 		return api.SignAgentRequest(k, http.MethodGet, u, time.Now(), api.AgentTokenTTL)
@@ -157,4 +138,20 @@ func TestMetricsHandler(t *testing.T) {
 			t.Errorf("%s: %d %q, want %d", tc.name, code, b, tc.want)
 		}
 	}
+}
+
+// getWith GETs url with a bearer token ("" sends none): the status and the body.
+func getWith(t *testing.T, url, token string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
 }

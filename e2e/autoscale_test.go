@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,7 +106,7 @@ func TestAutoscaleWordcount(t *testing.T) {
 			token string
 			code  int
 		}{"scrape": {strings.TrimSpace(string(tok)), 200}, "tenant": {otherTok, 403}, "none": {"", 401}} {
-			code, body := getPath(t, l.API()+"/v1/metrics/jobs", tc.token)
+			code, body := getURL(t, l.API()+"/v1/metrics/jobs", tc.token)
 			if code != tc.code {
 				t.Errorf("federation with the %s token: %d, want %d", who, code, tc.code)
 			}
@@ -530,24 +529,4 @@ func waitEvent(t *testing.T, cl *api.Client, job, kind, want string) {
 		}
 		return false, strings.Join(kinds, "; ")
 	})
-}
-
-// getPath GETs url with token ("" sends none), trusting the local cluster's CA if any.
-func getPath(t *testing.T, url, token string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var sb strings.Builder
-	_, _ = bufio.NewReader(resp.Body).WriteTo(&sb)
-	return resp.StatusCode, sb.String()
 }
