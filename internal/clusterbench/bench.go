@@ -392,7 +392,10 @@ func (r *run) workload() {
 // register starts every simulated agent and waits until the master lists every node.
 func (r *run) register(ctx context.Context) error {
 	start := time.Now()
-	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS},
+	// A first session may take longer than the default 5s to come on a loaded machine
+	// starting thousands of agents: as long as a session lasts.
+	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS,
+		ConnectTimeout: max(r.cfg.SessionTimeout, coord.DefaultConnectTimeout)},
 		Heartbeat: r.cfg.Heartbeat, Churn: r.cfg.Churn, Events: r.tr, Logger: r.cfg.Logger}
 	if r.cfg.MetricsSeries > 0 {
 		m, err := sim.NewMetrics(r.admin, r.cfg.MetricsSeries)
