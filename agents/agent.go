@@ -314,6 +314,7 @@ func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
 		if sc.Timeout <= 0 {
 			sc.Timeout = min(scrape.DefaultTimeout, cfg.MetricsInterval/2)
 		}
+		sc.Scraped = func(result string) { m.scrapes.WithLabelValues(result).Inc() }
 		a.scraper = scrape.NewNode(cfg.Node.ID, sc)
 	}
 	return a, nil

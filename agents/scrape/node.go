@@ -41,6 +41,9 @@ type Config struct {
 	// MaxJobSeries bounds the series of one job on the node, its workers' together (the
 	// stormdock series always kept). Default DefaultMaxJobSeries.
 	MaxJobSeries int
+	// Scraped, when set, hears every worker's scrape outcome: StateOK, StateNone or
+	// "failed" (for the agent's own metrics).
+	Scraped func(result string)
 }
 
 func (c *Config) defaults() {
@@ -203,13 +206,17 @@ func (n *Node) Round(ctx context.Context, targets []Target, interval time.Durati
 		w.t = t
 		r := res[i]
 		w.at, w.problem = r.at, r.dropped
+		result := "failed"
 		switch {
 		case r.err == nil:
-			w.state = StateOK
+			w.state, result = StateOK, StateOK
 		case errors.Is(r.err, errNotServing):
-			w.state, r.samples = StateNone, nil
+			w.state, r.samples, result = StateNone, nil, StateNone
 		default:
 			w.state, r.samples = clip(r.err.Error(), 200), nil
+		}
+		if n.cfg.Scraped != nil {
+			n.cfg.Scraped(result)
 		}
 		w.samples = append(r.samples, builtins(t)...)
 		w.rates = map[string]float64{}
