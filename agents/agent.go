@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/stormdock/stormdock/agents/scrape"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/isolation"
@@ -43,6 +44,7 @@ const (
 	DefaultMaxBackoff      = time.Minute
 	DefaultCrashLoopWindow = 5 * time.Minute
 	DefaultStableRun       = 10 * time.Second
+	DefaultMetricsInterval = scrape.DefaultInterval
 	// DefaultContainerSelf is where worker images built by stormdock keep the stormdock
 	// binary (see package images).
 	DefaultContainerSelf = "/stormdock"
@@ -145,6 +147,12 @@ type Config struct {
 	// Logs is where the agent serves its workers' logs (LogsHandler), published in the node
 	// record for the masters; nil when it serves none.
 	Logs *cluster.LogsEndpoint
+	// MetricsInterval is how often the agent scrapes its workers' metrics (each gets a
+	// STORMDOCK_METRICS_PORT) and measures their cpu and memory, for the masters to pull
+	// (jobmetrics.go). Default DefaultMetricsInterval; negative turns job metrics off.
+	MetricsInterval time.Duration
+	// Scrape bounds each worker's scrape (timeout, bytes, series, labels).
+	Scrape scrape.Config
 	// Registerer receives the agent's metrics; nil means none are registered.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -224,6 +232,9 @@ func (c *Config) defaults() error {
 	if c.StableRun <= 0 {
 		c.StableRun = DefaultStableRun
 	}
+	if c.MetricsInterval == 0 {
+		c.MetricsInterval = DefaultMetricsInterval
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -255,6 +266,9 @@ type Agent struct {
 	id *identity
 
 	imageMetrics *imageMetrics
+	// scraper holds the workers' metrics between rounds and the node's answer to the
+	// masters (jobmetrics.go); nil when job metrics are off.
+	scraper *scrape.Node
 
 	// granted is the shortest session timeout the store granted (the agent's session or
 	// the keeper's), 0 while unknown; shortOnce logs a grant shorter than asked, once.
@@ -325,6 +339,14 @@ func New(cfg Config, store coord.Store, drivers ...Driver) (*Agent, error) {
 		return nil, err
 	}
 	a.noteGranted(coord.GrantedSessionTimeout(store), "agent")
+	if cfg.MetricsInterval > 0 {
+		sc := cfg.Scrape
+		if sc.Timeout <= 0 {
+			sc.Timeout = min(scrape.DefaultTimeout, cfg.MetricsInterval/2)
+		}
+		sc.Scraped = func(result string) { m.scrapes.WithLabelValues(result).Inc() }
+		a.scraper = scrape.NewNode(cfg.Node.ID, sc)
+	}
 	return a, nil
 }
 
@@ -429,6 +451,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.prepareDockerLauncher()
 	if a.id, err = loadIdentity(a.cfg.StateDir); err != nil {
 		return err
+	}
+	if a.scraper != nil {
+		defer a.scraper.Close()
 	}
 
 	r := newRun(ctx, a)

@@ -74,14 +74,18 @@ func TestAssignmentRunsWorkersWithEnv(t *testing.T) {
 						t.Errorf("%s: %s = %q (set %v), want %q", key, k, got, ok, v)
 					}
 				}
-				port, err := strconv.Atoi(env["STORMDOCK_PORT"])
-				if err != nil || port < agents.DefaultPortBase || port >= agents.DefaultPortBase+4 {
-					t.Errorf("%s: STORMDOCK_PORT = %q, want one of 6700..6703", key, env["STORMDOCK_PORT"])
+				// Each worker has two ports of the node's range: STORMDOCK_PORT and
+				// STORMDOCK_METRICS_PORT, none given twice.
+				for _, v := range []string{"STORMDOCK_PORT", "STORMDOCK_METRICS_PORT"} {
+					port, err := strconv.Atoi(env[v])
+					if err != nil || port < agents.DefaultPortBase || port >= agents.DefaultPortBase+4 {
+						t.Errorf("%s: %s = %q, want one of 6700..6703", key, v, env[v])
+					}
+					if ports[env[v]] {
+						t.Errorf("%s: port %s given twice", key, env[v])
+					}
+					ports[env[v]] = true
 				}
-				if ports[env["STORMDOCK_PORT"]] {
-					t.Errorf("%s: port %s given twice", key, env["STORMDOCK_PORT"])
-				}
-				ports[env["STORMDOCK_PORT"]] = true
 				// The worker runs under the launcher: the pid the record reports is its parent.
 				st := states(rec)
 				k := "wc/0"

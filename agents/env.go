@@ -34,6 +34,9 @@ const (
 	// EnvSinkDir names, in an output router's environment, the directory its file sink
 	// must lie below (multidc.EnvSinkDir).
 	EnvSinkDir = "STORMDOCK_SINK_DIR"
+	// EnvMetricsPort is where a worker may serve its Prometheus text, on STORMDOCK_ADDR:
+	// its agent scrapes it every Config.MetricsInterval (see jobmetrics.go).
+	EnvMetricsPort = "STORMDOCK_METRICS_PORT"
 )
 
 // containerLeaseDir is where a docker worker sees its lease directory (read-only).

@@ -51,32 +51,41 @@ func (k *agentKey) get(ctx context.Context, again bool) ([]byte, error) {
 	return key, nil
 }
 
-// LogsHandler serves the workers' logs (see above). Serve it with api.NewServer.
+// LogsHandler serves the workers' logs (see above) and the job metrics (jobmetrics.go) to
+// the masters. Serve it with api.NewServer.
 func (a *Agent) LogsHandler() http.Handler {
 	keys := &agentKey{a: a}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/logs", func(w http.ResponseWriter, r *http.Request) {
-		token, _ := cutBearer(r.Header.Get("Authorization"))
-		key, err := keys.get(r.Context(), false)
-		if err == nil {
-			err = api.VerifyAgentRequest(key, r.Method, r.URL.RequestURI(), token, time.Now())
-			if err != nil {
-				if key, kerr := keys.get(r.Context(), true); kerr == nil {
-					err = api.VerifyAgentRequest(key, r.Method, r.URL.RequestURI(), token, time.Now())
-				}
-			}
+		if a.signed(keys, w, r) {
+			a.serveLogs(w, r)
 		}
-		if err != nil {
-			a.log.Warn("log request refused", "remote", r.RemoteAddr, "err", err)
-			api.Errorf(w, api.ErrUnauthorized, err.Error())
-			return
-		}
-		a.serveLogs(w, r)
 	})
+	a.metricsRoutes(mux, keys)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		api.Errorf(w, api.ErrNotFound, "no such path on an agent: "+r.Method+" "+r.URL.Path)
 	})
 	return mux
+}
+
+// signed answers 401 unless a master signed the request with the agent key.
+func (a *Agent) signed(keys *agentKey, w http.ResponseWriter, r *http.Request) bool {
+	token, _ := cutBearer(r.Header.Get("Authorization"))
+	key, err := keys.get(r.Context(), false)
+	if err == nil {
+		err = api.VerifyAgentRequest(key, r.Method, r.URL.RequestURI(), token, time.Now())
+		if err != nil {
+			if key, kerr := keys.get(r.Context(), true); kerr == nil {
+				err = api.VerifyAgentRequest(key, r.Method, r.URL.RequestURI(), token, time.Now())
+			}
+		}
+	}
+	if err != nil {
+		a.log.Warn("master request refused", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
+		api.Errorf(w, api.ErrUnauthorized, err.Error())
+		return false
+	}
+	return true
 }
 
 func cutBearer(h string) (string, bool) {

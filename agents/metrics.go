@@ -19,6 +19,7 @@ type metrics struct {
 	oomKills    *prometheus.CounterVec // by job
 	evictions   *prometheus.CounterVec // by job
 	storeWrites prometheus.Counter
+	scrapes     *prometheus.CounterVec // by result: ok, none, failed
 	// sessionsLost counts store sessions that ended: the agent's own, and the node's (its
 	// keeper's), by whose.
 	sessionsLost *prometheus.CounterVec
@@ -50,6 +51,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "stormdock", Subsystem: "agent", Name: "worker_evictions_total",
 			Help: "Workers stopped by the health checks under memory pressure, by job.",
 		}, []string{"job"}),
+		scrapes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "stormdock", Subsystem: "agent", Name: "worker_scrapes_total",
+			Help: "Scrapes of workers' metrics by result: ok, none (the worker serves none), failed (timeout, too large, not the text format...).",
+		}, []string{"result"}),
 		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "stormdock", Subsystem: "agent", Name: "store_writes_total",
 			Help: "Writes of the node record to the coordination store.",
@@ -68,7 +73,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.slots, m.workers, m.starts, m.restarts, m.oomKills, m.evictions, m.storeWrites, m.sessionsLost} {
+	for _, r := range []string{"ok", "none", "failed"} {
+		m.scrapes.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{m.slots, m.workers, m.starts, m.restarts, m.oomKills, m.evictions, m.storeWrites, m.sessionsLost, m.scrapes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("agent: register metrics: %w", err)
 		}

@@ -19,6 +19,8 @@ type slot struct {
 	assign cluster.WorkerAssignment
 	known  bool // assign is what runs; false for an adopted worker without a record
 	port   int
+	// metricsPort is where the worker may serve its metrics (0: none given).
+	metricsPort int
 
 	state       string // a cluster.Worker* state, or "" while waiting for a (re)start
 	pid         int
@@ -27,6 +29,7 @@ type slot struct {
 	memory      cluster.Bytes
 
 	restarts int
+	oomKills int         // ends at the memory limit, for the job's metrics
 	recent   []time.Time // restarts within the crash-loop window
 	// quick counts the crashes in a row that came within StableRun of their start: the
 	// backoff doubles with them alone.
@@ -55,9 +58,9 @@ type slot struct {
 	secretsRetry    time.Time
 }
 
-// record is what the agent keeps on disk of the slot.
+// record is what the agent keeps on disk of the worker (state.go).
 func (s *slot) record() record {
-	return record{Assignment: s.assign, Isolation: s.mode, Port: s.port, Restarts: s.restarts, Secrets: s.delivered}
+	return record{Assignment: s.assign, Isolation: s.mode, Port: s.port, MetricsPort: s.metricsPort, Restarts: s.restarts, Secrets: s.delivered}
 }
 
 // active reports whether the worker's process may be alive.
@@ -165,12 +168,15 @@ func (r *run) armRetry() {
 	r.retry.Reset(max(time.Until(next), 0))
 }
 
-// allocPort returns the lowest port of the node's range that no other worker uses.
-func (r *run) allocPort(id string) int {
+// allocPort returns the lowest port of the node's range that no worker uses (its own other
+// port included): a worker's STORMDOCK_PORT and STORMDOCK_METRICS_PORT come from one range.
+func (r *run) allocPort() int {
 	used := map[int]bool{}
-	for oid, s := range r.workers {
-		if oid != id && s.port != 0 {
-			used[s.port] = true
+	for _, s := range r.workers {
+		for _, p := range []int{s.port, s.metricsPort} {
+			if p != 0 {
+				used[p] = true
+			}
 		}
 	}
 	p := r.a.cfg.PortBase
@@ -207,7 +213,10 @@ func (r *run) start(s *slot) {
 		return
 	}
 	if s.port == 0 {
-		s.port = r.allocPort(s.id)
+		s.port = r.allocPort()
+	}
+	if s.metricsPort == 0 && r.a.cfg.MetricsInterval > 0 && !s.assign.System {
+		s.metricsPort = r.allocPort()
 	}
 	// Who it runs as is decided first: a worker that must not run (no uid, root, the
 	// agent's own, an agent that cannot switch) gets no file either.
@@ -223,6 +232,9 @@ func (r *run) start(s *slot) {
 		return
 	}
 	spec := r.a.spec(s.id, s.assign, s.mode, s.port, u)
+	if s.metricsPort != 0 {
+		spec.Env[EnvMetricsPort] = strconv.Itoa(s.metricsPort)
+	}
 	if err := r.a.prepareLeaseDir(s.id, u); err != nil {
 		r.startFailed(s, err)
 		return
@@ -361,6 +373,7 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 	r.log.Warn("worker ended, restarting after backoff", "worker", s.id, "exit", s.lastExit,
 		"restarts", s.restarts, "recent", len(s.recent), "backoff", delay)
 	if ex.OOMKilled {
+		s.oomKills++
 		r.a.metrics.oomKills.WithLabelValues(s.assign.Key.Job).Inc()
 	}
 	r.a.metrics.restarts.WithLabelValues(s.assign.Key.Job).Inc()
@@ -490,10 +503,11 @@ func (r *run) adoptOne(mode string, w isolation.Worker) error {
 	}
 	s := &slot{id: id, mode: mode, known: ok, files: &workerFiles{}}
 	if ok {
-		s.assign, s.port, s.restarts, s.delivered = rec.Assignment, rec.Port, rec.Restarts, rec.Secrets
+		s.assign, s.port, s.metricsPort, s.restarts, s.delivered = rec.Assignment, rec.Port, rec.MetricsPort, rec.Restarts, rec.Secrets
 	} else {
 		s.assign = cluster.WorkerAssignment{Key: cluster.WorkerKey{Job: w.Spec.Job, Worker: w.Spec.Worker}}
 		s.port, _ = strconv.Atoi(w.Spec.Env[EnvPort])
+		s.metricsPort, _ = strconv.Atoi(w.Spec.Env[EnvMetricsPort])
 	}
 	r.workers[id] = s
 	if w.Running() {

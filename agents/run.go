@@ -52,7 +52,8 @@ type run struct {
 	publishTimer *time.Timer // a flush that waits: for a burst's end, or for minWrite
 	publishAt    time.Time   // when publishTimer fires; zero when stopped
 	sampling     bool
-	beats        int // heartbeats so far, to sample memory every sampleEvery
+	scraping     bool // a round of job metrics is under way (jobmetrics.go)
+	beats        int  // heartbeats so far, to sample memory every sampleEvery
 
 	retry   *time.Timer
 	retryAt time.Time
@@ -175,6 +176,12 @@ func (r *run) loop() error {
 	defer heartbeat.Stop()
 	keeperTick := time.NewTicker(min(r.a.cfg.Heartbeat, r.a.cfg.SessionTimeout/5))
 	defer keeperTick.Stop()
+	var scrapeTick <-chan time.Time
+	if r.a.scraper != nil {
+		t := time.NewTicker(r.a.cfg.MetricsInterval)
+		defer t.Stop()
+		scrapeTick = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -203,6 +210,8 @@ func (r *run) loop() error {
 			r.heartbeat()
 		case <-keeperTick.C:
 			r.checkKeeper()
+		case <-scrapeTick:
+			r.scrapeRound()
 		case <-r.retry.C:
 			r.retryAt = time.Time{}
 			r.reconcile()

@@ -19,7 +19,9 @@ type record struct {
 	Assignment cluster.WorkerAssignment `json:"assignment"`
 	Isolation  string                   `json:"isolation"`
 	Port       int                      `json:"port"`
-	Restarts   int                      `json:"restarts"`
+	// MetricsPort is the worker's STORMDOCK_METRICS_PORT (0: it has none).
+	MetricsPort int `json:"metricsPort,omitempty"`
+	Restarts    int `json:"restarts"`
 	// Secrets are the worker's secrets in its directory, names and versions (never values).
 	Secrets []cluster.SecretRef `json:"secrets,omitempty"`
 }

@@ -41,6 +41,21 @@ const (
 	EventJobKilled    = "job.killed"
 	EventJobRemoved   = "job.removed" // every worker stopped, the record gone
 
+	// Autoscaling (a job's scaling: block): a change with the numbers behind it, a change
+	// the policy wants but may not make (max, min, cooldown, quota, no room), a round in
+	// which nothing can be decided (no data, a change under way), a pause and a resume.
+	EventJobAutoscaled       = "job.autoscaled"
+	EventJobAutoscaleRefused = "job.autoscale-refused"
+	EventJobAutoscaleHeld    = "job.autoscale-held"
+	EventJobAutoscalePaused  = "job.autoscale-paused"
+	EventJobAutoscaleResumed = "job.autoscale-resumed"
+
+	// A provisioned cluster's autoscaler (`stormdock cluster autoscale`): nodes added or
+	// removed, and a change it wants and may not make. It records them through POST
+	// /v1/events with the admin token: the only kinds that may be recorded so.
+	EventClusterAutoscaled       = "cluster.autoscaled"
+	EventClusterAutoscaleRefused = "cluster.autoscale-refused"
+
 	EventRolloutStep     = "rollout.step" // a batch admitted, a canary held, done, paused...
 	EventRolloutFailed   = "rollout.failed"
 	EventRolloutReverted = "rollout.reverted"
@@ -78,6 +93,8 @@ const (
 // EventKinds lists the kinds above, for documentation and tests.
 func EventKinds() []string {
 	return []string{EventJobSubmitted, EventJobUpdated, EventJobScaled, EventJobKilled, EventJobRemoved,
+		EventJobAutoscaled, EventJobAutoscaleRefused, EventJobAutoscaleHeld, EventJobAutoscalePaused, EventJobAutoscaleResumed,
+		EventClusterAutoscaled, EventClusterAutoscaleRefused,
 		EventWorkerPlaced, EventWorkerStarted, EventWorkerExited, EventWorkerRestarted, EventWorkerCrashLoop,
 		EventWorkerFailed, EventWorkerEvicted, EventWorkerMoved, EventWorkerStopped, EventWorkerUnplaced,
 		EventNodeRegistered, EventNodeLost, EventNodeBack, EventNodeThrottled, EventNodeUnhealthy, EventNodeHealthy,

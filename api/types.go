@@ -192,6 +192,12 @@ type ScaleRequest struct {
 	Workers int `json:"workers"`
 }
 
+// AutoscaleRequest pauses or resumes a job's scaling policy: exactly one is true.
+type AutoscaleRequest struct {
+	Pause  bool `json:"pause,omitempty"`
+	Resume bool `json:"resume,omitempty"`
+}
+
 // KillRequest stops a job; Grace overrides the job's grace period when set.
 type KillRequest struct {
 	Grace cluster.Duration `json:"grace,omitempty"`

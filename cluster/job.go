@@ -76,6 +76,9 @@ type JobSpec struct {
 	// OutputSecret names the tenant secret a mirrored job's output routers get, the same
 	// way, for their sink's credentials (an HTTP sink sends it as a bearer token).
 	OutputSecret string `json:"outputSecret,omitempty" yaml:"outputSecret,omitempty"`
+	// Scaling, when set, lets the leading master change Workers on the job's metrics
+	// (scaling.go).
+	Scaling *ScalingPolicy `json:"scaling,omitempty" yaml:"scaling,omitempty"`
 }
 
 // SplitEnv splits the spec's environment into what a worker runs with (a change replaces

@@ -156,6 +156,8 @@ type JobRecord struct {
 	Epoch int64 `json:"epoch,omitempty"`
 	// Rollout is the job's current or last rollout (job update, rollback, restart).
 	Rollout *Rollout `json:"rollout,omitempty"`
+	// Autoscale is the autoscaler's state of a job with a scaling policy.
+	Autoscale *AutoscaleState `json:"autoscale,omitempty"`
 	// OutputTokenHash is the hash of a mirrored job's own token, which the masters present
 	// to its router to fail its output over; the token itself is in no record (see package
 	// multidc).

@@ -163,6 +163,9 @@ func (j *JobSpec) Validate() error {
 		}
 	}
 	j.Update.validate(&ps, "update.", j.Workers)
+	if j.Scaling != nil {
+		j.Scaling.validate(&ps, j.Workers)
+	}
 	j.Placement.validate(&ps)
 	j.validateLinks(&ps)
 	j.validateSecrets(&ps)

@@ -48,8 +48,11 @@ type AgentConfig struct {
 	// agents.DefaultRestartBackoff.
 	RestartBackoff time.Duration
 	PortBase       int
-	LeaseTTL       time.Duration
-	NoLease        bool
+	// MetricsInterval is how often the agent scrapes its workers' metrics
+	// (agents.Config.MetricsInterval; negative: never).
+	MetricsInterval time.Duration
+	LeaseTTL        time.Duration
+	NoLease         bool
 	// RunAs, when set, is who every tenant's process workers run as (the single-tenant
 	// opt-out, see agents.Config.RunAs); nil: each tenant's own uid.
 	RunAs *isolation.User
@@ -287,6 +290,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		Heartbeat:            cfg.Heartbeat,
 		RestartBackoff:       cfg.RestartBackoff,
 		PortBase:             cfg.PortBase,
+		MetricsInterval:      cfg.MetricsInterval,
 		LeaseTTL:             cfg.LeaseTTL,
 		NoLease:              cfg.NoLease,
 		RunAs:                cfg.RunAs,

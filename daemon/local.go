@@ -27,6 +27,7 @@ import (
 	"github.com/stormdock/stormdock/isolation"
 	"github.com/stormdock/stormdock/isolation/docker"
 	"github.com/stormdock/stormdock/master/eventlog"
+	"github.com/stormdock/stormdock/master/jobmetrics"
 )
 
 // SecretsKeyFile is the masters' keyring in a data directory (`up` makes it; see
@@ -90,7 +91,10 @@ type LocalConfig struct {
 	SecretsKey string
 	// Events bounds the cluster's events (eventlog.Config).
 	Events eventlog.Config
-	Logger *slog.Logger
+	// Metrics shapes the master's job metrics; its Interval is also the agents' scrape
+	// interval.
+	Metrics jobmetrics.Config
+	Logger  *slog.Logger
 }
 
 func (c *LocalConfig) defaults() error {
@@ -239,7 +243,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*Local, error) {
 		}
 	}
 	mcfg := MasterConfig{Store: cfg.Store, OpenedStore: c.store, Listen: cfg.API, ID: "local", DataDir: cfg.DataDir, SinkDir: cfg.SinkDir, SecretsKey: cfg.SecretsKey,
-		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, ReregisterGrace: cfg.SessionTimeout, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger}
+		RegistryAuth: cfg.RegistryAuth, Events: cfg.Events, Metrics: cfg.Metrics, ReregisterGrace: cfg.SessionTimeout, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger}
 	if cfg.TLS {
 		if mcfg.TLS, err = MasterTLS(cfg.DataDir, cfg.API); err != nil {
 			return fail(err)
@@ -314,13 +318,15 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 		StateDir:             filepath.Join(c.cfg.DataDir, "nodes", spec.ID),
 		Drivers: DriverConfig{Isolation: iso, Cgroups: cgroups, Docker: c.docker,
 			DockerLabels: map[string]string{"stormdock.local": filepath.Base(c.cfg.DataDir)}},
-		Heartbeat:    c.cfg.Heartbeat,
-		PortBase:     portBase,
-		LogsTLS:      c.cfg.TLS,
-		Health:       health,
-		RegistryAuth: c.cfg.RegistryAuth,
-		Self:         c.cfg.Self,
-		Logger:       c.cfg.Logger,
+		Heartbeat: c.cfg.Heartbeat,
+		PortBase:  portBase,
+		// One interval for both: a master's round then finds each agent's last one fresh.
+		MetricsInterval: c.cfg.Metrics.Interval,
+		LogsTLS:         c.cfg.TLS,
+		Health:          health,
+		RegistryAuth:    c.cfg.RegistryAuth,
+		Self:            c.cfg.Self,
+		Logger:          c.cfg.Logger,
 	})
 	if err != nil {
 		return fmt.Errorf("node %s: %w", spec.ID, err)

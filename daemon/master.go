@@ -28,6 +28,7 @@ import (
 	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/eventlog"
 	"github.com/stormdock/stormdock/master/httpapi"
+	"github.com/stormdock/stormdock/master/jobmetrics"
 )
 
 // MasterConfig is everything a master process is built from.
@@ -66,6 +67,8 @@ type MasterConfig struct {
 	RegistryAuth string
 	// Events bounds and paces the cluster's events (see eventlog.Config).
 	Events eventlog.Config
+	// Metrics shapes the collection and history of the jobs' metrics (jobmetrics.Config).
+	Metrics jobmetrics.Config
 	// TenantUIDs is the range tenants' uids are given from; zero: the default.
 	TenantUIDs cluster.UIDRange
 	// SecretsKey is the keyring file tenant secrets are sealed with (internal/keyring),
@@ -181,7 +184,7 @@ func NewMaster(ctx context.Context, cfg MasterConfig) (m *Master, err error) {
 		}
 	}
 	m.sched, err = master.New(m.store, master.Config{ID: m.cfg.ID, API: m.URL(), RouterStore: routerStore, SinkDir: cfg.SinkDir,
-		ReregisterGrace: cfg.ReregisterGrace, AvoidPeriod: cfg.AvoidPeriod, AvoidMax: cfg.AvoidMax, Resolver: res, Events: cfg.Events, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger, Registry: m.registry,
+		ReregisterGrace: cfg.ReregisterGrace, AvoidPeriod: cfg.AvoidPeriod, AvoidMax: cfg.AvoidMax, Resolver: res, Events: cfg.Events, Metrics: cfg.Metrics, TenantUIDs: cfg.TenantUIDs, Logger: cfg.Logger, Registry: m.registry,
 		Keyring: ring, APICertSHA256: certSHA256(cfg.TLS), StoreWaiting: storeWaiting})
 	if err != nil {
 		return nil, err

@@ -538,7 +538,7 @@ unsigned int la_version(unsigned int v) { mark(); return v; }
 }
 
 // tenantClients gives each tenant a client holding its own token alone.
-func tenantClients(t *testing.T, l *clustertest.Local) map[string]*api.Client {
+func tenantClients(t testing.TB, l *clustertest.Local) map[string]*api.Client {
 	t.Helper()
 	ts, err := l.Client.Tenants(context.Background())
 	if err != nil {
@@ -571,7 +571,7 @@ func tenantUIDs(t *testing.T, cl *api.Client) map[string]int {
 	return out
 }
 
-func submit(t *testing.T, cl *api.Client, spec string) {
+func submit(t testing.TB, cl *api.Client, spec string) {
 	t.Helper()
 	if _, err := cl.SubmitJob(context.Background(), []byte(spec)); err != nil {
 		t.Fatalf("submit: %v\n%s", err, spec)

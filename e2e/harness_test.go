@@ -58,9 +58,15 @@ func newEnsembleHarness(t testing.TB, n int, session time.Duration) *harness {
 // getMetrics reads url/metrics with token ("" sends none) and returns the status and body.
 func getMetrics(t testing.TB, url, token string) (int, string) {
 	t.Helper()
+	return getURL(t, url+"/metrics", token)
+}
+
+// getURL GETs url with token ("" sends none) and returns the status and body.
+func getURL(t testing.TB, url, token string) (int, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

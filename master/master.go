@@ -20,8 +20,10 @@ import (
 	"github.com/stormdock/stormdock/internal/await"
 	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/internal/keyring"
+	"github.com/stormdock/stormdock/master/agentclient"
 	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/master/eventlog"
+	"github.com/stormdock/stormdock/master/jobmetrics"
 )
 
 // Config tunes a master.
@@ -73,7 +75,9 @@ type Config struct {
 	// with it (cluster.MasterInfo) so that agents trust that certificate alone.
 	APICertSHA256 string
 	// Events bounds and paces the cluster's events (see eventlog.go).
-	Events   eventlog.Config
+	Events eventlog.Config
+	// Metrics shapes the collection and history of the jobs' metrics (jobmetrics.go).
+	Metrics  jobmetrics.Config
 	Logger   *slog.Logger
 	Registry prometheus.Registerer
 	// StoreWaiting is set to 1 while Run waits for the store before it can start (see
@@ -144,6 +148,10 @@ type Master struct {
 	wake    chan struct{}
 	// events holds the cluster's events and queues those this master records.
 	events *eventlog.Log
+	// agents signs this master's requests to agents (workers' logs, job metrics).
+	agents *agentclient.Client
+	// collector pulls the jobs' metrics from the agents and keeps their history.
+	collector *jobmetrics.Collector
 	// quit is closed when Run returns: streaming answers (events -f, job logs -f) end.
 	quit     chan struct{}
 	quitOnce sync.Once
@@ -175,6 +183,18 @@ func New(store coord.Store, cfg Config) (*Master, error) {
 		m.cfg.StoreWaiting = await.StoreWaiting(cfg.Registry)
 	}
 	m.events = eventlog.New(store, cfg.Events, cfg.ID, m.log, m.metrics.events)
+	m.agents = agentclient.New(store)
+	mc := cfg.Metrics
+	if mc.Logger == nil {
+		mc.Logger = m.log
+	}
+	if mc.Registerer == nil {
+		mc.Registerer = cfg.Registry
+	}
+	var err error
+	if m.collector, err = jobmetrics.NewCollector(mc, metricsSource{m}, m.agents); err != nil {
+		return nil, fmt.Errorf("master: %w", err)
+	}
 	m.quit = make(chan struct{})
 	m.jobs = newMirror(store, cluster.JobsKey, m.poke)
 	m.nodes = newMirror(store, cluster.NodesKey, m.poke)
@@ -200,6 +220,9 @@ func (m *Master) Waiting() string {
 }
 
 func (m *Master) setWaiting(s string) { m.waiting.Store(&s) }
+
+// Agents is how this master reaches the agents' signed endpoint.
+func (m *Master) Agents() *agentclient.Client { return m.agents }
 
 // Leader reports whether this master leads now.
 func (m *Master) Leader() bool {
@@ -286,6 +309,11 @@ func (m *Master) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		m.repin(ctx)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		m.collect(ctx)
 	}()
 	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs, m.secrets} {
 		wg.Add(1)
@@ -395,6 +423,16 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 		return err
 	}
 	m.backfillUIDs(ctx, kv)
+	actx, stopAutoscale := context.WithCancel(ctx)
+	autoscaleDone := make(chan struct{})
+	go func() {
+		defer close(autoscaleDone)
+		m.autoscale(actx, kv)
+	}()
+	defer func() {
+		stopAutoscale()
+		<-autoscaleDone
+	}()
 	tick := time.NewTicker(m.cfg.Resync)
 	defer tick.Stop()
 	for {

@@ -65,6 +65,9 @@ type Config struct {
 	Isolation []string
 	// Events, when set, hears what the agents do (for a benchmark's clocks).
 	Events Events
+	// Metrics, when set, serves the agents' job metrics to the masters (metrics.go): their
+	// nodes' records name it as their endpoint.
+	Metrics *Metrics
 	// Behavior shapes how workers start, stop and crash, and images pull; Hooks hear it.
 	Behavior Behavior
 	Hooks    Hooks
@@ -155,6 +158,7 @@ type Agent struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	logs   *cluster.LogsEndpoint // where the masters read the node's metrics (Config.Metrics)
 
 	mu      sync.Mutex
 	status  Status
@@ -213,7 +217,11 @@ func Start(ctx context.Context, cfg Config, node cluster.Node) (*Agent, error) {
 		labels["isolation/"+m] = "true"
 	}
 	node.Labels = labels
-	a := &Agent{cfg: cfg, node: node, key: key, assign: assign, instance: fmt.Sprintf("sim-%x", rand.Uint64()),
+	var logs *cluster.LogsEndpoint
+	if cfg.Metrics != nil {
+		node.Addr, logs = cfg.Metrics.Endpoint()
+	}
+	a := &Agent{logs: logs, cfg: cfg, node: node, key: key, assign: assign, instance: fmt.Sprintf("sim-%x", rand.Uint64()),
 		started: time.Now().UTC().Truncate(time.Millisecond), log: cfg.Logger.With("node", node.ID, "component", "sim"),
 		done: make(chan struct{}), workers: map[cluster.WorkerKey]*slot{}, images: map[string]*image{}}
 	begin := time.Now()
@@ -243,6 +251,9 @@ func Start(ctx context.Context, cfg Config, node cluster.Node) (*Agent, error) {
 		return nil, fmt.Errorf("sim: node %s: watch assignment: %w", node.ID, err)
 	}
 	sessions := a.store.SessionEvents(lctx)
+	if cfg.Metrics != nil {
+		cfg.Metrics.add(a)
+	}
 	go a.loop(lctx, w, rec, assignments, sessions)
 	return a, nil
 }
@@ -265,6 +276,9 @@ func (a *Agent) Status() Status {
 
 // Close stops the agent and ends its session: its node entry vanishes at once.
 func (a *Agent) Close() error {
+	if a.cfg.Metrics != nil {
+		a.cfg.Metrics.remove(a)
+	}
 	a.cancel()
 	<-a.done
 	return a.store.Close()
@@ -604,6 +618,7 @@ func (a *Agent) record() ([]byte, error) {
 		Agent:     a.instance,
 		Started:   a.started,
 		Identity:  a.identity(),
+		Logs:      a.logs,
 	})
 }
 

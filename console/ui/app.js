@@ -4,6 +4,7 @@
 import { API } from './api.js';
 import { h, fill, colour } from './dom.js';
 import { ClusterMap } from './map.js';
+import { Charts } from './charts.js';
 import * as views from './views.js';
 
 const TOKEN_KEY = 'stormdock.token';
@@ -22,6 +23,7 @@ let route = { view: 'map', arg: '' };
 let pending = null; // changes not drawn yet
 let jobState = { name: '', status: null, links: null, timer: 0, loading: false, again: false, loaded: 0 };
 let nodeFilter = '';
+let charts = null; // the job page's metrics charts (charts.js)
 
 function emptyChanges() {
   return { full: false, master: false, dcs: new Set(), nodes: new Set(), jobs: new Set(), jobsAdded: false, tenants: new Set() };
@@ -174,6 +176,10 @@ function jobChanged(ch) {
 
 function renderJob() {
   views.job($('view-job'), S, route.arg, jobState.status, jobState.links, actions);
+  if (S.jobs.has(route.arg)) {
+    charts = charts || new Charts(api);
+    charts.attach($('view-job').querySelector('.charts-slot'), route.arg);
+  }
 }
 
 // loadJob fetches the job's workers: at once, or again once the fetch under way is done.
@@ -237,6 +243,7 @@ function go() {
     else a.removeAttribute('aria-current');
   }
   clearInterval(jobState.timer);
+  if (charts && route.view !== 'job') charts.stop();
   if (route.view === 'job') {
     if (jobState.name !== route.arg) jobState = { name: route.arg, status: null, links: null, timer: 0, loading: false, again: false, loaded: 0 };
     jobState.timer = setInterval(jobTick, 1000);
@@ -405,6 +412,7 @@ function showLogin(msg) {
 
 function start(token, fromForm) {
   if (stopWatch) stopWatch();
+  if (charts) { charts.stop(); charts = null; }
   api = new API(token);
   let shown = false;
   stopWatch = api.watch((type, msg, size) => {

@@ -82,6 +82,8 @@ export function job(el, S, name, status, links, act) {
     reasons(j.reasons),
   ];
   if (j.links) parts.push(linksSection(S, j, links, act));
+  // The charts keep their own element across redraws (charts.js): this is where it goes.
+  parts.push(h('div', { class: 'charts-slot' }));
   parts.push(h('h3', null, 'Workers'));
   if (!status) {
     parts.push(h('p', { class: 'muted' }, 'Loading…'));

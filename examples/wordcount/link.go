@@ -22,7 +22,7 @@ const heartbeatEvery = 100 * time.Millisecond
 // runLink is the worker of one link of a mirrored job: it sends its records to the job's
 // output router with the router's protocol (multidc.Sender): heartbeats while idle, a start
 // at the router's first undelivered offset, and a rewind when the router restarted.
-func runLink(ctx context.Context, cfg Config) error {
+func runLink(ctx context.Context, cfg Config, prog *progress) error {
 	s := multidc.NewSender(cfg.OutputURL, cfg.Link, cfg.Worker, cfg.Workers)
 	s.Token = cfg.OutputToken
 	hctx, stop := context.WithCancel(ctx)
@@ -46,7 +46,7 @@ func runLink(ctx context.Context, cfg Config) error {
 	}
 	s.Rewind() // the start already is where the router wants it
 	for {
-		next, err := streamFrom(ctx, cfg, s, from)
+		next, err := streamFrom(ctx, cfg, s, from, prog)
 		if err != nil || ctx.Err() != nil {
 			return err
 		}
@@ -56,7 +56,7 @@ func runLink(ctx context.Context, cfg Config) error {
 
 // streamFrom sends this worker's records from offset from on, until ctx is done (nil) or
 // the router restarted (the offset to start again from).
-func streamFrom(ctx context.Context, cfg Config, s *multidc.Sender, from int64) (int64, error) {
+func streamFrom(ctx context.Context, cfg Config, s *multidc.Sender, from int64, prog *progress) (int64, error) {
 	if IsJetStream(cfg.Input) {
 		return streamFromJetStream(ctx, cfg, s, from)
 	}
@@ -105,6 +105,7 @@ func streamFrom(ctx context.Context, cfg Config, s *multidc.Sender, from int64) 
 			if next, again := s.Rewind(); again {
 				return next, nil
 			}
+			prog.at(offset, from, cfg.Worker, cfg.Workers, true)
 			if !pause(ctx, cfg.Poll) {
 				break
 			}
@@ -113,6 +114,7 @@ func streamFrom(ctx context.Context, cfg Config, s *multidc.Sender, from int64) 
 		partial = nil
 		if offset >= from && Mine(offset, cfg.Worker, cfg.Workers) {
 			if cfg.Rate > 0 {
+				begin = paced(begin, emitted, cfg.Rate)
 				due := begin.Add(time.Duration(float64(emitted) / cfg.Rate * float64(time.Second)))
 				if d := time.Until(due); d > 0 {
 					if next, again, err := flush(); err != nil || again {
@@ -130,6 +132,7 @@ func streamFrom(ctx context.Context, cfg Config, s *multidc.Sender, from int64) 
 			}
 			n++
 			emitted++
+			prog.done()
 			if n >= batchRecords {
 				if next, again, err := flush(); err != nil || again {
 					return next, err
@@ -137,6 +140,7 @@ func streamFrom(ctx context.Context, cfg Config, s *multidc.Sender, from int64) 
 			}
 		}
 		offset++
+		prog.at(offset, from, cfg.Worker, cfg.Workers, false)
 	}
 	// Draining on SIGTERM: what is batched still goes out.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Drain)

@@ -104,7 +104,7 @@ func (f *follower) wait(ctx context.Context, d time.Duration) bool {
 // runLedger is the worker of a job whose output is a file and which has a live
 // configuration: it re-partitions whenever the worker count changes, agreeing through the
 // ledger (ledger.go) on who owns each offset, so the output holds each offset once.
-func runLedger(ctx context.Context, cfg Config) error {
+func runLedger(ctx context.Context, cfg Config, prog *progress) error {
 	f, err := newFollower(cfg.ConfigFile, cfg.Reload)
 	if err != nil {
 		return err
@@ -147,7 +147,7 @@ func runLedger(ctx context.Context, cfg Config) error {
 		}
 		next := resume
 		if p != nil && changed == nil {
-			next, changed, err = scan(ctx, cfg, l, out, f, p, conf, resume)
+			next, changed, err = scan(ctx, cfg, l, out, f, p, conf, resume, prog)
 			if errors.Is(err, errSuperseded) {
 				// Another instance of this index took the epoch over (this one's node was cut
 				// off, its lease lapsed, and it is draining while its replacement runs): what
@@ -227,7 +227,7 @@ func waitPartition(ctx context.Context, cfg Config, l *ledger, f *follower, conf
 // scan reads the input from its start and emits the records of the offsets p gives this
 // worker from resume on, until ctx is done or the configuration changes (returned). next is
 // 1 + the last offset emitted (resume when none): every offset it owns below is out.
-func scan(ctx context.Context, cfg Config, l *ledger, out *os.File, f *follower, p *partition, conf cluster.WorkerConfig, resume int64) (next int64, changed *cluster.WorkerConfig, err error) {
+func scan(ctx context.Context, cfg Config, l *ledger, out *os.File, f *follower, p *partition, conf cluster.WorkerConfig, resume int64, prog *progress) (next int64, changed *cluster.WorkerConfig, err error) {
 	src, closeSrc, err := openInput(cfg)
 	if err != nil {
 		return resume, nil, err
@@ -283,6 +283,7 @@ func scan(ctx context.Context, cfg Config, l *ledger, out *os.File, f *follower,
 			if err := flush(); err != nil {
 				return resume, nil, err
 			}
+			prog.at(offset, resume, conf.Worker, conf.Workers, true)
 			if !f.wait(ctx, cfg.Poll) {
 				return stopping()
 			}
@@ -291,6 +292,7 @@ func scan(ctx context.Context, cfg Config, l *ledger, out *os.File, f *follower,
 		partial = nil
 		if e, w := p.owner(offset); offset >= resume && e == conf.Epoch && w == conf.Worker {
 			if cfg.Rate > 0 {
+				begin = paced(begin, emitted, cfg.Rate)
 				due := begin.Add(time.Duration(float64(emitted) / cfg.Rate * float64(time.Second)))
 				for d := time.Until(due); d > 0; d = time.Until(due) {
 					if err := flush(); err != nil {
@@ -311,6 +313,7 @@ func scan(ctx context.Context, cfg Config, l *ledger, out *os.File, f *follower,
 			}
 			n++
 			emitted++
+			prog.done()
 			next = offset + 1
 			if n >= batchRecords {
 				if err := flush(); err != nil {
@@ -319,5 +322,6 @@ func scan(ctx context.Context, cfg Config, l *ledger, out *os.File, f *follower,
 			}
 		}
 		offset++
+		prog.at(offset, resume, conf.Worker, conf.Workers, false)
 	}
 }

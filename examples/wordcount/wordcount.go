@@ -63,6 +63,9 @@ type Config struct {
 	Stdout      io.Writer
 	// Rate caps the records emitted per second; 0 means unpaced.
 	Rate float64
+	// Metrics, when set, counts the records emitted and keeps the input backlog
+	// (metrics.go).
+	Metrics *Metrics
 	// Worker and Workers say which lines are this worker's: offset % Workers == Worker.
 	Worker, Workers int
 	Job, Link       string
@@ -149,14 +152,16 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	prog := newProgress(cfg.Metrics, cfg.Input)
+	defer prog.close()
 	if cfg.Link != "" && (cfg.OutputURL != "" || cfg.ConfigFile != "") && cfg.Output == "" {
-		return runLink(ctx, cfg)
+		return runLink(ctx, cfg, prog)
 	}
 	if IsJetStream(cfg.Input) {
 		return fmt.Errorf("wordcount: --input %s: a JetStream input is read by the link workers of a mirrored job (links: and an output)", cfg.Input)
 	}
 	if cfg.ConfigFile != "" && cfg.Output != "" {
-		return runLedger(ctx, cfg)
+		return runLedger(ctx, cfg, prog)
 	}
 	var src io.Reader
 	follow := false
@@ -174,7 +179,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	w := &worker{cfg: cfg, out: out, follow: follow}
+	w := &worker{cfg: cfg, out: out, follow: follow, prog: prog}
 	if cfg.ConfigFile != "" {
 		// Without a shared output file there is nothing to agree through: a new worker count
 		// applies from the offset this worker is at, so offsets near the change may be
@@ -197,6 +202,7 @@ type worker struct {
 	out     sink
 	follow  bool
 	live    *follower
+	prog    *progress
 	emitted int64
 	begin   time.Time
 }
@@ -217,6 +223,7 @@ func (w *worker) run(ctx context.Context, r *bufio.Reader) error {
 				return err
 			}
 			offset++
+			w.prog.at(offset, 0, w.cfg.Worker, w.cfg.Workers, false)
 			continue
 		}
 		if !errors.Is(err, io.EOF) {
@@ -231,6 +238,7 @@ func (w *worker) run(ctx context.Context, r *bufio.Reader) error {
 			offset++
 			partial = nil
 		}
+		w.prog.at(offset, 0, w.cfg.Worker, w.cfg.Workers, true)
 		// Idle: make what was emitted visible before waiting for more.
 		if err := w.out.Flush(ctx); err != nil && ctx.Err() == nil {
 			return err
@@ -260,6 +268,7 @@ func (w *worker) line(ctx context.Context, offset int64, line []byte) error {
 		return nil
 	}
 	if w.cfg.Rate > 0 {
+		w.begin = paced(w.begin, w.emitted, w.cfg.Rate)
 		due := w.begin.Add(time.Duration(float64(w.emitted) / w.cfg.Rate * float64(time.Second)))
 		if d := time.Until(due); d > 0 {
 			if err := w.out.Flush(ctx); err != nil && ctx.Err() == nil {
@@ -281,6 +290,21 @@ func (w *worker) line(ctx context.Context, offset int64, line []byte) error {
 	if err := w.out.Write(ctx, rec); err != nil {
 		return err
 	}
+	w.prog.done()
 	w.emitted++
 	return nil
+}
+
+// maxBurst is how much of the rate a worker that waited for input may catch up on: Rate
+// is a cap, as a worker's capacity is, not a budget that grows while it idles.
+const maxBurst = time.Second
+
+// paced is the pacing start for emitted records at rate: begin, moved forward so that at
+// most maxBurst of unused rate is left.
+func paced[N int | int64](begin time.Time, emitted N, rate float64) time.Time {
+	due := begin.Add(time.Duration(float64(emitted) / rate * float64(time.Second)))
+	if late := time.Since(due); late > maxBurst {
+		return begin.Add(late - maxBurst)
+	}
+	return begin
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/ctxtime"
+	"github.com/stormdock/stormdock/master/jobmetrics"
 	"github.com/stormdock/stormdock/placement/synth"
 )
 
@@ -52,6 +53,12 @@ type Config struct {
 	// MasterBinary, when set, runs the master as `MasterBinary master ...`, a process of its
 	// own; otherwise it runs in this process (its memory and cpu then include the agents').
 	MasterBinary string
+	// MetricsSeries is how many series each simulated worker serves (half gauges, half
+	// counters; the five an agent measures come on top): the agents then serve job metrics
+	// and the master pulls them every MetricsInterval (its --metrics-interval; default 10s,
+	// negative: off). 0 serves none.
+	MetricsSeries   int
+	MetricsInterval time.Duration
 	// SkipDC skips the data-center loss.
 	SkipDC bool
 	Seed   uint64
@@ -87,10 +94,12 @@ type Report struct {
 	StartedTwice int `json:"startedTwice"`
 
 	Steady Steady `json:"steady"`
-	Store  Store  `json:"store"`
-	Poll   Poll   `json:"poll"`
-	Rack   Phase  `json:"rackLoss"`
-	DC     *Phase `json:"dcLoss,omitempty"`
+	// Metrics is the master's job metrics when the agents serve them.
+	Metrics *Metrics `json:"metrics,omitempty"`
+	Store   Store    `json:"store"`
+	Poll    Poll     `json:"poll"`
+	Rack    Phase    `json:"rackLoss"`
+	DC      *Phase   `json:"dcLoss,omitempty"`
 
 	// AgentSessionsExpired counts simulated agents' sessions that expired over the run
 	// (the bench process too slow to keep them): not 0 means the machine could not hold
@@ -135,6 +144,24 @@ type Steady struct {
 	MasterCPU                 float64 `json:"masterCPUSeconds"`
 }
 
+// Metrics is what the master's job metrics cost: collection, history and the API.
+type Metrics struct {
+	IntervalSeconds float64 `json:"intervalSeconds"`
+	SeriesPerWorker int     `json:"seriesPerWorker"`
+	// Covered is from the last submission to every job's series in the master's history.
+	Covered float64 `json:"coveredSeconds"`
+	// Series and HistoryBytes are what the master keeps (its stormdock_master_job_metrics_*).
+	Series         int64   `json:"series"`
+	HistoryBytes   int64   `json:"historyBytes"`
+	BytesPerSeries float64 `json:"bytesPerSeries"`
+	// Rounds and RoundMeanSeconds are the master's rounds over the steady state, NodeFailures
+	// the nodes it could not read in them; Answers the agents' answers served.
+	Rounds           int     `json:"rounds"`
+	RoundMeanSeconds float64 `json:"roundMeanSeconds"`
+	NodeFailures     int     `json:"nodeFailures"`
+	Answers          int64   `json:"answers"`
+}
+
 // Store is what ZooKeeper holds at steady state.
 type Store struct {
 	Znodes          int64 `json:"znodes"`
@@ -156,9 +183,13 @@ type Poll struct {
 	ListP99   float64 `json:"jobListP99Ms"`
 	StatusP50 float64 `json:"jobStatusP50Ms"`
 	StatusP99 float64 `json:"jobStatusP99Ms"`
-	Requests  int     `json:"requests"`
-	Errors    int     `json:"errors"`
-	MasterCPU float64 `json:"masterCPUSeconds"`
+	// MetricsP50 and MetricsP99 are `job metrics` (a job's whole history), when the agents
+	// serve metrics.
+	MetricsP50 float64 `json:"jobMetricsP50Ms,omitempty"`
+	MetricsP99 float64 `json:"jobMetricsP99Ms,omitempty"`
+	Requests   int     `json:"requests"`
+	Errors     int     `json:"errors"`
+	MasterCPU  float64 `json:"masterCPUSeconds"`
 }
 
 func (c *Config) defaults() error {
@@ -236,6 +267,7 @@ type run struct {
 	keys    []cluster.WorkerKey
 	agentMu sync.Mutex
 	agents  map[string]*sim.Agent
+	metrics *sim.Metrics // the agents' metrics endpoint, when they serve metrics
 }
 
 func (r *run) logf(format string, args ...any) {
@@ -304,6 +336,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := r.submit(ctx); err != nil {
 		return nil, err
 	}
+	if err := r.collected(ctx); err != nil {
+		return nil, err
+	}
 	if err := r.steady(ctx); err != nil {
 		return nil, err
 	}
@@ -363,6 +398,13 @@ func (r *run) register(ctx context.Context) error {
 	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS,
 		ConnectTimeout: 60 * time.Second},
 		Heartbeat: r.cfg.Heartbeat, Churn: r.cfg.Churn, Events: r.tr, Logger: r.cfg.Logger}
+	if r.cfg.MetricsSeries > 0 {
+		m, err := sim.NewMetrics(r.admin, r.cfg.MetricsSeries)
+		if err != nil {
+			return err
+		}
+		r.metrics, scfg.Metrics = m, m
+	}
 	r.logf("starting %d simulated agents", len(r.nodes))
 	if err := parallel(ctx, len(r.nodes), 32, func(i int) error {
 		a, err := sim.Start(ctx, scfg, r.nodes[i])
@@ -460,6 +502,20 @@ func (r *run) steady(ctx context.Context) error {
 		AgentWritesPerNodePerHeartbeat: round(float64(w1-w0)/n/beats, 3),
 		WritesPerNodePerHeartbeat:      round(float64(b.zk.nsWrites-a.zk.nsWrites)/n/beats, 3)}
 	r.rep.Store = Store{Znodes: b.zk.znodes, DataBytes: b.zk.dataBytes, Watches: b.zk.watches, Connections: b.zk.conns, Ephemerals: b.zk.ephemerals}
+	if m := r.rep.Metrics; m != nil {
+		m.Rounds = int(b.metrics["stormdock_master_job_metrics_round_seconds_count"] - a.metrics["stormdock_master_job_metrics_round_seconds_count"])
+		if m.Rounds > 0 {
+			m.RoundMeanSeconds = round((b.metrics["stormdock_master_job_metrics_round_seconds_sum"]-a.metrics["stormdock_master_job_metrics_round_seconds_sum"])/float64(m.Rounds), 3)
+		}
+		m.NodeFailures = int(b.metrics["stormdock_master_job_metrics_node_failures_total"] - a.metrics["stormdock_master_job_metrics_node_failures_total"])
+		m.Series, m.HistoryBytes = int64(b.metrics["stormdock_master_job_metrics_series"]), int64(b.metrics["stormdock_master_job_metrics_history_bytes"])
+		if m.Series > 0 {
+			m.BytesPerSeries = round(float64(m.HistoryBytes)/float64(m.Series), 1)
+		}
+		m.Answers = r.metrics.Answers()
+		r.logf("job metrics: %d series kept, %s of history (%.0f B a series); %d rounds of %.2fs on average, %d node failures; master cpu %.2fs over %.0fs",
+			m.Series, mib(m.HistoryBytes), m.BytesPerSeries, m.Rounds, m.RoundMeanSeconds, m.NodeFailures, r.rep.Steady.MasterCPU, rt.Seconds)
+	}
 	r.logf("steady: %.0f ZooKeeper writes/s, %.3f per node per heartbeat; %d znodes, %s", rt.WritesPerSecond,
 		r.rep.Steady.WritesPerNodePerHeartbeat, b.zk.znodes, mib(b.zk.dataBytes))
 	return r.recordSizes(ctx)
@@ -528,7 +584,7 @@ func (r *run) poll(ctx context.Context) error {
 	}
 	r.logf("%d clients polling job list and job status for %s", r.cfg.Pollers, r.cfg.Poll)
 	var mu sync.Mutex
-	var list, status []time.Duration
+	var list, status, metrics []time.Duration
 	errs := 0
 	deadline := time.Now().Add(r.cfg.Poll)
 	var wg sync.WaitGroup
@@ -545,8 +601,21 @@ func (r *run) poll(ctx context.Context) error {
 				t1 := time.Now()
 				_, err2 := cl.Job(ctx, r.jobs[rng.IntN(len(r.jobs))].Name)
 				d2 := time.Since(t1)
+				var d3 time.Duration
+				var err3 error
+				if r.metrics != nil {
+					t2 := time.Now()
+					_, err3 = cl.JobMetrics(ctx, r.jobs[rng.IntN(len(r.jobs))].Name, nil, "")
+					d3 = time.Since(t2)
+				}
 				mu.Lock()
 				list, status = append(list, d), append(status, d2)
+				if r.metrics != nil {
+					metrics = append(metrics, d3)
+				}
+				if err3 != nil {
+					errs++
+				}
 				if err != nil {
 					errs++
 				}
@@ -563,8 +632,8 @@ func (r *run) poll(ctx context.Context) error {
 		return err
 	}
 	r.rep.Poll = Poll{Clients: r.cfg.Pollers, Seconds: round(b.at.Sub(a.at).Seconds(), 2), ListP50: ms(pct(list, 50)), ListP99: ms(pct(list, 99)),
-		StatusP50: ms(pct(status, 50)), StatusP99: ms(pct(status, 99)), Requests: len(list) + len(status), Errors: errs,
-		MasterCPU: round((b.cpu - a.cpu).Seconds(), 2)}
+		StatusP50: ms(pct(status, 50)), StatusP99: ms(pct(status, 99)), Requests: len(list) + len(status) + len(metrics), Errors: errs,
+		MasterCPU: round((b.cpu - a.cpu).Seconds(), 2), MetricsP50: ms(pct(metrics, 50)), MetricsP99: ms(pct(metrics, 99))}
 	r.logf("job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms; %d requests, %d errors",
 		r.rep.Poll.ListP50, r.rep.Poll.ListP99, r.rep.Poll.StatusP50, r.rep.Poll.StatusP99, r.rep.Poll.Requests, errs)
 	return nil
@@ -654,6 +723,8 @@ type sample struct {
 	// reconciles and reconcileSecs are the leader's reconcile count and total duration.
 	reconciles    int
 	reconcileSecs float64
+	// metrics are the master's job metrics series (metricNames), when they are on.
+	metrics map[string]float64
 }
 
 func (r *run) mark(ctx context.Context) (sample, error) {
@@ -662,8 +733,47 @@ func (r *run) mark(ctx context.Context) (sample, error) {
 		return sample{}, fmt.Errorf("read ZooKeeper's counters: %w", err)
 	}
 	u, _ := procUsage(r.master.pid)
-	n, secs := reconcileMetrics(ctx, r.master.url, r.master.scrape)
-	return sample{at: time.Now(), zk: z, cpu: u.cpu, reconciles: n, reconcileSecs: secs}, nil
+	vals := masterMetrics(ctx, r.master.url, r.master.scrape)
+	return sample{at: time.Now(), zk: z, cpu: u.cpu, reconciles: int(vals[reconcileCount]), reconcileSecs: vals[reconcileSum], metrics: vals}, nil
+}
+
+// collected waits, when the agents serve metrics, until the master's history holds every
+// job with all its workers counted.
+func (r *run) collected(ctx context.Context) error {
+	if r.metrics == nil {
+		return nil
+	}
+	start := time.Now()
+	want := map[string]int{}
+	for _, j := range r.jobs {
+		want[j.Name] = j.TotalWorkers()
+	}
+	last := ""
+	if err := r.until(ctx, "every job's metrics in the master's history", func() (bool, error) {
+		m, err := r.cl.LatestMetrics(ctx)
+		if err != nil {
+			return false, err
+		}
+		full := 0
+		for _, j := range m.Jobs {
+			if int(j.Values[api.SeriesWorkers]) == want[j.Job] {
+				full++
+			}
+		}
+		if s := fmt.Sprintf("%d of %d jobs", full, len(want)); s != last {
+			last = s
+			r.logf("job metrics: %s with every worker counted", s)
+		}
+		return full == len(want), nil
+	}); err != nil {
+		return err
+	}
+	iv := r.cfg.MetricsInterval
+	if iv == 0 {
+		iv = jobmetrics.DefaultInterval
+	}
+	r.rep.Metrics = &Metrics{IntervalSeconds: iv.Seconds(), SeriesPerWorker: r.cfg.MetricsSeries, Covered: round(time.Since(start).Seconds(), 2)}
+	return nil
 }
 
 // settle waits until keys are all assigned and acknowledged, and returns the phase's times.
@@ -775,6 +885,9 @@ func (r *run) cleanup() {
 	r.agents = map[string]*sim.Agent{}
 	r.agentMu.Unlock()
 	_ = parallel(context.Background(), len(agents), 64, func(i int) error { return agents[i].Close() })
+	if r.metrics != nil {
+		_ = r.metrics.Close()
+	}
 	if r.master != nil {
 		_ = r.master.stop()
 		r.master = nil

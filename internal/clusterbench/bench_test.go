@@ -30,6 +30,7 @@ func TestBenchCluster(t *testing.T) {
 		Store: "zk://" + zk.Addr(), Nodes: 200, Workers: 2000, Jobs: 20, DCs: 4, Racks: 5, Slots: 16,
 		Heartbeat: 200 * time.Millisecond, Churn: 0.2, SessionTimeout: 5 * time.Second,
 		Steady: 2 * time.Second, Poll: time.Second, Pollers: 10, Settle: testenv.Timeout(2 * time.Minute),
+		MetricsSeries: 4, MetricsInterval: 500 * time.Millisecond,
 		Progress: &progress,
 	})
 	t.Log("progress:\n" + progress.String())
@@ -45,6 +46,11 @@ func TestBenchCluster(t *testing.T) {
 	// Read from the leader's /metrics with the scrape token: none would mean the scrape was refused.
 	if rep.Submit.Reconciles == 0 {
 		t.Errorf("submit: no reconciles read from the master's /metrics")
+	}
+	// Every job's metrics pulled from the simulated agents' signed endpoint: 2,000 workers of
+	// 4 series and the agents' 5, in 20 jobs: at least 20 x 10 series (throughput included).
+	if m := rep.Metrics; m == nil || m.Series < 200 || m.Rounds == 0 || m.Answers == 0 || rep.Poll.MetricsP99 == 0 {
+		t.Errorf("job metrics: %+v, job metrics p99 %v", rep.Metrics, rep.Poll.MetricsP99)
 	}
 	if rep.StartedTwice != 0 {
 		t.Errorf("%d workers started more than once", rep.StartedTwice)

@@ -19,6 +19,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
+	"github.com/stormdock/stormdock/master/jobmetrics"
 )
 
 // master is the master under test: in this process, or a process of its own whose memory
@@ -54,6 +55,12 @@ func startMaster(ctx context.Context, cfg Config, storeURL, dir string) (*master
 	}
 	args := []string{"master", "--store", storeURL, "--api", "127.0.0.1:0", "--data", dir,
 		"--session-timeout", cfg.SessionTimeout.String(), "--reregister-grace", masterGrace.String()}
+	switch {
+	case cfg.MetricsInterval < 0:
+		args = append(args, "--metrics-interval", "0")
+	case cfg.MetricsInterval > 0:
+		args = append(args, "--metrics-interval", cfg.MetricsInterval.String())
+	}
 	for _, f := range [][2]string{{"--store-ca", cfg.StoreTLS.CA}, {"--store-cert", cfg.StoreTLS.Cert}, {"--store-key", cfg.StoreTLS.Key}} {
 		if f[1] != "" {
 			args = append(args, f[0], f[1])
@@ -116,7 +123,7 @@ func startInProcess(ctx context.Context, cfg Config, storeURL, dir string) (*mas
 	}
 	log := slog.New(slog.NewTextHandler(logFile, nil))
 	dm, err := daemon.NewMaster(ctx, daemon.MasterConfig{Store: storeURL, StoreOptions: coord.Options{SessionTimeout: cfg.SessionTimeout, TLS: cfg.StoreTLS},
-		Listen: "127.0.0.1:0", DataDir: dir, ReregisterGrace: masterGrace, Logger: log})
+		Listen: "127.0.0.1:0", DataDir: dir, ReregisterGrace: masterGrace, Logger: log, Metrics: jobmetrics.Config{Interval: cfg.MetricsInterval}})
 	if err != nil {
 		logFile.Close()
 		return nil, err
@@ -190,35 +197,49 @@ func procUsage(pid int) (usage, error) {
 	return u, nil
 }
 
-// reconcileMetrics reads the leader's reconcile count and total duration from its /metrics,
-// with the scrape token.
-func reconcileMetrics(ctx context.Context, base, token string) (int, float64) {
+// The master's series the benchmark reads.
+const (
+	reconcileCount = "stormdock_master_reconcile_duration_seconds_count"
+	reconcileSum   = "stormdock_master_reconcile_duration_seconds_sum"
+)
+
+var metricNames = []string{reconcileCount, reconcileSum,
+	"stormdock_master_job_metrics_round_seconds_count", "stormdock_master_job_metrics_round_seconds_sum",
+	"stormdock_master_job_metrics_series", "stormdock_master_job_metrics_history_bytes"}
+
+// masterMetrics reads the master's series the benchmark uses from its /metrics, with the
+// scrape token (the node failures summed over their reasons).
+func masterMetrics(ctx context.Context, base, token string) map[string]float64 {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	out := map[string]float64{}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
-		return 0, 0
+		return out
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, 0
+		return out
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, 0 // a refused token reads as no figures, not as the error's text
+		return out // a refused token reads as no figures, not as the error's text
 	}
-	var n int
-	var sum float64
 	s := bufio.NewScanner(resp.Body)
 	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "stormdock_master_reconcile_duration_seconds_count "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			n = int(f)
+		line := s.Text()
+		for _, name := range metricNames {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				out[name], _ = strconv.ParseFloat(v, 64)
+			}
 		}
-		if v, ok := strings.CutPrefix(s.Text(), "stormdock_master_reconcile_duration_seconds_sum "); ok {
-			sum, _ = strconv.ParseFloat(v, 64)
+		if v, ok := strings.CutPrefix(line, "stormdock_master_job_metrics_node_failures_total{"); ok {
+			if _, num, ok := strings.Cut(v, "} "); ok {
+				f, _ := strconv.ParseFloat(num, 64)
+				out["stormdock_master_job_metrics_node_failures_total"] += f
+			}
 		}
 	}
-	return n, sum
+	return out
 }

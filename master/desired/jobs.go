@@ -141,8 +141,90 @@ func decodeJob(name string, val []byte, exists bool) (cluster.JobRecord, error) 
 }
 
 // ScaleJob sets a job's worker count, checking the quota for growth. Workers that stay keep
-// running: the generation does not change.
+// running: the generation does not change. A job with a scaling policy has it paused: a
+// hand on the count outranks the policy until `job autoscale NAME --resume`.
 func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluster.JobRecord, error) {
+	return ScaleJobAs(ctx, s, name, workers, "")
+}
+
+// ScaleJobAs is ScaleJob recording who paused the job's scaling policy, if it has one.
+func ScaleJobAs(ctx context.Context, s coord.KV, name string, workers int, who string) (cluster.JobRecord, error) {
+	return scaleJob(ctx, s, name, workers, func(rec *cluster.JobRecord) error {
+		if rec.Spec.Scaling != nil {
+			as := autoscaleOf(rec)
+			as.Paused, as.PausedAt, as.PausedBy = true, time.Now().UTC(), who
+		}
+		return nil
+	})
+}
+
+func autoscaleOf(rec *cluster.JobRecord) *cluster.AutoscaleState {
+	if rec.Autoscale == nil {
+		rec.Autoscale = &cluster.AutoscaleState{}
+	}
+	return rec.Autoscale
+}
+
+// ErrPolicyChanged: the job's scaling policy is gone, paused, or the count moved since the
+// autoscaler read it: it decides again from what is stored.
+var ErrPolicyChanged = errors.New("the job's scaling changed since it was read")
+
+// AutoscaleJob is the autoscaler's change of a job's worker count, from d.From to d.To,
+// through the same path as ScaleJob (quota, a new epoch), with d recorded as the policy's
+// last decision. It refuses (ErrPolicyChanged) a job whose policy is gone or paused, or
+// whose count is no longer d.From.
+func AutoscaleJob(ctx context.Context, s coord.KV, name string, d cluster.ScalingDecision) (cluster.JobRecord, error) {
+	return scaleJob(ctx, s, name, d.To, func(rec *cluster.JobRecord) error {
+		switch {
+		case rec.Spec.Scaling == nil:
+			return fmt.Errorf("%w: job %s has no scaling policy now", ErrPolicyChanged, name)
+		case rec.Autoscale != nil && rec.Autoscale.Paused:
+			return fmt.Errorf("%w: job %s's scaling policy is paused", ErrPolicyChanged, name)
+		case rec.Spec.Workers != d.From:
+			return fmt.Errorf("%w: job %s has %d workers, not %d", ErrPolicyChanged, name, rec.Spec.Workers, d.From)
+		}
+		autoscaleOf(rec).Last = &d
+		return nil
+	})
+}
+
+// SetAutoscale pauses or resumes a job's scaling policy (`job autoscale NAME --pause`,
+// `--resume`); who is recorded with a pause.
+func SetAutoscale(ctx context.Context, s coord.KV, name string, pause bool, who string) (cluster.JobRecord, error) {
+	var rec cluster.JobRecord
+	key, err := keyOf(cluster.JobKey(name))
+	if err != nil {
+		return rec, err
+	}
+	_, err = coord.Update(ctx, s, key, func(cur []byte, exists bool) ([]byte, error) {
+		var err error
+		if rec, err = decodeJob(name, cur, exists); err != nil {
+			return nil, err
+		}
+		if rec.State != cluster.JobRunning {
+			return nil, fmt.Errorf("%w: job %q is being killed", api.ErrBadInput, name)
+		}
+		if rec.Spec.Scaling == nil {
+			return nil, fmt.Errorf("%w: job %s has no scaling: block to pause or resume (add one with `stormdock job update`)", api.ErrBadInput, name)
+		}
+		as := autoscaleOf(&rec)
+		if pause {
+			as.Paused, as.PausedAt, as.PausedBy = true, time.Now().UTC(), who
+		} else {
+			as.Paused, as.PausedAt, as.PausedBy = false, time.Time{}, ""
+		}
+		rec.Updated = time.Now().UTC()
+		return json.Marshal(rec)
+	})
+	if err != nil {
+		return cluster.JobRecord{}, busy(err, "job "+name)
+	}
+	return rec, nil
+}
+
+// scaleJob is ScaleJob's read-modify-write; change, when set, adjusts the record (or
+// refuses) before it is written.
+func scaleJob(ctx context.Context, s coord.KV, name string, workers int, change func(*cluster.JobRecord) error) (cluster.JobRecord, error) {
 	if workers < 1 || workers > cluster.MaxWorkersPerJob {
 		return cluster.JobRecord{}, fmt.Errorf("%w: workers must be between 1 and %d (kill the job to stop it)", api.ErrBadInput, cluster.MaxWorkersPerJob)
 	}
@@ -173,10 +255,16 @@ func ScaleJob(ctx context.Context, s coord.KV, name string, workers int) (cluste
 				return err
 			}
 		}
+		if change != nil {
+			// Before the count changes: it sees the record as stored.
+			if err := change(&rec); err != nil {
+				return err
+			}
+		}
 		if rec.Spec.Workers != spec.Workers {
 			rec.Epoch = max(rec.Epoch, 1) + 1
 		}
-		rec.Spec = spec
+		rec.Spec.Workers = spec.Workers
 		rec.Updated = time.Now().UTC()
 		val, _ := json.Marshal(rec)
 		tenantKey, err := keyOf(cluster.TenantKey(spec.Tenant))

@@ -98,7 +98,13 @@ func UpdateJob(ctx context.Context, s coord.KV, name string, c Change) (cluster.
 		return cluster.JobRecord{}, false, fmt.Errorf("%w: the spec is of job %q, not %q", api.ErrBadInput, c.Spec.Name, name)
 	}
 	return changeJob(ctx, s, name, cluster.RolloutUpdate, c, func(rec cluster.JobRecord, _ cluster.JobHistory) (cluster.JobSpec, *cluster.ImagePin, error) {
-		return *c.Spec, c.Pin, nil
+		spec := *c.Spec
+		if spec.Scaling != nil && rec.Spec.Scaling != nil && (rec.Autoscale == nil || !rec.Autoscale.Paused) {
+			// The policy owns the worker count: an update keeps the count it set (within
+			// the new policy's range), rather than undo its work with the file's.
+			spec.Workers = min(max(rec.Spec.Workers, spec.Scaling.Min), spec.Scaling.Max)
+		}
+		return spec, c.Pin, nil
 	})
 }
 

@@ -30,7 +30,7 @@ func New(m *master.Master, cfg Config) *API {
 		cfg.Registry = m.Registry()
 	}
 	a := &API{m: m, cfg: cfg, store: m.Store(), log: m.Logger(), authFails: api.NewFailLimiter(),
-		logKey: &logKeyCache{store: m.Store()}, metrics: newMetrics(cfg.Registry)}
+		logKey: m.Agents(), metrics: newMetrics(cfg.Registry)}
 	mux := http.NewServeMux()
 	route := func(pattern string, need role, h http.HandlerFunc) {
 		mux.HandleFunc(pattern, a.secure(pattern, need, h))
@@ -41,6 +41,7 @@ func New(m *master.Master, cfg Config) *API {
 	route("POST /v1/jobs", roleTenant, a.submitJob)
 	route("GET /v1/jobs/{name}", roleTenant, a.getJob)
 	route("POST /v1/jobs/{name}/scale", roleTenant, a.scaleJob)
+	route("POST /v1/jobs/{name}/autoscale", roleTenant, a.autoscaleJob)
 	route("POST /v1/jobs/{name}/kill", roleTenant, a.killJob)
 	route("POST /v1/jobs/{name}/update", roleTenant, a.updateJob)
 	route("POST /v1/jobs/{name}/rollback", roleTenant, a.rollbackJob)
@@ -50,7 +51,11 @@ func New(m *master.Master, cfg Config) *API {
 	route("POST /v1/jobs/{name}/promote", roleTenant, a.rolloutAction(desired.ActionPromote))
 	route("GET /v1/jobs/{name}/history", roleTenant, a.jobHistory)
 	route("GET /v1/jobs/{name}/logs", roleTenant, a.jobLogs)
+	route("GET /v1/jobs/{name}/metrics", roleTenant, a.jobMetrics)
+	route("GET /v1/jobs/{name}/metrics/workers", roleTenant, a.jobWorkerMetrics)
+	route("GET /v1/metrics/latest", roleTenant, a.latestMetrics)
 	route("GET /v1/events", roleTenant, a.listEvents)
+	route("POST /v1/events", roleAdmin, a.recordEvent)
 	route("GET /v1/nodes", roleTenant, a.listNodes)
 	route("POST /v1/nodes/{id}/drain", roleAdmin, a.drainNode(true))
 	route("POST /v1/nodes/{id}/undrain", roleAdmin, a.drainNode(false))
@@ -81,6 +86,8 @@ func New(m *master.Master, cfg Config) *API {
 		// Not one of a.routes: no API token opens it, and the scrape token opens nothing else.
 		mux.HandleFunc("GET /metrics", a.guard(roleScrape, promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}).ServeHTTP))
 	}
+	// The jobs' series for Prometheus federation: opened by the same tokens as /metrics.
+	mux.HandleFunc("GET /v1/metrics/jobs", a.guard(roleScrape, a.federate))
 	mux.HandleFunc("/", notFound(mux))
 	a.mux = mux
 	return a
@@ -155,6 +162,10 @@ func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
+	if err := a.m.CheckScaling(spec); err != nil {
+		failErr(w, err)
+		return
+	}
 	// The registry is asked before the store, outside its retries: a slow registry delays
 	// this submit only.
 	pin := a.m.PinImage(r.Context(), spec, 1)
@@ -184,11 +195,12 @@ func (a *API) scaleJob(w http.ResponseWriter, r *http.Request) {
 	if !a.mayUseJob(w, r) {
 		return
 	}
-	rec, err := desired.ScaleJob(r.Context(), a.store, r.PathValue("name"), req.Workers)
+	rec, err := desired.ScaleJobAs(r.Context(), a.store, r.PathValue("name"), req.Workers, principalOf(r.Context()).String())
 	if err != nil {
 		failErr(w, err)
 		return
 	}
+	a.autoscaleEvent(r, rec)
 	reply(w, http.StatusOK, rec)
 }
 

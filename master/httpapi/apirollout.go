@@ -42,6 +42,10 @@ func (a *API) updateJob(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
+	if err := a.m.CheckScaling(spec); err != nil {
+		failErr(w, err)
+		return
+	}
 	// Only a changed image is resolved: the registry is asked outside the store's retries,
 	// and an update that keeps the image keeps its digest.
 	var pin *cluster.ImagePin

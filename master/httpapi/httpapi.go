@@ -14,6 +14,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/master/agentclient"
 )
 
 // Config tunes the API.
@@ -47,7 +48,7 @@ type API struct {
 	// authFails counts failed API token checks per remote address (see guard).
 	authFails *api.FailLimiter
 	// logKey signs this master's requests for workers' logs to agents (logs.go).
-	logKey  *logKeyCache
+	logKey  *agentclient.Client
 	metrics *metrics
 	// scrapeHashes are the tokens /metrics answers to (metricsauth.go).
 	scrapeHashes scrapeHashes

@@ -2,21 +2,15 @@ package httpapi
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
-	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/master"
 )
 
@@ -27,67 +21,6 @@ import (
 // networks the operator's machine does not reach; and agents need no credential of users.
 // The cost: the log's bytes pass through the master, and a follower holds a connection to
 // it and one from it to the agent (stormdock_master_log_streams counts them).
-
-// logKeyCache reads the agent key, making it at the first use.
-type logKeyCache struct {
-	store coord.KV
-
-	mu  sync.Mutex
-	key []byte
-	tr  map[string]*http.Transport // by node address and certificate
-}
-
-func (c *logKeyCache) get(ctx context.Context) ([]byte, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.key != nil {
-		return c.key, nil
-	}
-	for range 3 {
-		e, err := c.store.Get(ctx, cluster.AgentKeyKey)
-		if err == nil {
-			key, err := hex.DecodeString(string(e.Value))
-			if err != nil || len(key) < 16 {
-				return nil, fmt.Errorf("the agent key at %s is not readable", cluster.AgentKeyKey)
-			}
-			c.key = key
-			return key, nil
-		}
-		if !errors.Is(err, coord.ErrNotFound) {
-			return nil, fmt.Errorf("read the agent key: %w", err)
-		}
-		key := make([]byte, 32)
-		_, _ = rand.Read(key)
-		if _, err := c.store.Create(ctx, cluster.AgentKeyKey, []byte(hex.EncodeToString(key)), coord.Persistent); err == nil {
-			c.key = key
-			return key, nil
-		} else if !errors.Is(err, coord.ErrExists) {
-			return nil, fmt.Errorf("store the agent key: %w", err)
-		}
-	}
-	return nil, errors.New("the agent key keeps changing")
-}
-
-// transport is the HTTP transport to one agent: for TLS, it trusts the certificate the
-// node record names, and no other.
-func (c *logKeyCache) transport(addr string, ep *cluster.LogsEndpoint) *http.Transport {
-	id := addr + "|" + ep.CertSHA256
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if t, ok := c.tr[id]; ok {
-		return t
-	}
-	if c.tr == nil || len(c.tr) > 1000 {
-		c.tr = map[string]*http.Transport{} // nodes come and go: start over now and then
-	}
-	t := &http.Transport{Proxy: nil, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-		TLSHandshakeTimeout: 5 * time.Second, ResponseHeaderTimeout: 10 * time.Second, MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}
-	if ep.TLS {
-		t.TLSClientConfig = api.PinnedTLS(ep.CertSHA256)
-	}
-	c.tr[id] = t
-	return t
-}
 
 // jobLogs relays a worker's log from its agent.
 func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
@@ -165,7 +98,7 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrNotFound, "the agent of node %s serves no logs (it runs without --logs-listen, or predates it)", node)
 		return
 	}
-	key, err := a.logKey.get(r.Context())
+	key, err := a.logKey.Key(r.Context())
 	if err != nil {
 		fail(w, api.ErrUnavailable, "%v", err)
 		return
@@ -198,7 +131,7 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	areq.Header.Set("Authorization", "Bearer "+api.SignAgentRequest(key, http.MethodGet, uri, time.Now(), api.AgentTokenTTL))
-	resp, err := (&http.Client{Transport: a.logKey.transport(host, rec.Logs)}).Do(areq)
+	resp, err := (&http.Client{Transport: a.logKey.Transport(host, rec.Logs)}).Do(areq)
 	if err != nil {
 		fail(w, api.ErrUnavailable, "cannot reach the agent of node %s at %s: %v", node, areq.URL.Host, err)
 		return

@@ -35,6 +35,7 @@ type env struct {
 	rp     *replay
 	events *eventLog
 	fake   *fakeCluster
+	tokens provision.Tokens
 }
 
 func newEnv(t *testing.T) *env {
@@ -63,7 +64,8 @@ func newEnv(t *testing.T) *env {
 	e.rp.onPhase["scaled-3"] = func() { e.fake.join("nomad-client-3", "dc-a", "r2") }
 	e.rp.onPhase["scaled-2"] = func() { e.fake.leave("nomad-client-3") }
 	e.rp.onPhase["destroyed"] = e.fake.stop
-	e.p, err = nomad.New(nomad.Config{Address: srv.URL, Tokens: provision.Tokens{Dir: t.TempDir()}, Poll: 50 * time.Millisecond, StartTimeout: 30 * time.Second})
+	e.tokens = provision.Tokens{Dir: t.TempDir()}
+	e.p, err = nomad.New(nomad.Config{Address: srv.URL, Tokens: e.tokens, Poll: 50 * time.Millisecond, StartTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,6 +83,8 @@ var Command = &cli.Command{
 			&cli.DurationFlag{Name: "settle", Usage: "how long each phase may take before the run reports what is left", Value: 5 * time.Minute},
 			&cli.StringFlag{Name: "master", Usage: "run the master as a `process` of its own (its memory and cpu alone) or in-process", Value: "process"},
 			&cli.BoolFlag{Name: "no-dc-loss", Usage: "skip the loss of a data center"},
+			&cli.IntFlag{Name: "metrics-series", Usage: "series each simulated worker serves (half gauges, half counters, and the agent's five on top): the agents serve job metrics and the master pulls them; 0: none"},
+			&cli.DurationFlag{Name: "metrics-interval", Usage: "the master's --metrics-interval (default its own, 10s; 0 turns job metrics off)"},
 			&cli.StringFlag{Name: "log", Usage: "write the simulated agents' and their store clients' warnings to `FILE` (sessions lost, writes failed)"},
 			&cli.Uint64Flag{Name: "seed", Usage: "random seed for the jobs", Value: 1},
 			commands.OutputFlag,
@@ -110,6 +112,10 @@ func runBenchCluster(c *cli.Context) error {
 		Churn: c.Float64("churn"), SessionTimeout: c.Duration("session-timeout"), Steady: c.Duration("steady"),
 		Pollers: c.Int("pollers"), Poll: c.Duration("poll"), Settle: c.Duration("settle"),
 		SkipDC: c.Bool("no-dc-loss"), Seed: c.Uint64("seed"), Progress: c.App.ErrWriter,
+		MetricsSeries: c.Int("metrics-series"), MetricsInterval: c.Duration("metrics-interval"),
+	}
+	if c.IsSet("metrics-interval") && cfg.MetricsInterval == 0 {
+		cfg.MetricsInterval = -1
 	}
 	switch c.String("master") {
 	case "process":
@@ -181,6 +187,10 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 	p := r.Poll
 	fmt.Fprintf(w, "API under %d pollers (%.0fs, %d requests, %d errors): job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms; master cpu %.1fs\n",
 		p.Clients, p.Seconds, p.Requests, p.Errors, p.ListP50, p.ListP99, p.StatusP50, p.StatusP99, p.MasterCPU)
+	if m := r.Metrics; m != nil {
+		fmt.Fprintf(w, "job metrics (%d series per worker, every %.0fs): every job's in the history %.1fs after the submission; %d series kept, %s of history (%.0f B a series); %d rounds of %.2fs on average over the steady state, %d node failures, %d agent answers; job metrics p50 %.1fms p99 %.1fms\n",
+			m.SeriesPerWorker, m.IntervalSeconds, m.Covered, m.Series, mib(m.HistoryBytes), m.BytesPerSeries, m.Rounds, m.RoundMeanSeconds, m.NodeFailures, m.Answers, p.MetricsP50, p.MetricsP99)
+	}
 	phase(r.Rack)
 	if r.DC != nil {
 		phase(*r.DC)

@@ -65,7 +65,8 @@ var AgentCommand = &cli.Command{
 		&cli.IntFlag{Name: "image-gc-keep", Usage: "keep at most N stormdock images no container uses, removing the least recently used beyond (0: no count cap)", Value: 5},
 		&cli.StringFlag{Name: "image-gc-max-size", Usage: "remove unused stormdock images, least recently used first, while all of them take more than `QUANTITY` (e.g. 5Gi; 0: no size cap)", Value: "0"},
 		&cli.DurationFlag{Name: "image-gc-unused", Usage: "an image is removed only after no container used it for this long", Value: images.DefaultGCUnused},
-		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers", Value: agents.DefaultPortBase},
+		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers (their STORMDOCK_METRICS_PORT comes from the same range)", Value: agents.DefaultPortBase},
+		&cli.DurationFlag{Name: "metrics-interval", Usage: "how often the workers' metrics are scraped (at STORMDOCK_METRICS_PORT) and their cpu and memory measured, for the masters; 0 turns job metrics off", Value: agents.DefaultMetricsInterval},
 		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics, to the scrape token or the admin token (\"off\" to disable)", Value: "127.0.0.1:0"},
 		&cli.StringFlag{Name: "logs-listen", Usage: "`ADDR` (HOST:PORT) where the masters read this node's workers' logs (default: --advertise-addr, any free port, published in the node record; \"off\" serves none)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the workers' logs over TLS, with a certificate made in --state-dir that the masters trust by its hash (use it when the masters serve TLS)"},
@@ -161,6 +162,13 @@ func runAgent(c *cli.Context) error {
 			return cli.Exit(fmt.Sprintf("stormdock agent: --logs-listen %q: want HOST:PORT (PORT 0 picks one), or off", logsListen), 2)
 		}
 	}
+	metricsInterval := c.Duration("metrics-interval")
+	switch {
+	case metricsInterval == 0:
+		metricsInterval = -1
+	case metricsInterval < 100*time.Millisecond || metricsInterval > 10*time.Minute:
+		return cli.Exit(fmt.Sprintf("stormdock agent: --metrics-interval must be between 100ms and 10m (or 0: off), not %s", metricsInterval), 2)
+	}
 	a, err := daemon.NewAgent(c.Context, daemon.AgentConfig{
 		Node:                 node,
 		Store:                c.String("store"),
@@ -169,24 +177,25 @@ func runAgent(c *cli.Context) error {
 		StateDir:             stateDir,
 		Drivers: daemon.DriverConfig{Isolation: modes, Cgroups: c.String("cgroups"), CgroupParent: hcfg.CgroupParent,
 			DockerHost: c.String("docker-host")},
-		Heartbeat:      c.Duration("heartbeat"),
-		RestartBackoff: c.Duration("restart-backoff"),
-		PortBase:       c.Int("port-base"),
-		LeaseTTL:       c.Duration("lease-ttl"),
-		NoLease:        c.Bool("no-lease"),
-		RunAs:          runAs,
-		SinkDir:        sinkDir,
-		RestartGrace:   c.Duration("restart-grace"),
-		StoreSilence:   c.Duration("store-silence"),
-		Health:         hcfg,
-		ProtectOOM:     true,
-		Metrics:        metrics,
-		LogsListen:     strings.TrimPrefix(logsListen, "off"),
-		LogsOff:        logsListen == "off",
-		LogsTLS:        c.Bool("tls"),
-		RegistryAuth:   c.String("registry-auth"),
-		ImageGC:        gc,
-		Logger:         log,
+		Heartbeat:       c.Duration("heartbeat"),
+		RestartBackoff:  c.Duration("restart-backoff"),
+		PortBase:        c.Int("port-base"),
+		MetricsInterval: metricsInterval,
+		LeaseTTL:        c.Duration("lease-ttl"),
+		NoLease:         c.Bool("no-lease"),
+		RunAs:           runAs,
+		SinkDir:         sinkDir,
+		RestartGrace:    c.Duration("restart-grace"),
+		StoreSilence:    c.Duration("store-silence"),
+		Health:          hcfg,
+		ProtectOOM:      true,
+		Metrics:         metrics,
+		LogsListen:      strings.TrimPrefix(logsListen, "off"),
+		LogsOff:         logsListen == "off",
+		LogsTLS:         c.Bool("tls"),
+		RegistryAuth:    c.String("registry-auth"),
+		ImageGC:         gc,
+		Logger:          log,
 	})
 	if err != nil {
 		if c.Context.Err() != nil {

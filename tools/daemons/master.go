@@ -16,6 +16,7 @@ import (
 	"github.com/stormdock/stormdock/internal/keyring"
 	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/eventlog"
+	"github.com/stormdock/stormdock/master/jobmetrics"
 	"github.com/stormdock/stormdock/tools/commands"
 )
 
@@ -123,7 +124,7 @@ var MasterCommand = &cli.Command{
 		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
 		tenantUIDsFlag(),
 		&cli.StringFlag{Name: "secrets-key", Usage: "keyring `FILE` (mode 0600) that tenant secrets are sealed with, the same on every master: make it with `stormdock secret keygen FILE` (default: none, secrets off)", EnvVars: []string{"STORMDOCK_SECRETS_KEY"}},
-	), eventsFlags()...),
+	), append(eventsFlags(), metricsFlags()...)...),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
 			return commands.UsageErr("master takes no arguments, got %q", c.Args().First())
@@ -155,12 +156,17 @@ var MasterCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		metrics, err := metricsConfig(c)
+		if err != nil {
+			return err
+		}
 		uids, err := tenantUIDs(c)
 		if err != nil {
 			return err
 		}
 		m, err := daemon.NewMaster(c.Context, daemon.MasterConfig{
 			Events:          events,
+			Metrics:         metrics,
 			TenantUIDs:      uids,
 			Store:           c.String("store"),
 			StoreOptions:    opts,
@@ -196,6 +202,28 @@ var MasterCommand = &cli.Command{
 		}
 		return m.Run(c.Context)
 	},
+}
+
+// metricsFlags shape the jobs' metrics, on every master (and up).
+func metricsFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.DurationFlag{Name: "metrics-interval", Usage: "how often every node's job metrics are pulled (and, with up, the workers scraped), the history's resolution; 0 turns job metrics (and autoscaling) off", Value: jobmetrics.DefaultInterval},
+		&cli.DurationFlag{Name: "metrics-window", Usage: "how long the jobs' metrics are kept in memory, per series", Value: jobmetrics.DefaultWindow},
+	}
+}
+
+func metricsConfig(c *cli.Context) (jobmetrics.Config, error) {
+	cfg := jobmetrics.Config{Interval: c.Duration("metrics-interval"), Window: c.Duration("metrics-window")}
+	switch {
+	case cfg.Interval == 0:
+		cfg.Interval = -1
+	case cfg.Interval < 100*time.Millisecond || cfg.Interval > 10*time.Minute:
+		return cfg, commands.UsageErr("--metrics-interval must be between 100ms and 10m (or 0: off), not %s", cfg.Interval)
+	}
+	if cfg.Interval > 0 && (cfg.Window < 2*cfg.Interval || cfg.Window/cfg.Interval > 100000) {
+		return cfg, commands.UsageErr("--metrics-window %s must hold 2 to 100000 intervals of %s", cfg.Window, cfg.Interval)
+	}
+	return cfg, nil
 }
 
 // eventsFlags bound the cluster's events, on every master (and up).

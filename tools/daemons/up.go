@@ -37,7 +37,7 @@ var UpCommand = &cli.Command{
 		&cli.DurationFlag{Name: "session-timeout", Usage: "store session timeout", Value: 2 * time.Second},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
 		&cli.StringFlag{Name: "cgroup-parent", Usage: "cgroup `PATH` below which each node's workers go (PATH/NODE; default /stormdock-local/<name of --data>); a memory limit on it bounds the whole cluster, and in a subtree delegated to you workers run in cgroups without root"},
-	}, append(eventsFlags(), localHealthFlags()...)...),
+	}, append(append(eventsFlags(), metricsFlags()...), localHealthFlags()...)...),
 	Action: runUp,
 }
 
@@ -84,13 +84,17 @@ func runUp(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	metrics, err := metricsConfig(c)
+	if err != nil {
+		return err
+	}
 	storeTLS, err := commands.StoreTLS(c)
 	if err != nil {
 		return err
 	}
 	lc, err := daemon.StartLocal(c.Context, daemon.LocalConfig{
-		Events: events,
-		Nodes:  c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
+		Events: events, Metrics: metrics,
+		Nodes: c.Int("nodes"), DCs: dcs, RacksPerDC: c.Int("racks-per-dc"), Slots: c.Int("slots"),
 		DataDir: c.String("data"), Store: c.String("store"), StoreTLS: storeTLS, API: c.String("api"),
 		SessionTimeout: c.Duration("session-timeout"), Isolation: iso, Health: &health, Logger: log, TLS: c.Bool("tls"), RunAs: runAs,
 		RegistryAuth: c.String("registry-auth"),

@@ -5,10 +5,12 @@ package worker
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/stormdock/stormdock/examples/wordcount"
@@ -32,7 +34,8 @@ var wordcountCommand = &cli.Command{
 		"(with --output under stormdock: re-partitions exactly once when the worker count changes, through FILE.ledger)\n" +
 		"{\"offset\":N,\"worker\":i,\"link\":...,\"counts\":{...}} per line to --output, to STORMDOCK_OUTPUT when it\n" +
 		"is an http:// URL (POSTed JSON lines), else to stdout. It follows --input for appended lines\n" +
-		"until SIGTERM, then flushes and exits 0. Without --input it reads an embedded sample text.",
+		"until SIGTERM, then flushes and exits 0. Without --input it reads an embedded sample text.\n" +
+		"Given STORMDOCK_METRICS_PORT it serves lines_processed_total and input_backlog there (on STORMDOCK_ADDR).",
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "input", Usage: "line source `FILE` (default: the embedded sample), or for a mirrored job's links a JetStream stream nats://HOST:PORT/STREAM (stream sequence N is offset N-1)"},
 		&cli.StringFlag{Name: "output", Usage: "append records to `FILE`"},
@@ -69,6 +72,18 @@ var wordcountCommand = &cli.Command{
 			}
 		}()
 		cfg.Reload = reload
+		if port := os.Getenv("STORMDOCK_METRICS_PORT"); port != "" {
+			// Its own registry: the agent measures cpu and memory itself, and would drop
+			// the Go runtime's series anyway.
+			reg := prometheus.NewRegistry()
+			if cfg.Metrics, err = wordcount.NewMetrics(reg); err != nil {
+				return cli.Exit("stormdock worker wordcount: "+err.Error(), 1)
+			}
+			if err := wordcount.ServeMetrics(c.Context, net.JoinHostPort(os.Getenv("STORMDOCK_ADDR"), port), reg); err != nil {
+				// Serving no metrics is allowed: the job runs, its series are missing.
+				cfg.Logger.Warn("serving no metrics", "err", err)
+			}
+		}
 		// The CLI cancels c.Context on SIGTERM: Run then drains and returns nil (exit 0).
 		return wordcount.Run(c.Context, cfg)
 	},

@@ -9,12 +9,15 @@
 // "ignore-term" ignores SIGTERM. On SIGHUP it copies its live configuration (STORMDOCK_CONFIG)
 // to <key>.<pid>.hup.<n>, n counting the signals from 1. With HELPER_SECRET set it copies that
 // secret's file (STORMDOCK_SECRETS_DIR/HELPER_SECRET), as it reads it, to <key>.<pid>.secret.<n>,
-// n being 0 at start and then each SIGHUP's.
+// n being 0 at start and then each SIGHUP's. Given STORMDOCK_METRICS_PORT, it serves helper_up
+// (1) and helper_ticks_total (its seconds alive) there.
 package main
 
 import (
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -89,6 +92,14 @@ func helper() {
 		}
 	}
 	copySecret(0)
+	if port := os.Getenv("STORMDOCK_METRICS_PORT"); port != "" {
+		start := time.Now()
+		if ln, err := net.Listen("tcp", net.JoinHostPort(os.Getenv("STORMDOCK_ADDR"), port)); err == nil {
+			go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { //nolint:errcheck // for the process's life
+				fmt.Fprintf(w, "# TYPE helper_up gauge\nhelper_up 1\n# TYPE helper_ticks_total counter\nhelper_ticks_total %d\n", int(time.Since(start).Seconds()))
+			}))
+		}
+	}
 	hups := make(chan os.Signal, 1)
 	signal.Notify(hups, syscall.SIGHUP)
 	go func() {

@@ -86,6 +86,7 @@ var Command = &cli.Command{
 			Flags:     providerFlags(),
 			Action:    clusterDestroy,
 		},
+		autoscaleCommand,
 	},
 }
 

@@ -126,6 +126,9 @@ var Command = &cli.Command{
 			Action: jobKill,
 		},
 		jobLogsCommand,
+		jobTopCommand,
+		jobMetricsCommand,
+		jobAutoscaleCommand,
 	},
 }
 
@@ -168,6 +171,9 @@ func jobScale(c *cli.Context) error {
 		return commands.APIErr(c, err)
 	}
 	fmt.Fprintf(c.App.Writer, "job %s scaled to %d workers\n", rec.Spec.Name, rec.Spec.TotalWorkers())
+	if rec.Spec.Scaling != nil {
+		fmt.Fprintf(c.App.Writer, "its scaling policy is paused: resume it with `stormdock job autoscale %s --resume`\n", rec.Spec.Name)
+	}
 	if c.Bool("wait") {
 		return waitSettled(c, cl, rec.Spec.Name)
 	}
@@ -373,6 +379,9 @@ func jobStatus(c *cli.Context) error {
 		fmt.Fprintf(w, "generation %d\n", st.Job.Generation)
 		if ro := st.Job.Rollout; ro != nil {
 			fmt.Fprintln(w, rolloutLine(st.Job))
+		}
+		for _, line := range autoscaleLines(st.Job) {
+			fmt.Fprintln(w, line)
 		}
 		fmt.Fprintln(w, "WORKER\tNODE\tDC\tRACK\tSTATE\tGEN\tPID\tRESTARTS\tLAST EXIT")
 		for _, wv := range st.Workers {
