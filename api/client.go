@@ -342,6 +342,9 @@ func eventQuery(f EventFilter) url.Values {
 	if f.After > 0 {
 		q.Set("after", strconv.FormatInt(f.After, 10))
 	}
+	if len(f.Kinds) > 0 {
+		q.Set("kind", strings.Join(f.Kinds, ","))
+	}
 	return q
 }
 

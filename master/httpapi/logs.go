@@ -131,7 +131,19 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	spec := j.Record().Spec
+	k := cluster.WorkerKey{Job: name, Link: req.Link, Worker: req.Worker}
 	switch {
+	case req.Router && !spec.Mirrored():
+		fail(w, api.ErrBadInput, "job %s is not mirrored: it has no output routers", name)
+		return
+	case req.Router:
+		// The routers run as a job of their own (JOB.router), one worker per router.
+		rr, ok := v.Router(name)
+		if !ok || req.Worker >= rr.Spec.Workers {
+			fail(w, api.ErrBadInput, "job %s has routers 0 to %d, not %d", name, max(rr.Spec.Workers, 1)-1, req.Worker)
+			return
+		}
+		k.Job = rr.Spec.Name
 	case spec.Mirrored() && req.Link == "":
 		fail(w, api.ErrBadInput, "job %s is mirrored: name the link with --link (one of %v)", name, spec.Links)
 		return
@@ -142,7 +154,6 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrBadInput, "job %s has workers 0 to %d, not %d", name, spec.Workers-1, req.Worker)
 		return
 	}
-	k := cluster.WorkerKey{Job: name, Link: req.Link, Worker: req.Worker}
 	node := assigned[k]
 	if at, _, ok := v.Status(k); ok && (node == "" || at != node && v.Nodes()[node].Node.ID == "") {
 		node = at
@@ -174,8 +185,9 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 	if rec.Logs.TLS {
 		scheme = "https"
 	}
+	req.Router = false // the agent knows the routers by their job's name
 	q := req.Query()
-	q.Set("job", name)
+	q.Set("job", k.Job)
 	uri := "/v1/logs?" + q.Encode()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
