@@ -187,6 +187,6 @@ func TestLocateProblemsFoundAfterDecoding(t *testing.T) {
 	if want := []int{2, 6, 7, 0, 0}; !reflect.DeepEqual(got, want) {
 		t.Errorf("lines %v, want %v", got, want)
 	}
-	Locate([]byte(":::"), &JobSpec{}, err)     // not YAML: nothing happens
+	Locate([]byte(":::"), &JobSpec{}, err)    // not YAML: nothing happens
 	Locate(data, &JobSpec{}, errors.New("x")) // not a validation error
 }
