@@ -3,11 +3,20 @@
 // header (EventSource cannot send one) rather than in a URL.
 
 export class APIError extends Error {
-  constructor(status, msg, code) {
+  // problems are an invalid spec's, one by one: {field, line, msg}.
+  constructor(status, msg, code, problems) {
     super(msg);
     this.status = status;
     this.code = code;
+    this.problems = problems || [];
   }
+}
+
+// errorOf reads an error answer.
+async function errorOf(res) {
+  let data = null;
+  try { data = await res.json(); } catch { /* not JSON */ }
+  return new APIError(res.status, (data && data.error) || `${res.status} ${res.statusText}`, data && data.code, data && data.problems);
 }
 
 export class API {
@@ -26,9 +35,66 @@ export class API {
     let data;
     try { data = text ? JSON.parse(text) : null; } catch { data = null; }
     if (!res.ok) {
-      throw new APIError(res.status, (data && data.error) || `${res.status} ${res.statusText}`, data && data.code);
+      throw new APIError(res.status, (data && data.error) || `${res.status} ${res.statusText}`, data && data.code, data && data.problems);
     }
     return data;
+  }
+
+  // fetchRaw starts a GET whose body the caller reads (a worker's log): it resolves to the
+  // response once its headers are in, and throws an APIError for an error answer.
+  async fetchRaw(path, signal) {
+    const res = await fetch(path, { headers: { Authorization: 'Bearer ' + this.token }, cache: 'no-store', signal });
+    if (!res.ok) throw await errorOf(res);
+    return res;
+  }
+
+  // events follows GET /v1/events?follow=true (params: a URLSearchParams of the filters and
+  // limit) as server-sent events: on(event) gets each, status(s) hears {live}, {down:
+  // message} or {refused: message} (after which it stops). After a break it reconnects a
+  // second later with Last-Event-ID, without the limit, so the stream continues after the
+  // last event it passed on and misses none kept. It returns a function that stops it.
+  events(params, on, status) {
+    let stopped = false;
+    let ctrl = null;
+    let last = '';
+    const run = async () => {
+      while (!stopped) {
+        ctrl = new AbortController();
+        try {
+          const headers = { Authorization: 'Bearer ' + this.token, Accept: 'text/event-stream' };
+          const q = new URLSearchParams(params);
+          q.set('follow', 'true');
+          if (last) {
+            headers['Last-Event-ID'] = last;
+            q.delete('limit');
+          }
+          const res = await fetch('/v1/events?' + q, { headers, cache: 'no-store', signal: ctrl.signal });
+          if (!res.ok) {
+            const err = await errorOf(res);
+            if (res.status >= 400 && res.status < 500 && res.status !== 429) {
+              status({ refused: err.message });
+              return;
+            }
+            throw err;
+          }
+          status({ live: true });
+          await this.read(res.body, (type, msg, size, id) => {
+            if (id) last = id;
+            on(msg);
+          });
+          throw new Error('the stream ended');
+        } catch (e) {
+          if (stopped) return;
+          status({ down: e.message || String(e) });
+        }
+        await new Promise((r) => setTimeout(r, 1000));
+      }
+    };
+    run();
+    return () => {
+      stopped = true;
+      if (ctrl) ctrl.abort();
+    };
   }
 
   // watch streams the cluster map: on(type, data, bytes) gets every snapshot and delta;
@@ -78,8 +144,8 @@ export class API {
     };
   }
 
-  // read parses server-sent events until the body ends; it returns the reason of an
-  // "end" event, if one came.
+  // read parses server-sent events until the body ends, passing on each one's type, data
+  // (JSON), size and id; it returns the reason of an "end" event, if one came.
   async read(body, on, status) {
     const reader = body.pipeThrough(new TextDecoderStream()).getReader();
     let buf = '';
@@ -92,17 +158,19 @@ export class API {
         const frame = buf.slice(0, i);
         buf = buf.slice(i + 2);
         let event = 'message';
+        let id = '';
         const data = [];
         for (const line of frame.split('\n')) {
           if (line.startsWith('event:')) event = line.slice(6).trim();
           else if (line.startsWith('data:')) data.push(line.slice(5).replace(/^ /, ''));
+          else if (line.startsWith('id:')) id = line.slice(3).trim();
         }
         if (!data.length) continue;
         const text = data.join('\n');
         const msg = JSON.parse(text);
         if (event === 'end') return msg.error || 'the stream was closed';
-        if (event === 'snapshot') status({ live: true });
-        on(event, msg, frame.length + 2);
+        if (event === 'snapshot' && status) status({ live: true });
+        on(event, msg, frame.length + 2, id);
       }
     }
   }
