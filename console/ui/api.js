@@ -53,10 +53,11 @@ export class API {
   // message} or {refused: message} (after which it stops). After a break it reconnects a
   // second later with Last-Event-ID, without the limit, so the stream continues after the
   // last event it passed on and misses none kept. It returns a function that stops it.
-  events(params, on, status) {
+  // after, when given, is the id of the last event the caller already has.
+  events(params, on, status, after) {
     let stopped = false;
     let ctrl = null;
-    let last = '';
+    let last = after ? String(after) : '';
     const run = async () => {
       while (!stopped) {
         ctrl = new AbortController();
@@ -153,10 +154,13 @@ export class API {
       const { value, done } = await reader.read();
       if (done) return null;
       buf += value;
+      // Frames are cut from the chunk by position, the rest kept once: a chunk of a
+      // thousand events is not copied a thousand times.
+      let at = 0;
       let i;
-      while ((i = buf.indexOf('\n\n')) >= 0) {
-        const frame = buf.slice(0, i);
-        buf = buf.slice(i + 2);
+      while ((i = buf.indexOf('\n\n', at)) >= 0) {
+        const frame = buf.slice(at, i);
+        at = i + 2;
         let event = 'message';
         let id = '';
         const data = [];
@@ -172,6 +176,7 @@ export class API {
         if (event === 'snapshot' && status) status({ live: true });
         on(event, msg, frame.length + 2, id);
       }
+      buf = at ? buf.slice(at) : buf;
     }
   }
 }

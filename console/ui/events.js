@@ -122,35 +122,51 @@ export class EventsView {
     this.start();
   }
 
-  start() {
+  // start reads the kept events the filters take in one answer and draws them, then
+  // follows what comes after the last of them.
+  async start() {
     this.stop();
+    const run = (this.run || 0) + 1;
+    this.run = run;
     this.evs = [];
     this.dropped = 0;
     this.selected = null;
     this.detail.replaceChildren();
     this.list.stick = true;
     this.list.refresh();
-    const q = new URLSearchParams({ ...this.filters, ...this.fixed });
-    if (this.limit) q.set('limit', String(this.limit));
     this.loaded = false;
     this.setStatus('loading…');
-    // The kept events come at once; they are drawn together, once, after the first burst.
+    const q = new URLSearchParams({ ...this.filters, ...this.fixed });
+    if (this.limit) q.set('limit', String(this.limit));
+    let kept;
+    try {
+      kept = await this.api.call('GET', '/v1/events?' + q);
+    } catch (e) {
+      if (this.run === run) this.setStatus(e.message, true);
+      return;
+    }
+    if (this.run !== run) return; // filters changed meanwhile
+    this.add(kept, true);
+    const after = kept.length ? kept[kept.length - 1].id : 0;
+    // What comes while a burst is drawn is drawn with it, at most once a frame.
     let pending = [];
-    let timer = 0;
-    const flush = () => {
-      timer = 0;
-      this.add(pending);
-      pending = [];
-    };
+    let frame = 0;
     this.stopStream = this.api.events(q, (e) => {
       this.stats.received++;
       pending.push(e);
-      if (!timer) timer = setTimeout(flush, this.loaded ? 0 : 30);
+      if (!frame) {
+        frame = requestAnimationFrame(() => {
+          frame = 0;
+          const evs = pending;
+          pending = [];
+          this.add(evs);
+        });
+      }
     }, (s) => {
       if (s.live) { this.live = true; this.setStatus(); }
       if (s.down) { this.live = false; this.setStatus('reconnecting… (' + s.down + ')'); }
       if (s.refused) { this.live = false; this.setStatus(s.refused, true); }
-    });
+    }, after);
   }
 
   stop() {
@@ -158,9 +174,10 @@ export class EventsView {
     this.stopStream = null;
   }
 
-  // add appends events, dropping the oldest beyond MAX.
-  add(evs) {
-    if (!evs.length) return;
+  // add appends events, dropping the oldest beyond MAX; first marks the kept ones, read
+  // at the start.
+  add(evs, first) {
+    if (!evs.length && !first) return;
     const t0 = performance.now();
     const wasAtEnd = this.list.stick;
     for (const e of evs) this.evs.push(e);
@@ -173,7 +190,7 @@ export class EventsView {
     const now = performance.timeOrigin + performance.now();
     for (const e of evs) this.stats.shown.set(e.id, now);
     if (this.stats.shown.size > 4 * MAX) this.stats.shown.clear();
-    if (!this.loaded) {
+    if (first) {
       this.loaded = true;
       this.stats.firstRenderMs = performance.now();
       this.stats.firstDrawMs = performance.now() - t0;
@@ -182,7 +199,7 @@ export class EventsView {
       this.newBtn.hidden = false;
     }
     this.el.dataset.count = String(this.evs.length);
-    this.el.dataset.last = String(this.evs[this.evs.length - 1].id);
+    if (this.evs.length) this.el.dataset.last = String(this.evs[this.evs.length - 1].id);
     this.setStatus();
   }
 

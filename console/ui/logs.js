@@ -54,8 +54,9 @@ export class LogView {
     const srcs = this.sources();
     this.src = h('select', { name: 'source', 'aria-label': 'Whose log' }, srcs.map((s) => h('option', { value: s.value }, s.label)));
     this.tail = h('select', { name: 'tail', 'aria-label': 'Lines from the end' },
-      [['100', 'last 100 lines'], ['1000', 'last 1,000'], [String(MAX_LINES), `last ${MAX_LINES.toLocaleString()}`], ['-1', 'all kept']]
+      [['0', 'new lines only'], ['100', 'last 100 lines'], ['1000', 'last 1,000'], [String(MAX_LINES), `last ${MAX_LINES.toLocaleString()}`], ['-1', 'all kept']]
         .map(([v, t]) => h('option', { value: v }, t)));
+    this.tail.value = '100'; // as `stormdock job logs`
     this.followBtn = h('button', { type: 'button', 'aria-pressed': 'true', title: 'Keep printing what the worker writes' }, 'Follow');
     this.prevBtn = h('button', { type: 'button', class: 'quiet', 'aria-pressed': 'false', title: 'The run before its last restart' }, 'Previous run');
     this.search = h('input', { type: 'search', name: 'search', placeholder: 'Search the lines loaded', spellcheck: 'false', 'aria-label': 'Search the lines loaded' });
