@@ -55,9 +55,28 @@ func Locate(data []byte, v any, err error) {
 	if !errors.As(err, &ve) {
 		return
 	}
-	var root yaml.Node
-	if yaml.Unmarshal(data, &root) != nil || root.Kind == 0 {
+	_, idx, _, fe := index(data, v)
+	if fe != nil {
 		return
+	}
+	for i, p := range ve.Problems {
+		if p.Line == 0 && p.Path != "" {
+			ve.Problems[i].Line = idx.lineOf(p.Path)
+		}
+	}
+}
+
+// index parses data as YAML and walks it against v's type: the document, where each field
+// path stands, and the unknown fields; or the document's one problem (a syntax error, an
+// empty document).
+func index(data []byte, v any) (*yaml.Node, *lineIndex, problems, *FieldError) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		fe := yamlSyntax(err)
+		return nil, nil, nil, &fe
+	}
+	if root.Kind == 0 {
+		return nil, nil, nil, &FieldError{Msg: "the document is empty"}
 	}
 	doc := &root
 	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
@@ -66,11 +85,7 @@ func Locate(data []byte, v any, err error) {
 	idx := newLineIndex()
 	var ps problems
 	checkFields(doc, reflect.TypeOf(v).Elem(), "", idx, &ps)
-	for i, p := range ve.Problems {
-		if p.Line == 0 && p.Path != "" {
-			ve.Problems[i].Line = idx.lineOf(p.Path)
-		}
-	}
+	return doc, idx, ps, nil
 }
 
 // validator is what Decode checks after decoding.
@@ -80,20 +95,10 @@ type validator interface{ Validate() error }
 // not silently dropped. When v has a Validate method its problems join the list, each with
 // the line it comes from. The error is a *ValidationError naming what was read.
 func Decode(data []byte, v any, what string) error {
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return &ValidationError{What: what, Problems: []FieldError{yamlSyntax(err)}}
+	doc, idx, ps, fe := index(data, v)
+	if fe != nil {
+		return &ValidationError{What: what, Problems: []FieldError{*fe}}
 	}
-	if root.Kind == 0 {
-		return &ValidationError{What: what, Problems: []FieldError{{Msg: "the document is empty"}}}
-	}
-	doc := &root
-	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
-		doc = doc.Content[0]
-	}
-	idx := newLineIndex()
-	var ps problems
-	checkFields(doc, reflect.TypeOf(v).Elem(), "", idx, &ps)
 	reported := map[string]bool{}
 	for _, p := range ps {
 		reported[p.Path] = true

@@ -48,28 +48,24 @@ export class API {
     return res;
   }
 
-  // events follows GET /v1/events?follow=true (params: a URLSearchParams of the filters and
-  // limit) as server-sent events: on(event) gets each, status(s) hears {live}, {down:
-  // message} or {refused: message} (after which it stops). After a break it reconnects a
-  // second later with Last-Event-ID, without the limit, so the stream continues after the
-  // last event it passed on and misses none kept. It returns a function that stops it.
-  // after, when given, is the id of the last event the caller already has.
-  events(params, on, status, after) {
+  // follow reads a stream of server-sent events (GET path(), made again for every
+  // connection) until stopped: on(type, data, bytes, id) gets every event; status(s) hears
+  // of the connection: {live: true}, {down: message}, or {refused: message} when the master
+  // refuses the request (a 4xx, or an "end" event: the token stopped being valid), after
+  // which it stops. It connects again a second after the stream breaks. It returns a
+  // function that stops it.
+  follow(path, headers, on, status) {
     let stopped = false;
     let ctrl = null;
-    let last = after ? String(after) : '';
     const run = async () => {
       while (!stopped) {
         ctrl = new AbortController();
         try {
-          const headers = { Authorization: 'Bearer ' + this.token, Accept: 'text/event-stream' };
-          const q = new URLSearchParams(params);
-          q.set('follow', 'true');
-          if (last) {
-            headers['Last-Event-ID'] = last;
-            q.delete('limit');
-          }
-          const res = await fetch('/v1/events?' + q, { headers, cache: 'no-store', signal: ctrl.signal });
+          const res = await fetch(path(), {
+            headers: { Authorization: 'Bearer ' + this.token, Accept: 'text/event-stream', ...headers() },
+            cache: 'no-store',
+            signal: ctrl.signal,
+          });
           if (!res.ok) {
             const err = await errorOf(res);
             if (res.status >= 400 && res.status < 500 && res.status !== 429) {
@@ -79,53 +75,7 @@ export class API {
             throw err;
           }
           status({ live: true });
-          await this.read(res.body, (type, msg, size, id) => {
-            if (id) last = id;
-            on(msg);
-          });
-          throw new Error('the stream ended');
-        } catch (e) {
-          if (stopped) return;
-          status({ down: e.message || String(e) });
-        }
-        await new Promise((r) => setTimeout(r, 1000));
-      }
-    };
-    run();
-    return () => {
-      stopped = true;
-      if (ctrl) ctrl.abort();
-    };
-  }
-
-  // watch streams the cluster map: on(type, data, bytes) gets every snapshot and delta;
-  // status(s) hears of the connection: {live: true}, {down: message}, or {refused:
-  // message} when the token is refused, after which it stops. It reconnects a second after
-  // the stream breaks, starting again from a snapshot. It returns a function that stops it.
-  watch(on, status) {
-    let stopped = false;
-    let ctrl = null;
-    const run = async () => {
-      while (!stopped) {
-        ctrl = new AbortController();
-        try {
-          const res = await fetch('/v1/watch', {
-            headers: { Authorization: 'Bearer ' + this.token, Accept: 'text/event-stream' },
-            cache: 'no-store',
-            signal: ctrl.signal,
-          });
-          if (res.status === 401 || res.status === 403) {
-            let msg = 'the master refused the token';
-            try { msg = (await res.json()).error || msg; } catch { /* not JSON */ }
-            status({ refused: msg });
-            return;
-          }
-          if (!res.ok) {
-            let msg = `${res.status} ${res.statusText}`;
-            try { msg = (await res.json()).error || msg; } catch { /* not JSON */ }
-            throw new Error(msg);
-          }
-          const end = await this.read(res.body, on, status);
+          const end = await this.read(res.body, on);
           if (end) {
             status({ refused: end });
             return;
@@ -145,9 +95,35 @@ export class API {
     };
   }
 
+  // events follows GET /v1/events?follow=true (params: a URLSearchParams of the filters and
+  // limit): on(event) gets each event, status(s) hears of the connection (see follow).
+  // After a break it asks again with Last-Event-ID and without the limit, so the stream
+  // continues after the last event it passed on and misses none kept; after, when given,
+  // is the id of the last event the caller already has.
+  events(params, on, status, after) {
+    let last = after ? String(after) : '';
+    const path = () => {
+      const q = new URLSearchParams(params);
+      q.set('follow', 'true');
+      if (last) q.delete('limit');
+      return '/v1/events?' + q;
+    };
+    return this.follow(path, () => (last ? { 'Last-Event-ID': last } : {}), (type, msg, size, id) => {
+      if (id) last = id;
+      on(msg);
+    }, status);
+  }
+
+  // watch streams the cluster map: on(type, data, bytes) gets every snapshot and delta;
+  // status(s) hears of the connection (see follow). After a break it starts again from a
+  // snapshot.
+  watch(on, status) {
+    return this.follow(() => '/v1/watch', () => ({}), on, status);
+  }
+
   // read parses server-sent events until the body ends, passing on each one's type, data
   // (JSON), size and id; it returns the reason of an "end" event, if one came.
-  async read(body, on, status) {
+  async read(body, on) {
     const reader = body.pipeThrough(new TextDecoderStream()).getReader();
     let buf = '';
     for (;;) {
@@ -173,7 +149,6 @@ export class API {
         const text = data.join('\n');
         const msg = JSON.parse(text);
         if (event === 'end') return msg.error || 'the stream was closed';
-        if (event === 'snapshot' && status) status({ live: true });
         on(event, msg, frame.length + 2, id);
       }
       buf = at ? buf.slice(at) : buf;

@@ -2,8 +2,9 @@
 // their workers crash-looped there (since and until when, how to end it), and its recent
 // events, live.
 
-import { h, fill, badge, healthBadge, bytes, fmtBytes, jobOf, ago } from './dom.js';
+import { h, fill, badge, healthBadge, bytes, fmtBytes, ago } from './dom.js';
 import { EventsView } from './events.js';
+import { workersByJob } from './views.js';
 
 export class NodePage {
   // root is the page's section; ctx holds api, S and act (as for JobPage).
@@ -64,12 +65,7 @@ export class NodePage {
     const sig = JSON.stringify([n, act.admin]);
     if (sig === this.sig) return;
     this.sig = sig;
-    const byJob = new Map();
-    for (const [job, link, worker, state] of n.cells) {
-      const key = job === '' ? '' : jobOf(job);
-      if (!byJob.has(key)) byJob.set(key, []);
-      byJob.get(key).push(job === '' ? state : `${job !== key ? 'router' : (link ? link + '/' : '') + worker} ${state}`);
-    }
+    const byJob = workersByJob(n);
     const withheld = Math.min(n.throttled || 0, Math.max(n.slots - n.cells.length, 0));
     fill(this.info,
       h('h2', null, 'Node ', n.id, ' ', n.state === 'lost' ? healthBadge('lost') : healthBadge(n.health), n.draining ? [' ', badge('draining', 'warn')] : null),

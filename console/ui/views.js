@@ -224,6 +224,18 @@ export function tenants(el, S) {
   fill(el, table(['Tenant', '#Jobs', 'Workers (quota)', 'Memory (quota)'], rows));
 }
 
+// workersByJob groups a node's cells by job ('' for other tenants'): each a list of
+// "link/worker state" (a router's "router state").
+export function workersByJob(n) {
+  const byJob = new Map();
+  for (const [job, link, worker, state] of n.cells) {
+    const key = job === '' ? '' : jobOf(job);
+    if (!byJob.has(key)) byJob.set(key, []);
+    byJob.get(key).push(job === '' ? state : `${job !== key ? 'router' : (link ? link + '/' : '') + worker} ${state}`);
+  }
+  return byJob;
+}
+
 // nodePanel is the map's side panel for one node.
 export function nodePanel(el, S, id, act) {
   const n = S.nodes.get(id);
@@ -231,12 +243,7 @@ export function nodePanel(el, S, id, act) {
     fill(el, h('p', { class: 'muted' }, `Node ${id} is gone.`));
     return;
   }
-  const byJob = new Map();
-  for (const [job, link, worker, state] of n.cells) {
-    const key = job === '' ? '' : jobOf(job);
-    if (!byJob.has(key)) byJob.set(key, []);
-    byJob.get(key).push(job === '' ? state : `${job !== key ? 'router' : (link ? link + '/' : '') + worker} ${state}`);
-  }
+  const byJob = workersByJob(n);
   const withheld = Math.min(n.throttled || 0, Math.max(n.slots - n.cells.length, 0));
   fill(el,
     h('h3', null, 'Node ', n.id, ' ', h('a', { href: '#/node/' + encodeURIComponent(n.id), class: 'small' }, 'events, avoided jobs…')),

@@ -70,12 +70,8 @@ func (a *API) updateJob(w http.ResponseWriter, r *http.Request) {
 // jobSpec answers a job's spec as YAML: the current generation's, or with ?generation=N an
 // earlier one's from its history.
 func (a *API) jobSpec(w http.ResponseWriter, r *http.Request) {
-	rec, h, err := desired.ReadHistory(r.Context(), a.store, r.PathValue("name"))
-	if err == nil {
-		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
-	}
-	if err != nil {
-		failErr(w, err)
+	rec, h, ok := a.readHistory(w, r)
+	if !ok {
 		return
 	}
 	gen, spec := rec.Generation, rec.Spec
@@ -160,13 +156,23 @@ func (a *API) rolloutAction(action string) http.HandlerFunc {
 	}
 }
 
-func (a *API) jobHistory(w http.ResponseWriter, r *http.Request) {
+// readHistory reads the job in the path and its history, answering 404 or 403 (and false)
+// unless the caller may read them.
+func (a *API) readHistory(w http.ResponseWriter, r *http.Request) (cluster.JobRecord, cluster.JobHistory, bool) {
 	rec, h, err := desired.ReadHistory(r.Context(), a.store, r.PathValue("name"))
 	if err == nil {
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
 	}
 	if err != nil {
 		failErr(w, err)
+		return rec, h, false
+	}
+	return rec, h, true
+}
+
+func (a *API) jobHistory(w http.ResponseWriter, r *http.Request) {
+	rec, h, ok := a.readHistory(w, r)
+	if !ok {
 		return
 	}
 	out := api.JobHistory{Job: rec.Spec.Name, Current: rec.Generation, Generations: []api.GenerationView{}}
