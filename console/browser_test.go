@@ -218,8 +218,9 @@ func TestConsole(t *testing.T) {
 	}
 	ads := b.tab(t)
 	ads.login(lc.API(), adsToken)
+	// wordcount 6, mirror 4 and its router, ticker 2.
 	ads.until("the tenant's map with every node, others' workers anonymous", 20*time.Second,
-		`document.querySelectorAll('#map .node').length === 12 && document.querySelectorAll('#map .cell.other').length === 11 &&
+		`document.querySelectorAll('#map .node').length === 12 && document.querySelectorAll('#map .cell.other').length === 13 &&
 		 document.querySelectorAll('#map .cell.s-running[data-j="clicks"]').length === 3`,
 		`document.querySelectorAll('#map .cell.other').length + ' anonymous cells'`)
 	var legend []string
@@ -325,7 +326,7 @@ func TestConsole(t *testing.T) {
 	admin.until("the killed job gone from the map and the legend", 60*time.Second,
 		`!document.querySelector('#legend button[data-job="clicks"]') && !document.querySelector('#map .cell[data-j="clicks"]')`, "")
 
-	consoleViews(t, lc, b, admin, adsToken)
+	consoleViews(t, lc, admin, ads)
 }
 
 // workerNodes lists the nodes of a job's workers, sorted, as the API says.

@@ -293,7 +293,6 @@ func eventsFigures(b *testing.B, br *browser, f *fixture) {
 		kept, len(nodes), renders[0], renders[1], renders[2], walls[0].Round(time.Millisecond), walls[1].Round(time.Millisecond), walls[2].Round(time.Millisecond),
 		draw, int(rows), m["JSHeapUsedSize"]/(1<<20), int(m["Nodes"]))
 	b.ReportMetric(median(renders), "ms-events-first-render")
-	p.screenshot("console-events-10000.png")
 }
 
 func consoleFigures(b *testing.B, br *browser, f *fixture, total int) {

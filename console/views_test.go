@@ -58,14 +58,14 @@ func storeRecords(t *testing.T, s coord.KV, job string) string {
 
 // consoleViews drives the views of events, logs, rollouts and why in the cluster of
 // TestConsole (its jobs wordcount, mirror and clicks, and ticker), as the admin in tab admin
-// and as tenant ads: a node killed shows as node.lost on the events page and the node's
+// and as tenant ads in tab ads: a node killed shows as node.lost on the events page and the node's
 // page; a worker's marker line shows in its log view (found by search), new lines follow,
 // and the download holds it; a router's log shows; a spec with errors shows them with
 // field and line and changes nothing in the store; a canary update made in the editor waits
 // for promotion, Promote finishes it and the history shows its diff; a rollback to a chosen
 // generation; an unplaced worker's explanation and a node's avoidance, ended from the page;
 // and tenant ads sees neither the other tenants' events nor their logs.
-func consoleViews(t *testing.T, lc *clustertest.Local, b *browser, admin *tab, adsToken string) {
+func consoleViews(t *testing.T, lc *clustertest.Local, admin, ads *tab) {
 	ctx := context.Background()
 	store, err := coord.Open(ctx, lc.StoreURL(), coord.Options{Logger: testenv.Logger(t, slog.LevelWarn)})
 	if err != nil {
@@ -251,9 +251,7 @@ func consoleViews(t *testing.T, lc *clustertest.Local, b *browser, admin *tab, a
 	})
 
 	t.Run("tenant", func(t *testing.T) {
-		ads := b.tab(t)
-		ads.login(lc.API(), adsToken)
-		ads.until("the map", 20*time.Second, `document.body.dataset.version`, "")
+		ads := ads.in(t)
 		ads.open("#/events")
 		ads.until("tenant ads's events", 20*time.Second, `+document.getElementById('events-view').dataset.count > 0`, `document.getElementById('events-view').textContent.slice(0, 200)`)
 		var tenants []string

@@ -246,7 +246,8 @@ export function nodePanel(el, S, id, act) {
   const byJob = workersByJob(n);
   const withheld = Math.min(n.throttled || 0, Math.max(n.slots - n.cells.length, 0));
   fill(el,
-    h('h3', null, 'Node ', n.id, ' ', h('a', { href: '#/node/' + encodeURIComponent(n.id), class: 'small' }, 'events, avoided jobs…')),
+    h('h3', null, 'Node ', n.id),
+    h('p', { class: 'small' }, h('a', { href: '#/node/' + encodeURIComponent(n.id) }, 'Its page: events, jobs it avoids')),
     h('dl', null,
       h('dt', null, 'Place'), h('dd', null, `${n.dc} / rack ${n.rack}`),
       h('dt', null, 'State'), h('dd', null, n.state === 'lost' ? healthBadge('lost') : healthBadge(n.health), n.draining ? [' ', badge('draining', 'warn')] : null),
