@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -162,6 +163,14 @@ func TestFormatJobSpecRoundTrips(t *testing.T) {
 			}
 			if !reflect.DeepEqual(spec, again) {
 				t.Errorf("round trip changed the spec\n got %+v\nwant %+v\n%s", again, spec, out)
+			}
+			// The JSON of a job record's spec (the editor's other start) reads back too.
+			js, err := json.Marshal(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again, err := ParseJobSpec(js); err != nil || !reflect.DeepEqual(spec, again) {
+				t.Errorf("the spec's JSON reads back as %+v, %v\n%s", again, err, js)
 			}
 			for _, empty := range []string{": \"\"", ": []", ": {}", ": 0\n", "null"} {
 				if strings.Contains(string(out), empty) {

@@ -23,6 +23,8 @@ export const FILTERS = ['job', 'node', 'dc', 'kind', 'since'];
 const ROW = 24;
 // MAX bounds the events a view holds: the masters keep 10,000 by default.
 const MAX = 20000;
+// FIRST is how many of the newest kept events a view draws before it reads the rest.
+const FIRST = 1000;
 
 const bad = new Set(['worker.exited', 'worker.crash-looping', 'worker.failed', 'worker.evicted', 'worker.unplaced', 'node.lost',
   'node.unhealthy', 'dc.lost', 'dc.failed', 'rollout.failed', 'events.dropped']);
@@ -137,10 +139,15 @@ export class EventsView {
     this.loaded = false;
     this.setStatus('loading…');
     const q = new URLSearchParams({ ...this.filters, ...this.fixed });
-    if (this.limit) q.set('limit', String(this.limit));
+    // The newest FIRST come at once and are drawn; the older ones (up to the view's limit)
+    // follow in a second answer, put before them.
+    const first = this.limit ? Math.min(this.limit, FIRST) : FIRST;
+    q.set('limit', String(first));
     let kept;
     try {
+      const t0 = performance.now();
       kept = await this.api.call('GET', '/v1/events?' + q);
+      this.stats.readMs = performance.now() - t0;
     } catch (e) {
       if (this.run === run) this.setStatus(e.message, true);
       return;
@@ -148,6 +155,7 @@ export class EventsView {
     if (this.run !== run) return; // filters changed meanwhile
     this.add(kept, true);
     const after = kept.length ? kept[kept.length - 1].id : 0;
+    if (kept.length === first && (!this.limit || this.limit > first)) this.older(q, kept[0].id, run);
     // What comes while a burst is drawn is drawn with it, at most once a frame.
     let pending = [];
     let frame = 0;
@@ -167,6 +175,35 @@ export class EventsView {
       if (s.down) { this.live = false; this.setStatus('reconnecting… (' + s.down + ')'); }
       if (s.refused) { this.live = false; this.setStatus(s.refused, true); }
     }, after);
+  }
+
+  // older reads the kept events before id (up to the view's limit) and puts them first.
+  async older(q, id, run) {
+    const all = new URLSearchParams(q);
+    if (this.limit) all.set('limit', String(this.limit)); else all.delete('limit');
+    let evs;
+    try {
+      evs = await this.api.call('GET', '/v1/events?' + all);
+    } catch (e) {
+      if (this.run === run) this.setStatus('older events: ' + e.message, true);
+      return;
+    }
+    if (this.run !== run) return;
+    const before = evs.filter((e) => e.id < id);
+    if (!before.length) return;
+    this.evs = before.concat(this.evs);
+    if (this.evs.length > MAX) {
+      const cut = this.evs.length - MAX;
+      this.evs.splice(0, cut);
+      this.dropped += cut;
+    }
+    // A reader scrolled up keeps the rows they read in view.
+    if (!this.list.stick) this.box.scrollTop += before.length * ROW;
+    this.list.draw(true);
+    this.stats.allMs = performance.now();
+    performance.mark('stormdock:events-all');
+    this.el.dataset.count = String(this.evs.length);
+    this.setStatus();
   }
 
   stop() {

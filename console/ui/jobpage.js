@@ -97,7 +97,9 @@ export class JobPage {
         if (!j) break;
         if (!this.views.logs || this.views.logs.job.workers !== j.workers) {
           if (this.views.logs) this.views.logs.stop();
-          this.views.logs = new LogView(api, p, j, { toast: this.ctx.toast });
+          let routers = 0;
+          if (j.router) for (const n of S.nodes.values()) for (const c of n.cells) if (c[0] === j.router) routers = Math.max(routers, c[2] + 1);
+          this.views.logs = new LogView(api, p, j, { toast: this.ctx.toast, routers: Math.max(routers, 1) });
         }
         this.views.logs.select(this.params.get('source') || '0', this.params.get('tail'));
         break;

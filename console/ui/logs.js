@@ -19,10 +19,12 @@ const enc = encodeURIComponent;
 // LogView is the log tab of a job's page. job is the job's summary from the map (name,
 // workers, links); the worker shown is chosen in its toolbar.
 export class LogView {
-  constructor(api, el, job, { toast } = {}) {
+  // routers is how many output routers a mirrored job has (the map's cells say).
+  constructor(api, el, job, { toast, routers = 2 } = {}) {
     this.api = api;
     this.el = el;
     this.job = job;
+    this.routers = routers;
     this.toast = toast || (() => {});
     this.lines = [];
     this.chars = 0;
@@ -46,7 +48,7 @@ export class LogView {
     for (const link of j.links || ['']) {
       for (let w = 0; w < per; w++) out.push({ value: (link ? link + '/' : '') + w, label: link ? `${link} worker ${w}` : `worker ${w}`, link, worker: w });
     }
-    if (j.router) for (let r = 0; r < 2; r++) out.push({ value: 'router/' + r, label: `output router ${r}`, router: true, worker: r });
+    if (j.router) for (let r = 0; r < this.routers; r++) out.push({ value: 'router/' + r, label: `output router ${r}`, router: true, worker: r });
     return out;
   }
 
