@@ -88,12 +88,15 @@ func consoleViews(t *testing.T, lc *clustertest.Local, admin, ads *tab) {
 			t.Errorf("search says %q", got)
 		}
 		admin.screenshot("console-logs.png")
-		// End (from the keyboard) goes back to the end, which then follows what comes.
+		// End (from the keyboard) goes back to the end, which then follows what comes: the
+		// last line drawn is a newer one, and more lines are held.
 		admin.eval(`document.querySelector('#job-logs .log').focus(), true`, nil)
 		admin.do(chromedp.KeyEvent(kb.End))
-		lastTick := `(() => { const ls = [...document.querySelectorAll('#job-logs .line')].map((l) => /^tick (\d+) /.exec(l.textContent)).filter(Boolean); return ls.length ? +ls[ls.length - 1][1] : 0; })()`
-		first := admin.num(lastTick)
-		admin.until("new lines follow at the end", 20*time.Second, fmt.Sprintf(`%s > %d + 2`, lastTick, first), lastTick)
+		last := `(() => { const ls = document.querySelectorAll('#job-logs .line'); return ls.length ? ls[ls.length - 1].textContent : ''; })()`
+		held := admin.num(`+document.getElementById('job-logs').dataset.lines`)
+		lastLine := admin.str(last)
+		admin.until("new lines follow at the end", 30*time.Second,
+			fmt.Sprintf(`+document.getElementById('job-logs').dataset.lines >= %d + 3 && %s !== %q && /^(tick|marker) /.test(%s)`, held, last, lastLine, last), last)
 		if node := admin.str(`document.getElementById('job-logs').dataset.node`); node == "" || !slicesContain(workerNodes(t, lc, "ticker"), node) {
 			t.Errorf("the log view says it reads node %q; ticker runs on %v", node, workerNodes(t, lc, "ticker"))
 		}
@@ -206,6 +209,15 @@ func consoleViews(t *testing.T, lc *clustertest.Local, admin, ads *tab) {
 		admin.until("the previous run's log, ended", 30*time.Second, `/end of the log/.test(document.querySelector('#job-logs').textContent) && +document.getElementById('job-logs').dataset.lines > 0`,
 			`document.querySelector('#job-logs').textContent.slice(0, 300)`)
 
+		// A restart by data center, one at a time, from the job's head.
+		admin.clickText("#view-job .job-head", "Restart…")
+		admin.until("the restart dialog", 10*time.Second, `document.querySelector('#confirm-fields select[name="by"]')`, "")
+		admin.eval(`document.querySelector('#confirm-fields select[name="by"]').value = 'dc', true`, nil)
+		admin.confirm(map[string]string{"maxParallel": "1"})
+		admin.until("the restart done", 60*time.Second,
+			`(() => { const r = document.querySelector('#view-job section.rollout'); return r && r.dataset.state === 'done' && /restart of generation 2/.test(r.textContent) && /by dc, 1 at a time/.test(r.textContent); })()`,
+			`document.querySelector('#view-job .job-head').textContent`)
+
 		// Back to generation 1, chosen in the dialog.
 		admin.open("#/job/ticker/history")
 		admin.clickText(`#job-history tr[data-generation="1"]`, "Roll back to this…")
@@ -222,12 +234,6 @@ func consoleViews(t *testing.T, lc *clustertest.Local, admin, ads *tab) {
 	t.Run("why", func(t *testing.T) {
 		admin := admin.in(t)
 		lc.Submit("name: picky\ntenant: demo\nworkers: 1\nresources: {memory: 16Mi, cpu: 0.05}\ncommand: [sleep, '600']\nplacement: {dcs: [dc-a, dc-b], nodeLabels: {disk: ssd}}\n")
-		admin.open("#/job/picky/why")
-		// 12 nodes, 4 in each data center: dc-c's fail the dc check first, every one the label.
-		admin.until("the placement engine's explanation", 30*time.Second,
-			`(() => { const cells = (c) => [...(document.querySelector('#job-why tr[data-check="' + c + '"]')?.cells || [])].slice(1, 3).map((x) => x.textContent).join('/');
-				return cells('label') === '8/12' && cells('dc') === '4/4'; })()`,
-			`document.getElementById('job-why').textContent`)
 		// A node that avoids picky (as the leader notes it after a crash loop there).
 		node := lc.Nodes()[0]
 		now := time.Now().UTC().Truncate(time.Millisecond)
@@ -237,6 +243,12 @@ func consoleViews(t *testing.T, lc *clustertest.Local, admin, ads *tab) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+		admin.open("#/job/picky/why")
+		// 12 nodes, 4 in each data center: dc-c's fail the dc check first, every one the label.
+		admin.until("the placement engine's explanation", 30*time.Second,
+			`(() => { const cells = (c) => [...(document.querySelector('#job-why tr[data-check="' + c + '"]')?.cells || [])].slice(1, 3).map((x) => x.textContent).join('/');
+				return cells('label') === '8/12' && cells('dc') === '4/4'; })()`,
+			`document.getElementById('job-why').textContent`)
 		admin.until("the avoiding node, since and until when", 30*time.Second, fmt.Sprintf(
 			`(() => { const r = document.querySelector('#job-why table.avoided tr[data-node=%q]');
 				return r && r.cells[3].textContent === '2' && /in (19|20) min/.test(r.cells[2].textContent) && /ago/.test(r.cells[1].textContent); })()`, node),

@@ -159,7 +159,9 @@ export class EventsView {
     // What comes while a burst is drawn is drawn with it, at most once a frame.
     let pending = [];
     let frame = 0;
+    // Events of an earlier start (other filters) that were on their way are dropped.
     this.stopStream = this.api.events(q, (e) => {
+      if (this.run !== run) return;
       this.stats.received++;
       pending.push(e);
       if (!frame) {
@@ -167,10 +169,11 @@ export class EventsView {
           frame = 0;
           const evs = pending;
           pending = [];
-          this.add(evs);
+          if (this.run === run) this.add(evs);
         });
       }
     }, (s) => {
+      if (this.run !== run) return;
       if (s.live) { this.live = true; this.setStatus(); }
       if (s.down) { this.live = false; this.setStatus('reconnecting… (' + s.down + ')'); }
       if (s.refused) { this.live = false; this.setStatus(s.refused, true); }
@@ -206,7 +209,9 @@ export class EventsView {
     this.setStatus();
   }
 
+  // stop ends the stream, and a start still reading the kept events.
   stop() {
+    this.run = (this.run || 0) + 1;
     if (this.stopStream) this.stopStream();
     this.stopStream = null;
   }
