@@ -539,6 +539,11 @@ function showLogin(msg) {
 
 function start(token, fromForm) {
   if (stopWatch) stopWatch();
+  // The pages' views hold the API they were made with: a new token makes them anew.
+  jobPage.close();
+  nodePage.close();
+  if (eventsPage) eventsPage.stop();
+  eventsPage = null;
   api = new API(token);
   go();
   let shown = false;
