@@ -241,6 +241,12 @@ func (c *Client) DrainNode(ctx context.Context, id string, drain bool) error {
 	return c.doJSON(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+"/"+verb, nil, nil)
 }
 
+// EndAvoidance ends node id's avoidance of job's workers after crash loops there (an
+// undrain naming the job), forgetting them; the node's draining stays as it is.
+func (c *Client) EndAvoidance(ctx context.Context, id, job string) error {
+	return c.doJSON(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+"/undrain", UndrainRequest{Job: job}, nil)
+}
+
 // Tenants lists the tenants with their use.
 func (c *Client) Tenants(ctx context.Context) ([]TenantView, error) {
 	var out []TenantView
@@ -372,6 +378,9 @@ func eventQuery(f EventFilter) url.Values {
 	}
 	if f.After > 0 {
 		q.Set("after", strconv.FormatInt(f.After, 10))
+	}
+	if len(f.Kinds) > 0 {
+		q.Set("kind", strings.Join(f.Kinds, ","))
 	}
 	return q
 }

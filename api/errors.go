@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+
+	"github.com/stormdock/stormdock/cluster"
 )
 
 // Errors callers branch on. The master and the routers wrap them (fmt.Errorf("%w: ...")); the
@@ -68,10 +70,21 @@ func kindOf(err error) kind {
 	return kinds[len(kinds)-1]
 }
 
-// ErrorBody is every error answer: {"error": "one line", "code": "not_found"}.
+// ErrorBody is every error answer: {"error": "one line", "code": "not_found"}. An invalid
+// spec's answer also lists its problems one by one, with their fields and lines.
 type ErrorBody struct {
-	Error string `json:"error"`
-	Code  string `json:"code,omitempty"`
+	Error    string    `json:"error"`
+	Code     string    `json:"code,omitempty"`
+	Problems []Problem `json:"problems,omitempty"`
+}
+
+// Problem is one problem of an invalid spec: its field path (placement.spread[1]; empty
+// when the problem is the whole document's), the line it stands on in what was sent (0 when
+// it is not there: a missing field), and what is wrong.
+type Problem struct {
+	Field string `json:"field,omitempty"`
+	Line  int    `json:"line,omitempty"`
+	Msg   string `json:"msg"`
 }
 
 // ParseError is the error an answer of status with body (an ErrorBody) stands for. A body
@@ -81,14 +94,15 @@ func ParseError(status int, body []byte, fallback string) *Error {
 	if json.Unmarshal(body, &eb) != nil || eb.Error == "" {
 		eb.Error = fallback
 	}
-	return &Error{Status: status, Code: eb.Code, Msg: eb.Error}
+	return &Error{Status: status, Code: eb.Code, Msg: eb.Error, Problems: eb.Problems}
 }
 
 // Error is an error answered by a master or a router.
 type Error struct {
-	Status int
-	Code   string
-	Msg    string
+	Status   int
+	Code     string
+	Msg      string
+	Problems []Problem
 }
 
 func (e *Error) Error() string { return e.Msg }
@@ -148,6 +162,15 @@ func WriteError(w http.ResponseWriter, err error) {
 	k := kindOf(err)
 	msg := err.Error()
 	msg = strings.TrimPrefix(msg, k.err.Error()+": ")
+	var ve *cluster.ValidationError
+	if errors.As(err, &ve) {
+		ps := make([]Problem, len(ve.Problems))
+		for i, p := range ve.Problems {
+			ps[i] = Problem{Field: p.Path, Line: p.Line, Msg: p.Msg}
+		}
+		writeError(w, k, msg, ps...)
+		return
+	}
 	writeError(w, k, msg)
 }
 
@@ -156,12 +179,12 @@ func Errorf(w http.ResponseWriter, sentinel error, msg string) {
 	writeError(w, kindOf(sentinel), msg)
 }
 
-func writeError(w http.ResponseWriter, k kind, msg string) {
+func writeError(w http.ResponseWriter, k kind, msg string, problems ...Problem) {
 	msg = strings.ReplaceAll(strings.TrimSpace(msg), "\n", "; ")
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(k.status)
-	_ = json.NewEncoder(w).Encode(ErrorBody{Error: msg, Code: k.code})
+	_ = json.NewEncoder(w).Encode(ErrorBody{Error: msg, Code: k.code, Problems: problems})
 }
 
 // WriteJSON answers v as indented JSON.

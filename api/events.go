@@ -1,7 +1,9 @@
 package api
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -107,6 +109,9 @@ type EventFilter struct {
 	Job  string // the job, its output routers included
 	Node string // where it happened, or where a moved worker went
 	DC   string
+	// Kinds takes events of these kinds; one ending in "." takes every kind it starts
+	// (node. is node.lost, node.back, ...). Empty takes every kind.
+	Kinds []string
 	// Since takes events at or after this time; After takes events with a larger ID.
 	Since time.Time
 	After int64
@@ -130,8 +135,38 @@ func (f EventFilter) Match(e *Event) bool {
 		return false
 	case f.DC != "" && e.DC != f.DC && e.ToDC != f.DC:
 		return false
+	case len(f.Kinds) > 0 && !slices.ContainsFunc(f.Kinds, func(k string) bool { return kindMatch(k, e.Kind) }):
+		return false
 	}
 	return true
+}
+
+func kindMatch(want, kind string) bool {
+	if strings.HasSuffix(want, ".") {
+		return strings.HasPrefix(kind, want)
+	}
+	return kind == want
+}
+
+// ParseKinds reads a kind filter: kinds or kind prefixes ending in "." (worker.), separated by
+// commas.
+func ParseKinds(s string) ([]string, error) {
+	var out []string
+	for k := range strings.SplitSeq(s, ",") {
+		k = strings.TrimSpace(k)
+		if k == "" {
+			continue
+		}
+		ok := IsEventKind(k)
+		if strings.HasSuffix(k, ".") {
+			ok = slices.ContainsFunc(append(EventKinds(), EventRolloutStep), func(kind string) bool { return strings.HasPrefix(kind, k) })
+		}
+		if !ok {
+			return nil, fmt.Errorf("%w: kind %q: want an event kind (node.lost) or the start of some ending in a dot (node.): see `stormdock events --help`", ErrBadInput, k)
+		}
+		out = append(out, k)
+	}
+	return out, nil
 }
 
 // IsEventKind reports whether kind is one of EventKinds or a rollout's.

@@ -12,8 +12,8 @@ type LogRequest struct {
 	// Worker is the worker's index; with Router, -1 is the router that leads.
 	Worker int
 	Link   string // for a mirrored job's link worker
-	// Router reads a mirrored job's output router's log (its routers are workers 0 and 1
-	// of JOB.router) instead of a worker's.
+	// Router reads a mirrored job's output router's log instead of a worker's: Worker is the
+	// router's index (0, or 1 for the second; LeadingRouter for the one that leads now).
 	Router bool
 	// Follow keeps the answer open, printing what the worker writes as it writes it, also
 	// after it restarts, until the client goes away.
@@ -72,7 +72,7 @@ func ParseLogRequest(q url.Values) (LogRequest, error) {
 			return r, fmt.Errorf("%w: tail must be a number of lines (negative: everything), not %q", ErrBadInput, s)
 		}
 	}
-	for name, p := range map[string]*bool{"follow": &r.Follow, "previous": &r.Previous} {
+	for name, p := range map[string]*bool{"follow": &r.Follow, "previous": &r.Previous, "router": &r.Router} {
 		if s := q.Get(name); s != "" {
 			if *p, err = strconv.ParseBool(s); err != nil {
 				return r, fmt.Errorf("%w: %s must be true or false, not %q", ErrBadInput, name, s)
@@ -81,6 +81,9 @@ func ParseLogRequest(q url.Values) (LogRequest, error) {
 	}
 	if r.Follow && r.Previous {
 		return r, fmt.Errorf("%w: the previous run has ended: it cannot be followed (drop -f or --previous)", ErrBadInput)
+	}
+	if r.Router && r.Link != "" {
+		return r, fmt.Errorf("%w: a job's routers serve every link: name no link for a router's log", ErrBadInput)
 	}
 	return r, nil
 }

@@ -68,13 +68,43 @@ type JobStatus struct {
 	// Avoided lists the nodes that avoid the job's workers now, after crash loops there,
 	// and until when; its workers go there only when they fit nowhere else.
 	Avoided []NodeAvoidance `json:"avoided,omitempty"`
+	// Why says why the job's unplaced workers have no node, by link and reason (the
+	// placement engine's explanation, check by check, where it found none).
+	Why []UnplacedWhy `json:"why,omitempty"`
 }
 
 // NodeAvoidance is a node avoiding a job's workers after they crash-looped there.
 type NodeAvoidance struct {
-	Node    string    `json:"node"`
+	Node string `json:"node"`
+	// Since is when the crash loop that made it avoid the job was seen (zero when a master
+	// of an earlier version recorded it).
+	Since   time.Time `json:"since,omitzero"`
 	Until   time.Time `json:"until"`
 	Strikes int       `json:"strikes"`
+}
+
+// UnplacedWhy is why some workers of a job (or of one link) have no node. Reason is the
+// one line `job status` prints; Fit, Total and Rejected are the placement engine's
+// explanation when it found no node (Rejected is empty when the workers wait for another
+// reason: held while their job cannot move whole, a tenant without a uid yet).
+type UnplacedWhy struct {
+	Link     string      `json:"link,omitempty"`
+	Workers  []int       `json:"workers"`
+	Reason   string      `json:"reason"`
+	Fit      int         `json:"fit"`
+	Total    int         `json:"total"`
+	Rejected []Rejection `json:"rejected,omitempty"`
+}
+
+// Rejection is one placement check and how many nodes failed it: Nodes failed it first (in
+// the order the engine checks; they add up to the nodes that do not fit), Failing failed it
+// at all. Check is draining, unschedulable, link-dc, dc, other-pool, not-pool, label,
+// avoided, max-per-node, throttled, slots, memory or cpu.
+type Rejection struct {
+	Check   string `json:"check"`
+	Text    string `json:"text"`
+	Nodes   int    `json:"nodes"`
+	Failing int    `json:"failing"`
 }
 
 // SinkView is a mirrored job's output as its routers last recorded it in the store.
@@ -237,6 +267,13 @@ type DCView struct {
 	Workers   int       `json:"workers"`
 }
 
+// UndrainRequest is the body of an undrain (optional). With Job, only that job's avoidance
+// of the node ends, its crash loops there forgotten, and the node's draining stays as it
+// is; without, the node takes work again and every avoidance of it ends.
+type UndrainRequest struct {
+	Job string `json:"job,omitempty"`
+}
+
 // DCRequest is the body of a data-center restore.
 type DCRequest struct {
 	Rebalance bool `json:"rebalance,omitempty"`
@@ -248,6 +285,9 @@ type UpdateRequest struct {
 	// Spec is the job spec as written (YAML or JSON), validated with field and line.
 	Spec   string          `json:"spec"`
 	Policy PolicyOverrides `json:"policy,omitzero"`
+	// DryRun checks the update as it would be made (the spec, what may not change, the
+	// policy, quota and priority caps) and answers what it would change, storing nothing.
+	DryRun bool `json:"dryRun,omitempty"`
 }
 
 // PolicyOverrides are the CLI's flags over a spec's `update:` block; nil keeps the spec's.
@@ -288,6 +328,18 @@ func (o PolicyOverrides) Apply(p cluster.UpdatePolicy) cluster.UpdatePolicy {
 type UpdateReply struct {
 	Job     cluster.JobRecord `json:"job"`
 	Changed bool              `json:"changed"`
+	// Changes are the spec's fields the update changes (an update's answer only).
+	Changes []SpecChange `json:"changes,omitempty"`
+	// DryRun: nothing was stored; Job is the job as the update would make it.
+	DryRun bool `json:"dryRun,omitempty"`
+}
+
+// JobSpecText is a job's spec as YAML (GET /v1/jobs/NAME/spec), to edit and send back as an
+// update: the current generation's, or an earlier one's from the job's history.
+type JobSpecText struct {
+	Job        string `json:"job"`
+	Generation int64  `json:"generation"`
+	Spec       string `json:"spec"`
 }
 
 // RollbackRequest rolls a job back to an earlier generation's spec (To; 0: the one before

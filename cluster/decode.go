@@ -32,19 +32,51 @@ func ParseTenant(data []byte) (*Tenant, error) {
 	return &t, nil
 }
 
-// validator is what Decode checks after decoding.
-type validator interface{ Validate() error }
+// FormatJobSpec writes a spec as YAML that ParseJobSpec reads back to the same spec: what
+// an operator edits to update a job (the console's spec editor).
+func FormatJobSpec(spec JobSpec) ([]byte, error) {
+	var b strings.Builder
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(spec); err != nil {
+		return nil, fmt.Errorf("write job spec %s as YAML: %w", spec.Name, err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("write job spec %s as YAML: %w", spec.Name, err)
+	}
+	return []byte(b.String()), nil
+}
 
-// Decode reads YAML or JSON into v strictly: unknown fields and wrong types are problems,
-// not silently dropped. When v has a Validate method its problems join the list, each with
-// the line it comes from. The error is a *ValidationError naming what was read.
-func Decode(data []byte, v any, what string) error {
+// Locate gives the problems of err (a *ValidationError, found after Decode read data into a
+// value of v's type: an update's checks against the running job) the lines of their fields
+// in data, where they have none. Other errors are left alone.
+func Locate(data []byte, v any, err error) {
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		return
+	}
+	_, idx, _, fe := index(data, v)
+	if fe != nil {
+		return
+	}
+	for i, p := range ve.Problems {
+		if p.Line == 0 && p.Path != "" {
+			ve.Problems[i].Line = idx.lineOf(p.Path)
+		}
+	}
+}
+
+// index parses data as YAML and walks it against v's type: the document, where each field
+// path stands, and the unknown fields; or the document's one problem (a syntax error, an
+// empty document).
+func index(data []byte, v any) (*yaml.Node, *lineIndex, problems, *FieldError) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return &ValidationError{What: what, Problems: []FieldError{{Msg: yamlSyntax(err)}}}
+		fe := yamlSyntax(err)
+		return nil, nil, nil, &fe
 	}
 	if root.Kind == 0 {
-		return &ValidationError{What: what, Problems: []FieldError{{Msg: "the document is empty"}}}
+		return nil, nil, nil, &FieldError{Msg: "the document is empty"}
 	}
 	doc := &root
 	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
@@ -53,6 +85,20 @@ func Decode(data []byte, v any, what string) error {
 	idx := newLineIndex()
 	var ps problems
 	checkFields(doc, reflect.TypeOf(v).Elem(), "", idx, &ps)
+	return doc, idx, ps, nil
+}
+
+// validator is what Decode checks after decoding.
+type validator interface{ Validate() error }
+
+// Decode reads YAML or JSON into v strictly: unknown fields and wrong types are problems,
+// not silently dropped. When v has a Validate method its problems join the list, each with
+// the line it comes from. The error is a *ValidationError naming what was read.
+func Decode(data []byte, v any, what string) error {
+	doc, idx, ps, fe := index(data, v)
+	if fe != nil {
+		return &ValidationError{What: what, Problems: []FieldError{*fe}}
+	}
 	reported := map[string]bool{}
 	for _, p := range ps {
 		reported[p.Path] = true
@@ -107,12 +153,19 @@ func Decode(data []byte, v any, what string) error {
 // at every process's start.
 var lineRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(?:yaml: )?line (\d+)(?::(\d+))?: (.*)$`) })
 
-func yamlSyntax(err error) string {
+func yamlSyntax(err error) FieldError {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	if m := lineRE().FindStringSubmatch(msg); m != nil {
-		return m[3] + " (line " + m[1] + ")"
+		line, _ := strconv.Atoi(m[1])
+		// The decoder counts lines from 0 for its parser's errors (they all read "did not
+		// find expected ..."), from 1 for its scanner's: where the unclosed [ or { or the
+		// misplaced key stands is the line after the one it names.
+		if strings.HasPrefix(m[3], "did not find expected") {
+			line++
+		}
+		return FieldError{Msg: m[3], Line: line}
 	}
-	return msg
+	return FieldError{Msg: msg}
 }
 
 // lineIndex remembers where each field path stands in the source.

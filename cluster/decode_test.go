@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -91,6 +93,11 @@ func TestDecodeTable(t *testing.T) {
 	}{
 		{"empty", "", "the document is empty"},
 		{"syntax", "name: [a\n", "line"},
+		// The decoder's parser names the line before: the unclosed { is on line 2, the
+		// key indented one space too few on line 4.
+		{"unclosed flow mapping", "name: a\nresources: {memory: 64Mi\ntenant: t\n", "did not find expected ',' or '}' (line 2)"},
+		{"misplaced key", "name: a\nresources:\n  memory: 64Mi\n cpu: 1\n", "did not find expected key (line 4)"},
+		{"scanner's own line", "name: a\n tenant: t\n", "mapping values are not allowed in this context (line 2)"},
 		{"wrong type", strings.Replace(base, "workers: 1", "workers: many", 1), "workers: must be a whole number, not str \"many\" (line 3)"},
 		{"flow mapping column", strings.Replace(base, "cpu: 1", "cpu: fast", 1), "resources.cpu: cpu quantity \"fast\""},
 		{"docker needs image", base + "isolation: docker\n", "image: is required for docker isolation"},
@@ -133,4 +140,65 @@ func TestParseInventory(t *testing.T) {
 			t.Errorf("got %v, want it to contain %q", err, want)
 		}
 	}
+}
+
+// TestFormatJobSpecRoundTrips: the YAML the console's editor starts from reads back to the
+// same spec, for every valid spec in testdata, and is YAML an operator would write (no
+// empty fields).
+func TestFormatJobSpecRoundTrips(t *testing.T) {
+	for _, name := range []string{"wordcount.yaml", "mirrored.json", "update.yaml"} {
+		t.Run(name, func(t *testing.T) {
+			data, err := os.ReadFile(filepath.Join("testdata", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec, err := ParseJobSpec(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := FormatJobSpec(*spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := ParseJobSpec(out)
+			if err != nil {
+				t.Fatalf("the formatted spec does not parse: %v\n%s", err, out)
+			}
+			if !reflect.DeepEqual(spec, again) {
+				t.Errorf("round trip changed the spec\n got %+v\nwant %+v\n%s", again, spec, out)
+			}
+			// The JSON of a job record's spec (the editor's other start) reads back too.
+			js, err := json.Marshal(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again, err := ParseJobSpec(js); err != nil || !reflect.DeepEqual(spec, again) {
+				t.Errorf("the spec's JSON reads back as %+v, %v\n%s", again, err, js)
+			}
+			for _, empty := range []string{": \"\"", ": []", ": {}", ": 0\n", "null"} {
+				if strings.Contains(string(out), empty) {
+					t.Errorf("formatted spec holds %q:\n%s", empty, out)
+				}
+			}
+		})
+	}
+}
+
+// TestLocateProblemsFoundAfterDecoding: problems found by checks after decoding (an
+// update's, against the running job) get their fields' lines.
+func TestLocateProblemsFoundAfterDecoding(t *testing.T) {
+	data := []byte("name: wc\ntenant: search\nworkers: 2\nlinks:\n  - dc-a\n  - dc-b\nresources: {memory: 64Mi, cpu: 0.1}\n")
+	err := error(&ValidationError{What: "update", Problems: []FieldError{
+		{Path: "tenant", Msg: "cannot change"}, {Path: "links[1]", Msg: "cannot change"}, {Path: "resources.memory", Msg: "x"},
+		{Path: "placement.dcs", Msg: "not in the source"}, {Msg: "no path"}}})
+	Locate(data, &JobSpec{}, fmt.Errorf("wrapped: %w", err))
+	var got []int
+	for _, p := range err.(*ValidationError).Problems {
+		got = append(got, p.Line)
+	}
+	if want := []int{2, 6, 7, 0, 0}; !reflect.DeepEqual(got, want) {
+		t.Errorf("lines %v, want %v", got, want)
+	}
+	Locate([]byte(":::"), &JobSpec{}, err)    // not YAML: nothing happens
+	Locate(data, &JobSpec{}, errors.New("x")) // not a validation error
 }

@@ -195,6 +195,9 @@ type NodeConf struct {
 // Avoidance is one job's avoidance of a node after its workers crash-looped there.
 type Avoidance struct {
 	Job string `json:"job"`
+	// Since is when the last crash loop made the node avoid the job (zero in a record of an
+	// earlier master).
+	Since time.Time `json:"since,omitzero"`
 	// Until is when the node takes the job's workers again.
 	Until time.Time `json:"until"`
 	// Strikes counts the crash loops that made the node avoided, the last included: each

@@ -102,9 +102,11 @@ func TestConsole(t *testing.T) {
 	lc.Submit(wordcountSpec(input))
 	lc.Submit(clicksSpec(input))
 	lc.Submit(mirrorSpec(input, lc.SinkPath("demo", "out.jsonl"))) // below the cluster's sink dir
+	lc.Submit(tickerSpec)
 	lc.WaitRunning("wordcount", 4)
 	lc.WaitRunning("clicks", 3)
 	lc.WaitRunning("mirror", 4)
+	lc.WaitRunning("ticker", 2)
 	testenv.EventuallyWith(t, "the mirrored job's router answering with an active link", 60*time.Second, func() (bool, string) {
 		l, err := lc.Client.Links(ctx, "mirror")
 		if err != nil {
@@ -216,8 +218,9 @@ func TestConsole(t *testing.T) {
 	}
 	ads := b.tab(t)
 	ads.login(lc.API(), adsToken)
+	// wordcount 6, mirror 4 and its router, ticker 2.
 	ads.until("the tenant's map with every node, others' workers anonymous", 20*time.Second,
-		`document.querySelectorAll('#map .node').length === 12 && document.querySelectorAll('#map .cell.other').length === 11 &&
+		`document.querySelectorAll('#map .node').length === 12 && document.querySelectorAll('#map .cell.other').length === 13 &&
 		 document.querySelectorAll('#map .cell.s-running[data-j="clicks"]').length === 3`,
 		`document.querySelectorAll('#map .cell.other').length + ' anonymous cells'`)
 	var legend []string
@@ -322,6 +325,8 @@ func TestConsole(t *testing.T) {
 	admin.open("#/map")
 	admin.until("the killed job gone from the map and the legend", 60*time.Second,
 		`!document.querySelector('#legend button[data-job="clicks"]') && !document.querySelector('#map .cell[data-j="clicks"]')`, "")
+
+	consoleViews(t, lc, admin, ads)
 }
 
 // workerNodes lists the nodes of a job's workers, sorted, as the API says.

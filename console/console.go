@@ -1,5 +1,6 @@
 // Package console is the web console every master serves at /ui/: the cluster map, jobs,
-// nodes, data centers and tenants, live from GET /v1/watch, with actions through the API.
+// nodes, data centers, tenants and events, live from GET /v1/watch and GET /v1/events; a
+// job's workers' logs, rollouts, history, spec and why; with actions through the API.
 package console
 
 import (

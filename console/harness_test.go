@@ -131,6 +131,13 @@ type tab struct {
 	ctx context.Context
 }
 
+// in is the same tab failing test t (a subtest) instead of the one that opened it.
+func (p *tab) in(t testing.TB) *tab {
+	q := *p
+	q.t = t
+	return &q
+}
+
 // do runs actions, failing the test on an error or after a generous time.
 func (p *tab) do(actions ...chromedp.Action[chromedp.Void]) {
 	p.t.Helper()

@@ -224,6 +224,93 @@ func BenchmarkConsole1000Nodes(b *testing.B) {
 	}
 }
 
+// BenchmarkConsoleEvents10000 measures the events page with the masters' bound of events
+// kept (10,000) on a simulated cluster of 1,000 nodes (1,000 workers: the map is not what
+// it measures). Run it once: go test -run '^$' -bench ConsoleEvents -benchtime 1x ./console
+func BenchmarkConsoleEvents10000(b *testing.B) {
+	cfg := synth.Config{DCs: 4, RacksPerDC: 5, NodesPerRack: 50, Slots: 16, Memory: 64 << 30, CPU: 32000,
+		Jobs: 10, Workers: 1000, Spread: []string{cluster.DomainDC, cluster.DomainRack}, Seed: 1}
+	br := newBrowser(b)
+	f := newFixture(b, cfg)
+	for b.Loop() {
+		eventsFigures(b, br, f)
+	}
+}
+
+// eventsFigures measures the events page with the masters' bound of events kept (10,000):
+// the first render (all kept events read and drawn), the page's memory and DOM.
+func eventsFigures(b *testing.B, br *browser, f *fixture) {
+	const kept = 10000
+	log := f.master.Scheduler().Events()
+	have, _ := log.Query(api.EventFilter{}, 0)
+	var nodes []string
+	f.mu.Lock()
+	for id := range f.nodes {
+		nodes = append(nodes, id)
+	}
+	f.mu.Unlock()
+	slices.Sort(nodes)
+	kinds := []string{api.EventWorkerStarted, api.EventWorkerExited, api.EventWorkerRestarted, api.EventWorkerMoved, api.EventNodeThrottled, api.EventAPICall}
+	start := time.Now().Add(-50 * time.Minute)
+	// In bursts the masters take (a queue beyond the bound is dropped), each appended before
+	// the next.
+	for i := len(have); i < kept; {
+		n := min(1000, kept-i)
+		for k := range n {
+			w := (i + k) % 97
+			e := api.Event{Time: start.Add(time.Duration(i+k) * 300 * time.Millisecond), Kind: kinds[(i+k)%len(kinds)],
+				Object: fmt.Sprintf("worker/job%02d/%d", w%100, w), Job: fmt.Sprintf("job%02d", w%100), Tenant: "t0", Worker: &w,
+				Node: nodes[(i+k)%len(nodes)], Reason: fmt.Sprintf("crashed: exited with code %d (bench event %d of %d)", (i+k)%7, i+k, kept)}
+			log.Emit(e)
+		}
+		i += n
+		testenv.Eventually(b, fmt.Sprintf("%d events kept", i), time.Minute, func() bool {
+			evs, _ := log.Query(api.EventFilter{}, 0)
+			return len(evs) >= i
+		})
+	}
+	// The same answer read from here, as `stormdock events` does.
+	var gets []time.Duration
+	for range 3 {
+		start := time.Now()
+		evs, err := f.cl.Events(context.Background(), api.EventFilter{}, 0)
+		if err != nil || len(evs) < kept {
+			b.Fatalf("GET /v1/events: %d events, %v", len(evs), err)
+		}
+		gets = append(gets, time.Since(start))
+	}
+	b.Logf("figure: GET /v1/events with %d events kept, read by a Go client: %v, %v, %v", kept, gets[0].Round(time.Millisecond), gets[1].Round(time.Millisecond), gets[2].Round(time.Millisecond))
+	p := br.tab(b)
+	p.do(chromedp.Navigate(f.master.URL() + "/ui/"))
+	p.eval(fmt.Sprintf(`sessionStorage.setItem('stormdock.token', %q), true`, f.token), nil)
+	var renders, alls []float64
+	var walls []time.Duration
+	for range 3 {
+		p.do(chromedp.Navigate("about:blank"))
+		start := time.Now()
+		p.do(chromedp.Navigate(f.master.URL() + "/ui/#/events"))
+		p.until("every kept event on the events page", 2*time.Minute, fmt.Sprintf(`+document.getElementById('events-view')?.dataset.count >= %d && document.querySelectorAll('#events-view .event').length > 0`, kept),
+			`String(document.getElementById('events-view')?.dataset.count) + ' ' + document.getElementById('events-view')?.textContent.slice(0, 200)`)
+		walls = append(walls, time.Since(start))
+		var ms, all float64
+		p.eval(`performance.getEntriesByName('stormdock:events-render')[0].startTime`, &ms)
+		p.eval(`performance.getEntriesByName('stormdock:events-all')[0].startTime`, &all)
+		renders = append(renders, ms)
+		alls = append(alls, all)
+	}
+	var rows, draw, read, started float64
+	p.eval(`document.querySelectorAll('#events-view .event').length`, &rows)
+	p.eval(`window.stormdockEvents.stats.firstDrawMs`, &draw)
+	p.eval(`window.stormdockEvents.stats.readMs`, &read)
+	p.eval(`window.stormdockEvents.stats.firstRenderMs - window.stormdockEvents.stats.readMs - window.stormdockEvents.stats.firstDrawMs`, &started)
+	m := jsMetrics(b, p)
+	b.Logf("figure: first render of the events page with %d events kept, at %d nodes: the newest 1,000 drawn after %.0f ms, %.0f ms, %.0f ms, all %d after %.0f ms, %.0f ms, %.0f ms (the page's marks); %v, %v, %v (navigation to all the rows, seen from the test); of the last: the page asked for them %.0f ms after navigating, the first answer took %.0f ms, drawing it %.1f ms; %d rows in the DOM; JS heap %.1f MiB, %d DOM nodes",
+		kept, len(nodes), renders[0], renders[1], renders[2], kept, alls[0], alls[1], alls[2], walls[0].Round(time.Millisecond), walls[1].Round(time.Millisecond), walls[2].Round(time.Millisecond),
+		started, read, draw, int(rows), m["JSHeapUsedSize"]/(1<<20), int(m["Nodes"]))
+	b.ReportMetric(median(alls), "ms-events-all")
+	b.ReportMetric(median(renders), "ms-events-first-render")
+}
+
 func consoleFigures(b *testing.B, br *browser, f *fixture, total int) {
 	// Browser memory: a tab of its own, on about:blank, then with the map drawn (after a
 	// garbage collection): the page's JavaScript heap and DOM, and the proportional set size

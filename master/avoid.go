@@ -36,7 +36,7 @@ func (c *Config) avoidFor(strikes int) time.Duration {
 // for a period that doubles with the strikes (see avoidFor).
 func (c *Config) strike(nc *cluster.NodeConf, job string, now time.Time) {
 	prev, _ := nc.Avoidance(job)
-	a := cluster.Avoidance{Job: job, Strikes: prev.Strikes + 1}
+	a := cluster.Avoidance{Job: job, Strikes: prev.Strikes + 1, Since: now.UTC().Truncate(time.Millisecond)}
 	a.Until = now.Add(c.avoidFor(a.Strikes)).UTC().Truncate(time.Millisecond)
 	nc.Avoided = slices.DeleteFunc(slices.Clone(nc.Avoided), func(e cluster.Avoidance) bool { return e.Job == job })
 	nc.Avoided = append(nc.Avoided, a)

@@ -149,7 +149,7 @@ func (r *reconciler) planWholeOnce(v *View, in placement.Input) (*placement.Resu
 		}
 		for i, u := range res.Unplaced {
 			if why, ok := in.Hold[u.Key()]; ok {
-				res.Unplaced[i].Reason = why
+				res.Unplaced[i].Reason, res.Unplaced[i].Why = why, nil
 			}
 		}
 		return res, in.Hold, nil

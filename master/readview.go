@@ -34,9 +34,12 @@ type Snapshot struct {
 	v        *View
 	assigns  map[string]cluster.NodeAssignment
 	unplaced map[cluster.WorkerKey]string
-	stamp    Stamp     // the mirrors' generations it reflects (at least)
-	fresh    readStamp // what must not have changed since for it to be served
-	at       time.Time
+	// why is the placement engine's explanation of each unplaced worker it found no node
+	// for (the workers of one job or link share one).
+	why   map[cluster.WorkerKey]*placement.Explanation
+	stamp Stamp     // the mirrors' generations it reflects (at least)
+	fresh readStamp // what must not have changed since for it to be served
+	at    time.Time
 
 	once     sync.Once
 	assigned map[cluster.WorkerKey]string // worker -> node, workers being stopped excluded
@@ -179,13 +182,11 @@ func (s Stamp) covers(n Stamp) bool {
 // taken before v was made from the mirrors.
 func (m *Master) publish(s Stamp, rs readStamp, v *View, assign map[string]assignState, res *placement.Result) {
 	st := &Snapshot{v: v, assigns: make(map[string]cluster.NodeAssignment, len(assign)), at: time.Now(),
-		stamp: s, fresh: rs, unplaced: make(map[cluster.WorkerKey]string, len(res.Unplaced))}
+		stamp: s, fresh: rs}
 	for node, a := range assign {
 		st.assigns[node] = a.a
 	}
-	for _, u := range res.Unplaced {
-		st.unplaced[u.Key()] = u.Reason
-	}
+	st.unplaced, st.why = unplacedOf(res)
 	m.reads.mu.Lock()
 	m.reads.published = st
 	if m.reads.changed != nil {
@@ -232,7 +233,7 @@ func (m *Master) Snapshot() *Snapshot {
 	v := m.view()
 	st := &Snapshot{v: v, assigns: m.decodedAssigns(), stamp: s, fresh: rs, at: time.Now()}
 	assigned, _ := st.Where()
-	st.unplaced = m.unplaced(v, assigned)
+	st.unplaced, st.why = m.unplaced(v, assigned)
 	m.reads.built = st
 	return st
 }
@@ -319,7 +320,7 @@ func (m *Master) ReadYourWrite(ctx context.Context, object string) {
 // plans from. Placement is pure, so any master can give the leader's reasons. When every
 // worker of every job is assigned there is nothing to explain, and no plan is made. Only a
 // master that does not lead plans for this (see Snapshot); the leader's reconcile says why.
-func (m *Master) unplaced(v *View, assigned map[cluster.WorkerKey]string) map[cluster.WorkerKey]string {
+func (m *Master) unplaced(v *View, assigned map[cluster.WorkerKey]string) (map[cluster.WorkerKey]string, map[cluster.WorkerKey]*placement.Explanation) {
 	missing := false
 	for _, j := range v.jobs {
 		if j.rec.State != cluster.JobRunning {
@@ -337,7 +338,7 @@ func (m *Master) unplaced(v *View, assigned map[cluster.WorkerKey]string) map[cl
 		}
 	}
 	if !missing {
-		return map[cluster.WorkerKey]string{}
+		return map[cluster.WorkerKey]string{}, nil
 	}
 	var cur []cluster.Placement
 	for k, node := range assigned {
@@ -350,14 +351,27 @@ func (m *Master) unplaced(v *View, assigned map[cluster.WorkerKey]string) map[cl
 		r.assign[node] = assignState{a: a, exists: true}
 	}
 	res, _, err := r.planWhole(v, placement.Input{Nodes: v.schedulable(), Jobs: v.runningJobs(), Current: cur, Avoid: v.avoid()})
-	out := map[cluster.WorkerKey]string{}
 	if err != nil {
-		return out
+		return map[cluster.WorkerKey]string{}, nil
 	}
+	return unplacedOf(res)
+}
+
+// unplacedOf is a plan's unplaced workers: why each waits, and the placement engine's
+// explanation where it found no node.
+func unplacedOf(res *placement.Result) (map[cluster.WorkerKey]string, map[cluster.WorkerKey]*placement.Explanation) {
+	reasons := make(map[cluster.WorkerKey]string, len(res.Unplaced))
+	var why map[cluster.WorkerKey]*placement.Explanation
 	for _, u := range res.Unplaced {
-		out[u.Key()] = u.Reason
+		reasons[u.Key()] = u.Reason
+		if u.Why != nil {
+			if why == nil {
+				why = map[cluster.WorkerKey]*placement.Explanation{}
+			}
+			why[u.Key()] = u.Why
+		}
 	}
-	return out
+	return reasons, why
 }
 
 func summarize(v *View, rec cluster.JobRecord, assigned map[cluster.WorkerKey]string, unplaced map[cluster.WorkerKey]string) api.JobSummary {

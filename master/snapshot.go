@@ -10,6 +10,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/master/eventlog"
+	"github.com/stormdock/stormdock/placement"
 )
 
 // What the HTTP API (package master/httpapi) reads of a master: its published Snapshot, the
@@ -104,6 +105,10 @@ func (st *Snapshot) View() *View { return st.v }
 
 // Unplaced is why each worker no node takes waits, by worker.
 func (st *Snapshot) Unplaced() map[cluster.WorkerKey]string { return st.unplaced }
+
+// Why is the placement engine's explanation for an unplaced worker it found no node for:
+// nil for a worker that is placed, held or waits for a reason of its master's (see Unplaced).
+func (st *Snapshot) Why(k cluster.WorkerKey) *placement.Explanation { return st.why[k] }
 
 // Jobs are the job records of the view, by name.
 func (v *View) Jobs() map[string]Job { return v.jobs }

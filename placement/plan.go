@@ -44,6 +44,9 @@ type Unplaced struct {
 	// Reason counts why the nodes were rejected, like
 	// "0 of 400 nodes fit: dc not allowed (200), no free slot (150)".
 	Reason string `json:"reason"`
+	// Why is Reason check by check, when the placement engine found no node (nil when the
+	// worker was held, or left unplaced by its master for a reason of its own).
+	Why *Explanation `json:"-"`
 }
 
 // Move is a worker of the current assignment whose node changes. To == "" means the worker
@@ -334,10 +337,11 @@ func (p *planner) result() *Result {
 			sortUnplaced(r.Unplaced)
 			continue
 		}
-		reason := p.explain(g)
+		why := p.explain(g)
+		reason := why.String()
 		slices.Sort(g.unplaced)
 		for _, w := range g.unplaced {
-			r.Unplaced = append(r.Unplaced, Unplaced{Job: g.job.Name, Worker: int(w), Link: g.link, Reason: reason})
+			r.Unplaced = append(r.Unplaced, Unplaced{Job: g.job.Name, Worker: int(w), Link: g.link, Reason: reason, Why: why})
 		}
 	}
 	r.Moves = p.moves(order)

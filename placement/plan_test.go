@@ -152,13 +152,17 @@ func TestExplanations(t *testing.T) {
 		nodes  func([]cluster.Node)
 		job    func(*cluster.JobSpec)
 		reason string
+		// checks is the structured explanation: each check's nodes failing it first and at
+		// all (a node without the label is counted for it even when outside the dc).
+		checks string
 	}{
 		{"dcs, labels and slots", func(n []cluster.Node) { n[0].Used.Slots = 1; n[1].Throttled = 1 },
 			func(j *cluster.JobSpec) {
 				j.Placement.DCs = []string{"dc-a"}
 				j.Placement.NodeLabels = map[string]string{"disk": "ssd"}
 			},
-			"0 of 10 nodes fit: dc not allowed (6), missing label disk=ssd (2), no free slot (1), slots throttled (1)"},
+			"0 of 10 nodes fit: dc not allowed (6), missing label disk=ssd (2), no free slot (1), slots throttled (1)",
+			"dc 6/6, label 2/8, slots 1/1, throttled 1/1"},
 		{"memory and cpu", func(n []cluster.Node) {
 			for i := range n {
 				if i%2 == 0 {
@@ -167,20 +171,20 @@ func TestExplanations(t *testing.T) {
 					n[i].CPU = 500
 				}
 			}
-		}, nil, "0 of 10 nodes fit: not enough cpu (5), not enough memory (5)"},
+		}, nil, "0 of 10 nodes fit: not enough cpu (5), not enough memory (5)", "cpu 5/5, memory 5/5"},
 		{"node states", func(n []cluster.Node) {
 			for i := range n {
 				n[i].Draining = i < 3
 				n[i].Unschedulable = i >= 3
 			}
-		}, nil, "0 of 10 nodes fit: node unschedulable (7), node draining (3)"},
+		}, nil, "0 of 10 nodes fit: node unschedulable (7), node draining (3)", "unschedulable 7/7, draining 3/3"},
 		{"maxPerNode", func(n []cluster.Node) {
 			for i := range n {
 				n[i].Slots = 4
 			}
-		}, func(j *cluster.JobSpec) { j.Workers = 25; j.Placement.MaxPerNode = 2 }, "0 of 10 nodes fit: maxPerNode 2 reached (10)"},
-		{"no dc of that name", nil, func(j *cluster.JobSpec) { j.Placement.DCs = []string{"dc-x"} }, "0 of 10 nodes fit: dc not allowed (10)"},
-		{"empty cluster", func([]cluster.Node) {}, nil, "0 of 0 nodes fit: the cluster has no nodes"},
+		}, func(j *cluster.JobSpec) { j.Workers = 25; j.Placement.MaxPerNode = 2 }, "0 of 10 nodes fit: maxPerNode 2 reached (10)", "max-per-node 10/10"},
+		{"no dc of that name", nil, func(j *cluster.JobSpec) { j.Placement.DCs = []string{"dc-x"} }, "0 of 10 nodes fit: dc not allowed (10)", "dc 10/10"},
+		{"empty cluster", func([]cluster.Node) {}, nil, "0 of 0 nodes fit: the cluster has no nodes", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -201,6 +205,16 @@ func TestExplanations(t *testing.T) {
 			for _, u := range r.Unplaced {
 				if u.Reason != tc.reason {
 					t.Fatalf("reason\n got %q\nwant %q", u.Reason, tc.reason)
+				}
+				if u.Why == nil || u.Why.String() != u.Reason || u.Why.Fit != 0 || u.Why.Total != len(nodes) {
+					t.Fatalf("explanation %+v for reason %q", u.Why, u.Reason)
+				}
+				var checks []string
+				for _, r := range u.Why.Rejected {
+					checks = append(checks, fmt.Sprintf("%s %d/%d", r.Check, r.Nodes, r.Failing))
+				}
+				if got := strings.Join(checks, ", "); got != tc.checks {
+					t.Fatalf("checks\n got %q\nwant %q", got, tc.checks)
 				}
 			}
 		})

@@ -4,8 +4,10 @@
 import { API } from './api.js';
 import { h, fill, colour } from './dom.js';
 import { ClusterMap } from './map.js';
-import { Charts } from './charts.js';
 import * as views from './views.js';
+import { JobPage } from './jobpage.js';
+import { NodePage } from './nodepage.js';
+import { EventsView, FILTERS } from './events.js';
 
 const TOKEN_KEY = 'stormdock.token';
 const $ = (id) => document.getElementById(id);
@@ -19,11 +21,13 @@ window.stormdockStats = stats;
 let api = null;
 let stopWatch = null;
 let map = null;
-let route = { view: 'map', arg: '' };
+let route = { view: 'map', arg: '', sub: '', params: new URLSearchParams() };
 let pending = null; // changes not drawn yet
 let jobState = { name: '', status: null, links: null, timer: 0, loading: false, again: false, loaded: 0 };
 let nodeFilter = '';
-let charts = null; // the job page's metrics charts (charts.js)
+let jobPage = null;
+let nodePage = null;
+let eventsPage = null;
 
 function emptyChanges() {
   return { full: false, master: false, dcs: new Set(), nodes: new Set(), jobs: new Set(), jobsAdded: false, tenants: new Set() };
@@ -75,6 +79,7 @@ function draw() {
   const t0 = performance.now();
   header();
   if (ch.full || ch.jobsAdded || ch.jobs.size) jobPickers();
+  if (ch.full || ch.dcs.size || S.nodes.size !== placePickers.nodes) placePickers();
   const v = route.view;
   if (v === 'map') {
     if (ch.full || !map.nodeEls.size) map.full(); else map.update(ch);
@@ -90,6 +95,8 @@ function draw() {
     views.dcs($('dcs-table'), S, actions);
   } else if (v === 'tenants' && (ch.full || ch.tenants.size)) {
     views.tenants($('tenants-table'), S);
+  } else if (v === 'node' && (ch.full || ch.nodes.has(route.arg))) {
+    nodePage.draw();
   }
   document.body.dataset.version = S.version;
   stats.lastApplyMs = performance.now() - t0;
@@ -134,6 +141,14 @@ function summary() {
   $('map-summary').dataset.highlighted = map.highlight ? String(map.root.querySelectorAll('.cell.hl').length) : '';
 }
 
+// placePickers fills the node and data-center suggestions of the event filters.
+function placePickers() {
+  placePickers.nodes = S.nodes.size;
+  fill($('node-names'), [...S.nodes.keys()].sort().map((id) => h('option', { value: id })));
+  fill($('dc-names'), [...S.dcs.keys()].sort().map((d) => h('option', { value: d })));
+}
+placePickers.nodes = -1;
+
 // jobPickers fills the map's legend, the job suggestions and the tenant filter.
 function jobPickers() {
   const jobs = [...S.jobs.values()].sort((a, b) => a.name.localeCompare(b.name));
@@ -175,11 +190,9 @@ function jobChanged(ch) {
 }
 
 function renderJob() {
-  views.job($('view-job'), S, route.arg, jobState.status, jobState.links, actions);
-  if (S.jobs.has(route.arg)) {
-    charts = charts || new Charts(api);
-    charts.attach($('view-job').querySelector('.charts-slot'), route.arg);
-  }
+  jobPage.status = jobState.status;
+  jobPage.links = jobState.links;
+  jobPage.draw();
 }
 
 // loadJob fetches the job's workers: at once, or again once the fetch under way is done.
@@ -202,14 +215,18 @@ async function loadJob() {
 // jobBehind reports whether the workers shown are due a new fetch. The map's stream is built
 // from the store as it changes; a job's workers come from the leader's last reconcile, a
 // moment behind. A fetch in that moment shows what the map no longer does, and nothing on
-// the stream would fetch again: so the page asks again while the two disagree, and every
-// few seconds anyway (memory and restarts change without a word on the stream).
+// the stream would fetch again: so the page asks again while the two disagree, every
+// second while a rollout goes on (its healthy count is not on the map), and every few
+// seconds anyway (memory and restarts change without a word on the stream).
 function jobBehind() {
   const j = S.jobs.get(route.arg);
   const st = jobState.status;
   if (!j || !st || jobState.loading) return false;
   if (st.error || !st.summary) return true;
   if (st.summary.running !== j.running || st.summary.workers !== j.workers || st.summary.generation !== j.generation) return true;
+  const ro = st.job && st.job.rollout;
+  if ((j.rollout || '') !== (ro && ro.state !== 'done' && ro.state !== 'reverted' ? ro.state : '')) return true;
+  if (j.rollout && Date.now() - jobState.loaded >= 1000) return true;
   return Date.now() - jobState.loaded >= 5000;
 }
 
@@ -222,7 +239,7 @@ function jobTick() {
 async function pollLinks() {
   const name = route.arg;
   const j = S.jobs.get(name);
-  if (route.view !== 'job' || !j || !j.links) return;
+  if (route.view !== 'job' || !j || !j.links || jobPage.tab !== 'overview') return;
   try {
     jobState.links = await api.call('GET', '/v1/jobs/' + encodeURIComponent(name) + '/links');
   } catch (e) {
@@ -234,27 +251,58 @@ async function pollLinks() {
 // ---- routing ----
 
 function go() {
-  const m = /^#\/([a-z]+)(?:\/(.*))?$/.exec(location.hash);
-  route = { view: m ? m[1] : 'map', arg: m && m[2] ? decodeURIComponent(m[2]) : '' };
-  if (!['map', 'jobs', 'job', 'nodes', 'dcs', 'tenants'].includes(route.view)) route.view = 'map';
+  // #/view, #/view/arg, #/job/NAME/tab, each with ?parameters.
+  const m = /^#\/([a-z]+)(?:\/([^/?]*))?(?:\/([a-z]+))?(?:\?(.*))?$/.exec(location.hash);
+  const was = route;
+  route = { view: m ? m[1] : 'map', arg: m && m[2] ? decodeURIComponent(m[2]) : '', sub: m && m[3] ? m[3] : '', params: new URLSearchParams(m && m[4] ? m[4] : '') };
+  if (!['map', 'jobs', 'job', 'nodes', 'node', 'dcs', 'tenants', 'events'].includes(route.view)) route.view = 'map';
   for (const s of document.querySelectorAll('.view')) s.hidden = s.id !== 'view-' + route.view;
-  for (const a of document.querySelectorAll('nav a')) {
-    if (a.dataset.view === route.view || (route.view === 'job' && a.dataset.view === 'jobs')) a.setAttribute('aria-current', 'page');
+  for (const a of document.querySelectorAll('header nav a')) {
+    if (a.dataset.view === route.view || (route.view === 'job' && a.dataset.view === 'jobs') || (route.view === 'node' && a.dataset.view === 'nodes')) a.setAttribute('aria-current', 'page');
     else a.removeAttribute('aria-current');
   }
   clearInterval(jobState.timer);
-  if (charts && route.view !== 'job') charts.stop();
+  if (was.view === 'job' && route.view !== 'job') jobPage.close();
+  if (was.view === 'node' && route.view !== 'node') nodePage.close();
+  if (was.view === 'events' && route.view !== 'events' && eventsPage) eventsPage.stop();
+  if (!api) return;
   if (route.view === 'job') {
     if (jobState.name !== route.arg) jobState = { name: route.arg, status: null, links: null, timer: 0, loading: false, again: false, loaded: 0 };
     jobState.timer = setInterval(jobTick, 1000);
+    jobPage.open(route.arg, route.sub, route.params);
     pollLinks();
     loadJob();
+  } else if (route.view === 'node') {
+    nodePage.open(route.arg);
+  } else if (route.view === 'events') {
+    openEvents();
   }
   if (S.viewer) {
     pending = pending || emptyChanges();
     pending.full = true;
     draw();
   }
+}
+
+// openEvents shows the events page with the filters of the address.
+function openEvents() {
+  if (!eventsPage) {
+    eventsPage = new EventsView(api, $('events-view'), {
+      withFilters: true,
+      // The filters go into the address (without a new history entry), to be shared.
+      onFilters: (f) => {
+        const q = new URLSearchParams();
+        for (const k of FILTERS) if (f[k]) q.set(k, f[k]);
+        const hash = '#/events' + (q.toString() ? '?' + q : '');
+        if (location.hash !== hash) history.replaceState(null, '', hash);
+        route.params = q;
+      },
+    });
+    window.stormdockEvents = eventsPage;
+  }
+  const f = {};
+  for (const k of FILTERS) if (route.params.get(k)) f[k] = route.params.get(k);
+  eventsPage.apply(f);
 }
 
 // ---- actions ----
@@ -380,6 +428,85 @@ const actions = {
       },
     });
   },
+  // rollout promotes, pauses or resumes the job's rollout.
+  rollout(j, action) {
+    const what = {
+      promote: ['Promote', `The canaries of ${j.name} run the new generation and are healthy: the rest of its workers are replaced now, by the rollout's rules.`],
+      pause: ['Pause', `The rollout of ${j.name} admits no more workers; replacements under way finish.`],
+      resume: ['Resume', `The rollout of ${j.name} continues (a failed one is tried again, with fresh deadlines).`],
+    }[action];
+    confirmAction({
+      title: `${what[0]} the rollout of ${j.name}`, text: what[1], ok: what[0],
+      run: () => api.call('POST', `/v1/jobs/${enc(j.name)}/${action}`, {}),
+      done: (rec) => { loadJob(); return `Rollout of ${j.name}: ${rec.rollout ? rec.rollout.state : 'done'}.`; },
+    });
+  },
+  // restart restarts the job's workers in place, by failure domain, a few at a time.
+  restart(j) {
+    confirmAction({
+      title: `Restart ${j.name}`,
+      text: `Its workers are restarted in place (stopped with their grace period, then started), with the spec's update rules: no spec change, the generation stays.`,
+      fields: [
+        { name: 'by', label: 'One failure domain at a time', type: 'select', value: '', options: [['', 'the spec\'s (or by worker)'], ['worker', 'by worker'], ['node', 'by node'], ['rack', 'by rack'], ['dc', 'by data center']] },
+        { name: 'maxParallel', label: 'At most this many down at once (empty: the spec\'s)', type: 'number', min: 1, value: '' },
+        { name: 'workers', label: 'Only these workers (like 0, 3; empty: all)', type: 'text', value: '' },
+      ],
+      ok: 'Restart', danger: true,
+      run: (v) => {
+        const body = {};
+        if (v.by) body.by = v.by;
+        if (v.maxParallel) {
+          const n = Number(v.maxParallel);
+          if (!Number.isInteger(n) || n < 1) throw new Error('max parallel must be a whole number of at least 1');
+          body.maxParallel = n;
+        }
+        if (v.workers.trim()) {
+          body.workers = v.workers.split(/[\s,]+/).filter(Boolean).map((x) => {
+            const n = Number(x);
+            if (!Number.isInteger(n) || n < 0) throw new Error(`"${x}" is not a worker's index`);
+            return n;
+          });
+        }
+        return api.call('POST', `/v1/jobs/${enc(j.name)}/restart`, body);
+      },
+      done: (rec) => { loadJob(); return `Job ${j.name}: rollout ${rec.rollout.id} restarts ${rec.rollout.total} workers.`; },
+    });
+  },
+  // rollbackTo rolls the job back to a generation (0: the one before the current), chosen
+  // in the dialog from its history.
+  async rollbackTo(j, gen) {
+    let hist;
+    try {
+      hist = await api.call('GET', `/v1/jobs/${enc(j.name)}/history`);
+    } catch (e) {
+      toast(e.message, true);
+      return;
+    }
+    const older = hist.generations.filter((g) => g.generation !== hist.current).reverse();
+    if (!older.length) {
+      toast(`Job ${j.name} has no generation to roll back to.`, true);
+      return;
+    }
+    confirmAction({
+      title: `Roll back ${j.name}`,
+      text: `A new generation is made from the chosen one's spec and image (keeping the current worker count and update rules), and rolled out without canaries. It is on generation ${hist.current} now.`,
+      fields: [{ name: 'to', label: 'To generation', type: 'select', value: String(gen || older[0].generation),
+        options: older.map((g) => [String(g.generation), `${g.generation}: ${g.kind} ${new Date(g.at).toLocaleString()}${g.who ? ' by ' + g.who : ''}`]) }],
+      ok: 'Roll back', danger: true,
+      run: (v) => api.call('POST', `/v1/jobs/${enc(j.name)}/rollback`, { to: Number(v.to) }),
+      done: (res, v) => { loadJob(); if (jobPage.tab === 'history') jobPage.loadHistory(); return res.changed ? `Job ${j.name} rolled back to generation ${v.to}'s spec, as generation ${res.job.generation}.` : `Job ${j.name} already runs that spec.`; },
+    });
+  },
+  // endAvoid ends a node's avoidance of a job (an undrain naming the job).
+  endAvoid(job, node) {
+    confirmAction({
+      title: `End ${node}'s avoidance of ${job}`,
+      text: `Node ${node} takes ${job}'s workers again at once, and forgets their crash loops there. Its draining, and its avoidance of other jobs, stay as they are.`,
+      ok: 'End it',
+      run: () => api.call('POST', `/v1/nodes/${enc(node)}/undrain`, { job }),
+      done: () => { loadJob(); if (nodePage.id) nodePage.loadAvoided(); return `Node ${node} takes ${job}'s workers again.`; },
+    });
+  },
   showOnMap(job) {
     location.hash = '#/map';
     highlight(job);
@@ -412,8 +539,13 @@ function showLogin(msg) {
 
 function start(token, fromForm) {
   if (stopWatch) stopWatch();
-  if (charts) { charts.stop(); charts = null; }
+  // The pages' views hold the API they were made with: a new token makes them anew.
+  jobPage.close();
+  nodePage.close();
+  if (eventsPage) eventsPage.stop();
+  eventsPage = null;
   api = new API(token);
+  go();
   let shown = false;
   stopWatch = api.watch((type, msg, size) => {
     if (!shown) {
@@ -438,6 +570,13 @@ function start(token, fromForm) {
 
 function init() {
   map = new ClusterMap($('map'), S, openNode, (job) => highlight(job));
+  const ctx = {
+    get api() { return api; }, S, act: actions, toast, confirm: confirmAction,
+    reload: () => loadJob(),
+  };
+  jobPage = new JobPage($('view-job'), ctx);
+  nodePage = new NodePage($('view-node'), ctx);
+  window.stormdockPages = { job: jobPage, node: nodePage };
   $('login-form').addEventListener('submit', (e) => {
     e.preventDefault();
     const t = $('token').value.trim();

@@ -36,7 +36,7 @@ export function jobs(el, S, act) {
     cells: [
       h('td', null, swatch(j.name), ' ', jobLink(j.name), j.links ? h('span', { class: 'muted' }, ' mirrored: ' + j.links.join(', ')) : null),
       j.tenant,
-      stateBadge(j.state),
+      h('td', null, stateBadge(j.state), j.rollout ? [' ', badge('rollout ' + j.rollout, 'info')] : null),
       h('td', { class: 'num', dataset: { running: j.running } }, `${j.running} / ${j.workers}`),
       h('td', { class: 'num' }, String(j.unplaced || 0), reasons(j.reasons)),
       String(j.stopping || 0),
@@ -55,21 +55,17 @@ function jobActions(j, act) {
     h('button', { type: 'button', class: 'quiet', onclick: () => act.kill(j) }, 'Kill…'));
 }
 
-// job is one job's page: summary, actions, every worker, and a mirrored job's links.
-// status is GET /v1/jobs/{name}, links GET /v1/jobs/{name}/links (or an error).
+// job is the overview of one job's page (its head, with the actions, is jobpage.js's):
+// summary, every worker, and a mirrored job's links. status is GET /v1/jobs/{name}, links
+// GET /v1/jobs/{name}/links (or an error).
 export function job(el, S, name, status, links, act) {
   const j = S.jobs.get(name);
   if (!j) {
-    fill(el, h('h2', null, 'Job ' + name), h('p', { class: 'muted' }, 'No such job (or not yours to see). ', h('a', { href: '#/jobs' }, 'All jobs')));
+    fill(el);
     return;
   }
   const spec = status && status.job && status.job.spec;
   const parts = [
-    h('h2', null, swatch(name), ' Job ', name, ' ', stateBadge(j.state)),
-    h('div', { class: 'actions' },
-      h('button', { type: 'button', onclick: () => act.showOnMap(name) }, 'Show on map'),
-      j.state === 'running' ? h('button', { type: 'button', onclick: () => act.scale(j) }, 'Scale…') : null,
-      j.state === 'running' ? h('button', { type: 'button', class: 'danger', onclick: () => act.kill(j) }, 'Kill…') : null),
     h('div', { class: 'summary' },
       h('div', null, h('b', null, 'Tenant'), j.tenant),
       h('div', { dataset: { running: j.running } }, h('b', null, 'Running / desired'), `${j.running} / ${j.workers}`),
@@ -79,7 +75,7 @@ export function job(el, S, name, status, links, act) {
       h('div', null, h('b', null, 'Priority'), String(j.priority || 0)),
       spec ? h('div', null, h('b', null, 'Per worker'), `${fmtBytes(bytes(spec.resources.memory))}, ${spec.resources.cpu} cpu, ${spec.isolation || 'process'}`) : null,
       spec && spec.placement && spec.placement.spread ? h('div', null, h('b', null, 'Spread'), spec.placement.spread.join(', ')) : null),
-    reasons(j.reasons),
+    j.reasons && j.reasons.length ? [reasons(j.reasons), h('p', null, h('a', { href: `#/job/${encodeURIComponent(name)}/why` }, 'Why: the placement engine\'s explanation, check by check'))] : null,
   ];
   if (j.links) parts.push(linksSection(S, j, links, act));
   // The charts keep their own element across redraws (charts.js): this is where it goes.
@@ -96,9 +92,11 @@ export function job(el, S, name, status, links, act) {
         String(w.worker), w.link || '', w.node ? h('a', { href: '#/map', onclick: (e) => { e.preventDefault(); act.showNode(w.node); } }, w.node) : '-',
         w.dc || '', w.rack || '', h('td', null, stateBadge(w.state), w.reason ? h('div', { class: 'muted' }, w.reason) : null),
         String(w.restarts), w.lastExit || '', w.pid ? String(w.pid) : '', w.memory ? fmtBytes(bytes(w.memory)) : '',
+        w.generation ? String(w.generation) : '',
+        h('td', null, h('a', { href: `#/job/${encodeURIComponent(name)}/logs?source=${encodeURIComponent((w.link ? w.link + '/' : '') + w.worker)}` }, 'Log')),
       ],
     }));
-    parts.push(table(['#Worker', 'Link', 'Node', 'DC', 'Rack', 'State', '#Restarts', 'Last exit', '#PID', '#Memory'], rows));
+    parts.push(table(['#Worker', 'Link', 'Node', 'DC', 'Rack', 'State', '#Restarts', 'Last exit', '#PID', '#Memory', '#Gen', ''], rows));
   }
   fill(el, parts);
 }
@@ -181,7 +179,7 @@ function nodeRow(n, act) {
   const labels = Object.entries(n.labels || {}).filter(([k]) => !k.startsWith('isolation/')).map(([k, v]) => k + '=' + v).join(', ');
   const num = (v) => h('td', { class: 'num' }, String(v));
   return h('tr', { dataset: { node: n.id } },
-    h('td', null, h('a', { href: '#/map', onclick: (e) => { e.preventDefault(); act.showNode(n.id); } }, n.id)), h('td', null, n.dc), h('td', null, n.rack),
+    h('td', null, h('a', { href: '#/node/' + encodeURIComponent(n.id) }, n.id)), h('td', null, n.dc), h('td', null, n.rack),
     num(n.slots), num(used), num(free), num(withheld),
     h('td', { class: 'num' }, `${fmtBytes(bytes(n.memoryUsed))} / ${fmtBytes(bytes(n.memory))}`),
     h('td', null, n.state === 'lost' ? healthBadge('lost') : healthBadge(n.health), n.draining ? [' ', badge('draining', 'warn')] : null, n.reason ? h('div', { class: 'muted' }, n.reason) : null),
@@ -228,6 +226,18 @@ export function tenants(el, S) {
   fill(el, table(['Tenant', '#Jobs', 'Workers (quota)', 'Memory (quota)'], rows));
 }
 
+// workersByJob groups a node's cells by job ('' for other tenants'): each a list of
+// "link/worker state" (a router's "router state").
+export function workersByJob(n) {
+  const byJob = new Map();
+  for (const [job, link, worker, state] of n.cells) {
+    const key = job === '' ? '' : jobOf(job);
+    if (!byJob.has(key)) byJob.set(key, []);
+    byJob.get(key).push(job === '' ? state : `${job !== key ? 'router' : (link ? link + '/' : '') + worker} ${state}`);
+  }
+  return byJob;
+}
+
 // nodePanel is the map's side panel for one node.
 export function nodePanel(el, S, id, act) {
   const n = S.nodes.get(id);
@@ -235,15 +245,11 @@ export function nodePanel(el, S, id, act) {
     fill(el, h('p', { class: 'muted' }, `Node ${id} is gone.`));
     return;
   }
-  const byJob = new Map();
-  for (const [job, link, worker, state] of n.cells) {
-    const key = job === '' ? '' : jobOf(job);
-    if (!byJob.has(key)) byJob.set(key, []);
-    byJob.get(key).push(job === '' ? state : `${job !== key ? 'router' : (link ? link + '/' : '') + worker} ${state}`);
-  }
+  const byJob = workersByJob(n);
   const withheld = Math.min(n.throttled || 0, Math.max(n.slots - n.cells.length, 0));
   fill(el,
     h('h3', null, 'Node ', n.id),
+    h('p', { class: 'small' }, h('a', { href: '#/node/' + encodeURIComponent(n.id) }, 'Its page: events, jobs it avoids')),
     h('dl', null,
       h('dt', null, 'Place'), h('dd', null, `${n.dc} / rack ${n.rack}`),
       h('dt', null, 'State'), h('dd', null, n.state === 'lost' ? healthBadge('lost') : healthBadge(n.health), n.draining ? [' ', badge('draining', 'warn')] : null),

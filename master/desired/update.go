@@ -85,6 +85,9 @@ type Change struct {
 	Pin    *cluster.ImagePin
 	Policy api.PolicyOverrides
 	Who    string
+	// DryRun makes every check and stores nothing: the record returned is the job as the
+	// change would make it.
+	DryRun bool
 }
 
 // UpdateJob makes a new generation of a running job from a new spec and starts its rollout.
@@ -180,7 +183,7 @@ func changeJob(ctx context.Context, s coord.KV, name, kind string, c Change,
 		}
 		policy = c.Policy.Apply(policy)
 		if err := policy.Validate(spec.Workers); err != nil {
-			return fmt.Errorf("%w: %v", api.ErrBadInput, err)
+			return fmt.Errorf("%w: %w", api.ErrBadInput, err)
 		}
 		if kind == cluster.RolloutUpdate && spec.Image == rec.Spec.Image && spec.IsolationMode() == rec.Spec.IsolationMode() && rec.Image != nil {
 			p := *rec.Image // the same image keeps its digest: an update re-pins only a changed one
@@ -229,6 +232,10 @@ func changeJob(ctx context.Context, s coord.KV, name, kind string, c Change,
 		from := rec.Generation
 		rec.Spec, rec.Generation, rec.Image, rec.Updated = spec, gen, pin, now
 		h.Add(cluster.GenerationRecord{Generation: gen, Spec: spec, Image: pin, At: now, Who: c.Who, Kind: kind}, from)
+		if c.DryRun {
+			changed = true
+			return nil
+		}
 		hop, err := historyOp(name, h, he, hexists)
 		if err != nil {
 			return err
@@ -267,14 +274,19 @@ func pinRef(p *cluster.ImagePin) string {
 
 // checkChange refuses what an update cannot change: the tenant, and the links of a
 // mirrored job.
+// The error is a *cluster.ValidationError naming the fields.
 func checkChange(cur, next cluster.JobSpec) error {
+	var ps []cluster.FieldError
 	if next.Tenant != cur.Tenant {
-		return fmt.Errorf("%w: tenant: a job cannot move to another tenant (%s -> %s): submit it there under a new name", api.ErrBadInput, cur.Tenant, next.Tenant)
+		ps = append(ps, cluster.FieldError{Path: "tenant", Msg: fmt.Sprintf("a job cannot move to another tenant (%s -> %s): submit it there under a new name", cur.Tenant, next.Tenant)})
 	}
 	if !slices.Equal(next.Links, cur.Links) {
-		return fmt.Errorf("%w: links: the links of a mirrored job cannot change (%v -> %v): kill the job and submit it again", api.ErrBadInput, cur.Links, next.Links)
+		ps = append(ps, cluster.FieldError{Path: "links", Msg: fmt.Sprintf("the links of a mirrored job cannot change (%v -> %v): kill the job and submit it again", cur.Links, next.Links)})
 	}
-	return nil
+	if len(ps) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", api.ErrBadInput, &cluster.ValidationError{What: "update of job " + cur.Name, Problems: ps})
 }
 
 // RestartJob starts a rolling restart of a running job's workers in place (workers: these

@@ -50,6 +50,7 @@ func New(m *master.Master, cfg Config) *API {
 	route("POST /v1/jobs/{name}/resume", roleTenant, a.rolloutAction(desired.ActionResume))
 	route("POST /v1/jobs/{name}/promote", roleTenant, a.rolloutAction(desired.ActionPromote))
 	route("GET /v1/jobs/{name}/history", roleTenant, a.jobHistory)
+	route("GET /v1/jobs/{name}/spec", roleTenant, a.jobSpec)
 	route("GET /v1/jobs/{name}/logs", roleTenant, a.jobLogs)
 	route("GET /v1/jobs/{name}/metrics", roleTenant, a.jobMetrics)
 	route("GET /v1/jobs/{name}/metrics/workers", roleTenant, a.jobWorkerMetrics)
@@ -145,7 +146,7 @@ func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 	}
 	spec, err := cluster.ParseJobSpec(data)
 	if err != nil {
-		fail(w, api.ErrBadInput, "%v", err)
+		failErr(w, fmt.Errorf("%w: %w", api.ErrBadInput, err))
 		return
 	}
 	noteObject(r, "job/"+spec.Name)
@@ -315,11 +316,40 @@ func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 		}
 		na := api.NodeAvoidance{Node: id}
 		if av, ok := c.Avoidance(rec.Spec.Name); ok {
-			na.Until, na.Strikes = av.Until, av.Strikes
+			na.Since, na.Until, na.Strikes = av.Since, av.Until, av.Strikes
 		}
 		out.Avoided = append(out.Avoided, na)
 	}
+	out.Why = unplacedWhy(st, rec.Spec, unplaced)
 	reply(w, http.StatusOK, out)
+}
+
+// unplacedWhy groups a job's unplaced workers by link and reason, with the placement
+// engine's explanation of each group.
+func unplacedWhy(st *master.Snapshot, spec cluster.JobSpec, unplaced map[cluster.WorkerKey]string) []api.UnplacedWhy {
+	var out []api.UnplacedWhy
+	at := map[[2]string]int{}
+	for _, k := range spec.Keys() { // in link, then worker order
+		reason, ok := unplaced[k]
+		if !ok {
+			continue
+		}
+		i, ok := at[[2]string{k.Link, reason}]
+		if !ok {
+			i = len(out)
+			at[[2]string{k.Link, reason}] = i
+			u := api.UnplacedWhy{Link: k.Link, Reason: reason}
+			if e := st.Why(k); e != nil {
+				u.Fit, u.Total = e.Fit, e.Total
+				for _, r := range e.Rejected {
+					u.Rejected = append(u.Rejected, api.Rejection{Check: r.Check, Text: r.Text, Nodes: r.Nodes, Failing: r.Failing})
+				}
+			}
+			out = append(out, u)
+		}
+		out[i].Workers = append(out[i].Workers, k.Worker)
+	}
+	return out
 }
 
 func (a *API) listNodes(w http.ResponseWriter, _ *http.Request) {
@@ -363,24 +393,51 @@ func (a *API) listNodes(w http.ResponseWriter, _ *http.Request) {
 func (a *API) drainNode(drain bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
+		var req api.UndrainRequest
+		if !drain && !decodeJSON(w, r, &req, true) {
+			return
+		}
+		if req.Job != "" {
+			if err := cluster.CheckName(req.Job); err != nil {
+				fail(w, api.ErrBadInput, "job: %v", err)
+				return
+			}
+		}
 		if !a.m.NodeRegistered(id) {
 			if !a.m.NodeConfigured(id) || drain {
 				fail(w, api.ErrNotFound, "no live node %q (see `stormdock node list`)", id)
 				return
 			}
 		}
+		if req.Job != "" {
+			c := a.m.Snapshot().View().Confs()[id]
+			if _, ok := c.Avoidance(req.Job); !ok && !slices.Contains(c.Avoid, req.Job) {
+				fail(w, api.ErrNotFound, "node %s does not avoid job %s (see `stormdock node list`)", id, req.Job)
+				return
+			}
+		}
 		if err := desired.UpdateNodeConf(r.Context(), a.store, id, func(c *cluster.NodeConf) {
-			c.Draining = drain
-			if !drain {
+			switch {
+			case req.Job != "":
+				// One job's avoidance ends: the operator vouches for the node for that job.
+				c.Avoid = slices.DeleteFunc(slices.Clone(c.Avoid), func(j string) bool { return j == req.Job })
+				c.Avoided = slices.DeleteFunc(slices.Clone(c.Avoided), func(e cluster.Avoidance) bool { return e.Job == req.Job })
+			case !drain:
 				// An operator who undrains a node vouches for it again: its avoidances
 				// end, and their strikes are forgotten.
-				c.Avoid, c.Avoided = nil, nil
+				c.Draining, c.Avoid, c.Avoided = false, nil, nil
+			default:
+				c.Draining = true
 			}
 		}); err != nil {
 			failErr(w, err)
 			return
 		}
-		reply(w, http.StatusOK, map[string]any{"node": id, "draining": drain, "at": time.Now().UTC()})
+		out := map[string]any{"node": id, "draining": drain, "at": time.Now().UTC()}
+		if req.Job != "" {
+			out = map[string]any{"node": id, "job": req.Job, "avoided": false, "at": time.Now().UTC()}
+		}
+		reply(w, http.StatusOK, out)
 	}
 }
 

@@ -74,6 +74,8 @@ func (a *API) secure(pattern string, need role, h http.HandlerFunc) http.Handler
 		result := "ok"
 		if status >= 400 {
 			result = strings.ToLower(strings.ReplaceAll(http.StatusText(status), " ", "_"))
+		} else if e.dryRun {
+			result = "dry_run" // checked, nothing changed: not an event
 		}
 		a.log.Info("audit", "principal", e.principal, "action", action, "object", e.object,
 			"result", result, "status", status, "remote", r.RemoteAddr)
@@ -85,7 +87,7 @@ func (a *API) secure(pattern string, need role, h http.HandlerFunc) http.Handler
 // calls change nothing, and are not recorded (their audit line is in the master's log): a
 // stranger's guesses, or a tenant's, would fill the events.
 func (a *API) apiEvent(e *auditEntry, action, result string, status int) {
-	if e.principal == "-" || status >= 300 {
+	if e.principal == "-" || status >= 300 || e.dryRun {
 		return
 	}
 	ev := api.Event{Kind: api.EventAPICall, Object: e.object, Principal: e.principal, Tenant: e.tenant,
@@ -111,6 +113,7 @@ type auditEntry struct {
 	principal string
 	object    string
 	tenant    string // the tenant whose job the call is about, when it is one
+	dryRun    bool   // the call only checked what it would do
 }
 
 type auditKey struct{}
@@ -127,6 +130,13 @@ func noteObject(r *http.Request, object string) {
 func noteTenant(r *http.Request, tenant string) {
 	if e, ok := r.Context().Value(auditKey{}).(*auditEntry); ok {
 		e.tenant = tenant
+	}
+}
+
+// noteDryRun records that a request changes nothing (a dry run): it is no event.
+func noteDryRun(r *http.Request) {
+	if e, ok := r.Context().Value(auditKey{}).(*auditEntry); ok {
+		e.dryRun = true
 	}
 }
 

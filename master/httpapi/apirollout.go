@@ -21,6 +21,9 @@ func (a *API) updateJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
+	if req.DryRun {
+		noteDryRun(r)
+	}
 	rec, _, err := desired.ReadJob(r.Context(), a.store, name)
 	if err == nil {
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
@@ -31,7 +34,7 @@ func (a *API) updateJob(w http.ResponseWriter, r *http.Request) {
 	}
 	spec, err := cluster.ParseJobSpec([]byte(req.Spec))
 	if err != nil {
-		fail(w, api.ErrBadInput, "%v", err)
+		failErr(w, fmt.Errorf("%w: %w", api.ErrBadInput, err))
 		return
 	}
 	if err := a.m.CheckSinkDir(spec); err != nil {
@@ -47,9 +50,9 @@ func (a *API) updateJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Only a changed image is resolved: the registry is asked outside the store's retries,
-	// and an update that keeps the image keeps its digest.
+	// and an update that keeps the image keeps its digest. A dry run asks no registry.
 	var pin *cluster.ImagePin
-	if spec.Image != rec.Spec.Image || spec.IsolationMode() != rec.Spec.IsolationMode() {
+	if !req.DryRun && (spec.Image != rec.Spec.Image || spec.IsolationMode() != rec.Spec.IsolationMode()) {
 		pin = a.m.PinImage(r.Context(), spec, 0)
 	}
 	check := pin
@@ -60,16 +63,53 @@ func (a *API) updateJob(w http.ResponseWriter, r *http.Request) {
 		failErr(w, err)
 		return
 	}
-	out, changed, err := desired.UpdateJob(r.Context(), a.store, name, desired.Change{Spec: spec, Pin: pin, Policy: req.Policy, Who: principalOf(r.Context()).String()})
+	out, changed, err := desired.UpdateJob(r.Context(), a.store, name, desired.Change{Spec: spec, Pin: pin, Policy: req.Policy,
+		Who: principalOf(r.Context()).String(), DryRun: req.DryRun})
+	if err != nil {
+		// Problems found against the running job (its tenant, its links) get their lines
+		// in the spec as sent.
+		cluster.Locate([]byte(req.Spec), &cluster.JobSpec{}, err)
+		failErr(w, err)
+		return
+	}
+	if changed && !req.DryRun {
+		a.log.Info("job updated", "job", name, "generation", out.Generation, "rollout", out.Rollout.ID, "by", out.Rollout.Policy.By,
+			"maxParallel", out.Rollout.Policy.MaxParallel)
+	}
+	var changes []api.SpecChange
+	if changed {
+		changes = specDiff(rec.Spec, out.Spec)
+	}
+	reply(w, http.StatusOK, api.UpdateReply{Job: out, Changed: changed, Changes: changes, DryRun: req.DryRun})
+}
+
+// jobSpec answers a job's spec as YAML: the current generation's, or with ?generation=N an
+// earlier one's from its history.
+func (a *API) jobSpec(w http.ResponseWriter, r *http.Request) {
+	rec, h, ok := a.readHistory(w, r)
+	if !ok {
+		return
+	}
+	gen, spec := rec.Generation, rec.Spec
+	if s := r.URL.Query().Get("generation"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 1 {
+			fail(w, api.ErrBadInput, "generation must be a generation (1 or more), not %q", s)
+			return
+		}
+		g, ok := h.Find(n)
+		if !ok {
+			fail(w, api.ErrNotFound, "job %s has no generation %d in its history (see `stormdock job history %s`)", rec.Spec.Name, n, rec.Spec.Name)
+			return
+		}
+		gen, spec = n, g.Spec
+	}
+	text, err := cluster.FormatJobSpec(spec)
 	if err != nil {
 		failErr(w, err)
 		return
 	}
-	if changed {
-		a.log.Info("job updated", "job", name, "generation", out.Generation, "rollout", out.Rollout.ID, "by", out.Rollout.Policy.By,
-			"maxParallel", out.Rollout.Policy.MaxParallel)
-	}
-	reply(w, http.StatusOK, api.UpdateReply{Job: out, Changed: changed})
+	reply(w, http.StatusOK, api.JobSpecText{Job: rec.Spec.Name, Generation: gen, Spec: string(text)})
 }
 
 func (a *API) rollbackJob(w http.ResponseWriter, r *http.Request) {
@@ -132,13 +172,23 @@ func (a *API) rolloutAction(action string) http.HandlerFunc {
 	}
 }
 
-func (a *API) jobHistory(w http.ResponseWriter, r *http.Request) {
+// readHistory reads the job in the path and its history, answering 404 or 403 (and false)
+// unless the caller may read them.
+func (a *API) readHistory(w http.ResponseWriter, r *http.Request) (cluster.JobRecord, cluster.JobHistory, bool) {
 	rec, h, err := desired.ReadHistory(r.Context(), a.store, r.PathValue("name"))
 	if err == nil {
 		err = mayUse(principalOf(r.Context()), rec.Spec.Tenant)
 	}
 	if err != nil {
 		failErr(w, err)
+		return rec, h, false
+	}
+	return rec, h, true
+}
+
+func (a *API) jobHistory(w http.ResponseWriter, r *http.Request) {
+	rec, h, ok := a.readHistory(w, r)
+	if !ok {
 		return
 	}
 	out := api.JobHistory{Job: rec.Spec.Name, Current: rec.Generation, Generations: []api.GenerationView{}}

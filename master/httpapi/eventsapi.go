@@ -15,8 +15,9 @@ import (
 // happens, so that the client and any proxy between see it alive.
 const eventKeepalive = 15 * time.Second
 
-// ParseEventFilter reads GET /v1/events's query: job, node, dc (names), since (a duration
-// back from now, like 10m, or an RFC 3339 time) and after (an event id).
+// ParseEventFilter reads GET /v1/events's query: job, node, dc (names), kind (kinds or kind
+// prefixes like node., separated by commas), since (a duration back from now, like 10m, or
+// an RFC 3339 time) and after (an event id).
 func ParseEventFilter(q map[string][]string, now time.Time) (api.EventFilter, error) {
 	get := func(k string) string {
 		if v := q[k]; len(v) > 0 {
@@ -31,6 +32,13 @@ func ParseEventFilter(q map[string][]string, now time.Time) (api.EventFilter, er
 				return f, fmt.Errorf("%w: %s: %v", api.ErrBadInput, name, err)
 			}
 		}
+	}
+	if s := get("kind"); s != "" {
+		kinds, err := api.ParseKinds(s)
+		if err != nil {
+			return f, err
+		}
+		f.Kinds = kinds
 	}
 	if s := get("since"); s != "" {
 		if d, err := time.ParseDuration(s); err == nil && d >= 0 {

@@ -180,7 +180,21 @@ func TestMasterEvents(t *testing.T) {
 	if evs := list(admin, "?job=wc&since=1h"); len(evs) == 0 {
 		t.Error("no events of wc in the last hour")
 	}
-	for _, q := range []string{"?since=yesterday", "?job=Bad_Name", "?after=-1", "?follow=maybe"} {
+	// By kind: exact kinds and prefixes, together.
+	kinds := map[string]int{}
+	for _, e := range list(admin, "?kind=node.,worker.moved") {
+		kinds[e.Kind]++
+		if !strings.HasPrefix(e.Kind, "node.") && e.Kind != api.EventWorkerMoved {
+			t.Errorf("kind filter node.,worker.moved let through %+v", e)
+		}
+	}
+	if kinds[api.EventNodeLost] == 0 || kinds[api.EventWorkerMoved] == 0 || kinds[api.EventNodeRegistered] == 0 {
+		t.Errorf("kind filter node.,worker.moved took %v", kinds)
+	}
+	if evs := list(adsToken, "?kind=node."); len(evs) != 0 {
+		t.Errorf("tenant ads sees node events: %+v", evs)
+	}
+	for _, q := range []string{"?since=yesterday", "?job=Bad_Name", "?after=-1", "?follow=maybe", "?kind=nodes", "?kind=bogus.", "?kind=node.lost,<x>"} {
 		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/events"+q, nil)
 		req.Header.Set("Authorization", "Bearer "+admin)
 		resp, err := http.DefaultClient.Do(req)

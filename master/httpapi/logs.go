@@ -70,6 +70,7 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 		name, spec = master.RouterJobName(name), rr.Spec
 		req.Router = false
 	}
+	k := cluster.WorkerKey{Job: name, Link: req.Link, Worker: req.Worker}
 	switch {
 	case spec.Mirrored() && req.Link == "":
 		fail(w, api.ErrBadInput, "job %s is mirrored: name the link with --link (one of %v)", name, spec.Links)
@@ -81,7 +82,6 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrBadInput, "job %s has workers 0 to %d, not %d", name, spec.Workers-1, req.Worker)
 		return
 	}
-	k := cluster.WorkerKey{Job: name, Link: req.Link, Worker: req.Worker}
 	node := assigned[k]
 	if at, _, ok := v.Status(k); ok && (node == "" || at != node && v.Nodes()[node].Node.ID == "") {
 		node = at
@@ -114,7 +114,7 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 		scheme = "https"
 	}
 	q := req.Query()
-	q.Set("job", name)
+	q.Set("job", k.Job)
 	uri := "/v1/logs?" + q.Encode()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()

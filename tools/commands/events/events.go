@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -27,6 +28,7 @@ var Command = &cli.Command{
 		&cli.StringFlag{Name: "job", Usage: "only this job's events (its output routers' included)"},
 		&cli.StringFlag{Name: "node", Usage: "only events on this node (or moving a worker to it)"},
 		&cli.StringFlag{Name: "dc", Usage: "only events in this data center"},
+		&cli.StringFlag{Name: "kind", Usage: "only events of these `KINDS`, separated by commas; one ending in a dot takes every kind it starts (node.,worker.exited)"},
 		&cli.StringFlag{Name: "since", Usage: "only events of the last `DURATION` (10m, 2h) or since an RFC 3339 time"},
 	),
 	Action: runEvents,
@@ -43,6 +45,13 @@ func runEvents(c *cli.Context) error {
 				return commands.UsageErr("--%s: %v", flag, err)
 			}
 		}
+	}
+	if s := c.String("kind"); s != "" {
+		kinds, err := api.ParseKinds(s)
+		if err != nil {
+			return commands.UsageErr("--kind: %v", strings.TrimPrefix(err.Error(), api.ErrBadInput.Error()+": "))
+		}
+		f.Kinds = kinds
 	}
 	if s := c.String("since"); s != "" {
 		if d, err := time.ParseDuration(s); err == nil && d >= 0 {

@@ -33,8 +33,9 @@ var Command = &cli.Command{
 			Name:      "undrain",
 			Usage:     "let a drained node take work again (and end its avoidances after crash loops)",
 			ArgsUsage: "ID",
-			Flags:     commands.MasterFlags(),
-			Action:    nodeDrain(false),
+			Flags: append(commands.MasterFlags(),
+				&cli.StringFlag{Name: "job", Usage: "only end the node's avoidance of this `JOB` (its crash loops there forgotten); its draining stays as it is"}),
+			Action: nodeDrain(false),
 		},
 	},
 }
@@ -81,6 +82,13 @@ func nodeDrain(drain bool) cli.ActionFunc {
 			return err
 		}
 		id := c.Args().First()
+		if job := c.String("job"); job != "" && !drain {
+			if err := cl.EndAvoidance(c.Context, id, job); err != nil {
+				return commands.APIErr(c, err)
+			}
+			fmt.Fprintf(c.App.Writer, "node %s takes job %s's workers again\n", id, job)
+			return nil
+		}
 		if err := cl.DrainNode(c.Context, id, drain); err != nil {
 			return commands.APIErr(c, err)
 		}
