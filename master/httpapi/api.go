@@ -16,6 +16,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/console"
+	"github.com/stormdock/stormdock/internal/profiling"
 	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/desired"
 )
@@ -75,6 +76,9 @@ func New(m *master.Master, cfg Config) *API {
 		// Not one of a.routes: no API token opens it, and the scrape token opens nothing else.
 		mux.HandleFunc("GET /metrics", a.guard(roleScrape, promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}).ServeHTTP))
 	}
+	// The master's Go profiles and runtime figures (pprof), for the admin alone; not one of
+	// a.routes either: no tenant reaches them.
+	mux.HandleFunc("GET "+profiling.Prefix, a.guard(roleAdmin, profiling.Handler().ServeHTTP))
 	mux.HandleFunc("/", notFound(mux))
 	a.mux = mux
 	return a

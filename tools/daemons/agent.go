@@ -66,7 +66,7 @@ var AgentCommand = &cli.Command{
 		&cli.StringFlag{Name: "image-gc-max-size", Usage: "remove unused stormdock images, least recently used first, while all of them take more than `QUANTITY` (e.g. 5Gi; 0: no size cap)", Value: "0"},
 		&cli.DurationFlag{Name: "image-gc-unused", Usage: "an image is removed only after no container used it for this long", Value: images.DefaultGCUnused},
 		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers", Value: agents.DefaultPortBase},
-		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics, to the scrape token or the admin token (\"off\" to disable)", Value: "127.0.0.1:0"},
+		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics, to the scrape token or the admin token, and Go profiles at /debug/pprof/ and runtime figures at /debug/runtime to the admin token alone (\"off\" to disable)", Value: "127.0.0.1:0"},
 		&cli.StringFlag{Name: "logs-listen", Usage: "`ADDR` (HOST:PORT) where the masters read this node's workers' logs (default: --advertise-addr, any free port, published in the node record; \"off\" serves none)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the workers' logs over TLS, with a certificate made in --state-dir that the masters trust by its hash (use it when the masters serve TLS)"},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},
