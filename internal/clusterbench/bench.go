@@ -52,9 +52,18 @@ type Config struct {
 	// MasterBinary, when set, runs the master as `MasterBinary master ...`, a process of its
 	// own; otherwise it runs in this process (its memory and cpu then include the agents').
 	MasterBinary string
+	// Pin puts the master (a process: MasterBinary) on a core of its own and this process
+	// (the agents), with ZooKeeper when it runs on this machine, on the other cores (see
+	// pinning). With one core free nothing is pinned, and the report says so.
+	Pin bool
 	// SkipDC skips the data-center loss.
 	SkipDC bool
-	Seed   uint64
+	// ProfileDir, when set, receives the master's profiles (see Profiles): a heap profile
+	// when each phase settled and a cpu profile of ProfileSeconds (default 10s) from the
+	// start of each event.
+	ProfileDir     string
+	ProfileSeconds time.Duration
+	Seed           uint64
 	// Progress receives a line per step; nil for none.
 	Progress io.Writer
 	Logger   *slog.Logger
@@ -69,8 +78,12 @@ type Report struct {
 	Racks   int    `json:"racksPerDC"`
 	Slots   int    `json:"slots"`
 	Master  string `json:"master"` // "process" or "in-process"
-	// Hosting says how the simulated agents ran.
+	// Hosting says how the simulated agents ran; Pinning which cores the master, the agents
+	// and ZooKeeper ran on ("" when not asked).
 	Hosting string `json:"hosting"`
+	Pinning string `json:"pinning,omitempty"`
+	// MasterProcs is the master's GOMAXPROCS (one when pinned to one core).
+	MasterProcs int `json:"masterGOMAXPROCS"`
 	// Register is from the first agent's start to every node registered; AgentsRSS the bench
 	// process's resident memory high-water mark after it (agents and, in process, master).
 	Register float64 `json:"registerSeconds"`
@@ -97,6 +110,9 @@ type Report struct {
 	// this many agents, and the figures are of a cluster whose nodes came and went.
 	AgentSessionsExpired int `json:"agentSessionsExpired"`
 
+	// Profiles are the master's profiles the run took; nil without Config.ProfileDir.
+	Profiles *Profiles `json:"profiles,omitempty"`
+
 	MasterPeakRSS int64   `json:"masterPeakRSSBytes"`
 	MasterCPU     float64 `json:"masterCPUSeconds"`
 	Total         float64 `json:"totalSeconds"`
@@ -119,9 +135,11 @@ type Phase struct {
 	OthersRestarted int     `json:"othersRestarted"`
 	MasterCPU       float64 `json:"masterCPUSeconds"`
 	ZK              Rates   `json:"zookeeper"`
-	// Reconciles the leader ran meanwhile, and their mean duration.
+	// Reconciles the leader ran meanwhile, their mean duration, and the processor time they
+	// took on their own thread (seconds): the master's cost of the event itself.
 	Reconciles      int     `json:"reconciles"`
 	ReconcileMeanMs float64 `json:"reconcileMeanMs"`
+	ReconcileCPU    float64 `json:"reconcileCPUSeconds"`
 }
 
 // Steady is the cluster left alone.
@@ -186,6 +204,9 @@ func (c *Config) defaults() error {
 	} else if t.Scheme != "zk" {
 		bad = append(bad, "--store must be a ZooKeeper URL (zk://HOST:PORT): the benchmark measures ZooKeeper")
 	}
+	if c.Pin && c.MasterBinary == "" {
+		bad = append(bad, "--pin needs the master as a process of its own (--master process)")
+	}
 	if len(bad) > 0 {
 		return errors.New(strings.Join(bad, "\n"))
 	}
@@ -206,6 +227,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Settle <= 0 {
 		c.Settle = 5 * time.Minute
+	}
+	if c.ProfileSeconds <= 0 {
+		c.ProfileSeconds = 10 * time.Second
 	}
 	if c.Seed == 0 {
 		c.Seed = 1
@@ -274,6 +298,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.MasterBinary != "" {
 		r.rep.Master = "process"
 	}
+	if cfg.ProfileDir != "" {
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+			return nil, fmt.Errorf("profiles: %w", err)
+		}
+		r.rep.Profiles = &Profiles{Dir: cfg.ProfileDir, Files: []ProfileFile{}}
+	}
 	var err error
 	r.admin, err = coord.Open(ctx, r.url, coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger, TLS: cfg.StoreTLS})
 	if err != nil {
@@ -286,8 +316,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer os.RemoveAll(dir)
 	r.logf("store %s; master (%s) data in %s", r.url, r.rep.Master, dir)
-	if r.master, err = startMaster(ctx, cfg, r.url, dir); err != nil {
+	var pin *pinning
+	if cfg.Pin {
+		if pin, r.rep.Pinning, err = planPinning(); err != nil {
+			return nil, err
+		}
+	}
+	if r.master, err = startMaster(ctx, cfg, r.url, dir, pin); err != nil {
 		return nil, err
+	}
+	if pin != nil {
+		defer pin.release()
+		if err := pin.pinRest(r.zkAddr); err != nil {
+			return nil, err
+		}
+		r.rep.Pinning = pin.note
+	}
+	if rt, err := r.master.runtime(ctx); err == nil {
+		r.rep.MasterProcs = rt.GOMAXPROCS
+	}
+	if r.rep.Pinning != "" {
+		r.logf("%s; the master runs with GOMAXPROCS=%d", r.rep.Pinning, r.rep.MasterProcs)
 	}
 	defer func() {
 		if r.master != nil {
@@ -357,11 +406,19 @@ func (r *run) workload() {
 // register starts every simulated agent and waits until the master lists every node.
 func (r *run) register(ctx context.Context) error {
 	start := time.Now()
-	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS},
+	// A loaded server takes seconds to open a session (each is a logged transaction): the
+	// agents wait for theirs longer than a daemon would.
+	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, ConnectTimeout: time.Minute, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS},
 		Heartbeat: r.cfg.Heartbeat, Churn: r.cfg.Churn, Events: r.tr, Logger: r.cfg.Logger}
 	r.logf("starting %d simulated agents", len(r.nodes))
 	if err := parallel(ctx, len(r.nodes), 32, func(i int) error {
 		a, err := sim.Start(ctx, scfg, r.nodes[i])
+		// A server slow beyond the session's timeout drops the connection: a failed
+		// start left nothing behind (its session is closed), so it is tried again.
+		for try := 1; err != nil && try < 3 && ctx.Err() == nil; try++ {
+			r.logf("agent %s: %v; trying again", r.nodes[i].ID, err)
+			a, err = sim.Start(ctx, scfg, r.nodes[i])
+		}
 		if err != nil {
 			return err
 		}
@@ -403,6 +460,8 @@ func (r *run) submit(ctx context.Context) error {
 		return err
 	}
 	r.logf("submitting %d jobs, %d workers", len(r.jobs), len(r.keys))
+	r.startCPU(ctx, "submit")
+	defer r.endCPU()
 	start := time.Now()
 	if err := parallel(ctx, len(r.jobs), 8, func(i int) error {
 		b, _ := json.Marshal(r.jobs[i])
@@ -430,6 +489,8 @@ func (r *run) submit(ctx context.Context) error {
 	}
 	r.rep.APIRunning = round(time.Since(start).Seconds(), 2)
 	r.logf("job list: all %d running after %.1fs", len(r.keys), r.rep.APIRunning)
+	r.endCPU()
+	r.heapProfile(ctx, "submit")
 	return nil
 }
 
@@ -616,6 +677,9 @@ func (r *run) lose(ctx context.Context, what string, in func(cluster.Node) bool)
 		return Phase{}, err
 	}
 	r.logf("losing %s: %d nodes, %d workers", what, len(ids), len(moved))
+	kind := strings.Fields(what)[0] + " loss"
+	r.startCPU(ctx, kind)
+	defer r.endCPU()
 	start := time.Now()
 	r.tr.kill(ids)
 	for _, a := range gone {
@@ -639,6 +703,8 @@ func (r *run) lose(ctx context.Context, what string, in func(cluster.Node) bool)
 		}
 	}
 	r.logf("%s: others moved %d, restarted %d", what, p.OthersMoved, p.OthersRestarted)
+	r.endCPU()
+	r.heapProfile(ctx, kind)
 	return p, nil
 }
 
@@ -647,9 +713,8 @@ type sample struct {
 	at  time.Time
 	zk  zkSample
 	cpu time.Duration
-	// reconciles and reconcileSecs are the leader's reconcile count and total duration.
-	reconciles    int
-	reconcileSecs float64
+	// rec is the leader's reconcile count, total duration and own processor time.
+	rec reconcileFigures
 }
 
 func (r *run) mark(ctx context.Context) (sample, error) {
@@ -658,8 +723,7 @@ func (r *run) mark(ctx context.Context) (sample, error) {
 		return sample{}, fmt.Errorf("read ZooKeeper's counters: %w", err)
 	}
 	u, _ := procUsage(r.master.pid)
-	n, secs := reconcileMetrics(ctx, r.master.url, r.master.scrape)
-	return sample{at: time.Now(), zk: z, cpu: u.cpu, reconciles: n, reconcileSecs: secs}, nil
+	return sample{at: time.Now(), zk: z, cpu: u.cpu, rec: reconcileMetrics(ctx, r.master.url, r.master.scrape)}, nil
 }
 
 // settle waits until keys are all assigned and acknowledged, and returns the phase's times.
@@ -711,11 +775,12 @@ func (r *run) settle(ctx context.Context, what string, start time.Time, keys []c
 	}
 	p.MasterCPU = round((after.cpu - before.cpu).Seconds(), 2)
 	p.ZK = rates(before.zk, after.zk)
-	if p.Reconciles = after.reconciles - before.reconciles; p.Reconciles > 0 {
-		p.ReconcileMeanMs = round((after.reconcileSecs-before.reconcileSecs)/float64(p.Reconciles)*1000, 1)
+	if p.Reconciles = after.rec.n - before.rec.n; p.Reconciles > 0 {
+		p.ReconcileMeanMs = round((after.rec.secs-before.rec.secs)/float64(p.Reconciles)*1000, 1)
 	}
-	r.logf("%s: %d workers assigned after %.2fs, acknowledged after %.2fs; master cpu %.1fs, %d reconciles of %.0fms on average; ZooKeeper %.0f writes/s",
-		what, len(keys)-p.Left, p.Assigned, p.Acked, p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ZK.WritesPerSecond)
+	p.ReconcileCPU = round(after.rec.cpuSecs-before.rec.cpuSecs, 3)
+	r.logf("%s: %d workers assigned after %.2fs, acknowledged after %.2fs; master cpu %.1fs, %d reconciles of %.0fms on average (cpu %.2fs); ZooKeeper %.0f writes/s",
+		what, len(keys)-p.Left, p.Assigned, p.Acked, p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ReconcileCPU, p.ZK.WritesPerSecond)
 	return p, nil
 }
 

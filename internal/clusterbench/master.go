@@ -44,7 +44,8 @@ func (m *master) stop() error {
 // startMaster runs a master on the store at storeURL with its data in dir. Its API is on
 // loopback on purpose: the bench's pollers and simulated agents are in this process, and the
 // agents reach the master only through the store, which may be anywhere.
-func startMaster(ctx context.Context, cfg Config, storeURL, dir string) (*master, error) {
+// With pin, the master's process runs on pin's master core.
+func startMaster(ctx context.Context, cfg Config, storeURL, dir string, pin *pinning) (*master, error) {
 	if cfg.MasterBinary == "" {
 		return startInProcess(ctx, cfg, storeURL, dir)
 	}
@@ -62,7 +63,11 @@ func startMaster(ctx context.Context, cfg Config, storeURL, dir string) (*master
 	cmd := exec.Command(cfg.MasterBinary, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Env = append(os.Environ(), "STORMDOCK_STORE=")
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if pin != nil {
+		start = func() error { return pin.start(cmd) }
+	}
+	if err := start(); err != nil {
 		logFile.Close()
 		return nil, fmt.Errorf("start master %s: %w", cfg.MasterBinary, err)
 	}
@@ -148,6 +153,7 @@ func startInProcess(ctx context.Context, cfg Config, storeURL, dir string) (*mas
 // usage is a process's resident memory high-water mark and cpu time so far.
 type usage struct {
 	peakRSS int64 // bytes
+	rss     int64 // bytes, now
 	cpu     time.Duration
 }
 
@@ -168,6 +174,10 @@ func procUsage(pid int) (usage, error) {
 		if v, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			u.peakRSS = kb << 10
+		}
+		if v, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			u.rss = kb << 10
 		}
 	}
 	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
@@ -190,35 +200,45 @@ func procUsage(pid int) (usage, error) {
 	return u, nil
 }
 
-// reconcileMetrics reads the leader's reconcile count and total duration from its /metrics,
-// with the scrape token.
-func reconcileMetrics(ctx context.Context, base, token string) (int, float64) {
+// reconcileFigures are the leader's reconcile count, their total duration and their own
+// processor time (seconds), as its /metrics has them.
+type reconcileFigures struct {
+	n       int
+	secs    float64
+	cpuSecs float64
+}
+
+// reconcileMetrics reads the leader's reconcile figures from its /metrics, with the scrape
+// token.
+func reconcileMetrics(ctx context.Context, base, token string) reconcileFigures {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
-		return 0, 0
+		return reconcileFigures{}
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, 0
+		return reconcileFigures{}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, 0 // a refused token reads as no figures, not as the error's text
+		return reconcileFigures{} // a refused token reads as no figures, not as the error's text
 	}
-	var n int
-	var sum float64
+	var f reconcileFigures
 	s := bufio.NewScanner(resp.Body)
 	for s.Scan() {
 		if v, ok := strings.CutPrefix(s.Text(), "stormdock_master_reconcile_duration_seconds_count "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			n = int(f)
+			n, _ := strconv.ParseFloat(v, 64)
+			f.n = int(n)
 		}
 		if v, ok := strings.CutPrefix(s.Text(), "stormdock_master_reconcile_duration_seconds_sum "); ok {
-			sum, _ = strconv.ParseFloat(v, 64)
+			f.secs, _ = strconv.ParseFloat(v, 64)
+		}
+		if v, ok := strings.CutPrefix(s.Text(), "stormdock_master_reconcile_cpu_seconds_total "); ok {
+			f.cpuSecs, _ = strconv.ParseFloat(v, 64)
 		}
 	}
-	return n, sum
+	return f
 }

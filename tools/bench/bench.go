@@ -82,7 +82,10 @@ var Command = &cli.Command{
 			&cli.DurationFlag{Name: "poll", Usage: "how long the pollers poll", Value: 10 * time.Second},
 			&cli.DurationFlag{Name: "settle", Usage: "how long each phase may take before the run reports what is left", Value: 5 * time.Minute},
 			&cli.StringFlag{Name: "master", Usage: "run the master as a `process` of its own (its memory and cpu alone) or in-process", Value: "process"},
+			&cli.BoolFlag{Name: "pin", Usage: "pin the master to a core of its own, and the simulated agents and a ZooKeeper of this machine to the other cores (with one core free, nothing is pinned and the report says so)"},
 			&cli.BoolFlag{Name: "no-dc-loss", Usage: "skip the loss of a data center"},
+			&cli.StringFlag{Name: "profiles", Usage: "write the master's heap profile when each phase settles and a cpu profile over each event to `DIR` (default: a new directory under $TMPDIR, kept; \"off\" takes none)"},
+			&cli.DurationFlag{Name: "profile-seconds", Usage: "span of each cpu profile, from the event's start", Value: 10 * time.Second},
 			&cli.StringFlag{Name: "log", Usage: "write the simulated agents' and their store clients' warnings to `FILE` (sessions lost, writes failed)"},
 			&cli.Uint64Flag{Name: "seed", Usage: "random seed for the jobs", Value: 1},
 			commands.OutputFlag,
@@ -109,7 +112,7 @@ func runBenchCluster(c *cli.Context) error {
 		DCs: c.Int("dcs"), Racks: c.Int("racks"), Slots: c.Int("slots"), Heartbeat: c.Duration("heartbeat"),
 		Churn: c.Float64("churn"), SessionTimeout: c.Duration("session-timeout"), Steady: c.Duration("steady"),
 		Pollers: c.Int("pollers"), Poll: c.Duration("poll"), Settle: c.Duration("settle"),
-		SkipDC: c.Bool("no-dc-loss"), Seed: c.Uint64("seed"), Progress: c.App.ErrWriter,
+		SkipDC: c.Bool("no-dc-loss"), Pin: c.Bool("pin"), Seed: c.Uint64("seed"), Progress: c.App.ErrWriter,
 	}
 	switch c.String("master") {
 	case "process":
@@ -121,6 +124,19 @@ func runBenchCluster(c *cli.Context) error {
 	case "in-process":
 	default:
 		return cli.Exit(fmt.Sprintf("%s: --master must be process or in-process, not %q", cmd, c.String("master")), 2)
+	}
+	switch dir := c.String("profiles"); dir {
+	case "off":
+	case "":
+		if cfg.ProfileDir, err = os.MkdirTemp("", "stormdock-bench-profiles-"); err != nil {
+			return cli.Exit(fmt.Sprintf("%s: --profiles: %v", cmd, err), 1)
+		}
+	default:
+		cfg.ProfileDir = dir
+	}
+	cfg.ProfileSeconds = c.Duration("profile-seconds")
+	if cfg.ProfileSeconds < time.Second || cfg.ProfileSeconds > 300*time.Second {
+		return cli.Exit(cmd+": --profile-seconds must be from 1s to 300s", 2)
 	}
 	if cfg.Churn < 0 || cfg.Churn > 1 {
 		return cli.Exit(cmd+": --churn must be between 0 and 1", 2)
@@ -154,6 +170,9 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 	fmt.Fprintf(w, "cluster: %d nodes (%d dcs x %d racks, %d slots each), %d jobs, %d workers; master %s\n",
 		r.Nodes, r.DCs, r.Racks, r.Slots, r.Jobs, r.Workers, r.Master)
 	fmt.Fprintf(w, "agents: %s; registered in %.1fs; bench process peak RSS %s, cpu %.0fs over the run\n", r.Hosting, r.Register, mib(r.BenchRSS), r.BenchCPU)
+	if r.Pinning != "" {
+		fmt.Fprintf(w, "cores: %s\n", r.Pinning)
+	}
 	phase := func(p clusterbench.Phase) {
 		fmt.Fprintf(w, "%s: %d workers assigned after %.2fs, acknowledged running after %.2fs", p.What, p.Workers-p.Left, p.Assigned, p.Acked)
 		if p.Acked > 0 {
@@ -163,8 +182,8 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 		if p.Left > 0 {
 			fmt.Fprintf(w, "  %d of its %d workers not running elsewhere: %d reported unplaced by the master (no capacity)\n", p.Left, p.Workers, p.Unplaced)
 		}
-		fmt.Fprintf(w, "  master cpu %.1fs, %d reconciles of %.0fms on average; ZooKeeper %.0f write requests/s (%.0f writes under the chroot, %.0f KiB/s)",
-			p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ZK.WritesPerSecond, p.ZK.NamespaceWritesPerSecond, p.ZK.NamespaceBytesPerSecond/1024)
+		fmt.Fprintf(w, "  master cpu %.2fs (reconciles' own %.2fs), %d reconciles of %.0fms on average; ZooKeeper %.0f write requests/s (%.0f writes under the chroot, %.0f KiB/s)",
+			p.MasterCPU, p.ReconcileCPU, p.Reconciles, p.ReconcileMeanMs, p.ZK.WritesPerSecond, p.ZK.NamespaceWritesPerSecond, p.ZK.NamespaceBytesPerSecond/1024)
 		if p.What != "submit" {
 			fmt.Fprintf(w, "; other workers moved %d, restarted %d", p.OthersMoved, p.OthersRestarted)
 		}
@@ -186,6 +205,23 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 		phase(*r.DC)
 	}
 	fmt.Fprintf(w, "master: peak RSS %s, cpu %.1fs over the run (%.0fs)\n", mib(r.MasterPeakRSS), r.MasterCPU, r.Total)
+	if p := r.Profiles; p != nil {
+		fmt.Fprintf(w, "master profiles in %s (go tool pprof -top FILE; heap: -sample_index=inuse_space):\n", p.Dir)
+		for _, f := range p.Files {
+			switch f.Kind {
+			case "heap":
+				fmt.Fprintf(w, "  heap after %s: live heap %s, RSS %s: %s\n", f.What, mib(f.HeapBytes), mib(f.RSSBytes), f.File)
+			default:
+				fmt.Fprintf(w, "  cpu over %s (%.0fs from its start): %s\n", f.What, f.Seconds, f.File)
+			}
+		}
+		if p.Heap != "" {
+			fmt.Fprintf(w, "  at the peak (largest live heap): %s\n", p.Heap)
+		}
+		for _, e := range p.Errors {
+			fmt.Fprintf(w, "  not taken: %s\n", e)
+		}
+	}
 	if r.AgentSessionsExpired > 0 {
 		fmt.Fprintf(w, "WARNING: %d simulated agents' sessions expired during the run: this machine could not hold %d agents; nodes came and went\n",
 			r.AgentSessionsExpired, r.Nodes)
