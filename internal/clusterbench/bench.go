@@ -38,6 +38,9 @@ type Config struct {
 	Nodes, DCs, Racks, Slots int
 	// Workers over Jobs jobs (sizes vary around the mean, spread over dc and rack).
 	Workers, Jobs int
+	// NodesPerSession is how many nodes of one rack share a ZooKeeper session (see
+	// session.go); 0 or 1: a session per node, as real agents hold.
+	NodesPerSession int
 	// Heartbeat and Churn of the simulated agents (see sim.Config).
 	Heartbeat time.Duration
 	Churn     float64
@@ -80,8 +83,9 @@ type Report struct {
 	Master  string `json:"master"` // "process" or "in-process"
 	// Hosting says how the simulated agents ran; Pinning which cores the master, the agents
 	// and ZooKeeper ran on ("" when not asked).
-	Hosting string `json:"hosting"`
-	Pinning string `json:"pinning,omitempty"`
+	Hosting  string `json:"hosting"`
+	Sessions int    `json:"agentSessions"`
+	Pinning  string `json:"pinning,omitempty"`
 	// MasterProcs is the master's GOMAXPROCS (one when pinned to one core).
 	MasterProcs int `json:"masterGOMAXPROCS"`
 	// Register is from the first agent's start to every node registered; AgentsRSS the bench
@@ -204,6 +208,9 @@ func (c *Config) defaults() error {
 	} else if t.Scheme != "zk" {
 		bad = append(bad, "--store must be a ZooKeeper URL (zk://HOST:PORT): the benchmark measures ZooKeeper")
 	}
+	if c.NodesPerSession < 0 {
+		bad = append(bad, "--nodes-per-session must be at least 1")
+	}
 	if c.Pin && c.MasterBinary == "" {
 		bad = append(bad, "--pin needs the master as a process of its own (--master process)")
 	}
@@ -256,6 +263,7 @@ type run struct {
 	cl      *api.Client
 	tr      *tracker
 	nodes   []cluster.Node
+	groups  [][]int // indexes in nodes of the nodes sharing each session
 	jobs    []cluster.JobSpec
 	keys    []cluster.WorkerKey
 	agentMu sync.Mutex
@@ -282,7 +290,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("--store: %w", err)
 		}
 	}
-	if err := checkServer(ctx, r.dial, r.zkAddr, cfg.Nodes+8); err != nil {
+	r.workload()
+	r.groups = groups(r.nodes, cfg.NodesPerSession)
+	if err := checkFiles(len(r.groups)); err != nil {
+		return nil, err
+	}
+	if err := checkServer(ctx, r.dial, r.zkAddr, len(r.groups)+8); err != nil {
 		return nil, err
 	}
 	chroot := fmt.Sprintf("%s/stormdock-bench-%x", t.Chroot, rand.Uint32())
@@ -295,6 +308,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.rep = &Report{Nodes: cfg.Nodes, Workers: cfg.Workers, Jobs: cfg.Jobs, DCs: cfg.DCs, Racks: cfg.Racks, Slots: cfg.Slots,
 		Heartbeat: cfg.Heartbeat.Seconds(), Master: "in-process",
 		Hosting: fmt.Sprintf("%d goroutine agents in one process, one ZooKeeper connection and session each (%d KiB client buffers)", cfg.Nodes, sim.DefaultBufferSize>>10)}
+	if len(r.groups) < cfg.Nodes {
+		r.rep.Hosting = fmt.Sprintf("%d goroutine agents in one process over %d ZooKeeper connections and sessions, up to %d nodes of one rack on each (%d KiB client buffers)",
+			cfg.Nodes, len(r.groups), cfg.NodesPerSession, sim.DefaultBufferSize>>10)
+	}
+	r.rep.Sessions = len(r.groups)
 	if cfg.MasterBinary != "" {
 		r.rep.Master = "process"
 	}
@@ -346,7 +364,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if r.cl, err = api.NewClient(r.master.url, r.master.token); err != nil {
 		return nil, err
 	}
-	r.workload()
 	if err := r.register(ctx); err != nil {
 		return nil, err
 	}
@@ -410,21 +427,29 @@ func (r *run) register(ctx context.Context) error {
 	// agents wait for theirs longer than a daemon would.
 	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, ConnectTimeout: time.Minute, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS},
 		Heartbeat: r.cfg.Heartbeat, Churn: r.cfg.Churn, Events: r.tr, Logger: r.cfg.Logger}
-	r.logf("starting %d simulated agents", len(r.nodes))
-	if err := parallel(ctx, len(r.nodes), 32, func(i int) error {
-		a, err := sim.Start(ctx, scfg, r.nodes[i])
-		// A server slow beyond the session's timeout drops the connection: a failed
-		// start left nothing behind (its session is closed), so it is tried again.
-		for try := 1; err != nil && try < 3 && ctx.Err() == nil; try++ {
-			r.logf("agent %s: %v; trying again", r.nodes[i].ID, err)
-			a, err = sim.Start(ctx, scfg, r.nodes[i])
+	scfg.Options.BufferSize = sim.DefaultBufferSize
+	r.logf("starting %d simulated agents on %d sessions", len(r.nodes), len(r.groups))
+	if err := parallel(ctx, len(r.groups), 32, func(g int) error {
+		cfg := scfg
+		if len(r.groups[g]) > 1 {
+			sess := &session{open: func(ctx context.Context) (coord.Store, error) { return coord.Open(ctx, scfg.Store, scfg.Options) }}
+			cfg.Open = sess.get
 		}
-		if err != nil {
-			return err
+		for _, i := range r.groups[g] {
+			a, err := sim.Start(ctx, cfg, r.nodes[i])
+			// A server slow beyond the session's timeout drops the connection: a failed
+			// start left nothing behind (its session is closed), so it is tried again.
+			for try := 1; err != nil && try < 3 && ctx.Err() == nil; try++ {
+				r.logf("agent %s: %v; trying again", r.nodes[i].ID, err)
+				a, err = sim.Start(ctx, cfg, r.nodes[i])
+			}
+			if err != nil {
+				return err
+			}
+			r.agentMu.Lock()
+			r.agents[r.nodes[i].ID] = a
+			r.agentMu.Unlock()
 		}
-		r.agentMu.Lock()
-		r.agents[r.nodes[i].ID] = a
-		r.agentMu.Unlock()
 		return nil
 	}); err != nil {
 		return err

@@ -74,6 +74,7 @@ var Command = &cli.Command{
 			&cli.IntFlag{Name: "dcs", Usage: "data centers", Value: 4},
 			&cli.IntFlag{Name: "racks", Usage: "racks per data center", Value: 25},
 			&cli.IntFlag{Name: "slots", Usage: "slots per node (memory is 4Gi and cpu 2 per slot)", Value: 16},
+			&cli.IntFlag{Name: "nodes-per-session", Usage: "simulated nodes of one rack sharing a ZooKeeper session (a connection, an open file in this process and in the server: where either cannot open one per node)", Value: 1},
 			&cli.DurationFlag{Name: "heartbeat", Usage: "simulated agents' heartbeat", Value: time.Second},
 			&cli.Float64Flag{Name: "churn", Usage: "share of heartbeats on which a node's record changes (a memory reading): 0.2 is a real agent sampling memory every 5th heartbeat with every sample changed", Value: 0.2},
 			&cli.DurationFlag{Name: "session-timeout", Usage: "the master's and the agents' store session timeout", Value: 10 * time.Second},
@@ -112,7 +113,7 @@ func runBenchCluster(c *cli.Context) error {
 		DCs: c.Int("dcs"), Racks: c.Int("racks"), Slots: c.Int("slots"), Heartbeat: c.Duration("heartbeat"),
 		Churn: c.Float64("churn"), SessionTimeout: c.Duration("session-timeout"), Steady: c.Duration("steady"),
 		Pollers: c.Int("pollers"), Poll: c.Duration("poll"), Settle: c.Duration("settle"),
-		SkipDC: c.Bool("no-dc-loss"), Pin: c.Bool("pin"), Seed: c.Uint64("seed"), Progress: c.App.ErrWriter,
+		NodesPerSession: c.Int("nodes-per-session"), SkipDC: c.Bool("no-dc-loss"), Pin: c.Bool("pin"), Seed: c.Uint64("seed"), Progress: c.App.ErrWriter,
 	}
 	switch c.String("master") {
 	case "process":
