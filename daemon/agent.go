@@ -27,6 +27,7 @@ import (
 	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/internal/metricsauth"
 	"github.com/stormdock/stormdock/internal/pki"
+	"github.com/stormdock/stormdock/internal/profiling"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -68,7 +69,8 @@ type AgentConfig struct {
 	// ProtectOOM asks the kernel to spare the agent when it kills for memory.
 	ProtectOOM bool
 	// Metrics is where /metrics is served ("" serves none), to the scrape token or the admin
-	// token (package internal/metricsauth).
+	// token (package internal/metricsauth), and the agent's profiles (/debug/pprof/) and
+	// runtime figures (/debug/runtime), to the admin token alone.
 	Metrics string
 	// LogsListen is where the agent serves its workers' logs to the masters (HOST:PORT; ""
 	// means the node's advertised address, any free port); the port is published in the
@@ -406,7 +408,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		mux := http.NewServeMux()
 		// The figures name jobs (restarts, OOM kills, evictions by job): for the scrape
 		// token or the admin token alone, checked against their hashes in the store.
-		mux.Handle("GET /metrics", metricsauth.New(a.store, log).Wrap(promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{})))
+		guard := metricsauth.New(a.store, log)
+		mux.Handle("GET /metrics", guard.Wrap(promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{})))
+		// The agent's profiles and runtime figures, for the admin alone.
+		mux.Handle("GET "+profiling.Prefix, guard.Admin(profiling.Handler()))
 		srv := api.NewServer(mux)
 		served := make(chan struct{})
 		go func() {

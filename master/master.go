@@ -436,7 +436,7 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 	tick := time.NewTicker(m.cfg.Resync)
 	defer tick.Stop()
 	for {
-		if err := r.reconcile(ctx); err != nil && ctx.Err() == nil {
+		if err := r.measured(ctx); err != nil && ctx.Err() == nil {
 			m.log.Warn("reconcile failed; retrying", "err", err)
 			_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
 			m.poke()

@@ -22,6 +22,7 @@ type metrics struct {
 	placements   prometheus.Counter
 	replacements prometheus.Counter
 	reconcile    prometheus.Histogram
+	reconcileCPU prometheus.Counter
 	storeWrites  prometheus.Counter
 
 	// Per job (output routers included, as JOB.router), set by the leader.
@@ -52,6 +53,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Workers moved from one node to another."}),
 		reconcile: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "reconcile_duration_seconds",
 			Help: "Time to plan and write assignments.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		reconcileCPU: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "reconcile_cpu_seconds_total",
+			Help: "Processor time the leader's reconciles took (their own thread's, the collector's background work excluded)."}),
 		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_writes_total",
 			Help: "Writes the master made to the coordination store."}),
 		jobDesired: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_desired",
@@ -68,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.events = eventlog.NewMetrics(m.storeWrites)
 	m.storeConnected.Set(1)
 	if reg != nil {
-		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.storeWrites,
+		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.reconcileCPU, m.storeWrites,
 			m.jobDesired, m.jobRunning, m.jobUnplaced, m.storeConnected, m.sessionsLost)
 		reg.MustRegister(m.events.Collectors()...)
 	}

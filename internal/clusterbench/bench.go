@@ -39,6 +39,9 @@ type Config struct {
 	Nodes, DCs, Racks, Slots int
 	// Workers over Jobs jobs (sizes vary around the mean, spread over dc and rack).
 	Workers, Jobs int
+	// NodesPerSession is how many nodes of one rack share a ZooKeeper session (see
+	// session.go); 0 or 1: a session per node, as real agents hold.
+	NodesPerSession int
 	// Heartbeat and Churn of the simulated agents (see sim.Config).
 	Heartbeat time.Duration
 	Churn     float64
@@ -59,9 +62,18 @@ type Config struct {
 	// negative: off). 0 serves none.
 	MetricsSeries   int
 	MetricsInterval time.Duration
+	// Pin puts the master (a process: MasterBinary) on a core of its own and this process
+	// (the agents), with ZooKeeper when it runs on this machine, on the other cores (see
+	// pinning). With one core free nothing is pinned, and the report says so.
+	Pin bool
 	// SkipDC skips the data-center loss.
 	SkipDC bool
-	Seed   uint64
+	// ProfileDir, when set, receives the master's profiles (see Profiles): a heap profile
+	// when each phase settled and a cpu profile of ProfileSeconds (default 10s) from the
+	// start of each event.
+	ProfileDir     string
+	ProfileSeconds time.Duration
+	Seed           uint64
 	// Progress receives a line per step; nil for none.
 	Progress io.Writer
 	Logger   *slog.Logger
@@ -76,8 +88,13 @@ type Report struct {
 	Racks   int    `json:"racksPerDC"`
 	Slots   int    `json:"slots"`
 	Master  string `json:"master"` // "process" or "in-process"
-	// Hosting says how the simulated agents ran.
-	Hosting string `json:"hosting"`
+	// Hosting says how the simulated agents ran; Pinning which cores the master, the agents
+	// and ZooKeeper ran on ("" when not asked).
+	Hosting  string `json:"hosting"`
+	Sessions int    `json:"agentSessions"`
+	Pinning  string `json:"pinning,omitempty"`
+	// MasterProcs is the master's GOMAXPROCS (one when pinned to one core).
+	MasterProcs int `json:"masterGOMAXPROCS"`
 	// Register is from the first agent's start to every node registered; AgentsRSS the bench
 	// process's resident memory high-water mark after it (agents and, in process, master).
 	Register float64 `json:"registerSeconds"`
@@ -106,6 +123,9 @@ type Report struct {
 	// this many agents, and the figures are of a cluster whose nodes came and went.
 	AgentSessionsExpired int `json:"agentSessionsExpired"`
 
+	// Profiles are the master's profiles the run took; nil without Config.ProfileDir.
+	Profiles *Profiles `json:"profiles,omitempty"`
+
 	MasterPeakRSS int64   `json:"masterPeakRSSBytes"`
 	MasterCPU     float64 `json:"masterCPUSeconds"`
 	Total         float64 `json:"totalSeconds"`
@@ -128,9 +148,11 @@ type Phase struct {
 	OthersRestarted int     `json:"othersRestarted"`
 	MasterCPU       float64 `json:"masterCPUSeconds"`
 	ZK              Rates   `json:"zookeeper"`
-	// Reconciles the leader ran meanwhile, and their mean duration.
+	// Reconciles the leader ran meanwhile, their mean duration, and the processor time they
+	// took on their own thread (seconds): the master's cost of the event itself.
 	Reconciles      int     `json:"reconciles"`
 	ReconcileMeanMs float64 `json:"reconcileMeanMs"`
+	ReconcileCPU    float64 `json:"reconcileCPUSeconds"`
 }
 
 // Steady is the cluster left alone.
@@ -217,6 +239,12 @@ func (c *Config) defaults() error {
 	} else if t.Scheme != "zk" {
 		bad = append(bad, "--store must be a ZooKeeper URL (zk://HOST:PORT): the benchmark measures ZooKeeper")
 	}
+	if c.NodesPerSession < 0 {
+		bad = append(bad, "--nodes-per-session must be at least 1")
+	}
+	if c.Pin && c.MasterBinary == "" {
+		bad = append(bad, "--pin needs the master as a process of its own (--master process)")
+	}
 	if len(bad) > 0 {
 		return errors.New(strings.Join(bad, "\n"))
 	}
@@ -237,6 +265,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Settle <= 0 {
 		c.Settle = 5 * time.Minute
+	}
+	if c.ProfileSeconds <= 0 {
+		c.ProfileSeconds = 10 * time.Second
 	}
 	if c.Seed == 0 {
 		c.Seed = 1
@@ -263,6 +294,7 @@ type run struct {
 	cl      *api.Client
 	tr      *tracker
 	nodes   []cluster.Node
+	groups  [][]int // indexes in nodes of the nodes sharing each session
 	jobs    []cluster.JobSpec
 	keys    []cluster.WorkerKey
 	agentMu sync.Mutex
@@ -290,7 +322,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("--store: %w", err)
 		}
 	}
-	if err := checkServer(ctx, r.dial, r.zkAddr, cfg.Nodes+8); err != nil {
+	r.workload()
+	r.groups = groups(r.nodes, cfg.NodesPerSession)
+	if err := checkFiles(len(r.groups)); err != nil {
+		return nil, err
+	}
+	if err := checkServer(ctx, r.dial, r.zkAddr, len(r.groups)+8); err != nil {
 		return nil, err
 	}
 	chroot := fmt.Sprintf("%s/stormdock-bench-%x", t.Chroot, rand.Uint32())
@@ -303,8 +340,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.rep = &Report{Nodes: cfg.Nodes, Workers: cfg.Workers, Jobs: cfg.Jobs, DCs: cfg.DCs, Racks: cfg.Racks, Slots: cfg.Slots,
 		Heartbeat: cfg.Heartbeat.Seconds(), Master: "in-process",
 		Hosting: fmt.Sprintf("%d goroutine agents in one process, one ZooKeeper connection and session each (%d KiB client buffers)", cfg.Nodes, sim.DefaultBufferSize>>10)}
+	if len(r.groups) < cfg.Nodes {
+		r.rep.Hosting = fmt.Sprintf("%d goroutine agents in one process over %d ZooKeeper connections and sessions, up to %d nodes of one rack on each (%d KiB client buffers)",
+			cfg.Nodes, len(r.groups), cfg.NodesPerSession, sim.DefaultBufferSize>>10)
+	}
+	r.rep.Sessions = len(r.groups)
 	if cfg.MasterBinary != "" {
 		r.rep.Master = "process"
+	}
+	if cfg.ProfileDir != "" {
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+			return nil, fmt.Errorf("profiles: %w", err)
+		}
+		r.rep.Profiles = &Profiles{Dir: cfg.ProfileDir, Files: []ProfileFile{}}
 	}
 	var err error
 	r.admin, err = coord.Open(ctx, r.url, coord.Options{SessionTimeout: cfg.SessionTimeout, Logger: cfg.Logger, TLS: cfg.StoreTLS})
@@ -318,8 +366,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer os.RemoveAll(dir)
 	r.logf("store %s; master (%s) data in %s", r.url, r.rep.Master, dir)
-	if r.master, err = startMaster(ctx, cfg, r.url, dir); err != nil {
+	var pin *pinning
+	if cfg.Pin {
+		if pin, r.rep.Pinning, err = planPinning(); err != nil {
+			return nil, err
+		}
+	}
+	if r.master, err = startMaster(ctx, cfg, r.url, dir, pin); err != nil {
 		return nil, err
+	}
+	if pin != nil {
+		defer pin.release()
+		if err := pin.pinRest(r.zkAddr); err != nil {
+			return nil, err
+		}
+		r.rep.Pinning = pin.note
+	}
+	if rt, err := r.master.runtime(ctx); err == nil {
+		r.rep.MasterProcs = rt.GOMAXPROCS
+	}
+	if r.rep.Pinning != "" {
+		r.logf("%s; the master runs with GOMAXPROCS=%d", r.rep.Pinning, r.rep.MasterProcs)
 	}
 	defer func() {
 		if r.master != nil {
@@ -329,7 +396,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if r.cl, err = api.NewClient(r.master.url, r.master.token); err != nil {
 		return nil, err
 	}
-	r.workload()
 	if err := r.register(ctx); err != nil {
 		return nil, err
 	}
@@ -392,12 +458,11 @@ func (r *run) workload() {
 // register starts every simulated agent and waits until the master lists every node.
 func (r *run) register(ctx context.Context) error {
 	start := time.Now()
-	// A session may take longer than the default 5 s to open when thousands of agents
-	// start at once (each a TLS handshake, with zks://) on a loaded machine: the time is
-	// what Register measures, not a failure.
-	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS,
-		ConnectTimeout: 60 * time.Second},
+	// A loaded server takes seconds to open a session (each is a logged transaction): the
+	// agents wait for theirs longer than a daemon would.
+	scfg := sim.Config{Store: r.url, Options: coord.Options{SessionTimeout: r.cfg.SessionTimeout, ConnectTimeout: time.Minute, Logger: r.cfg.Logger, TLS: r.cfg.StoreTLS},
 		Heartbeat: r.cfg.Heartbeat, Churn: r.cfg.Churn, Events: r.tr, Logger: r.cfg.Logger}
+	scfg.Options.BufferSize = sim.DefaultBufferSize
 	if r.cfg.MetricsSeries > 0 {
 		m, err := sim.NewMetrics(r.admin, r.cfg.MetricsSeries)
 		if err != nil {
@@ -405,15 +470,28 @@ func (r *run) register(ctx context.Context) error {
 		}
 		r.metrics, scfg.Metrics = m, m
 	}
-	r.logf("starting %d simulated agents", len(r.nodes))
-	if err := parallel(ctx, len(r.nodes), 32, func(i int) error {
-		a, err := sim.Start(ctx, scfg, r.nodes[i])
-		if err != nil {
-			return err
+	r.logf("starting %d simulated agents on %d sessions", len(r.nodes), len(r.groups))
+	if err := parallel(ctx, len(r.groups), 32, func(g int) error {
+		cfg := scfg
+		if len(r.groups[g]) > 1 {
+			sess := &session{open: func(ctx context.Context) (coord.Store, error) { return coord.Open(ctx, scfg.Store, scfg.Options) }}
+			cfg.Open = sess.get
 		}
-		r.agentMu.Lock()
-		r.agents[r.nodes[i].ID] = a
-		r.agentMu.Unlock()
+		for _, i := range r.groups[g] {
+			a, err := sim.Start(ctx, cfg, r.nodes[i])
+			// A server slow beyond the session's timeout drops the connection: a failed
+			// start left nothing behind (its session is closed), so it is tried again.
+			for try := 1; err != nil && try < 3 && ctx.Err() == nil; try++ {
+				r.logf("agent %s: %v; trying again", r.nodes[i].ID, err)
+				a, err = sim.Start(ctx, cfg, r.nodes[i])
+			}
+			if err != nil {
+				return err
+			}
+			r.agentMu.Lock()
+			r.agents[r.nodes[i].ID] = a
+			r.agentMu.Unlock()
+		}
 		return nil
 	}); err != nil {
 		return err
@@ -449,6 +527,8 @@ func (r *run) submit(ctx context.Context) error {
 		return err
 	}
 	r.logf("submitting %d jobs, %d workers", len(r.jobs), len(r.keys))
+	r.startCPU(ctx, "submit")
+	defer r.endCPU()
 	start := time.Now()
 	if err := parallel(ctx, len(r.jobs), 8, func(i int) error {
 		b, _ := json.Marshal(r.jobs[i])
@@ -476,6 +556,8 @@ func (r *run) submit(ctx context.Context) error {
 	}
 	r.rep.APIRunning = round(time.Since(start).Seconds(), 2)
 	r.logf("job list: all %d running after %.1fs", len(r.keys), r.rep.APIRunning)
+	r.endCPU()
+	r.heapProfile(ctx, "submit")
 	return nil
 }
 
@@ -689,6 +771,9 @@ func (r *run) lose(ctx context.Context, what string, in func(cluster.Node) bool)
 		return Phase{}, err
 	}
 	r.logf("losing %s: %d nodes, %d workers", what, len(ids), len(moved))
+	kind := strings.Fields(what)[0] + " loss"
+	r.startCPU(ctx, kind)
+	defer r.endCPU()
 	start := time.Now()
 	r.tr.kill(ids)
 	for _, a := range gone {
@@ -712,6 +797,8 @@ func (r *run) lose(ctx context.Context, what string, in func(cluster.Node) bool)
 		}
 	}
 	r.logf("%s: others moved %d, restarted %d", what, p.OthersMoved, p.OthersRestarted)
+	r.endCPU()
+	r.heapProfile(ctx, kind)
 	return p, nil
 }
 
@@ -828,8 +915,9 @@ func (r *run) settle(ctx context.Context, what string, start time.Time, keys []c
 	if p.Reconciles = after.reconciles - before.reconciles; p.Reconciles > 0 {
 		p.ReconcileMeanMs = round((after.reconcileSecs-before.reconcileSecs)/float64(p.Reconciles)*1000, 1)
 	}
-	r.logf("%s: %d workers assigned after %.2fs, acknowledged after %.2fs; master cpu %.1fs, %d reconciles of %.0fms on average; ZooKeeper %.0f writes/s",
-		what, len(keys)-p.Left, p.Assigned, p.Acked, p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ZK.WritesPerSecond)
+	p.ReconcileCPU = round(after.metrics[reconcileCPU]-before.metrics[reconcileCPU], 3)
+	r.logf("%s: %d workers assigned after %.2fs, acknowledged after %.2fs; master cpu %.1fs, %d reconciles of %.0fms on average (cpu %.2fs); ZooKeeper %.0f writes/s",
+		what, len(keys)-p.Left, p.Assigned, p.Acked, p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ReconcileCPU, p.ZK.WritesPerSecond)
 	return p, nil
 }
 

@@ -31,7 +31,7 @@ func TestBenchCluster(t *testing.T) {
 		Heartbeat: 200 * time.Millisecond, Churn: 0.2, SessionTimeout: 5 * time.Second,
 		Steady: 2 * time.Second, Poll: time.Second, Pollers: 10, Settle: testenv.Timeout(2 * time.Minute),
 		MetricsSeries: 4, MetricsInterval: 500 * time.Millisecond,
-		Progress: &progress,
+		ProfileDir: t.TempDir(), ProfileSeconds: time.Second, Progress: &progress,
 	})
 	t.Log("progress:\n" + progress.String())
 	if err != nil {
@@ -69,6 +69,18 @@ func TestBenchCluster(t *testing.T) {
 	}
 	if rep.Store.LargestAssign == 0 || rep.Store.LargestAssign > 1<<20 {
 		t.Errorf("largest assignment %d bytes", rep.Store.LargestAssign)
+	}
+	// The master's profiles, taken with the admin token: a heap profile after each phase
+	// and a cpu profile over each event, gzipped protobuf.
+	if p := rep.Profiles; p == nil || len(p.Errors) > 0 || len(p.Files) != 6 || p.Heap == "" || p.HeapBytes == 0 {
+		t.Errorf("profiles: %+v", p)
+	} else {
+		for _, f := range p.Files {
+			b, err := os.ReadFile(f.File)
+			if err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+				t.Errorf("profile %s (%s): %d bytes, %v", f.What, f.Kind, len(b), err)
+			}
+		}
 	}
 }
 

@@ -45,7 +45,8 @@ func (m *master) stop() error {
 // startMaster runs a master on the store at storeURL with its data in dir. Its API is on
 // loopback on purpose: the bench's pollers and simulated agents are in this process, and the
 // agents reach the master only through the store, which may be anywhere.
-func startMaster(ctx context.Context, cfg Config, storeURL, dir string) (*master, error) {
+// With pin, the master's process runs on pin's master core.
+func startMaster(ctx context.Context, cfg Config, storeURL, dir string, pin *pinning) (*master, error) {
 	if cfg.MasterBinary == "" {
 		return startInProcess(ctx, cfg, storeURL, dir)
 	}
@@ -69,7 +70,11 @@ func startMaster(ctx context.Context, cfg Config, storeURL, dir string) (*master
 	cmd := exec.Command(cfg.MasterBinary, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Env = append(os.Environ(), "STORMDOCK_STORE=")
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if pin != nil {
+		start = func() error { return pin.start(cmd) }
+	}
+	if err := start(); err != nil {
 		logFile.Close()
 		return nil, fmt.Errorf("start master %s: %w", cfg.MasterBinary, err)
 	}
@@ -155,6 +160,7 @@ func startInProcess(ctx context.Context, cfg Config, storeURL, dir string) (*mas
 // usage is a process's resident memory high-water mark and cpu time so far.
 type usage struct {
 	peakRSS int64 // bytes
+	rss     int64 // bytes, now
 	cpu     time.Duration
 }
 
@@ -175,6 +181,10 @@ func procUsage(pid int) (usage, error) {
 		if v, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			u.peakRSS = kb << 10
+		}
+		if v, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			u.rss = kb << 10
 		}
 	}
 	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
@@ -201,9 +211,10 @@ func procUsage(pid int) (usage, error) {
 const (
 	reconcileCount = "stormdock_master_reconcile_duration_seconds_count"
 	reconcileSum   = "stormdock_master_reconcile_duration_seconds_sum"
+	reconcileCPU   = "stormdock_master_reconcile_cpu_seconds_total"
 )
 
-var metricNames = []string{reconcileCount, reconcileSum,
+var metricNames = []string{reconcileCount, reconcileSum, reconcileCPU,
 	"stormdock_master_job_metrics_round_seconds_count", "stormdock_master_job_metrics_round_seconds_sum",
 	"stormdock_master_job_metrics_series", "stormdock_master_job_metrics_history_bytes"}
 

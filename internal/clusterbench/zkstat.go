@@ -135,8 +135,17 @@ func checkServer(ctx context.Context, dial dialFunc, addr string, sessions int) 
 			return fmt.Errorf("ZooKeeper at %s allows %d connections per client address (maxClientCnxns) and the benchmark opens %d from this one: set maxClientCnxns=0 in its zoo.cfg", addr, n, sessions)
 		}
 	}
-	if _, err := fourLetter(ctx, dial, addr, "mntr"); err != nil {
+	m, err := fourLetter(ctx, dial, addr, "mntr")
+	if err != nil {
 		return fmt.Errorf("ZooKeeper at %s: %v", addr, err)
+	}
+	// Each session is a connection, an open file of the server's (Unix servers say how
+	// many they may open).
+	maxFDs, _ := strconv.Atoi(m["zk_max_file_descriptor_count"])
+	open, _ := strconv.Atoi(m["zk_open_file_descriptor_count"])
+	if maxFDs > 0 && maxFDs-open < sessions+16 {
+		return fmt.Errorf("ZooKeeper at %s may open %d files and has %d open: the benchmark's %d sessions do not fit; raise its ulimit -n, or share sessions among the nodes of a rack (--nodes-per-session)",
+			addr, maxFDs, open, sessions)
 	}
 	return nil
 }

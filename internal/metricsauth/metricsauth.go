@@ -25,6 +25,9 @@ import (
 // Help ends every refusal: what /metrics wants and where to find it.
 const Help = "/metrics needs the scrape token (metrics.token in the first master's data directory) or the admin token: send `Authorization: Bearer TOKEN` (Prometheus: authorization.credentials_file)"
 
+// adminHelp ends the refusals of Admin's routes.
+const adminHelp = "this needs the admin token (admin.token in the first master's data directory): send `Authorization: Bearer TOKEN`"
+
 // recheck is how long a token that matched is taken without reading the store again: a
 // scrape every few seconds costs no store reads, and a token replaced in the store stops
 // working within this long.
@@ -53,17 +56,13 @@ func New(kv coord.KV, log *slog.Logger) *Guard {
 	return &Guard{kv: kv, log: log, fails: api.NewFailLimiter()}
 }
 
-// match reports whether hash is the scrape token's or the admin token's, reading the store
-// again when the last read is older than recheck or the hash matched nothing.
-func (g *Guard) match(ctx context.Context, hash []byte) bool {
+// match reports whether hash is the admin token's or, unless adminOnly, the scrape token's,
+// reading the store again when the last read is older than recheck or the hash matched
+// nothing.
+func (g *Guard) match(ctx context.Context, hash []byte, adminOnly bool) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	eq := func() bool {
-		// Both compared, whichever matches: the time taken says nothing of which one.
-		s := len(g.scrape) > 0 && subtle.ConstantTimeCompare(g.scrape, hash) == 1
-		a := len(g.admin) > 0 && subtle.ConstantTimeCompare(g.admin, hash) == 1
-		return s || a
-	}
+	eq := func() bool { return g.known(hash, adminOnly) }
 	if time.Since(g.read) < recheck && eq() {
 		return true
 	}
@@ -88,10 +87,24 @@ func (g *Guard) match(ctx context.Context, hash []byte) bool {
 	return eq()
 }
 
+// known compares hash with the hashes last read; g.mu is held.
+func (g *Guard) known(hash []byte, adminOnly bool) bool {
+	// Both compared, whichever matches: the time taken says nothing of which one.
+	s := len(g.scrape) > 0 && subtle.ConstantTimeCompare(g.scrape, hash) == 1
+	a := len(g.admin) > 0 && subtle.ConstantTimeCompare(g.admin, hash) == 1
+	return a || s && !adminOnly
+}
+
 // Wrap serves h to requests that carry the scrape token or the admin token. Others get 401
 // (429 once their address failed too often) with a one-line error that names nothing of the
 // cluster's.
-func (g *Guard) Wrap(h http.Handler) http.Handler {
+func (g *Guard) Wrap(h http.Handler) http.Handler { return g.wrap(h, false) }
+
+// Admin serves h to requests that carry the admin token alone: the process's profiles
+// (package internal/profiling), which show its memory, are not for the scrape token.
+func (g *Guard) Admin(h http.Handler) http.Handler { return g.wrap(h, true) }
+
+func (g *Guard) wrap(h http.Handler, adminOnly bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		host := api.RemoteHost(r)
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -100,8 +113,7 @@ func (g *Guard) Wrap(h http.Handler) http.Handler {
 			// The guesses of an address that used up its failures cost no store reads; a
 			// valid token still gets through (other scrapers behind the same address).
 			g.mu.Lock()
-			known := token != "" && (subtle.ConstantTimeCompare(g.scrape, []byte(api.HashToken(token))) == 1 ||
-				subtle.ConstantTimeCompare(g.admin, []byte(api.HashToken(token))) == 1)
+			known := token != "" && g.known([]byte(api.HashToken(token)), adminOnly)
 			g.mu.Unlock()
 			if !known {
 				w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
@@ -113,9 +125,13 @@ func (g *Guard) Wrap(h http.Handler) http.Handler {
 		}
 		msg := ""
 		switch {
+		case (!ok || token == "") && adminOnly:
+			msg = "missing token: " + adminHelp
 		case !ok || token == "":
 			msg = "missing token: " + Help
-		case !g.match(r.Context(), []byte(api.HashToken(token))):
+		case adminOnly && !g.match(r.Context(), []byte(api.HashToken(token)), true):
+			msg = "invalid token: " + adminHelp
+		case !adminOnly && !g.match(r.Context(), []byte(api.HashToken(token)), false):
 			msg = "invalid token (a tenant's token does not read metrics): " + Help
 		}
 		if msg != "" {

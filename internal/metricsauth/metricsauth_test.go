@@ -79,3 +79,56 @@ func TestGuard(t *testing.T) {
 		})
 	}
 }
+
+// TestGuardAdmin: Admin (an agent's profiles) answers the admin token alone; the scrape
+// token, a wrong one or none get 401 (429 once the address failed too often).
+func TestGuardAdmin(t *testing.T) {
+	ctx := context.Background()
+	s, err := coord.Open(ctx, "mem://metricsauth-admin", coord.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	scrape, admin := api.NewToken(), api.NewToken()
+	for key, tok := range map[string]string{cluster.MetricsTokenKey: scrape, cluster.AdminTokenKey: admin} {
+		if _, err := s.Create(ctx, key, []byte(api.HashToken(tok)), coord.Persistent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	profile := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "the heap") })
+	srv := httptest.NewServer(metricsauth.New(s, slog.New(slog.NewTextHandler(io.Discard, nil))).Admin(profile))
+	defer srv.Close()
+	for _, tc := range []struct {
+		name  string
+		token string
+		ok    bool
+	}{
+		{"admin token", admin, true},
+		{"anonymous", "", false},
+		{"wrong token", "sdt_forged", false},
+		{"scrape token", scrape, false},
+		{"scrape token again (cached)", scrape, false},
+		{"admin token again", admin, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/debug/pprof/heap", nil)
+			if tc.token != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			switch {
+			case tc.ok && (resp.StatusCode != http.StatusOK || string(b) != "the heap"):
+				t.Fatalf("%d %q, want the profile", resp.StatusCode, b)
+			case !tc.ok && resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusTooManyRequests:
+				t.Fatalf("%d %q, want a refusal", resp.StatusCode, b)
+			case !tc.ok && strings.Contains(string(b), "the heap"):
+				t.Fatalf("the refusal carries the profile: %q", b)
+			}
+		})
+	}
+}

@@ -139,8 +139,12 @@ type Log struct {
 	headVer int64 // its version; -1 until read
 	changed chan struct{}
 
-	qmu     sync.Mutex
-	queue   []api.Event
+	qmu   sync.Mutex
+	queue []api.Event
+	// front counts the events ever taken off the queue's front, appended or dropped: the
+	// number of queue[0] since the log began. A flush removes only the events it appended
+	// that are still queued.
+	front   int64
 	dropped int
 	kick    chan struct{}
 }
@@ -167,7 +171,10 @@ func (l *Log) Emit(e api.Event) {
 	l.qmu.Lock()
 	l.queue = append(l.queue, e)
 	if over := len(l.queue) - l.cfg.Max; over > 0 {
-		l.queue = slices.Delete(l.queue, 0, over)
+		// Re-sliced, not shifted: a burst of events beyond the bound (a data center's
+		// workers moving) costs each a copy of the queue otherwise.
+		l.queue = l.queue[over:]
+		l.front += int64(over)
 		l.dropped += over
 		l.m.Dropped.Add(float64(over))
 	}
@@ -343,6 +350,7 @@ func (l *Log) flush(ctx context.Context) (more bool, err error) {
 	l.qmu.Lock()
 	n := min(len(l.queue), maxFlushEvents)
 	batch := slices.Clone(l.queue[:n])
+	first := l.front
 	dropped := l.dropped
 	l.qmu.Unlock()
 	if n == 0 && dropped == 0 {
@@ -366,7 +374,11 @@ func (l *Log) flush(ctx context.Context) (more bool, err error) {
 		return false, err
 	}
 	l.qmu.Lock()
-	l.queue = slices.Delete(l.queue, 0, n)
+	// Events dropped meanwhile left the front already: take off what is left of the batch.
+	if done := first + int64(n) - l.front; done > 0 {
+		l.queue = l.queue[done:]
+		l.front += done
+	}
 	l.dropped -= dropped
 	more = len(l.queue) > 0
 	l.qmu.Unlock()

@@ -268,3 +268,41 @@ func TestEventLogAtBound(t *testing.T) {
 	}
 	runtime.KeepAlive(l)
 }
+
+// TestEmitPastBound: a burst past the count bound keeps the newest Max events, in order, and
+// counts the rest as dropped; what a flush writes leaves the queue, what it did not stays.
+func TestEmitPastBound(t *testing.T) {
+	tc := newTestStore(t)
+	cfg := Config{Max: 100}
+	reg := prometheus.NewRegistry()
+	l := New(tc.connect(-1), cfg, "m1", quiet, newMetrics(reg))
+	for i := range 3*cfg.Max + 7 {
+		l.Emit(api.Event{Kind: api.EventWorkerMoved, Object: fmt.Sprintf("worker/w/%d", i)})
+	}
+	l.qmu.Lock()
+	if len(l.queue) != cfg.Max || l.dropped != 2*cfg.Max+7 || l.queue[0].Object != fmt.Sprintf("worker/w/%d", 2*cfg.Max+7) {
+		t.Fatalf("queue of %d from %s, %d dropped", len(l.queue), l.queue[0].Object, l.dropped)
+	}
+	l.qmu.Unlock()
+	if _, err := l.flush(tc.ctx); err != nil {
+		t.Fatal(err)
+	}
+	l.qmu.Lock()
+	defer l.qmu.Unlock()
+	if len(l.queue) != 0 || l.dropped != 0 {
+		t.Fatalf("after a flush: %d queued, %d dropped", len(l.queue), l.dropped)
+	}
+}
+
+// BenchmarkEmitPastBound is a data center's loss recorded: far more events than the bound
+// at once (each op emits one beyond it).
+func BenchmarkEmitPastBound(b *testing.B) {
+	l := New(nil, Config{}, "m1", quiet, newMetrics(nil))
+	for i := range DefaultMax {
+		l.Emit(api.Event{Kind: api.EventWorkerMoved, Object: fmt.Sprintf("worker/w/%d", i)})
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		l.Emit(api.Event{Kind: api.EventWorkerMoved, Object: "worker/w/0"})
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/console"
+	"github.com/stormdock/stormdock/internal/profiling"
 	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/desired"
 )
@@ -89,6 +90,9 @@ func New(m *master.Master, cfg Config) *API {
 	}
 	// The jobs' series for Prometheus federation: opened by the same tokens as /metrics.
 	mux.HandleFunc("GET /v1/metrics/jobs", a.guard(roleScrape, a.federate))
+	// The master's Go profiles and runtime figures (pprof), for the admin alone; not one of
+	// a.routes either: no tenant reaches them.
+	mux.HandleFunc("GET "+profiling.Prefix, a.guard(roleAdmin, profiling.Handler().ServeHTTP))
 	mux.HandleFunc("/", notFound(mux))
 	a.mux = mux
 	return a

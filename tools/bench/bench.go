@@ -74,6 +74,7 @@ var Command = &cli.Command{
 			&cli.IntFlag{Name: "dcs", Usage: "data centers", Value: 4},
 			&cli.IntFlag{Name: "racks", Usage: "racks per data center", Value: 25},
 			&cli.IntFlag{Name: "slots", Usage: "slots per node (memory is 4Gi and cpu 2 per slot)", Value: 16},
+			&cli.IntFlag{Name: "nodes-per-session", Usage: "simulated nodes of one rack sharing a ZooKeeper session (a connection, an open file in this process and in the server: where either cannot open one per node)", Value: 1},
 			&cli.DurationFlag{Name: "heartbeat", Usage: "simulated agents' heartbeat", Value: time.Second},
 			&cli.Float64Flag{Name: "churn", Usage: "share of heartbeats on which a node's record changes (a memory reading): 0.2 is a real agent sampling memory every 5th heartbeat with every sample changed", Value: 0.2},
 			&cli.DurationFlag{Name: "session-timeout", Usage: "the master's and the agents' store session timeout", Value: 10 * time.Second},
@@ -82,9 +83,12 @@ var Command = &cli.Command{
 			&cli.DurationFlag{Name: "poll", Usage: "how long the pollers poll", Value: 10 * time.Second},
 			&cli.DurationFlag{Name: "settle", Usage: "how long each phase may take before the run reports what is left", Value: 5 * time.Minute},
 			&cli.StringFlag{Name: "master", Usage: "run the master as a `process` of its own (its memory and cpu alone) or in-process", Value: "process"},
+			&cli.BoolFlag{Name: "pin", Usage: "pin the master to a core of its own, and the simulated agents and a ZooKeeper of this machine to the other cores (with one core free, nothing is pinned and the report says so)"},
 			&cli.BoolFlag{Name: "no-dc-loss", Usage: "skip the loss of a data center"},
 			&cli.IntFlag{Name: "metrics-series", Usage: "series each simulated worker serves (half gauges, half counters, and the agent's five on top): the agents serve job metrics and the master pulls them; 0: none"},
 			&cli.DurationFlag{Name: "metrics-interval", Usage: "the master's --metrics-interval (default its own, 10s; 0 turns job metrics off)"},
+			&cli.StringFlag{Name: "profiles", Usage: "write the master's heap profile when each phase settles and a cpu profile over each event to `DIR` (default: a new directory under $TMPDIR, kept; \"off\" takes none)"},
+			&cli.DurationFlag{Name: "profile-seconds", Usage: "span of each cpu profile, from the event's start", Value: 10 * time.Second},
 			&cli.StringFlag{Name: "log", Usage: "write the simulated agents' and their store clients' warnings to `FILE` (sessions lost, writes failed)"},
 			&cli.Uint64Flag{Name: "seed", Usage: "random seed for the jobs", Value: 1},
 			commands.OutputFlag,
@@ -111,7 +115,7 @@ func runBenchCluster(c *cli.Context) error {
 		DCs: c.Int("dcs"), Racks: c.Int("racks"), Slots: c.Int("slots"), Heartbeat: c.Duration("heartbeat"),
 		Churn: c.Float64("churn"), SessionTimeout: c.Duration("session-timeout"), Steady: c.Duration("steady"),
 		Pollers: c.Int("pollers"), Poll: c.Duration("poll"), Settle: c.Duration("settle"),
-		SkipDC: c.Bool("no-dc-loss"), Seed: c.Uint64("seed"), Progress: c.App.ErrWriter,
+		NodesPerSession: c.Int("nodes-per-session"), SkipDC: c.Bool("no-dc-loss"), Pin: c.Bool("pin"), Seed: c.Uint64("seed"), Progress: c.App.ErrWriter,
 		MetricsSeries: c.Int("metrics-series"), MetricsInterval: c.Duration("metrics-interval"),
 	}
 	if c.IsSet("metrics-interval") && cfg.MetricsInterval == 0 {
@@ -127,6 +131,19 @@ func runBenchCluster(c *cli.Context) error {
 	case "in-process":
 	default:
 		return cli.Exit(fmt.Sprintf("%s: --master must be process or in-process, not %q", cmd, c.String("master")), 2)
+	}
+	switch dir := c.String("profiles"); dir {
+	case "off":
+	case "":
+		if cfg.ProfileDir, err = os.MkdirTemp("", "stormdock-bench-profiles-"); err != nil {
+			return cli.Exit(fmt.Sprintf("%s: --profiles: %v", cmd, err), 1)
+		}
+	default:
+		cfg.ProfileDir = dir
+	}
+	cfg.ProfileSeconds = c.Duration("profile-seconds")
+	if cfg.ProfileSeconds < time.Second || cfg.ProfileSeconds > 300*time.Second {
+		return cli.Exit(cmd+": --profile-seconds must be from 1s to 300s", 2)
 	}
 	if cfg.Churn < 0 || cfg.Churn > 1 {
 		return cli.Exit(cmd+": --churn must be between 0 and 1", 2)
@@ -160,6 +177,9 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 	fmt.Fprintf(w, "cluster: %d nodes (%d dcs x %d racks, %d slots each), %d jobs, %d workers; master %s\n",
 		r.Nodes, r.DCs, r.Racks, r.Slots, r.Jobs, r.Workers, r.Master)
 	fmt.Fprintf(w, "agents: %s; registered in %.1fs; bench process peak RSS %s, cpu %.0fs over the run\n", r.Hosting, r.Register, mib(r.BenchRSS), r.BenchCPU)
+	if r.Pinning != "" {
+		fmt.Fprintf(w, "cores: %s\n", r.Pinning)
+	}
 	phase := func(p clusterbench.Phase) {
 		fmt.Fprintf(w, "%s: %d workers assigned after %.2fs, acknowledged running after %.2fs", p.What, p.Workers-p.Left, p.Assigned, p.Acked)
 		if p.Acked > 0 {
@@ -169,8 +189,8 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 		if p.Left > 0 {
 			fmt.Fprintf(w, "  %d of its %d workers not running elsewhere: %d reported unplaced by the master (no capacity)\n", p.Left, p.Workers, p.Unplaced)
 		}
-		fmt.Fprintf(w, "  master cpu %.1fs, %d reconciles of %.0fms on average; ZooKeeper %.0f write requests/s (%.0f writes under the chroot, %.0f KiB/s)",
-			p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ZK.WritesPerSecond, p.ZK.NamespaceWritesPerSecond, p.ZK.NamespaceBytesPerSecond/1024)
+		fmt.Fprintf(w, "  master cpu %.2fs (reconciles' own %.2fs), %d reconciles of %.0fms on average; ZooKeeper %.0f write requests/s (%.0f writes under the chroot, %.0f KiB/s)",
+			p.MasterCPU, p.ReconcileCPU, p.Reconciles, p.ReconcileMeanMs, p.ZK.WritesPerSecond, p.ZK.NamespaceWritesPerSecond, p.ZK.NamespaceBytesPerSecond/1024)
 		if p.What != "submit" {
 			fmt.Fprintf(w, "; other workers moved %d, restarted %d", p.OthersMoved, p.OthersRestarted)
 		}
@@ -196,6 +216,23 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 		phase(*r.DC)
 	}
 	fmt.Fprintf(w, "master: peak RSS %s, cpu %.1fs over the run (%.0fs)\n", mib(r.MasterPeakRSS), r.MasterCPU, r.Total)
+	if p := r.Profiles; p != nil {
+		fmt.Fprintf(w, "master profiles in %s (go tool pprof -top FILE; heap: -sample_index=inuse_space):\n", p.Dir)
+		for _, f := range p.Files {
+			switch f.Kind {
+			case "heap":
+				fmt.Fprintf(w, "  heap after %s: live heap %s, RSS %s: %s\n", f.What, mib(f.HeapBytes), mib(f.RSSBytes), f.File)
+			default:
+				fmt.Fprintf(w, "  cpu over %s (%.0fs from its start): %s\n", f.What, f.Seconds, f.File)
+			}
+		}
+		if p.Heap != "" {
+			fmt.Fprintf(w, "  at the peak (largest live heap): %s\n", p.Heap)
+		}
+		for _, e := range p.Errors {
+			fmt.Fprintf(w, "  not taken: %s\n", e)
+		}
+	}
 	if r.AgentSessionsExpired > 0 {
 		fmt.Fprintf(w, "WARNING: %d simulated agents' sessions expired during the run: this machine could not hold %d agents; nodes came and went\n",
 			r.AgentSessionsExpired, r.Nodes)

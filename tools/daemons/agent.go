@@ -67,7 +67,7 @@ var AgentCommand = &cli.Command{
 		&cli.DurationFlag{Name: "image-gc-unused", Usage: "an image is removed only after no container used it for this long", Value: images.DefaultGCUnused},
 		&cli.IntFlag{Name: "port-base", Usage: "first STORMDOCK_PORT given to workers (their STORMDOCK_METRICS_PORT comes from the same range)", Value: agents.DefaultPortBase},
 		&cli.DurationFlag{Name: "metrics-interval", Usage: "how often the workers' metrics are scraped (at STORMDOCK_METRICS_PORT) and their cpu and memory measured, for the masters; 0 turns job metrics off", Value: agents.DefaultMetricsInterval},
-		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics, to the scrape token or the admin token (\"off\" to disable)", Value: "127.0.0.1:0"},
+		&cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at http://`ADDR`/metrics, to the scrape token or the admin token, and Go profiles at /debug/pprof/ and runtime figures at /debug/runtime to the admin token alone (\"off\" to disable)", Value: "127.0.0.1:0"},
 		&cli.StringFlag{Name: "logs-listen", Usage: "`ADDR` (HOST:PORT) where the masters read this node's workers' logs (default: --advertise-addr, any free port, published in the node record; \"off\" serves none)"},
 		&cli.BoolFlag{Name: "tls", Usage: "serve the workers' logs over TLS, with a certificate made in --state-dir that the masters trust by its hash (use it when the masters serve TLS)"},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error", Value: "info"},

@@ -111,7 +111,7 @@ var MasterCommand = &cli.Command{
 	Name:  "master",
 	Usage: "run a master: leader election, placement, failure handling and the HTTP API",
 	Flags: append(append(storeFlags(),
-		&cli.StringFlag{Name: "api", Usage: "`ADDR` the HTTP API and /metrics listen on", Value: "127.0.0.1:7070"},
+		&cli.StringFlag{Name: "api", Usage: "`ADDR` the HTTP API, /metrics and the admin's /debug/pprof/ listen on", Value: "127.0.0.1:7070"},
 		&cli.StringFlag{Name: "advertise-api", Aliases: []string{"advertise"}, Usage: "`ADDR` (HOST:PORT) clients on other hosts reach the API at, published in the store; the TLS certificate covers it (default: --api; when that is every interface, the address that reaches the store)"},
 		&cli.StringFlag{Name: "id", Usage: "master `ID` in the election (default host:api)"},
 		sinkDirFlag(),
