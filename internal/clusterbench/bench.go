@@ -69,10 +69,10 @@ type Config struct {
 	// SkipDC skips the data-center loss.
 	SkipDC bool
 	// ProfileDir, when set, receives the master's profiles (see Profiles): a heap profile
-	// when each phase settled and a cpu profile of ProfileSeconds (default 10s) from the
+	// when each phase settled and a cpu profile of ProfileSpan (default 10s) from the
 	// start of each event.
 	ProfileDir     string
-	ProfileSeconds time.Duration
+	ProfileSpan time.Duration
 	Seed           uint64
 	// Progress receives a line per step; nil for none.
 	Progress io.Writer
@@ -266,8 +266,8 @@ func (c *Config) defaults() error {
 	if c.Settle <= 0 {
 		c.Settle = 5 * time.Minute
 	}
-	if c.ProfileSeconds <= 0 {
-		c.ProfileSeconds = 10 * time.Second
+	if c.ProfileSpan <= 0 {
+		c.ProfileSpan = 10 * time.Second
 	}
 	if c.Seed == 0 {
 		c.Seed = 1

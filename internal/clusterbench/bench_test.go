@@ -31,7 +31,7 @@ func TestBenchCluster(t *testing.T) {
 		Heartbeat: 200 * time.Millisecond, Churn: 0.2, SessionTimeout: 5 * time.Second,
 		Steady: 2 * time.Second, Poll: time.Second, Pollers: 10, Settle: testenv.Timeout(2 * time.Minute),
 		MetricsSeries: 4, MetricsInterval: 500 * time.Millisecond,
-		ProfileDir: t.TempDir(), ProfileSeconds: time.Second, Progress: &progress,
+		ProfileDir: t.TempDir(), ProfileSpan: time.Second, Progress: &progress,
 	})
 	t.Log("progress:\n" + progress.String())
 	if err != nil {

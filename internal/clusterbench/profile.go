@@ -145,7 +145,7 @@ func (r *run) startCPU(ctx context.Context, what string) {
 	if p == nil {
 		return
 	}
-	span := r.cfg.ProfileSeconds
+	span := r.cfg.ProfileSpan
 	f := ProfileFile{What: what, Kind: "cpu", File: filepath.Join(p.Dir, "cpu-"+slug(what)+".pb.gz"), Seconds: span.Seconds()}
 	p.cpu = make(chan cpuResult, 1)
 	go func() {

@@ -88,7 +88,7 @@ var Command = &cli.Command{
 			&cli.IntFlag{Name: "metrics-series", Usage: "series each simulated worker serves (half gauges, half counters, and the agent's five on top): the agents serve job metrics and the master pulls them; 0: none"},
 			&cli.DurationFlag{Name: "metrics-interval", Usage: "the master's --metrics-interval (default its own, 10s; 0 turns job metrics off)"},
 			&cli.StringFlag{Name: "profiles", Usage: "write the master's heap profile when each phase settles and a cpu profile over each event to `DIR` (default: a new directory under $TMPDIR, kept; \"off\" takes none)"},
-			&cli.DurationFlag{Name: "profile-seconds", Usage: "span of each cpu profile, from the event's start", Value: 10 * time.Second},
+			&cli.DurationFlag{Name: "profile-span", Usage: "span of each cpu profile, from the event's start", Value: 10 * time.Second},
 			&cli.StringFlag{Name: "log", Usage: "write the simulated agents' and their store clients' warnings to `FILE` (sessions lost, writes failed)"},
 			&cli.Uint64Flag{Name: "seed", Usage: "random seed for the jobs", Value: 1},
 			commands.OutputFlag,
@@ -141,9 +141,9 @@ func runBenchCluster(c *cli.Context) error {
 	default:
 		cfg.ProfileDir = dir
 	}
-	cfg.ProfileSeconds = c.Duration("profile-seconds")
-	if cfg.ProfileSeconds < time.Second || cfg.ProfileSeconds > 300*time.Second {
-		return cli.Exit(cmd+": --profile-seconds must be from 1s to 300s", 2)
+	cfg.ProfileSpan = c.Duration("profile-span")
+	if cfg.ProfileSpan < time.Second || cfg.ProfileSpan > 300*time.Second {
+		return cli.Exit(cmd+": --profile-span must be from 1s to 300s", 2)
 	}
 	if cfg.Churn < 0 || cfg.Churn > 1 {
 		return cli.Exit(cmd+": --churn must be between 0 and 1", 2)
