@@ -71,9 +71,9 @@ type Config struct {
 	// ProfileDir, when set, receives the master's profiles (see Profiles): a heap profile
 	// when each phase settled and a cpu profile of ProfileSpan (default 10s) from the
 	// start of each event.
-	ProfileDir     string
+	ProfileDir  string
 	ProfileSpan time.Duration
-	Seed           uint64
+	Seed        uint64
 	// Progress receives a line per step; nil for none.
 	Progress io.Writer
 	Logger   *slog.Logger
