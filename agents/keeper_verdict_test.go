@@ -34,6 +34,11 @@ func (s *SyncCut) Sync(ctx context.Context) error {
 	return s.Store.Sync(ctx)
 }
 
+// GrantedSessionTimeout passes the store's own on: a wrapper must not hide it.
+func (s *SyncCut) GrantedSessionTimeout() time.Duration {
+	return coord.GrantedSessionTimeout(s.Store)
+}
+
 // fakeClock is a boot clock the test moves.
 type fakeClock struct{ now atomic.Int64 }
 
