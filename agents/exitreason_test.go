@@ -19,7 +19,7 @@ import (
 // status counts as a lapse only when the agent's own view of the lease agrees: a worker that
 // exits with that status while its lease is fine is still a crash. (The agent's own stops,
 // drains, moves, kills, rollouts and evictions, never reach exitReason: see
-// TestAgentStopsAreNotCrashes and TestLapsedLeaseIsNotACrash.)
+// TestAgentStopsAreNotCrashes, TestExitAccounting and e2e.TestLapsedLeasesDoNotAvoidNode.)
 func TestExitReason(t *testing.T) {
 	const ttl = 2 * time.Second
 	const grace = time.Second
