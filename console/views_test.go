@@ -184,6 +184,18 @@ func consoleViews(t *testing.T, lc *clustertest.Local, admin, ads *tab) {
 		admin.until("the canary waiting for promotion", 60*time.Second, `document.querySelector('#view-job section.rollout')?.dataset.state === 'awaiting-promotion'`,
 			`document.querySelector('#view-job .job-head').textContent`)
 		admin.screenshot("console-rollout.png")
+		// Paused from the page, the store says so; resumed, it waits for promotion again.
+		admin.clickText("#view-job section.rollout", "Pause")
+		admin.confirm(nil)
+		admin.until("the rollout paused", 60*time.Second, `document.querySelector('#view-job section.rollout')?.dataset.state === 'paused'`,
+			`document.querySelector('#view-job .job-head').textContent`)
+		if st, err := lc.Client.Job(ctx, "ticker"); err != nil || st.Job.Rollout == nil || st.Job.Rollout.State != cluster.RolloutPaused {
+			t.Fatalf("after Pause the API says rollout %+v, %v", st.Job.Rollout, err)
+		}
+		admin.clickText("#view-job section.rollout", "Resume")
+		admin.confirm(nil)
+		admin.until("the canary waiting for promotion again", 60*time.Second, `document.querySelector('#view-job section.rollout')?.dataset.state === 'awaiting-promotion'`,
+			`document.querySelector('#view-job .job-head').textContent`)
 		admin.clickText("#view-job section.rollout", "Promote")
 		admin.confirm(nil)
 		admin.until("the rollout done", 60*time.Second, `document.querySelector('#view-job section.rollout')?.dataset.state === 'done'`,
@@ -317,6 +329,7 @@ func consoleViews(t *testing.T, lc *clustertest.Local, admin, ads *tab) {
 		t.Logf("node %s killed: node.lost on the page after %v (the store's session timeout is most of it)", node, time.Since(killed).Round(time.Millisecond))
 		admin.open("#/node/" + node)
 		admin.until("node.lost on the node's page", 20*time.Second, `document.querySelector('#view-node .event[data-kind="node.lost"]')`, `document.getElementById('view-node').textContent.slice(0, 300)`)
+		admin.screenshot("console-node.png")
 		admin.open("#/job/ticker/events")
 		admin.until("the job's events on its page", 20*time.Second, `document.querySelector('#job-events .event[data-kind="rollout.step"]')`, `document.getElementById('job-events').textContent.slice(0, 300)`)
 	})
