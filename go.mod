@@ -81,3 +81,6 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 	gotest.tools/v3 v3.5.2 // indirect
 )
+
+// The upstream client with a data race fixed (see third_party/go-zookeeper/zk/README.md).
+replace github.com/go-zookeeper/zk => ./third_party/go-zookeeper/zk
