@@ -64,15 +64,12 @@ func ParseLogRequest(q url.Values) (LogRequest, error) {
 	if r.Worker, err = strconv.Atoi(q.Get("worker")); err != nil || r.Worker < 0 && !(r.Router && r.Worker == LeadingRouter) {
 		return r, fmt.Errorf("%w: worker must be a worker's index (0 or more), not %q", ErrBadInput, q.Get("worker"))
 	}
-	if r.Router && r.Link != "" {
-		return r, fmt.Errorf("%w: a router serves every link: --router takes no --link", ErrBadInput)
-	}
 	if s := q.Get("tail"); s != "" {
 		if r.Tail, err = strconv.Atoi(s); err != nil {
 			return r, fmt.Errorf("%w: tail must be a number of lines (negative: everything), not %q", ErrBadInput, s)
 		}
 	}
-	for name, p := range map[string]*bool{"follow": &r.Follow, "previous": &r.Previous, "router": &r.Router} {
+	for name, p := range map[string]*bool{"follow": &r.Follow, "previous": &r.Previous} {
 		if s := q.Get(name); s != "" {
 			if *p, err = strconv.ParseBool(s); err != nil {
 				return r, fmt.Errorf("%w: %s must be true or false, not %q", ErrBadInput, name, s)

@@ -188,7 +188,9 @@ func TestMasterEvents(t *testing.T) {
 			t.Errorf("kind filter node.,worker.moved let through %+v", e)
 		}
 	}
-	if kinds[api.EventNodeLost] == 0 || kinds[api.EventWorkerMoved] == 0 || kinds[api.EventNodeRegistered] == 0 {
+	// (node.registered is not asked for: nodes that registered before the master led are
+	// in its first view, and make no event.)
+	if kinds[api.EventNodeLost] == 0 || kinds[api.EventWorkerMoved] == 0 {
 		t.Errorf("kind filter node.,worker.moved took %v", kinds)
 	}
 	if evs := list(adsToken, "?kind=node."); len(evs) != 0 {
