@@ -65,7 +65,7 @@ func RunSuite(t *testing.T, h Harness) {
 }
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(d))
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -498,7 +498,9 @@ func testLogs(t *testing.T, h Harness) {
 	}
 	spec := h.Spec(t, uniqueID(t), "tick", "30")
 	start(t, d, spec)
-	ctx := ctxFor(t, 60*time.Second)
+	// The follower spans two runs of the worker: a bound for a stuck test, not a figure (a
+	// loaded machine took 68s).
+	ctx := ctxFor(t, 3*time.Minute)
 	follow, err := lr.Logs(ctx, spec.ID, isolation.LogOptions{Follow: true, Tail: -1})
 	if err != nil {
 		t.Fatalf("follow: %v", err)
