@@ -126,4 +126,15 @@ func TestCreateOnTLSStore(t *testing.T) {
 			}
 		}
 	}
+	// Destroy reaches the store over TLS too (its admin token's hash goes) and leaves
+	// nothing on the engine; the TLS files stay, with the credentials, for the chroot.
+	if err := p.Destroy(ctx, spec.Name); err != nil {
+		t.Fatal(err)
+	}
+	if left := leftovers(t, dc, spec.Name); len(left) > 0 {
+		t.Errorf("destroy left %v", left)
+	}
+	if f, err := tokens.StoreTLS(spec.Name); err != nil || f != kept {
+		t.Errorf("store TLS files after destroy: %+v, %v; want them kept", f, err)
+	}
 }
