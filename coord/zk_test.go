@@ -34,6 +34,9 @@ type zkBackend struct {
 	// srv, for a TLS server: clients connect with zks:// and its CA, and its four-letter
 	// words go over TLS.
 	srv *zktest.Server
+	// tlsCA, for a shared TLS-only server (scripts/test's STORMDOCK_ZK_TLS): clients connect
+	// with zks:// and this CA; its four-letter words go over TLS.
+	tlsCA string
 
 	mu      sync.Mutex
 	dialers map[coord.Store]*zktest.Partition
@@ -76,9 +79,12 @@ func (b *zkBackend) Client(t *testing.T) coord.Store {
 	defer cancel()
 	var s coord.Store
 	var err error
-	if b.srv != nil {
+	switch {
+	case b.srv != nil:
 		s, err = coord.Open(ctx, b.srv.URL(b.chroot), coord.Options{SessionTimeout: b.timeout, Dialer: d.Dial, TLS: coord.TLSFiles{CA: b.srv.CAFile()}})
-	} else {
+	case b.tlsCA != "":
+		s, err = coord.Open(ctx, "zks://"+b.addrs+b.chroot, coord.Options{SessionTimeout: b.timeout, Dialer: d.Dial, TLS: coord.TLSFiles{CA: b.tlsCA}})
+	default:
 		s, err = coord.OpenZK(ctx, strings.Split(b.addrs, ","), b.chroot, coord.Options{SessionTimeout: b.timeout, Dialer: d.Dial})
 	}
 	if err != nil {
@@ -101,11 +107,17 @@ func (b *zkBackend) Expire(t *testing.T, s coord.Store) {
 	sid := s.SessionID()
 	d.Cut()
 	// The server expires a session within timeout + one tick of the last ping.
-	if b.srv != nil {
+	if b.srv != nil || b.tlsCA != "" {
 		testenv.EventuallyWith(t, fmt.Sprintf("the server to expire session 0x%x", uint64(sid)), b.timeout+b.tick+5*time.Second, func() (bool, string) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			live, err := b.srv.SessionLive(ctx, sid)
+			var live bool
+			var err error
+			if b.srv != nil {
+				live, err = b.srv.SessionLive(ctx, sid)
+			} else {
+				live, err = zktest.SessionLiveTLS(ctx, b.addrs, b.tlsCA, sid)
+			}
 			if err != nil {
 				return false, err.Error()
 			}
@@ -129,6 +141,9 @@ func (b *zkBackend) Expire(t *testing.T, s coord.Store) {
 func (b *zkBackend) StartLeader(t *testing.T, prefix, id string) func() {
 	if b.srv != nil {
 		return coordtest.StartChildLeaderTLS(t, b.srv.URL(b.chroot), b.srv.CAFile(), b.timeout, prefix, id)
+	}
+	if b.tlsCA != "" {
+		return coordtest.StartChildLeaderTLS(t, "zks://"+b.addrs+b.chroot, b.tlsCA, b.timeout, prefix, id)
 	}
 	return coordtest.StartChildLeader(t, "zk://"+b.addrs+b.chroot, b.timeout, prefix, id)
 }

@@ -15,9 +15,20 @@ import (
 )
 
 // The conformance suite against a server that serves TLS only (secureClientPort, no
-// clientPort): every request, watch and session event goes over TLS.
+// clientPort): every request, watch and session event goes over TLS. scripts/test starts
+// one beside its plain server (STORMDOCK_ZK_TLS, with its CA in STORMDOCK_ZK_CA): the suite
+// runs on it when set, on a server of its own otherwise.
 func TestZKTLSConformance(t *testing.T) {
 	t.Parallel()
+	if addr, ca := os.Getenv("STORMDOCK_ZK_TLS"), os.Getenv("STORMDOCK_ZK_CA"); addr != "" && ca != "" {
+		coordtest.RunSuite(t, func(t *testing.T) coordtest.Backend {
+			b := &zkBackend{addrs: addr, chroot: uniqueChroot(t, "stormdock-test"), tick: sharedTick, timeout: sharedTimeout,
+				tlsCA: ca, dialers: map[coord.Store]*zktest.Partition{}}
+			t.Cleanup(func() { cleanupZKTLS(t, addr, ca, b.chroot) })
+			return b
+		})
+		return
+	}
 	const tick = 200 * time.Millisecond
 	srv := zktest.Start(t, zktest.Options{TickTime: tick, TLS: true})
 	coordtest.RunSuite(t, func(t *testing.T) coordtest.Backend {
@@ -108,5 +119,20 @@ func TestZKTLSProbe(t *testing.T) {
 	defer srv.Resume()
 	if p := probe(); p.State != coord.ServerHung {
 		t.Fatalf("probe of a paused TLS server: %+v; want hung", p)
+	}
+}
+
+// cleanupZKTLS is cleanupZK for the shared TLS server.
+func cleanupZKTLS(t testing.TB, addr, ca, chroot string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := coord.Open(ctx, "zks://"+addr, coord.Options{SessionTimeout: sharedTimeout, TLS: coord.TLSFiles{CA: ca}, Logger: quiet})
+	if err != nil {
+		t.Logf("cleanup %s: %v", chroot, err)
+		return
+	}
+	defer s.Close()
+	if err := coord.DeleteTree(ctx, s, chroot); err != nil {
+		t.Logf("cleanup %s: %v", chroot, err)
 	}
 }

@@ -60,8 +60,13 @@ type Spec struct {
 	// Image is the stormdock image (FROM scratch with the binary at /stormdock).
 	Image string `json:"image"`
 	// Store is the ZooKeeper ensemble and chroot the cluster keeps its state in:
-	// zk://HOST:PORT[,HOST:PORT]/CHROOT. Every container must reach it.
+	// zk://HOST:PORT[,HOST:PORT]/CHROOT, or zks:// for its TLS port (secureClientPort).
+	// Every container must reach it.
 	Store string `json:"store"`
+	// StoreTLS names the files (on the operator's machine) of a zks:// store's TLS: Create
+	// copies them into the cluster's directory (Tokens.KeepStoreTLS) and every container
+	// gets them from there. Never in the spec's JSON: the spec is a container label.
+	StoreTLS coord.TLSFiles `json:"-"`
 	// SessionTimeout is the store session timeout of the master and agents: how fast a
 	// lost agent is noticed.
 	SessionTimeout time.Duration `json:"sessionTimeout"`
@@ -148,6 +153,12 @@ func (s Spec) Validate() error {
 	if err := CheckStore(s.Store); err != nil {
 		ps = append(ps, err.Error())
 	}
+	if t, err := coord.ParseURL(s.Store); err == nil && !t.TLS && s.StoreTLS != (coord.TLSFiles{}) {
+		ps = append(ps, "--store-ca, --store-cert and --store-key are for a zks:// store: give the store's TLS port as zks://HOST:PORT/CHROOT")
+	}
+	if (s.StoreTLS.Cert == "") != (s.StoreTLS.Key == "") {
+		ps = append(ps, "--store-cert and --store-key go together")
+	}
 	if s.SessionTimeout < 500*time.Millisecond {
 		ps = append(ps, fmt.Sprintf("session timeout %s must be at least 500ms", s.SessionTimeout))
 	}
@@ -174,12 +185,7 @@ func CheckStore(url string) error {
 		return fmt.Errorf("store: %v", err)
 	}
 	if t.Scheme != "zk" || t.Chroot == "" || t.Chroot == "/" {
-		return fmt.Errorf("store %q must be zk://HOST:PORT/CHROOT: an existing ZooKeeper ensemble and a chroot of the cluster's own", url)
-	}
-	if t.TLS {
-		// The containers and allocations would need the CA (and client certificate) on
-		// their own file systems: not done yet.
-		return fmt.Errorf("store %q: provisioned clusters do not speak TLS to ZooKeeper yet (their containers get no --store-ca): give a zk:// URL", url)
+		return fmt.Errorf("store %q must be zk://HOST:PORT/CHROOT or zks://HOST:PORT/CHROOT: an existing ZooKeeper ensemble and a chroot of the cluster's own", url)
 	}
 	return nil
 }

@@ -125,5 +125,9 @@ func (t Tokens) OpenStore(ctx context.Context, name, url string, log *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	return openStore(ctx, url, creds, log)
+	files, err := t.StoreTLS(name)
+	if err != nil {
+		return nil, err
+	}
+	return openStore(ctx, url, coord.Options{Credentials: creds, TLS: files}, log)
 }

@@ -14,11 +14,13 @@ import (
 
 // OpenStore connects to a cluster's store for the provisioner's own reads and writes.
 func OpenStore(ctx context.Context, url string, log *slog.Logger) (coord.Store, error) {
-	return openStore(ctx, url, "", log)
+	return openStore(ctx, url, coord.Options{}, log)
 }
 
-func openStore(ctx context.Context, url, creds string, log *slog.Logger) (coord.Store, error) {
-	s, err := coord.Open(ctx, url, coord.Options{SessionTimeout: 4 * time.Second, ConnectTimeout: 10 * time.Second, Credentials: creds, Logger: log})
+// openStore opens url with opts' credentials and TLS files.
+func openStore(ctx context.Context, url string, opts coord.Options, log *slog.Logger) (coord.Store, error) {
+	opts.SessionTimeout, opts.ConnectTimeout, opts.Logger = 4*time.Second, 10*time.Second, log
+	s, err := coord.Open(ctx, url, opts)
 	if err != nil {
 		return nil, fmt.Errorf("%w: open store %s: %v: check that ZooKeeper runs there", ErrUnavailable, url, err)
 	}

@@ -145,3 +145,17 @@ func tlsDialer(dial func(ctx context.Context, network, addr string) (net.Conn, e
 		return conn, nil
 	}
 }
+
+// SessionLiveTLS is SessionLive for a server that serves TLS only, trusting the CA in
+// caFile: the shared TLS server of scripts/test (STORMDOCK_ZK_TLS, STORMDOCK_ZK_CA).
+func SessionLiveTLS(ctx context.Context, addr, caFile string, sid int64) (bool, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return false, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return false, fmt.Errorf("zktest: %s holds no PEM certificate", caFile)
+	}
+	return sessionLive(ctx, tlsDialer(nil, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}), addr, sid)
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/provision"
 )
 
@@ -119,6 +120,11 @@ func (p *Provider) startMaster(ctx context.Context, spec provision.Spec, port in
 			"--data", masterData, "--session-timeout", spec.SessionTimeout.String()},
 	}
 	hc := hostConfig(spec.MasterMemory, spec.MasterCPU, masterData)
+	cmd := []string(cfg.Cmd)
+	if err := p.storeTLSMounts(spec.Name, hc, &cmd); err != nil {
+		return "", err
+	}
+	cfg.Cmd = cmd
 	if spec.RegistryAuth != "" {
 		hc.Mounts = append(hc.Mounts, authMount(spec.RegistryAuth))
 		cfg.Cmd = append(cfg.Cmd, "--registry-auth", registryAuthPath)
@@ -158,6 +164,9 @@ func (p *Provider) startAgent(ctx context.Context, spec provision.Spec, s provis
 	hc.CapAdd = slices.Clone(AgentCapabilities)
 	hc.Tmpfs[agentState] = "rw,nosuid,nodev,mode=0711,size=" + strconv.FormatInt(int64(spec.AgentMemory)/4, 10)
 	cfg := &container.Config{Image: spec.Image, Labels: labels, Env: env, User: "0:0"}
+	if err := p.storeTLSMounts(spec.Name, hc, &cmd); err != nil {
+		return err
+	}
 	if spec.RegistryAuth != "" {
 		hc.Mounts = append(hc.Mounts, authMount(spec.RegistryAuth))
 		cmd = append(cmd, "--registry-auth", registryAuthPath)
@@ -202,6 +211,80 @@ var AgentCapabilities = []string{
 	"CAP_FOWNER",
 	// SIGTERM, SIGHUP (live configuration) and SIGKILL to workers of other uids.
 	"CAP_KILL",
+}
+
+// storeTLSDir is where masters and agents find a zks:// store's TLS files, bind-mounted
+// read-only from the cluster's directory (provision.Tokens.StoreTLS): the client key
+// stays a 0400 file, never in a container's environment or command line. The agents hand
+// them on to their keepers and routers (agents.Config.StoreTLS).
+const storeTLSDir = "/etc/stormdock/store-tls"
+
+// keepStoreTLS keeps a zks:// store's TLS files in the cluster's directory and checks that
+// its containers can use them. The master runs as the image's user (stormdock image build:
+// 65534) with no capabilities: the kept key is made that uid's, 0400. The directory it is
+// in stays the operator's, 0700, so no other user of the host reaches it.
+func (p *Provider) keepStoreTLS(spec provision.Spec, imageUser string) error {
+	if t, err := coord.ParseURL(spec.Store); err != nil || !t.TLS {
+		return nil
+	}
+	files, err := p.cfg.Tokens.KeepStoreTLS(spec.Name, spec.StoreTLS)
+	if err != nil {
+		return err
+	}
+	if files.CA == "" {
+		// The image is FROM scratch: no system roots to verify the servers with.
+		return fmt.Errorf("%w: store %s: give --store-ca, the CA (PEM) that signed the ZooKeeper servers' certificates: the cluster's containers have no system roots", provision.ErrBadSpec, spec.Store)
+	}
+	if files.Key == "" {
+		return nil
+	}
+	uid, gid, err := numericUser(imageUser)
+	if err != nil {
+		return fmt.Errorf("%w: image user %q: %v: the master could not be given the store's client key; build the image with stormdock image build", provision.ErrBadSpec, imageUser, err)
+	}
+	if err := os.Chown(files.Key, uid, gid); err != nil {
+		return fmt.Errorf("store client key: give it to the master's uid %d: %w: run cluster create as root on the Docker host", uid, err)
+	}
+	return nil
+}
+
+// numericUser parses an image's USER ("", "UID" or "UID:GID"; names cannot be resolved
+// from outside the image).
+func numericUser(u string) (uid, gid int, err error) {
+	if u == "" {
+		return 0, 0, nil
+	}
+	us, gs, hasGID := strings.Cut(u, ":")
+	if uid, err = strconv.Atoi(us); err != nil {
+		return 0, 0, errors.New("not a numeric uid")
+	}
+	gid = uid
+	if hasGID {
+		if gid, err = strconv.Atoi(gs); err != nil {
+			return 0, 0, errors.New("not a numeric gid")
+		}
+	}
+	return uid, gid, nil
+}
+
+// storeTLSMounts mounts cluster name's kept store TLS files (if any) into hc and names
+// them on cmd.
+func (p *Provider) storeTLSMounts(name string, hc *container.HostConfig, cmd *[]string) error {
+	files, err := p.cfg.Tokens.StoreTLS(name)
+	if err != nil {
+		return err
+	}
+	for _, f := range []struct{ src, file, flag string }{
+		{files.CA, "ca.pem", "--store-ca"}, {files.Cert, "cert.pem", "--store-cert"}, {files.Key, "key.pem", "--store-key"},
+	} {
+		if f.src == "" {
+			continue
+		}
+		target := storeTLSDir + "/" + f.file
+		hc.Mounts = append(hc.Mounts, mount.Mount{Type: mount.TypeBind, Source: f.src, Target: target, ReadOnly: true})
+		*cmd = append(*cmd, f.flag, target)
+	}
+	return nil
 }
 
 // registryAuthPath is where masters and agents find the registry credentials file.

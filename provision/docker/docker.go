@@ -156,6 +156,13 @@ func (p *Provider) Create(ctx context.Context, spec provision.Spec) (_ provision
 	if err != nil {
 		return provision.Cluster{}, err
 	}
+	imageUser := ""
+	if img.Config != nil {
+		imageUser = img.Config.User
+	}
+	if err := p.keepStoreTLS(spec, imageUser); err != nil {
+		return provision.Cluster{}, err
+	}
 	store, err := p.cfg.Tokens.OpenStore(ctx, spec.Name, spec.Store, p.log)
 	if err != nil {
 		return provision.Cluster{}, err

@@ -111,6 +111,11 @@ func (p *Provider) Create(ctx context.Context, spec provision.Spec) (_ provision
 	if err := spec.Validate(); err != nil {
 		return provision.Cluster{}, err
 	}
+	if t, err := coord.ParseURL(spec.Store); err == nil && t.TLS {
+		// Its allocations would need the CA and client key as files on every Nomad client
+		// (a template or artifact stanza and a place to keep the key): not built.
+		return provision.Cluster{}, fmt.Errorf("%w: store %s: the nomad provider does not speak TLS to ZooKeeper yet (its allocations get no --store-ca): give a zk:// store, or create the cluster --on docker", provision.ErrBadSpec, spec.Store)
+	}
 	if _, err := p.job(ctx, spec.Name); err == nil {
 		return provision.Cluster{}, fmt.Errorf("%w: nomad job %s is registered: destroy it first (stormdock cluster destroy %s --on nomad)", provision.ErrExists, JobID(spec.Name), spec.Name)
 	} else if !errors.Is(err, provision.ErrNotFound) {

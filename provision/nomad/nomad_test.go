@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -357,5 +358,20 @@ func (f *fakeCluster) stop() {
 	}
 	if master != nil {
 		master.Close()
+	}
+}
+
+// The nomad provider refuses a zks:// store in one line, before it asks Nomad anything:
+// its allocations would get no TLS files.
+func TestCreateRefusesTLSStore(t *testing.T) {
+	p, err := nomad.New(nomad.Config{Address: "http://127.0.0.1:1", Tokens: provision.Tokens{Dir: t.TempDir()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := provision.Spec{Name: "tls", Agents: 1, Image: "stormdock/worker:latest", Store: "zks://zk:2281/tls",
+		StoreTLS: coord.TLSFiles{CA: "ca.pem"}}
+	_, err = p.Create(context.Background(), spec)
+	if !errors.Is(err, provision.ErrBadSpec) || !strings.Contains(err.Error(), "does not speak TLS to ZooKeeper yet") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("create on zks://: %v; want a one-line bad spec", err)
 	}
 }

@@ -30,7 +30,8 @@ var Command = &cli.Command{
 		"nothing is kept locally but the admin token and the scrape token (it reads /metrics alone), written to\n" +
 		provision.DefaultTokenDir() + "/NAME/admin.token and metrics.token (mode 0600) by create and removed\n" +
 		"by destroy. The store is an existing ZooKeeper ensemble:\n" +
-		"--store zk://HOST:PORT/CHROOT, a chroot per cluster.",
+		"--store zk://HOST:PORT/CHROOT, a chroot per cluster, or zks://HOST:PORT/CHROOT for its TLS port\n" +
+		"with --store-ca (docker: copied beside the admin token and mounted read-only into every container).",
 	Subcommands: []*cli.Command{
 		{
 			Name:      "create",
@@ -38,7 +39,8 @@ var Command = &cli.Command{
 			UsageText: "stormdock cluster create NAME --agents N --store zk://HOST:PORT/CHROOT [--on docker|nomad] [flags]",
 			Flags: append(providerFlags(),
 				&cli.IntFlag{Name: "agents", Usage: "number of agents (nodes)", Required: true},
-				&cli.StringFlag{Name: "store", Usage: "ZooKeeper `URL` with the cluster's chroot: zk://HOST:PORT[,HOST:PORT]/CHROOT", Required: true},
+				&cli.StringFlag{Name: "store", Usage: "ZooKeeper `URL` with the cluster's chroot: zk://HOST:PORT[,HOST:PORT]/CHROOT, or zks:// for its TLS port (with --store-ca)", Required: true},
+				commands.StoreTLSFlags[0], commands.StoreTLSFlags[1], commands.StoreTLSFlags[2],
 				&cli.StringFlag{Name: "dcs", Usage: "data centers, comma-separated; agents are spread over them round-robin", Value: provision.DefaultDC},
 				&cli.IntFlag{Name: "racks-per-dc", Usage: "racks in each data center", Value: provision.DefaultRacksPerDC},
 				&cli.IntFlag{Name: "slots", Usage: "worker slots per agent", Value: provision.DefaultSlots},
@@ -207,6 +209,11 @@ func specFromFlags(c *cli.Context) (provision.Spec, error) {
 		Image: c.String("image"), Store: c.String("store"), SessionTimeout: c.Duration("session-timeout"),
 		AgentArgs: c.StringSlice("agent-arg"), DockerWorkers: c.Bool("docker-workers"),
 	}
+	files, err := commands.StoreTLS(c)
+	if err != nil {
+		return spec, err
+	}
+	spec.StoreTLS = files
 	if p := c.String("registry-auth"); p != "" {
 		abs, err := filepath.Abs(p)
 		if err == nil {
@@ -222,7 +229,6 @@ func specFromFlags(c *cli.Context) (provision.Spec, error) {
 			spec.DCs = append(spec.DCs, dc)
 		}
 	}
-	var err error
 	for flag, dst := range map[string]*cluster.Bytes{"agent-memory": &spec.AgentMemory, "master-memory": &spec.MasterMemory} {
 		if *dst, err = cluster.ParseBytes(c.String(flag)); err != nil {
 			return spec, commands.UsageErr("--%s: %v", flag, err)
