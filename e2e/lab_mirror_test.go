@@ -32,6 +32,7 @@ type mirrorJob struct {
 	sink    string
 	workers int
 	watch   *sinkWatch // the sink as the test sees it
+	written inputLog   // when its input file's lines were written (startMirror's)
 
 	mu      sync.Mutex
 	lines   int64 // written to the input so far
@@ -99,6 +100,7 @@ gracePeriod: 2s
 type jsInput struct {
 	js      jetstream.JetStream
 	subject string
+	written inputLog
 	mu      sync.Mutex
 	lines   int64
 	stopped chan struct{}
@@ -146,6 +148,7 @@ func (in *jsInput) publish(t testing.TB, n int) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	var acks []jetstream.PubAckFuture
+	in.written.wrote(in.lines, time.Now())
 	for i := range n {
 		f, err := in.js.PublishAsync(in.subject, fmt.Appendf(nil, "line %d of the replayable input", in.lines+int64(i)))
 		if err != nil {
@@ -193,6 +196,7 @@ func (m *mirrorJob) append(t testing.TB, n int) {
 	}
 	defer f.Close()
 	var b strings.Builder
+	m.written.wrote(m.lines, time.Now())
 	for i := 0; i < n; i++ {
 		fmt.Fprintf(&b, "line %d of the replayable input\n", m.lines)
 		m.lines++
@@ -477,8 +481,12 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 		j.watch.end()
 		j.watch.check(t)
 		gap, end := j.watch.longestGap()
-		t.Logf("figure: mirrored job %s (%s sink): the longest the sink received nothing: %s (until %s); fencing epoch at the end %d",
-			j.name, kinds[j], gap.Round(time.Millisecond), end.Format("15:04:05.000"), j.watch.epochs())
+		written := &in.written
+		if j == m {
+			written = &m.written
+		}
+		t.Logf("figure: mirrored job %s (%s sink): the longest the sink received nothing: %s (until %s); %s; fencing epoch at the end %d",
+			j.name, kinds[j], gap.Round(time.Millisecond), end.Format("15:04:05.000"), stallFigure(j.watch, written), j.watch.epochs())
 	}
 	for _, f := range fences {
 		f.check(t)
