@@ -40,6 +40,10 @@ type mirrorJob struct {
 	done    chan struct{}
 }
 
+// inputEvery is how often the tests add to a mirrored job's input: often, so that a sink's
+// figures (output back after a cut, the longest gap) are not dominated by the input's pauses.
+const inputEvery = 100 * time.Millisecond
+
 // startMirror writes the first lines of its input, submits the job and keeps appending lines
 // at rate per second until stopped (Close).
 func startMirror(t *testing.T, lc *labCluster, name string, rate int) *mirrorJob {
@@ -61,14 +65,14 @@ gracePeriod: 2s
 	lc.submit(t, []byte(spec))
 	go func() {
 		defer close(m.done)
-		tick := time.NewTicker(time.Second)
+		tick := time.NewTicker(inputEvery)
 		defer tick.Stop()
 		for {
 			select {
 			case <-m.stopped:
 				return
 			case <-tick.C:
-				m.append(t, rate)
+				m.append(t, rate*int(inputEvery)/int(time.Second))
 			}
 		}
 	}()
@@ -127,14 +131,14 @@ func startJSInput(t *testing.T, srv *natstest.Server, stream string, rate int) *
 	in.publish(t, rate)
 	go func() {
 		defer close(in.done)
-		tick := time.NewTicker(time.Second)
+		tick := time.NewTicker(inputEvery)
 		defer tick.Stop()
 		for {
 			select {
 			case <-in.stopped:
 				return
 			case <-tick.C:
-				in.publish(t, rate)
+				in.publish(t, rate*int(inputEvery)/int(time.Second))
 			}
 		}
 	}()
