@@ -508,7 +508,7 @@ func (r *chaosReport) String() string {
 		max(r.longestTwice, r.linkTwice, r.routerTwice).Round(time.Millisecond), r.longestTwice.Round(time.Millisecond),
 		r.linkTwice.Round(time.Millisecond), r.routerTwice.Round(time.Millisecond), r.bound)
 	if r.sink != "" {
-		fmt.Fprintf(&b, "  %s\n", r.sink)
+		fmt.Fprintf(&b, "  %s\n", strings.ReplaceAll(r.sink, "\n", "\n  "))
 	}
 	fmt.Fprintf(&b, "  nodes avoided at the end: %d, healthy ones among them: %d\n", len(r.avoidedEnd), r.avoidedOK)
 	fmt.Fprintf(&b, "  daemons that exited: %d\n", len(r.exited))

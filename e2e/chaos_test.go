@@ -271,7 +271,8 @@ func (c *chaos) finishMirror() {
 	}
 	n, _, _ := c.sink.delivered()
 	gap, end := c.sink.longestGap()
-	c.rep.sink = fmt.Sprintf("sink: %d of %d offsets, each once and in order; longest without a record: %s (until %s)", n, total, gap.Round(time.Millisecond), end.Format("15:04:05"))
+	c.rep.sink = fmt.Sprintf("sink: %d of %d offsets, each once and in order; longest without a record: %s (until %s); %s",
+		n, total, gap.Round(time.Millisecond), end.Format("15:04:05"), stallFigure(c.sink, &c.mirror.written))
 	if c.jsIn == nil {
 		return
 	}
@@ -294,8 +295,8 @@ func (c *chaos) finishMirror() {
 			c.violation(fmt.Sprintf("the %s sink holds %d of the %d input lines %s after the input stopped", m.name, n, total, 2*c.recovery))
 		}
 		gap, end := m.watch.longestGap()
-		c.rep.sink += fmt.Sprintf("\n%s sink: %d of %d offsets, each once and in order, no write of a fenced router kept (fencing epoch at the end %d); longest without a record: %s (until %s)",
-			m.name, n, total, m.watch.epochs(), gap.Round(time.Millisecond), end.Format("15:04:05"))
+		c.rep.sink += fmt.Sprintf("\n%s sink: %d of %d offsets, each once and in order, no write of a fenced router kept (fencing epoch at the end %d); longest without a record: %s (until %s); %s",
+			m.name, n, total, m.watch.epochs(), gap.Round(time.Millisecond), end.Format("15:04:05"), stallFigure(m.watch, &c.jsIn.written))
 	}
 	for _, f := range c.extraFences {
 		v, longest, key, _ := f.report()
@@ -304,6 +305,13 @@ func (c *chaos) finishMirror() {
 		}
 		c.rep.note(fmt.Sprintf("%s: longest a worker ran twice: %s (worker %q)", f.job, longest.Round(time.Millisecond), key))
 	}
+}
+
+// stallFigure is the sink's longest gap while its input kept flowing (longestStall), for the
+// report's sink lines.
+func stallFigure(s *sinkWatch, in *inputLog) string {
+	d, o, end := s.longestStall(in)
+	return fmt.Sprintf("longest gap in the sink while input kept flowing: %s (until offset %d at %s)", d.Round(time.Millisecond), o, end.Format("15:04:05"))
 }
 
 // recover waits until every desired worker runs, once, and reports how long that took after

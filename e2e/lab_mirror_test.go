@@ -32,12 +32,17 @@ type mirrorJob struct {
 	sink    string
 	workers int
 	watch   *sinkWatch // the sink as the test sees it
+	written inputLog   // when its input file's lines were written (startMirror's)
 
 	mu      sync.Mutex
 	lines   int64 // written to the input so far
 	stopped chan struct{}
 	done    chan struct{}
 }
+
+// inputEvery is how often the tests add to a mirrored job's input: often, so that a sink's
+// figures (output back after a cut, the longest gap) are not dominated by the input's pauses.
+const inputEvery = 100 * time.Millisecond
 
 // startMirror writes the first lines of its input, submits the job and keeps appending lines
 // at rate per second until stopped (Close).
@@ -60,14 +65,14 @@ gracePeriod: 2s
 	lc.submit(t, []byte(spec))
 	go func() {
 		defer close(m.done)
-		tick := time.NewTicker(time.Second)
+		tick := time.NewTicker(inputEvery)
 		defer tick.Stop()
 		for {
 			select {
 			case <-m.stopped:
 				return
 			case <-tick.C:
-				m.append(t, rate)
+				m.append(t, rate*int(inputEvery)/int(time.Second))
 			}
 		}
 	}()
@@ -99,6 +104,7 @@ gracePeriod: 2s
 type jsInput struct {
 	js      jetstream.JetStream
 	subject string
+	written inputLog
 	mu      sync.Mutex
 	lines   int64
 	stopped chan struct{}
@@ -125,14 +131,14 @@ func startJSInput(t *testing.T, srv *natstest.Server, stream string, rate int) *
 	in.publish(t, rate)
 	go func() {
 		defer close(in.done)
-		tick := time.NewTicker(time.Second)
+		tick := time.NewTicker(inputEvery)
 		defer tick.Stop()
 		for {
 			select {
 			case <-in.stopped:
 				return
 			case <-tick.C:
-				in.publish(t, rate)
+				in.publish(t, rate*int(inputEvery)/int(time.Second))
 			}
 		}
 	}()
@@ -146,6 +152,7 @@ func (in *jsInput) publish(t testing.TB, n int) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	var acks []jetstream.PubAckFuture
+	in.written.wrote(in.lines, time.Now())
 	for i := range n {
 		f, err := in.js.PublishAsync(in.subject, fmt.Appendf(nil, "line %d of the replayable input", in.lines+int64(i)))
 		if err != nil {
@@ -193,6 +200,7 @@ func (m *mirrorJob) append(t testing.TB, n int) {
 	}
 	defer f.Close()
 	var b strings.Builder
+	m.written.wrote(m.lines, time.Now())
 	for i := 0; i < n; i++ {
 		fmt.Fprintf(&b, "line %d of the replayable input\n", m.lines)
 		m.lines++
@@ -477,8 +485,12 @@ func TestAcrossHostsMirroredJob(t *testing.T) {
 		j.watch.end()
 		j.watch.check(t)
 		gap, end := j.watch.longestGap()
-		t.Logf("figure: mirrored job %s (%s sink): the longest the sink received nothing: %s (until %s); fencing epoch at the end %d",
-			j.name, kinds[j], gap.Round(time.Millisecond), end.Format("15:04:05.000"), j.watch.epochs())
+		written := &in.written
+		if j == m {
+			written = &m.written
+		}
+		t.Logf("figure: mirrored job %s (%s sink): the longest the sink received nothing: %s (until %s); %s; fencing epoch at the end %d",
+			j.name, kinds[j], gap.Round(time.Millisecond), end.Format("15:04:05.000"), stallFigure(j.watch, written), j.watch.epochs())
 	}
 	for _, f := range fences {
 		f.check(t)

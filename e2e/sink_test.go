@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strconv"
 	"sync"
 	"testing"
@@ -37,7 +38,8 @@ type sinkWatch struct {
 	partial    []byte // a line being written
 	epoch      int64  // the newest fencing epoch seen (a row's, a fence message's)
 	arrivals   []time.Time
-	next       int64 // the offset the next line must carry
+	offsets    []int64 // each arrival's offset
+	next       int64   // the offset the next line must carry
 	lastAt     time.Time
 	lastLink   string
 	maxGap     time.Duration // the longest the sink received nothing, between two records
@@ -152,6 +154,7 @@ func (s *sinkWatch) addLocked(o int64, link string, epoch int64, at time.Time) {
 	}
 	s.lastLink, s.lastAt = link, at
 	s.arrivals = append(s.arrivals, at)
+	s.offsets = append(s.offsets, o)
 }
 
 // fenceLocked takes a fence of a fencing sink: every record after it must be of its epoch
@@ -209,6 +212,65 @@ func (s *sinkWatch) longestGap() (time.Duration, time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.maxGap, s.maxGapEnd
+}
+
+// longestStall returns the longest the sink waited for a new offset while the input already
+// held its line: for each new offset after the first, the time from the later of the previous
+// new offset's arrival and the moment its line entered the input (in) to its arrival. Unlike
+// longestGap it leaves out the input's own pauses (the tests write their input in bursts, once
+// a second), so it is the sink's longest gap while input kept flowing. It also returns the
+// offset that ended the stall and when it arrived.
+func (s *sinkWatch) longestStall(in *inputLog) (longest time.Duration, offset int64, end time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	newest, prev := int64(-1), time.Time{}
+	for i, o := range s.offsets {
+		if o <= newest {
+			continue // delivered again: a violation of its own, no new offset
+		}
+		at := s.arrivals[i]
+		if !prev.IsZero() {
+			from := prev
+			if w, ok := in.at(o); ok && w.After(from) {
+				from = w
+			}
+			if d := at.Sub(from); d > longest {
+				longest, offset, end = d, o, at
+			}
+		}
+		newest, prev = o, at
+	}
+	return longest, offset, end
+}
+
+// inputLog remembers when each batch of a test's input lines was written, so that a sink's
+// gaps can be told from the input's own pauses (longestStall).
+type inputLog struct {
+	mu    sync.Mutex
+	first []int64     // the offset of each batch's first line, ascending
+	began []time.Time // when the batch's write began: its lines were not readable before
+}
+
+// wrote records that lines from offset first on were written from at on.
+func (l *inputLog) wrote(first int64, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.first = append(l.first, first)
+	l.began = append(l.began, at)
+}
+
+// at returns when the line of offset o was written, false if it never was.
+func (l *inputLog) at(o int64) (time.Time, bool) {
+	if l == nil {
+		return time.Time{}, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := sort.Search(len(l.first), func(i int) bool { return l.first[i] > o }) - 1
+	if i < 0 {
+		return time.Time{}, false
+	}
+	return l.began[i], true
 }
 
 // switchedSince returns the first switch of links at or after t.
