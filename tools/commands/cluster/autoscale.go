@@ -98,11 +98,8 @@ func clusterAutoscale(c *cli.Context) error {
 		return provisionErr(c, err)
 	}
 	ctl := &autoscale.Controller{Name: name, Policy: pol, Provider: p, Client: client,
-		Decided: func(d autoscale.Decision) {
-			fmt.Fprintf(c.App.Writer, "%s %s: %s\n", time.Now().Format("15:04:05"), d.Kind, d.Reason)
-		}}
-	fmt.Fprintf(c.App.Writer, "cluster %s: %d nodes; keeping %d..%d (grace %s, idle below %.0f%% for %s, cooldown %s)\n",
-		name, len(cl.Agents), pol.Min, pol.Max, pol.WithDefaults().Grace, pol.IdleBelow*100, pol.WithDefaults().IdleFor, pol.WithDefaults().Cooldown)
+		Decided: func(d autoscale.Decision) { fmt.Fprintln(c.App.Writer, decisionLine(time.Now(), d)) }}
+	fmt.Fprintln(c.App.Writer, policyLine(name, len(cl.Agents), pol))
 	if c.Bool("once") {
 		sctx, cancel := context.WithTimeout(ctx, c.Duration("timeout"))
 		defer cancel()
@@ -116,6 +113,18 @@ func clusterAutoscale(c *cli.Context) error {
 		return nil
 	}
 	return provisionErr(c, ctl.Run(ctx))
+}
+
+// policyLine is what `cluster autoscale` says it keeps, when it starts.
+func policyLine(name string, nodes int, pol autoscale.Policy) string {
+	d := pol.WithDefaults()
+	return fmt.Sprintf("cluster %s: %d nodes; keeping %d..%d (grace %s, idle below %.0f%% for %s, cooldown %s)",
+		name, nodes, pol.Min, pol.Max, d.Grace, pol.IdleBelow*100, d.IdleFor, d.Cooldown)
+}
+
+// decisionLine is one change or refusal, as it is made.
+func decisionLine(at time.Time, d autoscale.Decision) string {
+	return fmt.Sprintf("%s %s: %s", at.Format("15:04:05"), d.Kind, d.Reason)
 }
 
 func dur(c *cli.Context, name string) cluster.Duration { return cluster.Duration(c.Duration(name)) }

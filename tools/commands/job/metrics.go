@@ -75,41 +75,45 @@ func jobMetricsAction(c *cli.Context) error {
 	if err != nil {
 		return commands.APIErr(c, err)
 	}
-	return commands.PrintOut(c, m, func(w io.Writer) {
-		if len(m.Series) == 0 {
-			fmt.Fprintf(w, "job %s: no metrics yet (the masters read the agents every %s)\n", m.Job, time.Duration(m.Step*float64(time.Second)))
-			return
-		}
-		if len(c.StringSlice("series")) == 1 && len(m.Series) == 1 {
-			s := m.Series[0]
-			fmt.Fprintf(w, "TIME\t%s\tMIN\tMAX\tWORKERS\n", strings.ToUpper(s.ID()))
-			step := time.Duration(m.Step * float64(time.Second))
-			for i, v := range s.Values {
-				if v == nil {
-					continue
-				}
-				at := m.From.Add(time.Duration(i) * step).Local().Format("15:04:05")
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\n", at, format(s.Name, s.Kind, *v), format(s.Name, s.Kind, *s.Min[i]), format(s.Name, s.Kind, *s.Max[i]), s.N[i])
-			}
-			return
-		}
-		fmt.Fprintf(w, "job %s (tenant %s): %s to %s, every %s\n", m.Job, m.Tenant, m.From.Local().Format("15:04:05"), m.To.Local().Format("15:04:05"),
-			time.Duration(m.Step*float64(time.Second)))
-		for _, p := range m.Problems {
-			fmt.Fprintf(w, "problem: %s\n", commands.Clip(p, 160))
-		}
-		fmt.Fprintln(w, "SERIES\tKIND\tNOW\tMIN\tMEAN\tMAX\tWINDOW")
-		for _, s := range m.Series {
-			now, _, ok := s.Last()
-			lo, mean, hi, n := stats(s.Values)
-			if !ok || n == 0 {
-				fmt.Fprintf(w, "%s\t%s\t-\t-\t-\t-\t\n", commands.Clip(s.ID(), 40), s.Kind)
+	return commands.PrintOut(c, m, func(w io.Writer) { metricsTable(w, m, len(c.StringSlice("series")) == 1) })
+}
+
+// metricsTable is one line per series (its latest value, min, mean and max over the window,
+// a sparkline) or, for the one series asked for, one line per point.
+func metricsTable(w io.Writer, m api.JobMetrics, oneSeries bool) {
+	if len(m.Series) == 0 {
+		fmt.Fprintf(w, "job %s: no metrics yet (the masters read the agents every %s)\n", m.Job, time.Duration(m.Step*float64(time.Second)))
+		return
+	}
+	if oneSeries && len(m.Series) == 1 {
+		s := m.Series[0]
+		fmt.Fprintf(w, "TIME\t%s\tMIN\tMAX\tWORKERS\n", strings.ToUpper(s.ID()))
+		step := time.Duration(m.Step * float64(time.Second))
+		for i, v := range s.Values {
+			if v == nil {
 				continue
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", commands.Clip(s.ID(), 40), s.Kind, format(s.Name, s.Kind, now),
-				format(s.Name, s.Kind, lo), format(s.Name, s.Kind, mean), format(s.Name, s.Kind, hi), sparkline(s.Values, 40))
+			at := m.From.Add(time.Duration(i) * step).Local().Format("15:04:05")
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\n", at, format(s.Name, s.Kind, *v), format(s.Name, s.Kind, *s.Min[i]), format(s.Name, s.Kind, *s.Max[i]), s.N[i])
 		}
-	})
+		return
+	}
+	fmt.Fprintf(w, "job %s (tenant %s): %s to %s, every %s\n", m.Job, m.Tenant, m.From.Local().Format("15:04:05"), m.To.Local().Format("15:04:05"),
+		time.Duration(m.Step*float64(time.Second)))
+	for _, p := range m.Problems {
+		fmt.Fprintf(w, "problem: %s\n", commands.Clip(p, 160))
+	}
+	fmt.Fprintln(w, "SERIES\tKIND\tNOW\tMIN\tMEAN\tMAX\tWINDOW")
+	for _, s := range m.Series {
+		now, _, ok := s.Last()
+		lo, mean, hi, n := stats(s.Values)
+		if !ok || n == 0 {
+			fmt.Fprintf(w, "%s\t%s\t-\t-\t-\t-\t\n", commands.Clip(s.ID(), 40), s.Kind)
+			continue
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", commands.Clip(s.ID(), 40), s.Kind, format(s.Name, s.Kind, now),
+			format(s.Name, s.Kind, lo), format(s.Name, s.Kind, mean), format(s.Name, s.Kind, hi), sparkline(s.Values, 40))
+	}
 }
 
 func jobTop(c *cli.Context) error {
