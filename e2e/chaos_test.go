@@ -41,6 +41,12 @@ func TestChaos(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	spec := plainLabSpec()
+	if *chaosSinks != "file" {
+		// Each mirrored job more is 4 link workers bound to their data centers and 2 routers:
+		// with dc-a cut, the plain job, the docker job, dc-b's link workers and every router
+		// must fit on the 4 nodes left (26 workers with all three sinks).
+		spec.slots = 8
+	}
 	dockerOn, noDocker := chaosDockerAvailable(t)
 	if dockerOn {
 		spec.agentArgs = []string{"--isolation", "process,docker"}
