@@ -80,7 +80,7 @@ func (r *run) reconcile() {
 	now := time.Now()
 	g := r.gate()
 	if !g.current {
-		r.armRetry()
+		r.armRetry(r.blocked())
 		r.updateMetrics()
 		return
 	}
@@ -135,8 +135,24 @@ func (r *run) reconcile() {
 			}
 		}
 	}
-	r.armRetry()
+	r.armRetry(!g.canRun && r.blocked())
 	r.updateMetrics()
+}
+
+// blockedPoll is how often a reconcile that the gate kept from starting workers runs again.
+// What opens the gate is not always an event the loop hears of: a lease renewed by the
+// keeper after a lapse (a keeper paused, then resumed) changes neither its state nor its
+// session, only the lease file, and the workers would wait for the next assignment.
+const blockedPoll = 250 * time.Millisecond
+
+// blocked reports whether a desired worker waits for the gate: not started, not starting.
+func (r *run) blocked() bool {
+	for id := range r.desired {
+		if s := r.workers[id]; s == nil || !s.busy && s.state != cluster.WorkerRunning && !s.evicted {
+			return true
+		}
+	}
+	return false
 }
 
 // inStart counts the workers being started: the driver's start, or the image pull before it.
@@ -151,8 +167,15 @@ func (r *run) inStart() int {
 }
 
 // armRetry sets the retry timer to the earliest pending restart.
-func (r *run) armRetry() {
+func (r *run) armRetry(blocked bool) {
 	var next time.Time
+	if blocked {
+		poll := blockedPoll
+		if ttl := r.a.leaseTTL() / 8; ttl > 0 && ttl < poll {
+			poll = ttl
+		}
+		next = time.Now().Add(poll)
+	}
 	for _, s := range r.workers {
 		if !s.busy && !s.retryAt.IsZero() && (next.IsZero() || s.retryAt.Before(next)) {
 			next = s.retryAt

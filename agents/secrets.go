@@ -375,7 +375,7 @@ func (r *run) refreshSecrets(s *slot) {
 				d := r.backoff(s.secretsFailures)
 				s.secretsRetry = time.Now().Add(d)
 				r.log.Warn("new versions of a running worker's secrets not delivered yet", "worker", id, "retry_in", d, "err", err)
-				r.armRetry()
+				r.armRetry(false)
 				return
 			}
 			s.secretsFailures, s.secretsRetry = 0, time.Time{}
