@@ -27,8 +27,10 @@ const lapsedStop = "stopped: lease lapsed (not counted as a crash)"
 // tenant's user, so anything it writes the worker could forge. The agent trusts the status
 // only when its own view agrees: the node lease (which the worker can read, never write)
 // was past its ttl when the worker ended, or the keeper recorded a lapse that ended within
-// the worker's grace before that.
-func (a *Agent) exitReason(ex isolation.Exit, lost error, grace time.Duration, st KeeperStatus) string {
+// the worker's grace before that, or the lease is of a later generation than when the worker
+// began to run (started: the keeper renewed it after a lapse, or began anew, while the worker
+// ran; only the keeper writes the lease).
+func (a *Agent) exitReason(ex isolation.Exit, lost error, grace time.Duration, st KeeperStatus, began leaseGen) string {
 	if lost != nil || a.cfg.NoLease || ex.Code != launcher.ExitLeaseLapsed || ex.Signal != 0 || ex.OOMKilled {
 		return cluster.ExitCrashed
 	}
@@ -39,7 +41,32 @@ func (a *Agent) exitReason(ex isolation.Exit, lost error, grace time.Duration, s
 	if a.leaseLapsedAround(at, grace+lapseSlack, st) {
 		return cluster.ExitLeaseLapsed
 	}
+	if now := a.currentLeaseGen(); began.known && now.known && now.gen != began.gen {
+		return cluster.ExitLeaseLapsed
+	}
 	return cluster.ExitCrashed
+}
+
+// leaseGen is a generation of the node lease (leasefile.Record.Gen), where known.
+type leaseGen struct {
+	gen   uint64
+	known bool
+}
+
+// currentLeaseGen reads the node lease's generation. The agent reads it once a worker has
+// started, about when the worker's launcher reads its own (before it runs the command). A
+// worker could pass off its own exit as a lapse only if the keeper renewed a lapsed lease
+// within those moments and the two reads fell on either side of it: one uncounted crash,
+// and only in the wake of a real lapse.
+func (a *Agent) currentLeaseGen() leaseGen {
+	if a.cfg.NoLease {
+		return leaseGen{}
+	}
+	r, err := leasefile.Read(a.nodeLease())
+	if err != nil {
+		return leaseGen{} // no record (an older keeper's mtime-only lease): unknown
+	}
+	return leaseGen{gen: r.Gen, known: true}
 }
 
 // leaseLapsedAround reports whether the node lease was lapsed at some time within window

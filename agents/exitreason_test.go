@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/agents/launcher"
+	"github.com/stormdock/stormdock/agents/leasefile"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/isolation"
 )
@@ -32,7 +33,10 @@ func TestExitReason(t *testing.T) {
 		lease   time.Time    // the node lease's stamp (its mtime)
 		st      KeeperStatus // the keeper's record of the last lapse
 		noLease bool
-		want    string
+		// gens: the lease is written as a record of generation gens[1], the worker having
+		// begun under gens[0] (nil: an mtime-only lease, the worker's generation unknown).
+		gens []uint64
+		want string
 	}{
 		{name: "lease lapsed, still lapsed", ex: lapse, lease: now.Add(-2 * ttl), want: cluster.ExitLeaseLapsed},
 		{name: "lease lapsed, renewed since", ex: lapse, lease: now.Add(time.Second),
@@ -53,6 +57,12 @@ func TestExitReason(t *testing.T) {
 		{name: "OOM kill", ex: isolation.Exit{Code: 137, Signal: syscall.SIGKILL, OOMKilled: true, At: now}, lease: now, want: cluster.ExitCrashed},
 		{name: "OOM kill with the lapse status", ex: isolation.Exit{Code: launcher.ExitLeaseLapsed, OOMKilled: true, At: now},
 			lease: now.Add(-2 * ttl), want: cluster.ExitCrashed},
+		// The keeper renewed the lease after a lapse it recorded nowhere the agent looked (a
+		// keeper begun anew): the new generation says the launcher's stop was a lapse.
+		{name: "lapse status, renewed in a new generation", ex: lapse, lease: now, gens: []uint64{3, 4}, want: cluster.ExitLeaseLapsed},
+		{name: "lapse status, the generation it began under", ex: lapse, lease: now, gens: []uint64{4, 4}, want: cluster.ExitCrashed},
+		{name: "exit 3, renewed in a new generation", ex: isolation.Exit{Code: 3, At: now}, lease: now, gens: []uint64{3, 4}, want: cluster.ExitCrashed},
+		{name: "lapse status, new generation, without leases", ex: lapse, lease: now, gens: []uint64{3, 4}, noLease: true, want: cluster.ExitCrashed},
 		{name: "lost", ex: lapse, lost: errors.New("wait: gone"), lease: now.Add(-2 * ttl), want: cluster.ExitCrashed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -68,10 +78,23 @@ func TestExitReason(t *testing.T) {
 				}
 			}
 			a.leases = filepath.Dir(p) // as prepareStateDir leaves it
-			if err := os.Chtimes(p, c.lease, c.lease); err != nil {
+			var began leaseGen
+			if c.gens != nil {
+				w, err := leasefile.OpenWriter(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stamp := leasefile.Now() - time.Since(c.lease)
+				err = w.Write(leasefile.Record{Boot: leasefile.BootID(), Gen: c.gens[1], Stamp: stamp}, c.lease)
+				w.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				began = leaseGen{gen: c.gens[0], known: true}
+			} else if err := os.Chtimes(p, c.lease, c.lease); err != nil {
 				t.Fatal(err)
 			}
-			if got := a.exitReason(c.ex, c.lost, grace, c.st); got != c.want {
+			if got := a.exitReason(c.ex, c.lost, grace, c.st, began); got != c.want {
 				t.Errorf("exitReason = %q, want %q", got, c.want)
 			}
 		})

@@ -39,8 +39,10 @@ type slot struct {
 	// stops for a lapsed lease, which are not restarts.
 	exitReason string
 	lapses     int
-	failures   int // failed starts in a row
-	retryAt    time.Time
+	// leaseGen is the node lease's generation as the worker began to run (see started).
+	leaseGen leaseGen
+	failures int // failed starts in a row
+	retryAt  time.Time
 
 	evicted    bool // stopped for memory pressure: not restarted here
 	busy       bool // a driver call is in flight
@@ -344,6 +346,7 @@ func (r *run) started(s *slot, seq int, w isolation.Worker, err error) {
 	}
 	s.held, s.failures, s.retryAt = false, 0, time.Time{}
 	s.state, s.pid, s.containerID, s.since = cluster.WorkerRunning, w.PID, w.ContainerID, w.Started
+	s.leaseGen = r.a.currentLeaseGen()
 	r.a.metrics.starts.Inc()
 	r.log.Info("worker started", "worker", s.id, "key", s.assign.Key.String(), "generation", s.assign.Generation,
 		"pid", w.PID, "container", w.ContainerID, "port", s.port)
@@ -384,7 +387,7 @@ func (r *run) exited(s *slot, seq int, ex isolation.Exit, err error) {
 	now := time.Now()
 	s.cancelWait()
 	s.held = true
-	delay := r.countExit(s, r.a.exitReason(ex, err, grace(s.assign), r.keeper.Status()), ex, err, now)
+	delay := r.countExit(s, r.a.exitReason(ex, err, grace(s.assign), r.keeper.Status(), s.leaseGen), ex, err, now)
 	if s.exitReason == cluster.ExitLeaseLapsed {
 		// Not the worker's failure: no crash counted, no backoff; it starts again once the
 		// keeper keeps the leases again (the gate), here or wherever the master puts it.
@@ -543,7 +546,7 @@ func (r *run) adoptOne(mode string, w isolation.Worker) error {
 	// its launcher stopped it for a lapsed lease (the agent gone too long, a store fault).
 	now := time.Now()
 	s.held = true
-	if s.exitReason = r.a.exitReason(*w.Exit, nil, grace(s.assign), r.a.keeperFileStatus()); s.exitReason == cluster.ExitLeaseLapsed {
+	if s.exitReason = r.a.exitReason(*w.Exit, nil, grace(s.assign), r.a.keeperFileStatus(), leaseGen{}); s.exitReason == cluster.ExitLeaseLapsed {
 		s.lapses++
 		s.lastExit = lapsedStop
 		s.since = now

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -279,7 +280,7 @@ scaling: {min: %d, max: %d, metric: %s, target: %d, cooldownUp: %s, cooldownDown
 	}
 	seen := map[string]proc{}
 	first := map[string]proc{}
-	var restarted []string
+	restarted := map[string][]string{} // by worker index
 	stopWatch := make(chan struct{})
 	watchDone := make(chan struct{})
 	go func() {
@@ -292,7 +293,7 @@ scaling: {min: %d, max: %d, metric: %s, target: %d, cooldownUp: %s, cooldownDown
 			procMu.Lock()
 			for k, p := range now {
 				if old, ok := seen[k]; ok && old != p && p.start != "" && old.start != "" {
-					restarted = append(restarted, fmt.Sprintf("worker %s: pid %d (start %s) became %d (start %s)", k, old.pid, old.start, p.pid, p.start))
+					restarted[k] = append(restarted[k], fmt.Sprintf("worker %s: pid %d (start %s) became %d (start %s)", k, old.pid, old.start, p.pid, p.start))
 				}
 				if _, ok := first[k]; !ok {
 					first[k] = p
@@ -463,25 +464,35 @@ scaling: {min: %d, max: %d, metric: %s, target: %d, cooldownUp: %s, cooldownDown
 	}
 	close(stopWatch)
 	<-watchDone
-	procMu.Lock()
-	if len(restarted) > 0 {
-		t.Errorf("workers that stayed were restarted:\n%s", strings.Join(restarted, "\n"))
-	}
-	for _, k := range []string{"0", "1"} { // always within min: never stopped
-		if p, ok := seen[k]; !ok || p != first[k] {
-			t.Errorf("worker %s: first %+v, last %+v: it stayed throughout and must be the same process", k, first[k], p)
-		}
-	}
-	procMu.Unlock()
 	st, err := demo.Job(ctx, "wc")
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A worker its launcher stopped for a lapsed lease was restarted by a fault outside
+	// autoscaling (a 2-core machine starving a keeper past the session timeout): its agent
+	// says so (Lapses, never Restarts), and only that excuses a new process.
+	lapsed := map[string]bool{}
 	for _, w := range st.Workers {
 		if w.Restarts != 0 {
 			t.Errorf("worker %d restarted %d times", w.Worker, w.Restarts)
 		}
+		if w.Lapses > 0 {
+			lapsed[strconv.Itoa(w.Worker)] = true
+			t.Logf("worker %d: stopped %d times for a lapsed lease (not by autoscaling)", w.Worker, w.Lapses)
+		}
 	}
+	procMu.Lock()
+	for k, r := range restarted {
+		if !lapsed[k] {
+			t.Errorf("workers that stayed were restarted:\n%s", strings.Join(r, "\n"))
+		}
+	}
+	for _, k := range []string{"0", "1"} { // always within min: never stopped
+		if p, ok := seen[k]; (!ok || p != first[k]) && !lapsed[k] {
+			t.Errorf("worker %s: first %+v, last %+v: it stayed throughout and must be the same process", k, first[k], p)
+		}
+	}
+	procMu.Unlock()
 	if st.Job.Autoscale == nil || st.Job.Autoscale.Last == nil || st.Job.Autoscale.Last.To != 2 {
 		t.Errorf("job status: autoscale %+v, want the last decision (to 2 workers)", st.Job.Autoscale)
 	}
