@@ -83,6 +83,13 @@ func routerRun(c *cli.Context) error {
 	if err != nil {
 		return commands.UsageErr("--output-secret: %v", err)
 	}
+	if cred != nil || a.SinkPasswordFile != "" {
+		// The master refuses such a spec at submit; a command line made by hand (or forged)
+		// is refused here before the secret is read, so it never leaves the host in clear.
+		if err := cluster.CheckOutputSecretTransport(a.Sink); err != nil {
+			return commands.UsageErr("--sink: %v", err)
+		}
+	}
 	if _, err := coord.ParseURL(a.Store); err != nil {
 		return commands.UsageErr("--store: %v", err)
 	}
