@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -12,7 +13,7 @@ import (
 
 // A mirrored job's output (JobSpec.Output) is a URL: file:///SINKDIR/TENANT/PATH,
 // http(s)://HOST/PATH, postgres://USER@HOST:PORT/DB?table=NAME or
-// nats://HOST:PORT/SUBJECT. The database and broker forms are parsed here, at submit and
+// nats://HOST:PORT/SUBJECT[?tls=true]. The database and broker forms are parsed here, at submit and
 // where the router opens them, so that both read them alike. Credentials are never part of
 // the URL: a password in it is refused.
 
@@ -32,6 +33,9 @@ type NATSOutput struct {
 	User    string   // "" for token or no authentication
 	Subject string
 	Stream  string
+	// TLS (?tls=true): the router speaks TLS to the servers and verifies their
+	// certificates; without it the connection is plain.
+	TLS bool
 }
 
 // sqlIdent is what a postgres sink's schema and table may be called: lower-case, unquoted
@@ -112,7 +116,7 @@ func ParsePostgresOutput(raw string) (PostgresOutput, error) {
 // natsToken is one token of a NATS subject or a stream name: no wildcards, no blanks.
 var natsToken = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
-// ParseNATSOutput parses nats://[USER@]HOST:PORT[,HOST:PORT...]/SUBJECT[?stream=NAME].
+// ParseNATSOutput parses nats://[USER@]HOST:PORT[,HOST:PORT...]/SUBJECT[?stream=NAME][&tls=true].
 func ParseNATSOutput(raw string) (NATSOutput, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -155,16 +159,32 @@ func ParseNATSOutput(raw string) (NATSOutput, error) {
 		return o, fmt.Errorf("query: %v", err)
 	}
 	for k, vs := range q {
-		if k != "stream" || len(vs) != 1 {
-			return o, fmt.Errorf("?%s= is not a nats sink parameter (there is stream=NAME, once)", k)
+		if len(vs) != 1 {
+			return o, fmt.Errorf("?%s= is given %d times", k, len(vs))
 		}
-		if !natsToken.MatchString(vs[0]) {
-			return o, fmt.Errorf("stream=%q: want letters, digits, _ and -", vs[0])
+		switch k {
+		case "stream":
+			if !natsToken.MatchString(vs[0]) {
+				return o, fmt.Errorf("stream=%q: want letters, digits, _ and -", vs[0])
+			}
+			o.Stream = vs[0]
+		case "tls":
+			switch vs[0] {
+			case "true":
+				o.TLS = true
+			case "false":
+			default:
+				return o, fmt.Errorf("tls=%q: want tls=true (or false)", vs[0])
+			}
+		default:
+			return o, fmt.Errorf("?%s= is not a nats sink parameter (they are stream=NAME and tls=true)", k)
 		}
-		o.Stream = vs[0]
 	}
 	return o, nil
 }
+
+// hostName is a DNS name a sink URL may give as its host.
+var hostName = regexp.MustCompile(`^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})$`)
 
 // hostPort splits HOST[:PORT] with a default port; the host must be there.
 func hostPort(hp, defPort string, host, port *string) error {
@@ -177,6 +197,11 @@ func hostPort(hp, defPort string, host, port *string) error {
 	}
 	if h == "" {
 		return fmt.Errorf("no host in %q: name the server as HOST:PORT", hp)
+	}
+	// A host goes into a connection string (host=%s) and a server list: a name or an
+	// address, nothing that could end the value.
+	if net.ParseIP(h) == nil && !hostName.MatchString(h) {
+		return fmt.Errorf("host %q: want a DNS name or an IP address", h)
 	}
 	if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
 		return fmt.Errorf("port %q: want 1 to 65535", p)
@@ -191,4 +216,77 @@ func urlErr(err error) error {
 		return ue.Err
 	}
 	return err
+}
+
+// ErrSecretInClear is what CheckOutputSecretTransport reports: the sink would be sent the
+// job's output secret unencrypted across a network.
+var ErrSecretInClear = errors.New("the output secret would cross the network in clear")
+
+// CheckOutputSecretTransport checks that a sink given the job's output secret (an HTTP
+// bearer token, a role's password, a NATS password or token) receives it only encrypted:
+// https://, postgres with sslmode=require, verify-ca or verify-full, nats with tls=true. A
+// sink whose every host is loopback (localhost, 127.0.0.0/8, ::1) is exempt: the router
+// talks to its own host and nothing crosses a network; a file sink needs no rule. The master
+// checks it at submit and the router again before it reads the secret, so that neither a
+// spec nor a hand-made command line sends it in clear. A refusal wraps ErrSecretInClear;
+// any other error is the URL's own problem.
+func CheckOutputSecretTransport(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("not a URL: %v", urlErr(err))
+	}
+	switch u.Scheme {
+	case "file", "https":
+		return nil
+	case "http":
+		if u.Host == "" || loopbackHost(u.Hostname()) {
+			return nil
+		}
+		return fmt.Errorf("%w: http://%s would get it as a bearer token over plain HTTP: use https://", ErrSecretInClear, u.Host)
+	case "postgres", "postgresql":
+		o, err := ParsePostgresOutput(raw)
+		if err != nil {
+			return err
+		}
+		switch o.SSLMode {
+		case "require", "verify-ca", "verify-full":
+			return nil
+		}
+		if loopbackHost(o.Host) {
+			return nil
+		}
+		mode := "sslmode=" + o.SSLMode
+		if o.SSLMode == "" {
+			mode = "no sslmode (the driver's prefer)"
+		}
+		return fmt.Errorf("%w: the postgres sink at %s with %s may send the role's password unencrypted: add sslmode=verify-full (or require, verify-ca) to the output URL", ErrSecretInClear, net.JoinHostPort(o.Host, o.Port), mode)
+	case "nats":
+		o, err := ParseNATSOutput(raw)
+		if err != nil {
+			return err
+		}
+		if o.TLS {
+			return nil
+		}
+		var remote []string
+		for _, s := range o.Servers {
+			if h, _, _ := net.SplitHostPort(s); !loopbackHost(h) {
+				remote = append(remote, s)
+			}
+		}
+		if len(remote) == 0 {
+			return nil
+		}
+		return fmt.Errorf("%w: the nats sink at %s would get the password or token over plain NATS: add ?tls=true to the output URL (the servers must serve TLS)", ErrSecretInClear, strings.Join(remote, ","))
+	}
+	return fmt.Errorf("%q is not a sink URL (file://, http(s)://, postgres:// or nats://)", u.Redacted())
+}
+
+// loopbackHost reports whether host names this machine's loopback interface.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

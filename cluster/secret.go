@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -138,6 +139,11 @@ func (j *JobSpec) validateSecrets(ps *problems) {
 		ps.add("outputSecret", "%v", err)
 	case !j.Mirrored():
 		ps.add("outputSecret", "goes with a mirrored job's output (links and output): it is given to the job's output routers")
+	default:
+		// Only the refusal: an output that does not parse is checkOutput's to report.
+		if err := CheckOutputSecretTransport(j.Output); errors.Is(err, ErrSecretInClear) {
+			ps.add("output", "%v", err)
+		}
 	}
 }
 

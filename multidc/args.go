@@ -96,7 +96,7 @@ func (a *RouterArgs) flags(links, linkHashes *string) *flag.FlagSet {
 	fs.StringVar(&a.TokenHash, "token-hash", d.TokenHash, "`HEX` SHA-256 of the job's sender token: requests without the token are refused (required)")
 	fs.StringVar(links, "links", strings.Join(d.Links, ","), "the job's `LINKS`, comma-separated, in order of preference (required)")
 	fs.StringVar(linkHashes, "link-token-hashes", "", "`LINK=HEX,...` SHA-256 of each link's sender token: a link's records are taken with its own token only")
-	fs.StringVar(&a.Sink, "sink", d.Sink, "output `URL`: file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never], http(s)://HOST/PATH, postgres://USER@HOST:PORT/DB?table=NAME or nats://HOST:PORT/SUBJECT (required)")
+	fs.StringVar(&a.Sink, "sink", d.Sink, "output `URL`: file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never], http(s)://HOST/PATH, postgres://USER@HOST:PORT/DB?table=NAME or nats://HOST:PORT/SUBJECT[?tls=true] (required; with a credential, an encrypted one unless on loopback)")
 	fs.StringVar(&a.SinkPasswordFile, "sink-password-file", d.SinkPasswordFile, "`FILE` holding the sink's password (postgres) or password or token (nats), read at every connect; $VARIABLES are expanded")
 	fs.StringVar(&a.SinkDir, "sink-dir", d.SinkDir, "`DIR` below which file sinks live, as SINKDIR/TENANT/... (env STORMDOCK_SINK_DIR, set by the agent; none: file sinks refused)")
 	fs.StringVar(&a.Tenant, "tenant", d.Tenant, "the job's `TENANT`, whose part of --sink-dir a file sink is in (env STORMDOCK_TENANT)")

@@ -2,6 +2,7 @@ package multidc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,7 +88,11 @@ func (s *NATSSink) String() string {
 	if s.out.User != "" {
 		u = s.out.User + "@"
 	}
-	return "nats://" + u + strings.Join(s.out.Servers, ",") + "/" + s.out.Subject
+	tls := ""
+	if s.out.TLS {
+		tls = "?tls=true"
+	}
+	return "nats://" + u + strings.Join(s.out.Servers, ",") + "/" + s.out.Subject + tls
 }
 
 // Epoch is the fencing epoch this router holds.
@@ -120,6 +125,11 @@ func (s *NATSSink) connect(ctx context.Context) error {
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { s.log.Info("nats sink: reconnected", "server", nc.ConnectedAddr()) }),
 	}
+	if s.out.TLS {
+		// nats.Secure makes TLS a requirement: a server that offers none is refused before
+		// any credential is sent, never fallen back to.
+		opts = append(opts, nats.Secure(&tls.Config{RootCAs: s.opts.RootCAs, MinVersion: tls.VersionTLS12}))
+	}
 	if s.opts.Password != nil {
 		pw, err := s.opts.Password()
 		if err != nil {
@@ -136,6 +146,9 @@ func (s *NATSSink) connect(ctx context.Context) error {
 		opts = append(opts, nats.SetCustomDialer(natsDialer{s.opts.Dial}))
 	}
 	nc, err := nats.Connect(strings.Join(urls, ","), opts...)
+	if errors.Is(err, nats.ErrSecureConnWanted) {
+		return fmt.Errorf("multidc: nats sink %s: cannot connect: the server offers no TLS, which tls=true requires (nothing was sent): %w", s, err)
+	}
 	if err != nil {
 		return fmt.Errorf("multidc: nats sink %s: cannot connect: %w", s, err)
 	}

@@ -3,6 +3,7 @@ package multidc
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stormdock/stormdock/internal/natstest"
+	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -237,5 +239,81 @@ func TestNATSSinkPassword(t *testing.T) {
 				t.Errorf("user %q, a missing or wrong password: %v", user, err)
 			}
 		}
+	}
+}
+
+// TestNATSSinkTLS: with ?tls=true the sink speaks TLS to a nats-server that serves only
+// TLS, verifies its certificate against the CA it is given, sends the user's password over
+// it, and writes exactly once through a takeover; with another CA, the system's roots, or
+// a server without TLS it does not connect (and never falls back to a plain connection).
+func TestNATSSinkTLS(t *testing.T) {
+	const pw = "tls-pw-5c1e-secret"
+	srv := natstest.Start(t, natstest.Options{TLS: true, User: "router", Password: pw})
+	subject := natsSubject()
+	raw := "nats://router@" + srv.Addr() + "/" + subject + "?tls=true"
+	good := func() ([]byte, error) { return []byte(pw + "\n"), nil }
+	ctx := context.Background()
+	open := func(raw, router string, roots *x509.CertPool, password func() ([]byte, error)) (*NATSSink, error) {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return OpenNATSSink(cctx, raw, FencingOptions{Job: "wc", Router: router, Password: password, RootCAs: roots, Logger: testenv.Logger(t, slog.LevelWarn)})
+	}
+	a, err := open(raw, "a", srv.RootCAs(), good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if a.String() != raw {
+		t.Errorf("the sink calls itself %s, want %s", a, raw)
+	}
+	if st, err := a.nc.TLSConnectionState(); err != nil || !st.HandshakeComplete || len(st.VerifiedChains) == 0 {
+		t.Fatalf("not a verified TLS connection: %v", err)
+	}
+	if err := a.Write(ctx, recs("dc-a", 0, 10)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := open(raw, "b", srv.RootCAs(), good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := a.Write(ctx, recs("dc-a", 10, 15)); !errors.Is(err, ErrFenced) {
+		t.Fatalf("the fenced router's publish over TLS: %v; want ErrFenced", err)
+	}
+	if err := b.Write(ctx, recs("dc-b", 10, 20)); err != nil {
+		t.Fatal(err)
+	}
+	if fences := checkSubject(t, readSubject(t, srv, subject), 20); fences != 2 {
+		t.Errorf("%d fences, want 2", fences)
+	}
+
+	otherPEM, _, err := pki.NewCA("not the server's CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := x509.NewCertPool()
+	other.AppendCertsFromPEM(otherPEM)
+	bad := func() ([]byte, error) { return []byte("wrong"), nil }
+	for _, tc := range []struct {
+		what, raw string
+		roots     *x509.CertPool
+		password  func() ([]byte, error)
+		want      string
+	}{
+		{"another CA", raw, other, good, "certificate signed by unknown authority"},
+		{"the system's roots", raw, nil, good, "x509: certificate signed by unknown authority"},
+		{"a wrong password", raw, srv.RootCAs(), bad, "uthorization"},
+		{"a server without TLS", natstest.Shared(t).URL() + "/" + natsSubject() + "?tls=true", srv.RootCAs(), good, "the server offers no TLS, which tls=true requires"},
+	} {
+		s, err := open(tc.raw, "c", tc.roots, tc.password)
+		if err == nil {
+			s.Close()
+			t.Errorf("%s: the sink opened", tc.what)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, tc.want) || strings.Contains(msg, "\n") || strings.Contains(msg, pw) {
+			t.Errorf("%s: %q, want one line saying %q (and never the password)", tc.what, msg, tc.want)
+		}
+		t.Logf("%s: %v", tc.what, err)
 	}
 }

@@ -2,6 +2,7 @@ package multidc
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,10 @@ type FencingOptions struct {
 	// token). The router reads it from a file it is given, anew at every connect so that a
 	// rotated secret is used; nil: none.
 	Password func() ([]byte, error)
+	// RootCAs verifies the certificates of a sink spoken to over TLS (a nats sink with
+	// tls=true); nil: the system's roots, which SSL_CERT_FILE and SSL_CERT_DIR point
+	// elsewhere (a private CA) for the router's process.
+	RootCAs *x509.CertPool
 	// Dial, when set, makes the sink's connections (tests through a network lab).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// WriteTimeout bounds one batch's write, a connect included. Default 10 s.
@@ -83,7 +88,9 @@ type SinkOptions struct {
 	Evidence *SinkEvidence
 	// Credential is the job's output secret, the sink's credentials (nil: none).
 	Credential *Credential
-	Logger     *slog.Logger
+	// RootCAs: see FencingOptions.RootCAs.
+	RootCAs *x509.CertPool
+	Logger  *slog.Logger
 }
 
 // OpenSink opens the sink named by a job's output URL:
@@ -91,13 +98,19 @@ type SinkOptions struct {
 //	file:///SINKDIR/TENANT/PATH[?fsync=checkpoint|always|never]   see FileSink
 //	http://HOST/PATH, https://HOST/PATH                 see HTTPSink
 //	postgres://USER@HOST:PORT/DB?table=NAME             see PGSink (fencing)
-//	nats://HOST:PORT/SUBJECT[?stream=NAME]              see NATSSink (fencing)
+//	nats://HOST:PORT/SUBJECT[?stream=NAME][&tls=true]   see NATSSink (fencing)
 //
 // Opening a fencing sink takes it over: every router that opened it before is fenced off.
 func OpenSink(ctx context.Context, raw string, opts SinkOptions) (Sink, error) {
 	u, err := CheckSink(raw)
 	if err != nil {
 		return nil, err
+	}
+	if opts.Password != nil || opts.Credential != nil {
+		// Checked at submit too; again here, where the credential leaves the host.
+		if err := cluster.CheckOutputSecretTransport(raw); err != nil {
+			return nil, fmt.Errorf("multidc: sink: %w", err)
+		}
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -112,7 +125,7 @@ func OpenSink(ctx context.Context, raw string, opts SinkOptions) (Sink, error) {
 	case "postgres", "postgresql":
 		return OpenPGSink(ctx, raw, FencingOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, Logger: opts.Logger})
 	case "nats":
-		return OpenNATSSink(ctx, raw, FencingOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, Logger: opts.Logger})
+		return OpenNATSSink(ctx, raw, FencingOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, RootCAs: opts.RootCAs, Logger: opts.Logger})
 	}
 	return NewHTTPSink(raw, HTTPSinkOptions{Job: opts.Job, Credential: opts.Credential, Logger: opts.Logger}), nil
 }

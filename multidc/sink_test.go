@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stormdock/stormdock/cluster"
 )
 
 func recs(link string, from, to int64) []Record {
@@ -374,5 +377,54 @@ func TestHTTPSinkSendsOutputSecret(t *testing.T) {
 	defer mu.Unlock()
 	if len(auths) != 2 || auths[0] != "Bearer token-one" || auths[1] != "Bearer token-two" {
 		t.Errorf("the receiver got Authorization %q; want the secret as it was at each request", auths)
+	}
+}
+
+// TestOpenSinkRefusesSecretInClear: where the credential would leave the host, the router
+// refuses a sink that would get it unencrypted over a network (a command line made by hand
+// or forged, which the master's check at submit never saw), before it connects anywhere;
+// the same sinks without a credential, or on loopback, open.
+func TestOpenSinkRefusesSecretInClear(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "sinkpass"), []byte("s3cret-77\n"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	cred, err := OutputCredential(dir, "sinkpass")
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	ctx := context.Background()
+	// 192.0.2.0/24 is TEST-NET-1: nothing answers there, so a sink that tried to connect
+	// would fail with a connect error, not the refusal.
+	for _, raw := range []string{
+		"http://192.0.2.7:8080/in",
+		"postgres://app@192.0.2.5/orders?table=out",
+		"postgres://app@192.0.2.5/orders?table=out&sslmode=prefer",
+		"nats://192.0.2.9:4222/out",
+		"nats://127.0.0.1:4222,192.0.2.9:4222/out?tls=false",
+	} {
+		for _, o := range []SinkOptions{{Job: "j", Credential: cred, Logger: quiet}, {Job: "j", Password: cred.Bytes, Logger: quiet}} {
+			s, err := OpenSink(ctx, raw, o)
+			if err == nil {
+				s.Close()
+			}
+			if !errors.Is(err, cluster.ErrSecretInClear) || strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("%s with a credential: %v, want the refusal", raw, err)
+			}
+		}
+	}
+	for _, o := range []SinkOptions{{Job: "j", Logger: quiet}, {Job: "j", Credential: cred, Logger: quiet}} {
+		for _, raw := range []string{"http://192.0.2.7:8080/in", "https://192.0.2.7/in", "http://127.0.0.1:1/in"} {
+			if o.Credential != nil && raw == "http://192.0.2.7:8080/in" {
+				continue
+			}
+			s, err := OpenSink(ctx, raw, o)
+			if err != nil {
+				t.Errorf("%s (credential %v): %v", raw, o.Credential != nil, err)
+				continue
+			}
+			s.Close()
+		}
 	}
 }

@@ -5,6 +5,8 @@ package natstest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -44,6 +47,10 @@ type Options struct {
 	// User and Password, when Password is set, make the server ask every client for them
 	// (--user, --pass), or for Password as a token when User is empty (--auth).
 	User, Password string
+	// TLS makes the server speak TLS only (--tls), with a certificate for its address and
+	// localhost issued by a CA of the test's own (internal/pki, as stormdock makes its
+	// own); RootCAs trusts it.
+	TLS bool
 }
 
 // Server is a nats-server run by a test (Start), or the shared one (Shared).
@@ -51,7 +58,8 @@ type Server struct {
 	t    testing.TB
 	addr string
 	opts Options
-	dir  string // the JetStream store and server.log; "" for the shared server
+	dir  string         // the JetStream store and server.log; "" for the shared server
+	pool *x509.CertPool // the CA of a TLS server's certificate; nil for a plain server
 
 	mu   sync.Mutex
 	proc *testenv.Proc // nil while not running
@@ -82,6 +90,11 @@ func Start(t testing.TB, opts Options) *Server {
 		port = testenv.FreePort(t)
 	}
 	s.addr = net.JoinHostPort(ip, strconv.Itoa(port))
+	if opts.TLS {
+		if err := s.issueCert(ip); err != nil {
+			t.Fatalf("natstest: %v", err)
+		}
+	}
 	t.Cleanup(s.Kill)
 	if err := s.spawn(bin); err != nil {
 		t.Fatalf("natstest: %v", err)
@@ -125,6 +138,9 @@ func (s *Server) spawn(bin string) error {
 	case s.opts.Password != "":
 		args = append(args, "--auth", s.opts.Password)
 	}
+	if s.pool != nil {
+		args = append(args, "--tls", "--tlscert", filepath.Join(s.dir, "server.crt"), "--tlskey", filepath.Join(s.dir, "server.key"))
+	}
 	cmd := exec.Command(bin, args...)
 	if s.opts.Host != nil {
 		cmd = s.opts.Host.Command(bin, args...)
@@ -157,6 +173,33 @@ func (s *Server) waitUp() error {
 	return nil
 }
 
+// issueCert makes the test's CA and the server's certificate (for ip and localhost) in the
+// server's directory.
+func (s *Server) issueCert(ip string) error {
+	caPEM, caKeyPEM, err := pki.NewCA("natstest CA")
+	if err != nil {
+		return err
+	}
+	ca, caKey, err := pki.ParseCA(caPEM, caKeyPEM)
+	if err != nil {
+		return err
+	}
+	certPEM, keyPEM, err := pki.IssueCert(ca, caKey, []string{ip, "localhost"}, 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	if err := pki.WriteFiles(map[string][]byte{filepath.Join(s.dir, "server.crt"): certPEM, filepath.Join(s.dir, "server.key"): keyPEM}, 0o600); err != nil {
+		return err
+	}
+	s.pool = x509.NewCertPool()
+	s.pool.AddCert(ca)
+	return nil
+}
+
+// RootCAs is the pool that verifies a TLS server's certificate (Options.TLS); nil for a
+// plain server.
+func (s *Server) RootCAs() *x509.CertPool { return s.pool }
+
 // Addr is the server's HOST:PORT.
 func (s *Server) Addr() string { return s.addr }
 
@@ -179,6 +222,9 @@ func (s *Server) Connect() (*nats.Conn, error) {
 	opts := []nats.Option{nats.Timeout(2 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}
 	if s.opts.Dial != nil {
 		opts = append(opts, nats.SetCustomDialer(dialer{s.opts.Dial}))
+	}
+	if s.pool != nil {
+		opts = append(opts, nats.Secure(&tls.Config{RootCAs: s.pool, MinVersion: tls.VersionTLS12}))
 	}
 	switch {
 	case s.opts.Password != "" && s.opts.User != "":

@@ -136,6 +136,11 @@ func RollbackJob(ctx context.Context, s coord.KV, name string, c Change) (cluste
 		}
 		spec := g.Spec
 		spec.Workers, spec.Update = rec.Spec.Workers, rec.Spec.Update
+		// A generation stored before a rule it breaks came in (an output secret to a sink
+		// that would get it in clear) runs again only if it passes today's checks.
+		if err := spec.Validate(); err != nil {
+			return cluster.JobSpec{}, nil, fmt.Errorf("%w: generation %d of job %s: %v", api.ErrBadInput, to, name, err)
+		}
 		var pin *cluster.ImagePin
 		if g.Image != nil && g.Image.Ref != "" {
 			p := *g.Image

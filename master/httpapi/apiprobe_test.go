@@ -270,6 +270,9 @@ func TestAPIBadInputChangesNothing(t *testing.T) {
 	spec := func(name, tenant string) string {
 		return fmt.Sprintf(`{"name": %q, "tenant": %q, "workers": 1, "resources": {"memory": "64Mi", "cpu": 0.1}, "command": ["sleep", "1"]}`, name, tenant)
 	}
+	mirrored := func(name, output string) string {
+		return fmt.Sprintf(`{"name": %q, "tenant": "demo", "workers": 1, "resources": {"memory": "64Mi", "cpu": 0.1}, "command": ["sleep", "1"], "links": ["dc-a", "dc-b"], "output": %q, "outputSecret": "sinkpass"}`, name, output)
+	}
 	huge := bytes.Repeat([]byte("a"), api.MaxBodyBytes+1)
 	cases := []struct {
 		method, target string
@@ -338,6 +341,14 @@ func TestAPIBadInputChangesNothing(t *testing.T) {
 		{"POST", "/v1/jobs", strings.Replace(spec("ok", "demo"), `"workers": 1`, `"workers": -3`, 1), 400, "workers"},
 		{"POST", "/v1/jobs", strings.Replace(spec("ok", "demo"), `"workers": 1`, `"workers": 1e9`, 1), 400, "workers"},
 		{"POST", "/v1/jobs", `name: [`, 400, "invalid job spec"},
+		// An output secret that would cross a network in clear (the update path validates
+		// the same way).
+		{"POST", "/v1/jobs", mirrored("ok", "http://hook.example/in"), 400, "output: the output secret would cross the network in clear: http://hook.example would get it as a bearer token over plain HTTP: use https://"},
+		{"POST", "/v1/jobs", mirrored("ok", "http://10.1.2.3:8080/in"), 400, "use https://"},
+		{"POST", "/v1/jobs", mirrored("ok", "postgres://app@db.example/orders?table=out"), 400, "add sslmode=verify-full"},
+		{"POST", "/v1/jobs", mirrored("ok", "postgres://app@db.example/orders?table=out&sslmode=prefer"), 400, "sslmode=prefer may send the role's password unencrypted"},
+		{"POST", "/v1/jobs", mirrored("ok", "nats://nats.example:4222/out"), 400, "add ?tls=true"},
+		{"POST", "/v1/jobs/demo-job/update", `{"spec": ` + strconv.Quote(mirrored("demo-job", "nats://nats.example:4222/out")) + `}`, 400, "add ?tls=true"},
 		// Methods and paths.
 		{"DELETE", "/v1/jobs/demo-job", ``, 405, "takes GET"},
 		{"PUT", "/v1/tenants", ``, 405, "takes GET or POST"},

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -263,4 +264,57 @@ func readAssignment(ctx context.Context, tc *clustertest.Sim, node string) ([]cl
 		return nil, err
 	}
 	return na.Workers, nil
+}
+
+// TestOutputSecretInClearRefused: on a cluster with secrets on and the tenant's secret
+// there, a mirrored job whose output would get that secret unencrypted over a network is
+// bad_input at submit and at an update, and the store is left as it was; the same job
+// with an encrypted (or loopback) output is taken.
+func TestOutputSecretInClearRefused(t *testing.T) {
+	tc := clustertest.NewSim(t)
+	ringPath := filepath.Join(t.TempDir(), "secrets.key")
+	if _, err := keyring.Generate(ringPath); err != nil {
+		t.Fatal(err)
+	}
+	ring, err := keyring.Open(ringPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _, _ := tc.Master("m1", func(c *master.Config) { c.Keyring = ring })
+	testenv.Eventually(t, "leading", 5*time.Second, m.Leader)
+	srv, _ := tc.API(m, httpapi.Config{})
+	ctx := tc.Ctx
+	admin, _ := api.NewClient(srv.URL, tc.AdminToken())
+	if err := admin.CreateTenant(ctx, cluster.Tenant{Name: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.SetSecret(ctx, "acme", "sinkpass", []byte("pw-0f3a")); err != nil {
+		t.Fatal(err)
+	}
+	spec := func(name, output string) []byte {
+		return []byte("name: " + name + "\ntenant: acme\nworkers: 1\nresources: {memory: 64Mi, cpu: 0.1}\ncommand: [sleep, '60']\n" +
+			"links: [dc-a, dc-b]\noutput: " + output + "\noutputSecret: sinkpass\n")
+	}
+	if _, err := admin.SubmitJob(ctx, spec("wc", "https://hook.example/in")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.SubmitJob(ctx, spec("local", "nats://127.0.0.1:4222/out")); err != nil {
+		t.Fatal(err)
+	}
+	before := dump(ctx, t, tc.Admin)
+	for _, c := range []struct{ output, says string }{
+		{"http://hook.example/in", "http://hook.example would get it as a bearer token over plain HTTP: use https://"},
+		{"postgres://app@db.example:5432/orders?table=out&sslmode=disable", "the postgres sink at db.example:5432 with sslmode=disable may send the role's password unencrypted: add sslmode=verify-full"},
+		{"nats://router@nats.example:4222/out", "the nats sink at nats.example:4222 would get the password or token over plain NATS: add ?tls=true"},
+	} {
+		if _, err := admin.SubmitJob(ctx, spec("leak", c.output)); !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("submit with output %s: %v; want bad input saying %q", c.output, err, c.says)
+		}
+		if _, err := admin.UpdateJob(ctx, "wc", spec("wc", c.output), api.PolicyOverrides{}); !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("update to output %s: %v; want bad input saying %q", c.output, err, c.says)
+		}
+	}
+	if after := dump(ctx, t, tc.Admin); !maps.Equal(before, after) {
+		t.Fatalf("the refused submits and updates changed the store:\n%s", diffDumps(before, after))
+	}
 }

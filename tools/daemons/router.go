@@ -32,7 +32,7 @@ import (
 var RouterCommand = &cli.Command{
 	Name:  multidc.RouterCommand,
 	Usage: "run the output router of a mirrored job: one link's output to the sink, exactly once, with failover",
-	UsageText: "stormdock router --store URL --job JOB --links dc-a,dc-b --sink file:///SINKDIR/TENANT/PATH|http://HOST/PATH|postgres://USER@HOST:PORT/DB?table=NAME|nats://HOST:PORT/SUBJECT " +
+	UsageText: "stormdock router --store URL --job JOB --links dc-a,dc-b --sink file:///SINKDIR/TENANT/PATH|http://HOST/PATH|postgres://USER@HOST:PORT/DB?table=NAME|nats://HOST:PORT/SUBJECT[?tls=true] " +
 		"--sink-dir SINKDIR --tenant TENANT --listen 127.0.0.1:PORT [--sink-password-file FILE] [--heartbeat-timeout D]",
 	Description: "Workers post their records to https://LISTEN/v1/records (http:// without --tls-cert) and heartbeat at /v1/heartbeat\n" +
 		"(protocol: go doc github.com/stormdock/stormdock/multidc). Status: GET /v1/status, metrics: /metrics (with the scrape token).\n\n" +
@@ -82,6 +82,13 @@ func routerRun(c *cli.Context) error {
 	cred, err := multidc.OutputCredential(a.SecretsDir, a.OutputSecret)
 	if err != nil {
 		return commands.UsageErr("--output-secret: %v", err)
+	}
+	if cred != nil || a.SinkPasswordFile != "" {
+		// The master refuses such a spec at submit; a command line made by hand (or forged)
+		// is refused here before the secret is read, so it never leaves the host in clear.
+		if err := cluster.CheckOutputSecretTransport(a.Sink); err != nil {
+			return commands.UsageErr("--sink: %v", err)
+		}
 	}
 	if _, err := coord.ParseURL(a.Store); err != nil {
 		return commands.UsageErr("--store: %v", err)
