@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/stormdock/stormdock/cluster"
@@ -205,10 +207,29 @@ func (r *run) allocPort() int {
 		}
 	}
 	p := r.a.cfg.PortBase
-	for used[p] {
+	for tries := 0; used[p] || tries < maxPortProbes && !portFree(r.a.cfg.Node.Addr, p); tries++ {
 		p++
 	}
 	return p
+}
+
+// maxPortProbes bounds how many ports in use by others allocPort passes over: past them it
+// gives the next port its workers do not use, and the worker reports what it cannot bind.
+const maxPortProbes = 256
+
+// portFree reports whether nothing on the host listens on addr:port, by binding it for a
+// moment. The range is the agent's, but not the host's alone: another program (or an agent
+// of another cluster on the same host) may hold a port of it, and a worker given that port
+// cannot serve there (seen: a word count's metrics port taken, its job's autoscaling held
+// for good, "1 of 2 running workers report input_backlog"). Only "in use" counts: an address
+// the agent cannot bind for another reason (advertised, not local) says nothing.
+func portFree(addr string, port int) bool {
+	ln, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(port)))
+	if err != nil {
+		return !errors.Is(err, syscall.EADDRINUSE)
+	}
+	ln.Close()
+	return true
 }
 
 // backoff is the delay before the n-th restart within the crash-loop window (n >= 1).

@@ -330,6 +330,20 @@ scaling: {min: %d, max: %d, metric: %s, target: %d, cooldownUp: %s, cooldownDown
 		}
 		return out
 	}
+	// lastAutoscale is the job's latest autoscaling event (a decision, a refusal, a hold):
+	// what a wait that gives up says, so a failure names the autoscaler's own reason.
+	lastAutoscale := func() string {
+		evs, err := l.Client.Events(ctx, api.EventFilter{Job: "wc"}, 1000)
+		if err != nil {
+			return err.Error()
+		}
+		for i := len(evs) - 1; i >= 0; i-- {
+			if strings.HasPrefix(evs[i].Kind, "job.autoscale") {
+				return evs[i].Time.Format("15:04:05.000") + " " + evs[i].Kind + ": " + evs[i].Reason
+			}
+		}
+		return "no autoscaling event"
+	}
 	lastEventID := func() int64 {
 		evs, err := l.Client.Events(ctx, api.EventFilter{Job: "wc"}, 1000)
 		if err != nil {
@@ -383,7 +397,7 @@ scaling: {min: %d, max: %d, metric: %s, target: %d, cooldownUp: %s, cooldownDown
 			caughtUp = time.Since(step)
 			return true, ""
 		}
-		return false, fmt.Sprintf("%d workers (settled %v), backlog %v", n, ok, v)
+		return false, fmt.Sprintf("%d workers (settled %v), backlog %v; last autoscaling event %s", n, ok, v, lastAutoscale())
 	})
 	t.Logf("figure: input rate stepped 8 -> 40 lines/s (workers process 10/s each): scaled out to >= 5 workers running after %s, backlog back under target after %s",
 		scaledOut.Round(100*time.Millisecond), caughtUp.Round(100*time.Millisecond))
@@ -426,7 +440,7 @@ scaling: {min: %d, max: %d, metric: %s, target: %d, cooldownUp: %s, cooldownDown
 	rate.Store(8)
 	testenv.EventuallyWith(t, "wc scaled back in to 2 workers", 3*time.Minute, func() (bool, string) {
 		n, ok := settled()
-		return n == 2 && ok, fmt.Sprintf("%d workers (settled %v)", n, ok)
+		return n == 2 && ok, fmt.Sprintf("%d workers (settled %v); last autoscaling event %s", n, ok, lastAutoscale())
 	})
 	close(stopFeed)
 	<-fedDone
