@@ -201,6 +201,12 @@ func TestConsole(t *testing.T) {
 		`document.getElementById('view-job').textContent`)
 	admin.until("the router's node on the page", 10*time.Second, `document.getElementById('view-job').textContent.includes('running')`, "")
 	admin.screenshot("console-mirrored.png")
+	// A failover needs a live standby: the drain above may have moved a link's workers, and
+	// on a loaded machine they take a while to beat again (the router then refuses, "no
+	// live standby link to fail over to", as it should).
+	admin.until("both links alive", 60*time.Second,
+		`[...document.querySelectorAll('#view-job tr[data-link]')].filter((r) => !/\bdown\b/.test(r.textContent)).length === 2`,
+		`document.getElementById('view-job').textContent`)
 	active := admin.str(`document.querySelector('#view-job [data-active]').dataset.active`)
 	admin.clickText("#view-job", "Fail over…")
 	admin.confirm(nil)
