@@ -323,9 +323,9 @@ func (s *NATSSink) Write(ctx context.Context, recs []Record) error {
 }
 
 // publish publishes recs and returns how many were stored (or were duplicates of stored
-// ones), in order, until the first failure. The first goes alone, the others are pipelined
-// expecting consecutive sequences after it: right unless others publish to the stream at
-// the same time, and then refused and retried.
+// ones), in order, until the first failure. The first goes alone, the others are pipelined,
+// each expecting its predecessor right before it: right unless others publish to the stream
+// at the same time, and then refused and retried.
 func (s *NATSSink) publish(ctx context.Context, recs []Record) (int, error) {
 	ack, err := s.js.PublishMsg(ctx, s.record(recs[0]), jetstream.WithMsgID(s.msgID(recs[0].Offset)),
 		jetstream.WithExpectLastSequencePerSubject(s.lastSeq))
@@ -335,8 +335,15 @@ func (s *NATSSink) publish(ctx context.Context, recs []Record) (int, error) {
 	s.stored(recs[0], ack)
 	futs := make([]jetstream.PubAckFuture, 0, len(recs)-1)
 	for i, r := range recs[1:] {
+		// The subject's sequence alone does not chain them: a fence published meanwhile
+		// takes the sequence the first of them expected to follow, the first is refused,
+		// and the rest, expecting one more each, would then follow the fence (chaos, 60
+		// minutes: a fenced router's offsets kept after the fence of the next epoch). Each
+		// also expects the stream's last message to be its predecessor, which a fence (or
+		// any other message) breaks for all that follow.
 		f, err := s.js.PublishMsgAsync(s.record(r), jetstream.WithMsgID(s.msgID(r.Offset)),
-			jetstream.WithExpectLastSequencePerSubject(ack.Sequence+uint64(i)))
+			jetstream.WithExpectLastSequencePerSubject(ack.Sequence+uint64(i)),
+			jetstream.WithExpectLastMsgID(s.msgID(recs[i].Offset)))
 		if err != nil {
 			break
 		}
