@@ -317,3 +317,59 @@ func TestNATSSinkTLS(t *testing.T) {
 		t.Logf("%s: %v", tc.what, err)
 	}
 }
+
+// TestNATSSinkFenceDuringPipeline: a takeover while the old router pipelines a large batch.
+// The new router's fence lands between two of its publishes; none of the old router's
+// publishes after the fence may be stored (60-minute chaos: a fenced router's 30 offsets
+// followed the fence, each expecting only the subject's sequence before it).
+func TestNATSSinkFenceDuringPipeline(t *testing.T) {
+	srv := natstest.Shared(t)
+	ctx := context.Background()
+	for round := range 5 {
+		subject := natsSubject()
+		raw := srv.URL() + "/" + subject
+		a := openNATS(t, raw, "wc", "a")
+		if err := a.Write(ctx, recs("dc-a", 0, 1)); err != nil {
+			t.Fatal(err)
+		}
+		written := make(chan struct{})
+		done := make(chan error, 1)
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() {
+			next := int64(1)
+			for {
+				err := a.Write(wctx, recs("dc-a", next, next+500))
+				if err != nil {
+					done <- err
+					return
+				}
+				next += 500
+				if next == 501 {
+					close(written)
+				}
+			}
+		}()
+		<-written
+		b := openNATS(t, raw, "wc", "b")
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrFenced) {
+				t.Fatalf("round %d: the old router's write: %v; want ErrFenced", round, err)
+			}
+		case <-time.After(testenv.Timeout(30 * time.Second)):
+			stop()
+			<-done
+			checkSubject(t, readSubject(t, srv, subject), 0) // says which publish followed the fence
+			t.Fatalf("round %d: the old router is never fenced: its publishes after the fence are stored", round)
+		}
+		last, err := b.LastOffset(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Write(ctx, recs("dc-b", last+1, last+101)); err != nil {
+			t.Fatal(err)
+		}
+		checkSubject(t, readSubject(t, srv, subject), last+101)
+	}
+}
