@@ -92,14 +92,7 @@ func askSecrets(t *testing.T, url, node string, workers []cluster.WorkerKey, sig
 // on the node's own signature, sealed to the node's own key; nothing else gets one.
 func TestSecretsAPI(t *testing.T) {
 	tc := clustertest.NewSim(t)
-	ringPath := filepath.Join(t.TempDir(), "secrets.key")
-	if _, err := keyring.Generate(ringPath); err != nil {
-		t.Fatal(err)
-	}
-	ring, err := keyring.Open(ringPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ring := newRing(t)
 	var logs testenv.Buffer
 	m, _, _ := tc.Master("m1", func(c *master.Config) {
 		c.Keyring = ring
@@ -272,14 +265,7 @@ func readAssignment(ctx context.Context, tc *clustertest.Sim, node string) ([]cl
 // with an encrypted (or loopback) output is taken.
 func TestOutputSecretInClearRefused(t *testing.T) {
 	tc := clustertest.NewSim(t)
-	ringPath := filepath.Join(t.TempDir(), "secrets.key")
-	if _, err := keyring.Generate(ringPath); err != nil {
-		t.Fatal(err)
-	}
-	ring, err := keyring.Open(ringPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ring := newRing(t)
 	m, _, _ := tc.Master("m1", func(c *master.Config) { c.Keyring = ring })
 	testenv.Eventually(t, "leading", 5*time.Second, m.Leader)
 	srv, _ := tc.API(m, httpapi.Config{})
@@ -317,4 +303,18 @@ func TestOutputSecretInClearRefused(t *testing.T) {
 	if after := dump(ctx, t, tc.Admin); !maps.Equal(before, after) {
 		t.Fatalf("the refused submits and updates changed the store:\n%s", diffDumps(before, after))
 	}
+}
+
+// newRing makes a masters' keyring in a temporary file.
+func newRing(t *testing.T) *keyring.File {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "secrets.key")
+	if _, err := keyring.Generate(path); err != nil {
+		t.Fatal(err)
+	}
+	ring, err := keyring.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ring
 }
