@@ -384,9 +384,27 @@ func TestEventsAndLogs(t *testing.T) {
 		st := c.status("mirror")
 		return st.Sink != nil && st.Sink.Fed, fmt.Sprintf("%+v", st.Sink)
 	})
+	// The router refuses a failover to a link whose workers do not beat yet (as it should):
+	// wait for both links alive, as an operator would read them in link status.
+	testenv.EventuallyWith(t, "both links alive", 60*time.Second, func() (bool, string) {
+		ls := h.linkStatus(t, "mirror")
+		alive := 0
+		for _, l := range ls.Links {
+			if l.Alive {
+				alive++
+			}
+		}
+		return alive == 2, fmt.Sprintf("%+v", ls.Links)
+	})
 	active := c.status("mirror").Sink.Active
 	other := map[string]string{"dc-a": "dc-b", "dc-b": "dc-a"}[active]
+	// The leading router's log, followed from before the failover: its line must arrive live.
+	rlogs := follow(t, env, "job", "logs", "mirror", "--router", "-f", "--tail", "-1")
+	_, ri := rlogs.wait(t, "the leading router's log followed", 0, func(string) bool { return true })
 	c.ok("link", "failover", "mirror", "--to", other, "--store", h.StoreURL())
+	rlogs.wait(t, "the failover in the followed router log", ri+1, func(s string) bool {
+		return strings.Contains(s, "failover") && strings.Contains(s, "manual") && strings.Contains(s, other)
+	})
 	fo := events.waitEvent(t, "manual failover", func(e api.Event) bool {
 		return e.Kind == api.EventLinkFailover && e.Job == "mirror" && e.Link == other
 	})

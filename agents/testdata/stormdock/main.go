@@ -72,6 +72,11 @@ func helper() {
 	}
 	key += "." + env["STORMDOCK_WORKER"]
 	base := filepath.Join(os.Getenv("HELPER_DIR"), key+"."+strconv.Itoa(os.Getpid()))
+	// SIGHUP is caught before the report is written: a test that waits for the report and
+	// then changes the live configuration must not have its signal ignored (the launcher
+	// starts workers with SIGHUP ignored until they ask for it).
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
 	fmt.Printf("helper pid %d\n", os.Getpid()) // the worker's log: agents serve it
 	b, _ := json.Marshal(report{PID: os.Getpid(), PPID: os.Getppid(), Env: env, At: time.Now()})
 	if err := os.WriteFile(base+".json.tmp", b, 0o644); err == nil {
@@ -100,8 +105,6 @@ func helper() {
 			}))
 		}
 	}
-	hups := make(chan os.Signal, 1)
-	signal.Notify(hups, syscall.SIGHUP)
 	go func() {
 		for n := 1; ; n++ {
 			<-hups
