@@ -24,6 +24,11 @@ import (
 // maxIdle bounds the idle connections a master keeps to agents, per transport.
 const maxIdle = 512
 
+// maxSessions bounds the TLS sessions kept to resume (one per agent address, some 1 KB each
+// with the agent's certificate): more than the agents of the largest cluster, since a
+// master pulls them in turn and an LRU smaller than that would evict each before its reuse.
+const maxSessions = 25000
+
 // ErrNoEndpoint: the node's record says of no endpoint the master can reach.
 var ErrNoEndpoint = errors.New("no agent endpoint")
 
@@ -36,11 +41,16 @@ type Client struct {
 	pins map[string]string // TLS agents' certificate hashes, by address
 
 	plain, tls *http.Transport
+	// sessions resume the TLS sessions of agents dialled again (a master keeps maxIdle
+	// connections open, far fewer than the agents it pulls each interval): a resumption
+	// skips the signature and the certificate's parsing on both sides. The pin is checked
+	// on resumptions too (tls.Config.VerifyConnection runs for every connection).
+	sessions tls.ClientSessionCache
 }
 
 // New returns a client that reads (or makes, at its first use) the agent key in store.
 func New(store coord.KV) *Client {
-	c := &Client{store: store, pins: map[string]string{}}
+	c := &Client{store: store, pins: map[string]string{}, sessions: tls.NewLRUClientSessionCache(maxSessions)}
 	dialer := &net.Dialer{Timeout: 5 * time.Second}
 	base := func() *http.Transport {
 		// At most maxIdle connections kept open in all: a master pulls every agent's
@@ -66,7 +76,9 @@ func New(store coord.KV) *Client {
 		if err != nil {
 			return nil, err
 		}
-		conn := tls.Client(raw, api.PinnedTLS(want))
+		cfg := api.PinnedTLS(want)
+		cfg.ClientSessionCache = c.sessions
+		conn := tls.Client(raw, cfg)
 		if err := conn.HandshakeContext(ctx); err != nil {
 			raw.Close()
 			return nil, err
