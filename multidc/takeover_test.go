@@ -113,10 +113,8 @@ func TestRouterTakesOverOnEvidence(t *testing.T) {
 	// 1. The leader stops answering, its session alive.
 	stopped := routers[first]
 	at := delivered(first)
-	if err := stopped.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
 	cut := time.Now()
+	testenv.Stop(t, stopped.cmd.Process.Pid)
 	next, st := leader("the standby leading")
 	if next == first {
 		t.Fatalf("router %d leads again", first)

@@ -37,13 +37,18 @@ func main() {
 			}
 		}
 	case "stop":
-		d, _ := time.ParseDuration(os.Args[4])
 		h = func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "# TYPE %s gauge\n%s %s\n", os.Args[2], os.Args[2], os.Args[3])
 		}
-		time.AfterFunc(d, func() { ln.Close() })
 	}
-	go http.Serve(ln, h) //nolint:errcheck // ends with the listener
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	if os.Args[1] == "stop" {
+		// Close, not the listener alone: the agent's scraper keeps its connection alive,
+		// and a connection kept would go on serving the gauge.
+		d, _ := time.ParseDuration(os.Args[4])
+		time.AfterFunc(d, func() { srv.Close() })
+	}
+	go srv.Serve(ln) //nolint:errcheck // ends with the server
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
 	<-term
