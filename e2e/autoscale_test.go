@@ -387,19 +387,21 @@ scaling: {min: %d, max: %d, metric: %s, target: %d, cooldownUp: %s, cooldownDown
 	step := time.Now()
 	rate.Store(40)
 	var scaledOut, caughtUp time.Duration
+	// 4 workers process the 40 lines/s exactly: a backlog under target with 4 is as good as
+	// one drained by more (the policy need not, and does not, scale past it).
 	testenv.EventuallyWith(t, "wc scaled out with its backlog under target", 3*time.Minute, func() (bool, string) {
 		n, ok := settled()
-		if n >= 5 && ok && scaledOut == 0 {
+		if n >= 4 && ok && scaledOut == 0 {
 			scaledOut = time.Since(step)
 		}
 		v, w, _ := backlog()
-		if ok && n >= 5 && v >= 0 && v <= float64(target*w) {
+		if ok && n >= 4 && v >= 0 && v <= float64(target*w) {
 			caughtUp = time.Since(step)
 			return true, ""
 		}
 		return false, fmt.Sprintf("%d workers (settled %v), backlog %v; last autoscaling event %s", n, ok, v, lastAutoscale())
 	})
-	t.Logf("figure: input rate stepped 8 -> 40 lines/s (workers process 10/s each): scaled out to >= 5 workers running after %s, backlog back under target after %s",
+	t.Logf("figure: input rate stepped 8 -> 40 lines/s (workers process 10/s each): scaled out to >= 4 workers running after %s, backlog back under target after %s",
 		scaledOut.Round(100*time.Millisecond), caughtUp.Round(100*time.Millisecond))
 	res.scaledOut, res.caughtUp = scaledOut, caughtUp
 
