@@ -2,6 +2,7 @@ package multidc
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/stormdock/stormdock/internal/pgtest"
+	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -222,6 +224,60 @@ func TestPGSinkPassword(t *testing.T) {
 	}
 	if _, err := OpenPGSink(ctx, "postgres://postgres:"+pw+"@"+srv.Addr()+"/postgres?table=out", FencingOptions{Job: "wc"}); err == nil || strings.Contains(err.Error(), pw) {
 		t.Errorf("a password in the URL: %v", err)
+	}
+}
+
+// TestPGSinkTLS: a server that takes TLS connections only, with a certificate of the test's
+// CA: the router, given that CA, writes with verify-full and verify-ca, the role's password
+// crossing only the verified channel; the system's roots, another CA, or sslmode=disable
+// fail in one line that never holds the password.
+func TestPGSinkTLS(t *testing.T) {
+	const pw = "tls-pw-8d21-secret"
+	srv := pgtest.Start(t, pgtest.Options{Password: pw, TLS: true})
+	good := func() ([]byte, error) { return []byte(pw + "\n"), nil }
+	url := func(mode string) string {
+		return fmt.Sprintf("postgres://%s@%s/postgres?table=out&sslmode=%s", pgtest.Superuser, srv.Addr(), mode)
+	}
+	ctx := context.Background()
+	var next int64
+	for _, mode := range []string{"verify-full", "verify-ca"} {
+		s := openPG(t, url(mode), "wc", func(o *FencingOptions) { o.Password, o.RootCAs = good, srv.RootCAs() })
+		if err := s.Write(ctx, recs("dc-a", next, next+5)); err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		next += 5
+		s.Close()
+	}
+	checkPGRows(t, pgRows(t, srv, "postgres", "out"), next)
+
+	otherPEM, _, err := pki.NewCA("not the server's CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := x509.NewCertPool()
+	other.AppendCertsFromPEM(otherPEM)
+	for _, tc := range []struct {
+		what, raw string
+		roots     *x509.CertPool
+		want      string
+	}{
+		{"another CA", url("verify-full"), other, "certificate signed by unknown authority"},
+		{"another CA, verify-ca", url("verify-ca"), other, "certificate signed by unknown authority"},
+		{"the system's roots", url("verify-full"), nil, "certificate signed by unknown authority"},
+		{"no TLS", url("disable"), srv.RootCAs(), "no encryption"},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		s, err := OpenPGSink(cctx, tc.raw, FencingOptions{Job: "wc", Router: "c", Password: good, RootCAs: tc.roots, Logger: testenv.Logger(t, slog.LevelWarn)})
+		cancel()
+		if err == nil {
+			s.Close()
+			t.Errorf("%s: the sink opened", tc.what)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, tc.want) || strings.Contains(msg, "\n") || strings.Contains(msg, pw) {
+			t.Errorf("%s: %q, want one line saying %q (and never the password)", tc.what, msg, tc.want)
+		}
+		t.Logf("%s: %v", tc.what, err)
 	}
 }
 

@@ -26,8 +26,9 @@ type FencingOptions struct {
 	// rotated secret is used; nil: none.
 	Password func() ([]byte, error)
 	// RootCAs verifies the certificates of a sink spoken to over TLS (a nats sink with
-	// tls=true); nil: the system's roots, which SSL_CERT_FILE and SSL_CERT_DIR point
-	// elsewhere (a private CA) for the router's process.
+	// tls=true, a postgres sink with sslmode=verify-full or verify-ca); nil: the system's
+	// roots, which SSL_CERT_FILE and SSL_CERT_DIR point elsewhere (a private CA) for the
+	// router's process.
 	RootCAs *x509.CertPool
 	// Dial, when set, makes the sink's connections (tests through a network lab).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -123,7 +124,7 @@ func OpenSink(ctx context.Context, raw string, opts SinkOptions) (Sink, error) {
 		}
 		return OpenFileSink(opts.SinkDir, opts.Tenant, u.Path, FileSinkOptions{Policy: policy, Evidence: opts.Evidence})
 	case "postgres", "postgresql":
-		return OpenPGSink(ctx, raw, FencingOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, Logger: opts.Logger})
+		return OpenPGSink(ctx, raw, FencingOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, RootCAs: opts.RootCAs, Logger: opts.Logger})
 	case "nats":
 		return OpenNATSSink(ctx, raw, FencingOptions{Job: opts.Job, Router: opts.Router, Password: opts.Password, RootCAs: opts.RootCAs, Logger: opts.Logger})
 	}

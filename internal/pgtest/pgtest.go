@@ -6,6 +6,8 @@ package pgtest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stormdock/stormdock/internal/pki"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
@@ -57,6 +60,10 @@ type Options struct {
 	Password string
 	// StartTimeout bounds the wait for the server to answer. Default 30 s.
 	StartTimeout time.Duration
+	// TLS makes the server take TCP connections over TLS only (ssl=on, hostssl alone in
+	// pg_hba.conf), with a certificate for its address and localhost issued by a CA of the
+	// test's own (internal/pki); RootCAs trusts it.
+	TLS bool
 }
 
 // Server is a PostgreSQL server run by a test (Start), or the shared one (Shared), which the
@@ -66,6 +73,8 @@ type Server struct {
 	addr string
 	opts Options
 	dir  string // holds data/ (the cluster), the socket and server.log; "" for the shared server
+
+	pool *x509.CertPool // the CA of a TLS server's certificate; nil for a plain server
 
 	mu   sync.Mutex
 	proc *testenv.Proc // nil while not running
@@ -110,6 +119,11 @@ func Start(t testing.TB, opts Options) *Server {
 		port = testenv.FreePort(t)
 	}
 	s.addr = net.JoinHostPort(ip, strconv.Itoa(port))
+	if opts.TLS {
+		if err := s.issueCert(ip, pg); err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+	}
 	if err := s.writeHBA(); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
@@ -208,7 +222,11 @@ func (s *Server) writeHBA() error {
 	if s.opts.Password != "" {
 		method = "scram-sha-256"
 	}
-	hba := fmt.Sprintf("local all all trust\nhost all all 0.0.0.0/0 %s\n", method)
+	kind := "host"
+	if s.opts.TLS {
+		kind = "hostssl" // a connection in clear finds no entry: refused
+	}
+	hba := fmt.Sprintf("local all all trust\n%s all all 0.0.0.0/0 %s\n", kind, method)
 	p := filepath.Join(s.dir, "data", "pg_hba.conf")
 	if err := os.WriteFile(p, []byte(hba), 0o600); err != nil {
 		return err
@@ -233,6 +251,10 @@ func (s *Server) spawn() error {
 	args := []string{"--reuid=postgres", "--regid=postgres", "--init-groups", filepath.Join(BinDir, "postgres"),
 		"-D", filepath.Join(s.dir, "data"), "-p", port, "-k", s.dir, "-c", "listen_addresses=" + host,
 		"-c", "fsync=off", "-c", "max_connections=200", "-c", "shared_buffers=16MB", "-c", "log_min_messages=warning"}
+	if s.opts.TLS {
+		args = append(args, "-c", "ssl=on", "-c", "ssl_cert_file="+filepath.Join(s.dir, "server.crt"),
+			"-c", "ssl_key_file="+filepath.Join(s.dir, "server.key"))
+	}
 	cmd := exec.Command("setpriv", args...)
 	if s.opts.Host != nil {
 		cmd = s.opts.Host.Command("setpriv", args...)
@@ -246,6 +268,39 @@ func (s *Server) spawn() error {
 }
 
 func (s *Server) logFile() string { return filepath.Join(s.dir, "server.log") }
+
+// issueCert makes the test's CA and the server's certificate (for ip and localhost) in the
+// server's directory, its key the postgres user's alone (the server refuses one others read).
+func (s *Server) issueCert(ip string, pg *user.User) error {
+	caPEM, caKeyPEM, err := pki.NewCA("pgtest CA")
+	if err != nil {
+		return err
+	}
+	ca, caKey, err := pki.ParseCA(caPEM, caKeyPEM)
+	if err != nil {
+		return err
+	}
+	certPEM, keyPEM, err := pki.IssueCert(ca, caKey, []string{ip, "localhost"}, 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	crt, key := filepath.Join(s.dir, "server.crt"), filepath.Join(s.dir, "server.key")
+	if err := pki.WriteFiles(map[string][]byte{crt: certPEM, key: keyPEM}, 0o600); err != nil {
+		return err
+	}
+	for _, p := range []string{crt, key} {
+		if err := chownTo(p, pg); err != nil {
+			return err
+		}
+	}
+	s.pool = x509.NewCertPool()
+	s.pool.AddCert(ca)
+	return nil
+}
+
+// RootCAs is the pool that verifies a TLS server's certificate (Options.TLS); nil for a
+// plain server.
+func (s *Server) RootCAs() *x509.CertPool { return s.pool }
 
 func (s *Server) waitUp() error {
 	s.mu.Lock()
@@ -277,6 +332,9 @@ func (s *Server) ConnConfig(db string) *pgx.ConnConfig {
 	host, port, _ := net.SplitHostPort(s.addr)
 	cfg := config(host, port, db)
 	cfg.Password = s.opts.Password
+	if s.pool != nil {
+		cfg.TLSConfig = &tls.Config{RootCAs: s.pool, ServerName: host, MinVersion: tls.VersionTLS12}
+	}
 	if s.opts.Dial != nil {
 		cfg.DialFunc = s.opts.Dial
 	}
