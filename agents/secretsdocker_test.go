@@ -91,7 +91,7 @@ func TestSecretsDeliveredToContainer(t *testing.T) {
 		}
 		return kid != 0, fmt.Sprintf("children of %d: %v", info.State.Pid, kids)
 	})
-	if s := procStatus(t, kid, "Uid"); strings.Fields(s+" ")[0] != fmt.Sprint(tenantUID) {
+	if s := procStatus(t, kid, "Uid"); strings.Fields(s + " ")[0] != fmt.Sprint(tenantUID) {
 		t.Errorf("the container's worker runs as uid %q, want the tenant's %d", s, tenantUID)
 	}
 	inside := fmt.Sprintf("/proc/%d/root/run/secrets/db", kid)
