@@ -136,6 +136,7 @@ func (c *Controller) observe(ctx context.Context, withJobs bool) (Observation, e
 	if err != nil {
 		return obs, fmt.Errorf("list jobs: %w", err)
 	}
+	assigned := make([]int, len(obs.Nodes))
 	for _, j := range jobs {
 		if j.Unplaced == 0 && !withJobs {
 			continue
@@ -161,6 +162,7 @@ func (c *Controller) observe(ctx context.Context, withJobs bool) (Observation, e
 					n.Jobs = map[string][]string{}
 				}
 				n.Jobs[j.Name] = st.Job.Spec.Placement.Spread
+				assigned[i]++
 			}
 		}
 	}
@@ -169,6 +171,9 @@ func (c *Controller) observe(ctx context.Context, withJobs bool) (Observation, e
 			if obs.Nodes[i].Jobs == nil {
 				obs.Nodes[i].Jobs = map[string][]string{}
 			}
+			// The nodes were read before the jobs: workers placed on a node meanwhile (a node
+			// just added for them, its slots still empty in the first read) make it busy.
+			obs.Nodes[i].Used = max(obs.Nodes[i].Used, assigned[i])
 		}
 	}
 	return obs, nil

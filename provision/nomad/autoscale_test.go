@@ -45,7 +45,9 @@ func TestAutoscaleRecorded(t *testing.T) {
 	}
 	var decided []autoscale.Decision
 	ctl := &autoscale.Controller{Name: "rec", Provider: e.p, Client: cl, Decided: func(d autoscale.Decision) { decided = append(decided, d) },
-		Policy: autoscale.Policy{Min: 2, Max: 3, Grace: cluster.Duration(time.Millisecond), IdleFor: cluster.Duration(time.Millisecond),
+		// IdleFor covers the moment between the added node's registration and the waiting
+		// workers' placement on it, when it is still empty (1 ms removed it at once, now and then).
+		Policy: autoscale.Policy{Min: 2, Max: 3, Grace: cluster.Duration(time.Millisecond), IdleFor: cluster.Duration(2 * time.Second),
 			Cooldown: cluster.Duration(time.Millisecond)}}
 	running := func(n int) func() (bool, string) {
 		return func() (bool, string) {
@@ -101,16 +103,21 @@ func TestAutoscaleRecorded(t *testing.T) {
 	if drain < 0 || drain > scaleIn {
 		t.Errorf("drain at %d, scale-in at %d: %v", drain, scaleIn, ev)
 	}
-	evs, err := cl.Events(ctx, api.EventFilter{}, 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The master's event log is written in batches: wait for the second event to be read.
 	var kinds []string
-	for _, e := range evs {
-		if e.Kind == api.EventClusterAutoscaled {
-			kinds = append(kinds, e.Object+": "+e.Reason)
+	testenv.EventuallyWith(t, "both cluster events", time.Minute, func() (bool, string) {
+		evs, err := cl.Events(ctx, api.EventFilter{}, 1000)
+		if err != nil {
+			return false, err.Error()
 		}
-	}
+		kinds = kinds[:0]
+		for _, e := range evs {
+			if e.Kind == api.EventClusterAutoscaled {
+				kinds = append(kinds, e.Object+": "+e.Reason)
+			}
+		}
+		return len(kinds) >= 2, fmt.Sprintf("%q", kinds)
+	})
 	if len(kinds) != 2 || !strings.HasPrefix(kinds[0], "cluster/rec: 2 workers wait for room") || !strings.Contains(kinds[1], "nomad-client-3 idle") {
 		t.Errorf("cluster events: %q", kinds)
 	}
