@@ -64,17 +64,18 @@ func TestDockerImageOwnCommand(t *testing.T) {
 			t.Errorf("mounts %+v: want the agent's launcher copy read-only at /run/stormdock-launch", info.Mounts)
 		}
 		init := info.State.Pid
+		// The child is a fork of the launcher until its exec: wait for the exec, not for the fork
+		// (CI saw the launcher's own command line in the moment between the two).
 		var kid int
-		testenv.EventuallyWith(t, "the launcher's child", 30*time.Second, func() (bool, string) {
+		testenv.EventuallyWith(t, "the launcher's child running the image's CMD", 30*time.Second, func() (bool, string) {
 			kids := clustertest.Children(init)
-			if len(kids) == 1 {
-				kid = kids[0]
+			if len(kids) != 1 {
+				return false, fmt.Sprintf("children of %d: %v", init, kids)
 			}
-			return kid != 0, fmt.Sprintf("children of %d: %v", init, kids)
+			kid = kids[0]
+			cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", kid))
+			return err == nil && string(cmd) == images.JobPath+"\x00term\x00", fmt.Sprintf("the launcher's child %d runs %q (%v); want the image's CMD", kid, cmd, err)
 		})
-		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", kid)); string(cmd) != images.JobPath+"\x00term\x00" {
-			t.Errorf("the launcher runs %q; want the image's CMD", cmd)
-		}
 		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", kid))
 		if !strings.Contains(string(status), fmt.Sprintf("Uid:\t%d\t", tenantUID)) {
 			t.Errorf("the image's CMD does not run as the tenant's uid %d:\n%s", tenantUID, status)

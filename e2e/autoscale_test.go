@@ -20,6 +20,7 @@ import (
 	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/internal/testenv"
+	"github.com/stormdock/stormdock/master/autoscale"
 	"github.com/stormdock/stormdock/master/jobmetrics"
 )
 
@@ -388,14 +389,17 @@ scaling: {min: %d, max: %d, metric: %s, target: %d, cooldownUp: %s, cooldownDown
 	rate.Store(40)
 	var scaledOut, caughtUp time.Duration
 	// 4 workers process the 40 lines/s exactly: a backlog under target with 4 is as good as
-	// one drained by more (the policy need not, and does not, scale past it).
+	// one drained by more (the policy need not, and does not, scale past it). Under target
+	// means within the policy's own band (autoscale.Tolerance): 4 workers that process the
+	// input exactly keep whatever backlog they reached, and CI saw one settle at 82 of 80,
+	// rightly steady, while the test waited for a decision the policy would never make.
 	testenv.EventuallyWith(t, "wc scaled out with its backlog under target", 3*time.Minute, func() (bool, string) {
 		n, ok := settled()
 		if n >= 4 && ok && scaledOut == 0 {
 			scaledOut = time.Since(step)
 		}
 		v, w, _ := backlog()
-		if ok && n >= 4 && v >= 0 && v <= float64(target*w) {
+		if ok && n >= 4 && v >= 0 && v <= float64(target*w)*(1+autoscale.Tolerance) {
 			caughtUp = time.Since(step)
 			return true, ""
 		}
