@@ -286,10 +286,21 @@ func (m *Master) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	m.setWaiting("")
-	if err := m.checkKeyring(ctx); err != nil {
+	// The keyring check writes to the store too: a store lost right after the directories
+	// were made is waited out the same way (a mismatched key is no outage: it ends Run).
+	if err := dep.Do(ctx, "check the secrets keyring", func(ctx context.Context) error {
+		err := m.checkKeyring(ctx)
+		if err != nil && await.StoreUnavailable(err) {
+			m.setWaiting("the store: " + err.Error())
+		}
+		return err
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
+	m.setWaiting("")
 	defer m.quitOnce.Do(func() { close(m.quit) })
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
