@@ -39,4 +39,11 @@ func TestMirrorJetStreamSpec(t *testing.T) {
 	if _, err := cluster.ParsePostgresOutput(spec.Output); err != nil {
 		t.Errorf("output %s: %v", spec.Output, err)
 	}
+	// Its comment says the password is the output secret: one it may send to that host.
+	if spec.OutputSecret == "" {
+		t.Error("no outputSecret: the example's role has no password to give")
+	}
+	if err := cluster.CheckOutputSecretTransport(spec.Output); err != nil {
+		t.Errorf("output %s with its secret: %v", spec.Output, err)
+	}
 }
