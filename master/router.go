@@ -282,7 +282,10 @@ func (r *reconciler) routersApart(ctx context.Context, v *View, in placement.Inp
 				to = p.Node
 			}
 		}
-		if to == "" || dcOf(to) == shared || len(tres.Moves) != len(res.Moves)+1 {
+		// The trial plans the standby afresh (it is not in the trial's Current), so its new
+		// place is no Move there: nothing else may move (the check used to want one more
+		// move, which a trial never has, and no standby was ever moved back).
+		if to == "" || dcOf(to) == shared || len(tres.Moves) != len(res.Moves) {
 			if r.apartTried == nil {
 				r.apartTried = map[string]time.Time{}
 			}
@@ -292,6 +295,8 @@ func (r *reconciler) routersApart(ctx context.Context, v *View, in placement.Inp
 		r.m.log.Info("moving a standby router to another data center: both of the job's routers were in one",
 			"router", ps[standby].Key().String(), "dc", shared, "from", ps[standby].Node, "to", to)
 		delete(r.apartTried, name)
+		tres.Moves = append(tres.Moves, placement.Move{Job: ps[standby].Job, Worker: ps[standby].Worker, Link: ps[standby].Link,
+			From: ps[standby].Node, To: to, Reason: "routers apart: both of the job's routers were in " + shared})
 		res, held = tres, theld
 	}
 	return res, held, nil
