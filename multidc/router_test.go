@@ -397,6 +397,10 @@ func TestManualFailoverAndStatusInStore(t *testing.T) {
 	tr := startRouter(t, store, []string{"dc-a", "dc-b"}, func(c *Config) {
 		c.Registerer = reg
 		c.StatusInterval = 50 * time.Millisecond
+		// Only manual failovers here: a heartbeat one is another test's, and CI under load
+		// saw senders late by 636ms fail a link over (spurious, and counted as such) before
+		// the store's status was read, which then rightly had a fourth failover.
+		c.HeartbeatTimeout = 10 * time.Second
 	})
 	waitReady(t, tr.URL())
 	_, lines := writeFixture(t, 3000)
