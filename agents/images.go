@@ -246,8 +246,9 @@ func (r *run) notStarted(s *slot, seq int, what, logMsg string, err error) {
 	s.failures++
 	s.state, s.since = cluster.WorkerFailed, time.Now()
 	s.lastExit = what + ": " + strings.Join(strings.Fields(err.Error()), " ")
-	s.retryAt = time.Now().Add(r.backoff(s.failures))
-	r.log.Warn(logMsg, "worker", s.id, "attempt", s.failures, "retry_in", r.backoff(s.failures), "err", err)
+	retry := r.retryIn(s.failures, err)
+	s.retryAt = time.Now().Add(retry)
+	r.log.Warn(logMsg, "worker", s.id, "attempt", s.failures, "retry_in", retry, "err", err)
 	r.reconcile()
 }
 

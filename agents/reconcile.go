@@ -11,6 +11,7 @@ import (
 
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/isolation"
+	"github.com/stormdock/stormdock/isolation/docker"
 )
 
 // slot is one worker the agent handles: running, backing off after a crash, being started or
@@ -233,6 +234,19 @@ func portFree(addr string, port int) bool {
 }
 
 // backoff is the delay before the n-th restart within the crash-loop window (n >= 1).
+// engineRetry is how often a start the docker engine did not answer is tried again: not the
+// doubling backoff, whose ceiling a dockerd restart made workers wait out after the engine
+// was back (the chaos run saw a minute).
+const engineRetry = time.Second
+
+// retryIn is when a start that failed with err, the n-th failure in a row, is tried again.
+func (r *run) retryIn(n int, err error) time.Duration {
+	if docker.Unreachable(err) {
+		return min(r.backoff(n), engineRetry)
+	}
+	return r.backoff(n)
+}
+
 func (r *run) backoff(n int) time.Duration {
 	d := r.a.cfg.RestartBackoff
 	for i := 1; i < n && d < r.a.cfg.MaxBackoff; i++ {
@@ -380,8 +394,9 @@ func (r *run) startFailed(s *slot, err error) {
 	s.failures++
 	s.state, s.since = cluster.WorkerFailed, time.Now()
 	s.lastExit = "start failed: " + err.Error()
-	s.retryAt = time.Now().Add(r.backoff(s.failures))
-	r.log.Warn("worker start failed", "worker", s.id, "attempt", s.failures, "retry_in", r.backoff(s.failures), "err", err)
+	retry := r.retryIn(s.failures, err)
+	s.retryAt = time.Now().Add(retry)
+	r.log.Warn("worker start failed", "worker", s.id, "attempt", s.failures, "retry_in", retry, "err", err)
 	r.publishSoon()
 }
 

@@ -32,3 +32,11 @@ func Connect(ctx context.Context, host string) (*client.Client, error) {
 	}
 	return cli, nil
 }
+
+// Unreachable reports whether err is the engine not answering at all (dockerd stopped or
+// restarting: no connection to its socket), as opposed to an answer refusing the request.
+// An agent retries such starts at a short, fixed interval: the engine's return, not the
+// worker or its image, decides when they succeed.
+func Unreachable(err error) bool {
+	return err != nil && client.IsErrConnectionFailed(err)
+}
