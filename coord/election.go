@@ -233,7 +233,12 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 		for _, c := range cs[:idx] {
 			k := joinKey(e.prefix, c.name)
 			if ent, err := e.s.Get(ctx, k); err == nil && ent.Owner == owner && string(ent.Value) == e.id {
-				if err := e.s.Delete(ctx, k, AnyVersion); err != nil && !errors.Is(err, ErrNotFound) && !isUnavailable(err) {
+				err := e.s.Delete(ctx, k, AnyVersion)
+				if errors.Is(err, ErrNotFound) {
+					// Read a moment ago, gone for the leader of the ensemble: unless it is
+					// gone for the server read from too, that server came apart.
+					e.apart(ctx, k)
+				} else if err != nil && !isUnavailable(err) {
 					return fail(err)
 				}
 				stale = true
@@ -288,8 +293,14 @@ func (e *Election) waitGone(ctx context.Context, key string, sess <-chan Session
 	if err != nil {
 		return err
 	}
+	confirm := time.NewTicker(confirmEvery)
+	defer confirm.Stop()
 	for {
 		select {
+		case <-confirm.C:
+			if gone, _ := e.gone(ctx, key); gone {
+				return nil
+			}
 		case ev, ok := <-ch:
 			if !ok {
 				if ctx.Err() != nil {
@@ -327,8 +338,17 @@ func (e *Election) lead(me string, ent Entry, sess <-chan SessionEvent, subCance
 		if err != nil {
 			return
 		}
+		confirm := time.NewTicker(confirmEvery)
+		defer confirm.Stop()
 		for {
 			select {
+			case <-confirm.C:
+				// A leader that reads its entry from a server apart from the ensemble
+				// would lead on for as long as that server stays apart, every write
+				// fenced, and no watch to end the term.
+				if gone, _ := e.gone(mctx, me); gone {
+					return
+				}
 			case ev, ok := <-ch:
 				if !ok || !ev.Exists || ev.Entry.CreateRev != ent.CreateRev {
 					return
@@ -356,4 +376,39 @@ func (e *Election) lead(me string, ent Entry, sess <-chan SessionEvent, subCance
 		}
 	}()
 	return l
+}
+
+// confirmEvery is how often a candidate checks, in the store's order of writes, that the
+// entry it waits behind (or, leading, its own) is there as the server it reads from shows it.
+// A ZooKeeper server answers reads from its own copy, and the chaos run saw one come apart
+// from its ensemble (ZooKeeper 3.8.0, after a leader's partition): for minutes it showed an
+// election entry the ensemble's leader had deleted, while forwarding writes that the leader
+// refused. The watches on the entry never fired: one master waited behind it for good and
+// the other led on it, its every write fenced.
+const confirmEvery = 2 * time.Second
+
+// gone reports whether key no longer exists in the order of writes: a check in a
+// transaction is decided by the ensemble's leader. A key gone there but still read from the
+// server this client talks to, after that answer (a server answers one client's requests in
+// order), shows the server apart from the ensemble: the client moves to another (Redial).
+// Unknown (the store unavailable): false, with the error.
+func (e *Election) gone(ctx context.Context, key string) (bool, error) {
+	_, err := e.s.Txn(ctx, CheckOp(key, AnyVersion))
+	switch {
+	case err == nil:
+		return false, nil
+	case !errors.Is(err, ErrNotFound):
+		return false, err
+	}
+	e.apart(ctx, key)
+	return true, nil
+}
+
+// apart moves the client to another server when the one it reads from still shows key,
+// which the ensemble's leader has just said is gone.
+func (e *Election) apart(ctx context.Context, key string) {
+	if _, err := e.s.Get(ctx, key); err != nil {
+		return
+	}
+	redialApart(e.s, key)
 }

@@ -228,6 +228,14 @@ func Redial(s Store) {
 	}
 }
 
+// redialApart is Redial for a server found apart from its ensemble: it showed key, which
+// the ensemble's leader said a moment before was gone.
+func redialApart(s Store, key string) {
+	if r, ok := s.(interface{ redial(why, key string) }); ok {
+		r.redial("the server shows an entry the ensemble's leader does not have", key)
+	}
+}
+
 // GrantedSessionTimeout is the session timeout the store granted s's current session, 0
 // when unknown (no session yet, or a Store that does not say). ZooKeeper may grant less
 // than was asked (its maxSessionTimeout); whatever is bound to the session (worker leases)

@@ -630,17 +630,25 @@ func (c deadlineCapConn) SetWriteDeadline(t time.Time) error {
 // passes nothing on to the leader (a follower cut off from it: its requests stall while it
 // goes on answering pings for a while), to move before its session runs low. A client that
 // is not connected now (it is already moving) is left alone.
-func (s *ZK) Redial() {
+func (s *ZK) Redial() { s.redial("", "") }
+
+// redial is Redial saying why; a server apart from its ensemble is warned about.
+func (s *ZK) redial(why, key string) {
 	if !s.gate.isReady() {
 		return
 	}
 	s.mu.Lock()
 	c := s.cur
 	s.mu.Unlock()
-	if c != nil {
-		s.log.Info("coord: dropping the connection to try another server", "server", c.RemoteAddr())
-		_ = c.Close()
+	if c == nil {
+		return
 	}
+	if why != "" {
+		s.log.Warn("coord: dropping the connection to try another server", "server", c.RemoteAddr(), "why", why, "key", key)
+	} else {
+		s.log.Info("coord: dropping the connection to try another server", "server", c.RemoteAddr())
+	}
+	_ = c.Close()
 }
 
 // GrantedSessionTimeout is the session timeout the server granted to the current session:

@@ -403,7 +403,9 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 	kv := coord.Fenced(m.store, fence)
 	if m.cfg.API != "" {
 		info, _ := json.Marshal(cluster.MasterInfo{ID: m.cfg.ID, API: m.cfg.API, CertSHA256: m.cfg.APICertSHA256})
-		if err := m.advertise(ctx, kv, info); err != nil && ctx.Err() == nil {
+		if err := m.advertise(ctx, kv, info); errors.Is(err, coord.ErrFenced) {
+			return err // the term ended in the store before this master heard of it
+		} else if err != nil && ctx.Err() == nil {
 			m.log.Warn("advertise API", "err", err)
 		}
 		defer func() {
@@ -448,6 +450,12 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 	defer tick.Stop()
 	for {
 		if err := r.measured(ctx); err != nil && ctx.Err() == nil {
+			if errors.Is(err, coord.ErrFenced) {
+				// The store says another term began: whatever this master has heard of its
+				// own (a server it reads from may lag, or have come apart from its
+				// ensemble), retrying would be fenced for good. Stand again.
+				return err
+			}
 			m.log.Warn("reconcile failed; retrying", "err", err)
 			_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
 			m.poke()
