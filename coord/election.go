@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/stormdock/stormdock/internal/ctxtime"
@@ -288,19 +289,21 @@ func (e *Election) ownerOf(ctx context.Context, key string) (int64, error) {
 // events channel holds everything since the campaign began.
 func (e *Election) waitGone(ctx context.Context, key string, sess <-chan SessionEvent, me *string, owner int64) error {
 	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ck := newChecker(wctx, e, key)
+	defer func() {
+		cancel()
+		ck.wait()
+	}()
 	ch, err := e.s.Watch(wctx, key)
 	if err != nil {
 		return err
 	}
-	confirm := time.NewTicker(confirmEvery)
-	defer confirm.Stop()
 	for {
 		select {
-		case <-confirm.C:
-			if gone, _ := e.gone(ctx, key); gone {
-				return nil
-			}
+		case <-ck.tick.C:
+			ck.start()
+		case <-ck.gone:
+			return nil
 		case ev, ok := <-ch:
 			if !ok {
 				if ctx.Err() != nil {
@@ -338,17 +341,21 @@ func (e *Election) lead(me string, ent Entry, sess <-chan SessionEvent, subCance
 		if err != nil {
 			return
 		}
-		confirm := time.NewTicker(confirmEvery)
-		defer confirm.Stop()
+		// A leader that reads its entry from a server apart from the ensemble would lead on
+		// for as long as that server stays apart, every write fenced, and no watch to end
+		// the term.
+		cctx, stopCheck := context.WithCancel(mctx)
+		ck := newChecker(cctx, e, me)
+		defer func() {
+			stopCheck()
+			ck.wait()
+		}()
 		for {
 			select {
-			case <-confirm.C:
-				// A leader that reads its entry from a server apart from the ensemble
-				// would lead on for as long as that server stays apart, every write
-				// fenced, and no watch to end the term.
-				if gone, _ := e.gone(mctx, me); gone {
-					return
-				}
+			case <-ck.tick.C:
+				ck.start()
+			case <-ck.gone:
+				return
 			case ev, ok := <-ch:
 				if !ok || !ev.Exists || ev.Entry.CreateRev != ent.CreateRev {
 					return
@@ -386,6 +393,48 @@ func (e *Election) lead(me string, ent Entry, sess <-chan SessionEvent, subCance
 // refused. The watches on the entry never fired: one master waited behind it for good and
 // the other led on it, its every write fenced.
 const confirmEvery = 2 * time.Second
+
+// checker runs gone on a key every confirmEvery, one check at a time, in a goroutine of
+// its own: the loop that asks goes on hearing its watch and session events while a check
+// waits for the store (a disconnected client's requests wait for the next connection, and a
+// leader must give up its term at once on a disconnect). gone receives once the key is gone.
+type checker struct {
+	e    *Election
+	ctx  context.Context
+	key  string
+	tick *time.Ticker
+	gone chan struct{}
+	busy atomic.Bool
+	wg   sync.WaitGroup
+}
+
+func newChecker(ctx context.Context, e *Election, key string) *checker {
+	return &checker{e: e, ctx: ctx, key: key, tick: time.NewTicker(confirmEvery), gone: make(chan struct{}, 1)}
+}
+
+// start begins a check unless one is under way.
+func (c *checker) start() {
+	if !c.busy.CompareAndSwap(false, true) {
+		return
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer c.busy.Store(false)
+		if gone, _ := c.e.gone(c.ctx, c.key); gone {
+			select {
+			case c.gone <- struct{}{}:
+			default:
+			}
+		}
+	}()
+}
+
+// wait stops the ticker and waits for a check under way; its context must be done.
+func (c *checker) wait() {
+	c.tick.Stop()
+	c.wg.Wait()
+}
 
 // gone reports whether key no longer exists in the order of writes: a check in a
 // transaction is decided by the ensemble's leader. A key gone there but still read from the
