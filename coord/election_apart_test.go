@@ -147,6 +147,23 @@ func newApartTestStores(t *testing.T) (raw Store, apart *apartStore) {
 	return connect(), newApartStore(connect())
 }
 
+// testElection is the prefix of the tests' election.
+const testElection = "/election"
+
+// mustLead stands id for election through s and returns once it leads.
+func mustLead(ctx context.Context, t *testing.T, s Store, id string) (*Election, *Leadership) {
+	t.Helper()
+	el, err := NewElection(s, testElection, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lead, err := el.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return el, lead
+}
+
 // A candidate whose server shows a leader the ensemble no longer has leads once the check
 // in the store's order finds the leader gone, and leaves that server: the chaos run's
 // master waited behind such an entry for good, and nobody placed a worker for minutes.
@@ -154,17 +171,12 @@ func TestCampaignBehindAnEntryOnlyItsServerShows(t *testing.T) {
 	raw, apart := newApartTestStores(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	const prefix = "/election"
-	first, _ := NewElection(raw, prefix, "first")
-	lead, err := first.Campaign(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	apart.split(t, prefix)
+	first, lead := mustLead(ctx, t, raw, "first")
+	apart.split(t, testElection)
 	if err := lead.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
-	second, _ := NewElection(apart, prefix, "second")
+	second, _ := NewElection(apart, testElection, "second")
 	l2, err := second.Campaign(ctx)
 	if err != nil {
 		t.Fatalf("the candidate never led (it waited behind the entry only its server showed): %v", err)
@@ -185,13 +197,8 @@ func TestLeaderOnAnEntryOnlyItsServerShows(t *testing.T) {
 	raw, apart := newApartTestStores(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	const prefix = "/election"
-	el, _ := NewElection(apart, prefix, "leader")
-	lead, err := el.Campaign(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	apart.split(t, prefix)
+	_, lead := mustLead(ctx, t, apart, "leader")
+	apart.split(t, testElection)
 	if err := raw.Delete(ctx, lead.Key(), AnyVersion); err != nil {
 		t.Fatal(err)
 	}
@@ -217,11 +224,7 @@ func TestLeaderConfirmedWhileItsServerAgrees(t *testing.T) {
 	_, apart := newApartTestStores(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	el, _ := NewElection(apart, "/election", "leader")
-	lead, err := el.Campaign(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, lead := mustLead(ctx, t, apart, "leader")
 	defer lead.Resign(context.Background())
 	// Two checks' worth: evidence that checks ran is the absence of a loss across them.
 	deadline := time.After(2*confirmEvery + confirmEvery/2)
