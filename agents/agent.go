@@ -95,6 +95,11 @@ type Config struct {
 	// StoreSilence is how long workers keep running while no store server answers at all
 	// (see Keeper). Default SessionTimeout.
 	StoreSilence time.Duration
+	// RejoinGrace is how long, once the store is back from an outage it had for everyone,
+	// workers keep running while the node has not got its session back (see Keeper). It
+	// plus the session timeout must not exceed the masters' --reregister-grace. Default
+	// DefaultRejoinGrace.
+	RejoinGrace time.Duration
 	// Heartbeat bounds how long a change of the node record waits for a burst of starts to
 	// end (see flush), and paces the memory samples (every sampleEvery beats). Default 1s.
 	Heartbeat time.Duration
@@ -216,6 +221,9 @@ func (c *Config) defaults() error {
 	}
 	if c.RestartGrace < 0 {
 		return fmt.Errorf("agent: restart grace %v must not be negative", c.RestartGrace)
+	}
+	if c.RejoinGrace < 0 {
+		return fmt.Errorf("agent: rejoin grace %v must not be negative", c.RejoinGrace)
 	}
 	if c.RestartBackoff <= 0 {
 		c.RestartBackoff = DefaultRestartBackoff

@@ -170,8 +170,9 @@ type KeeperConfig struct {
 	// Default SessionTimeout.
 	StoreSilence time.Duration
 	// RejoinGrace is how long, once the store is back from an outage it had for everyone,
-	// workers keep running while the node has not got its session back. It must stay below
-	// the masters' --reregister-grace. Default DefaultRejoinGrace.
+	// workers keep running while the node has not got its session back, counted from the
+	// outage's last verdict (and never less than twice the session timeout, the outage's own
+	// hold). It must not exceed the masters' --reregister-grace. Default DefaultRejoinGrace.
 	RejoinGrace time.Duration
 	// StoreTLS names a zks:// store's TLS files: the probes speak TLS too.
 	StoreTLS coord.TLSFiles
@@ -565,8 +566,12 @@ func (k *Keeper) renew(ctx context.Context, lastOK *time.Duration, probe bool) {
 		// The store is back from an outage it had for everyone, and this node has not got
 		// its session back yet (it may have expired as the ensemble resumed): the masters
 		// wait --reregister-grace for nodes after an outage, so the workers run on while the
-		// node rejoins, for RejoinGrace at most.
-		k.setState(KeeperRejoining, detail, k.aheadStamp())
+		// node rejoins, until RejoinGrace after the outage's last verdict at most (or twice
+		// the session timeout, the stamp that verdict left): the masters move the workers of
+		// a node still missing --reregister-grace after the store came back, and a hold
+		// that outlasted that ran workers twice.
+		stamp := min(k.aheadStamp(), k.lastDown+k.cfg.RejoinGrace-k.cfg.SessionTimeout)
+		k.setState(KeeperRejoining, detail, stamp)
 		return
 	}
 	switch verdict {

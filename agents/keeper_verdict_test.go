@@ -332,3 +332,42 @@ func TestKeeperHoldsLeasesWhileItsStatusCannotBeRecorded(t *testing.T) {
 		t.Fatalf("keeper.json not written again: %v", err)
 	}
 }
+
+// Back from an outage the store had for everyone, a node whose session is not back keeps its
+// leases until RejoinGrace after the outage's last verdict, or the outage's own hold (its
+// last stamp, a session timeout ahead), whichever is later, and no longer: the masters move
+// its workers --reregister-grace after the store came back. The chaos run's lab (3 s there,
+// a 2 s session) ran workers twice for 3.7 s when the hold was the default 5 s plus two
+// sessions.
+func TestKeeperRejoinHoldEndsAtRejoinGrace(t *testing.T) {
+	for _, grace := range []time.Duration{time.Second, 2 * vTTL, DefaultRejoinGrace} {
+		t.Run(grace.String(), func(t *testing.T) {
+			f := newVerdictFixture(t)
+			f.k.cfg.RejoinGrace = grace
+			f.answer(true)
+			f.wantState(f.renew(0), KeeperLive)
+
+			f.answer(false, "not-serving", "not-serving", "not-serving")
+			f.wantState(f.renew(vTTL/5), KeeperStoreDown)
+			down := f.clock.Now()
+			hold := max(grace, 2*vTTL)
+
+			// The ensemble serves again; this node's session is not back.
+			f.answer(false, "leader", "follower", "follower")
+			for f.clock.Now()+vTTL/5-down < grace {
+				f.wantState(f.renew(vTTL/5), KeeperRejoining)
+			}
+			for f.clock.Now()-down+vTTL/5 <= hold {
+				if f.lapsed() {
+					t.Fatalf("lease lapsed %s after the outage's last verdict; the hold is %s", f.clock.Now()-down, hold)
+				}
+				f.renew(vTTL / 5)
+			}
+			f.renew(vTTL / 5)
+			if !f.lapsed() {
+				t.Fatalf("lease held %s after the outage's last verdict; the rejoin grace is %s and the ttl %s: %+v",
+					f.clock.Now()-down, grace, vTTL, f.record())
+			}
+		})
+	}
+}

@@ -65,6 +65,7 @@ type KeeperArgs struct {
 	SessionTimeout time.Duration
 	RestartGrace   time.Duration
 	StoreSilence   time.Duration
+	RejoinGrace    time.Duration
 }
 
 // Args is the argument list after the binary's name ("keeper" first).
@@ -72,6 +73,9 @@ func (k KeeperArgs) Args() []string {
 	out := []string{"keeper", "--store", k.Store, "--node-id", k.Node, "--host", k.Host, "--state-dir", k.StateDir,
 		"--session-timeout", k.SessionTimeout.String(), "--restart-grace", k.RestartGrace.String(),
 		"--store-silence", k.StoreSilence.String()}
+	if k.RejoinGrace > 0 {
+		out = append(out, "--rejoin-grace", k.RejoinGrace.String())
+	}
 	if k.Credentials != "" {
 		out = append(out, "--store-credentials-file", k.Credentials)
 	}
@@ -99,6 +103,7 @@ func ParseKeeperArgs(args []string) (KeeperArgs, error) {
 	fs.DurationVar(&k.SessionTimeout, "session-timeout", 0, "")
 	fs.DurationVar(&k.RestartGrace, "restart-grace", 0, "")
 	fs.DurationVar(&k.StoreSilence, "store-silence", 0, "")
+	fs.DurationVar(&k.RejoinGrace, "rejoin-grace", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return k, fmt.Errorf("keeper: %w", err)
 	}
@@ -124,7 +129,7 @@ func (a *Agent) startKeeper(ctx context.Context) (*externalKeeper, error) {
 		_ = os.Remove(filepath.Join(dir, keeperStatusFile)) // a dead keeper's
 		args := KeeperArgs{Store: a.cfg.StoreURL, Credentials: a.cfg.StoreCredentialsFile, TLS: a.cfg.StoreTLS, Node: a.cfg.Node.ID,
 			Host: a.cfg.Node.Host, StateDir: dir, SessionTimeout: a.cfg.SessionTimeout,
-			RestartGrace: a.cfg.RestartGrace, StoreSilence: a.cfg.StoreSilence}
+			RestartGrace: a.cfg.RestartGrace, StoreSilence: a.cfg.StoreSilence, RejoinGrace: a.cfg.RejoinGrace}
 		logf, err := os.OpenFile(filepath.Join(dir, "keeper.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
 			return nil, fmt.Errorf("agent: keeper log: %w", err)

@@ -137,7 +137,7 @@ func (r *run) loop() error {
 	} else {
 		k, err := NewKeeper(KeeperConfig{Node: r.a.cfg.Node.ID, Host: r.a.cfg.Node.Host, StateDir: r.a.cfg.StateDir,
 			Store: r.a.cfg.StoreURL, StoreTLS: r.a.cfg.StoreTLS, SessionTimeout: r.a.cfg.SessionTimeout, StoreSilence: r.a.cfg.StoreSilence,
-			Logger: r.a.cfg.Logger}, r.a.store)
+			RejoinGrace: r.a.cfg.RejoinGrace, Logger: r.a.cfg.Logger}, r.a.store)
 		if err != nil {
 			return err
 		}

@@ -64,6 +64,9 @@ type AgentConfig struct {
 	RestartGrace time.Duration
 	// StoreSilence is how long workers keep running while no store server answers at all.
 	StoreSilence time.Duration
+	// RejoinGrace is how long workers keep running after a store outage while the node has
+	// not got its session back (agents.Config.RejoinGrace).
+	RejoinGrace time.Duration
 	// Health configures the node's health checks; its CgroupParent is the process driver's.
 	Health healthcheck.Config
 	// ProtectOOM asks the kernel to spare the agent when it kills for memory.
@@ -304,6 +307,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (a *Agent, err error) {
 		StoreTLS:             opts.TLS,
 		RestartGrace:         cfg.RestartGrace,
 		StoreSilence:         cfg.StoreSilence,
+		RejoinGrace:          cfg.RejoinGrace,
 		Health:               a.health,
 		Images:               pull,
 		LateIsolation:        late,

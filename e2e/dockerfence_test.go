@@ -175,7 +175,7 @@ func TestAcrossHostsDockerOwnCommand(t *testing.T) {
 	tag := sharedOwnImage(t, cli)
 	t.Cleanup(func() { removeJobContainers(cli, job) })
 	lc := newLabCluster(t, labSpec{zkServers: 1, masters: []string{"m1"}, dcs: []string{"dc-a"}, perDC: 2, slots: 2,
-		session: 2 * time.Second, reregisterGrace: 3 * time.Second, agentArgs: []string{"--isolation", "docker"}})
+		session: 2 * time.Second, reregisterGrace: 4 * time.Second, agentArgs: []string{"--isolation", "docker"}})
 	lc.submit(t, []byte(fmt.Sprintf("name: %s\ntenant: e2e\nworkers: 2\nisolation: docker\nimage: %s\n"+
 		"resources: {memory: 64Mi, cpu: 0.1}\nplacement: {spread: [node]}\ngracePeriod: 2s\n", job, tag)))
 

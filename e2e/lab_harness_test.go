@@ -56,7 +56,8 @@ type labSpec struct {
 	slots     int
 	session   time.Duration
 	// reregisterGrace is the masters' --reregister-grace: short, so that a node cut soon
-	// after a master starts leading is handled as it would be later.
+	// after a master starts leading is handled as it would be later. At least twice the
+	// session: a keeper holds its leases that long after a store outage it saw.
 	reregisterGrace time.Duration
 	// agentArgs are added to every agent's flags (--isolation docker, say).
 	agentArgs []string
@@ -151,6 +152,11 @@ func (lc *labCluster) StartMaster(id string) {
 // startAgent runs a node's agent on its host, advertising the host's address.
 func (lc *labCluster) StartAgent(n labNode) {
 	extra := append([]string{"--advertise-addr", n.host.IP()}, lc.spec.agentArgs...)
+	if g := lc.spec.reregisterGrace; g > 0 {
+		// The keeper's hold after a store outage (the longer of this and two sessions) must
+		// end before the masters stop waiting for the node.
+		extra = append(extra, "--rejoin-grace", min(agents.DefaultRejoinGrace, g-lc.spec.session/2).String())
+	}
 	if os.Getenv("STORMDOCK_LAB_DEBUG") != "" {
 		extra = append(extra, "--log-level", "debug")
 	}

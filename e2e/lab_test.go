@@ -24,7 +24,7 @@ const labJobGrace = 2 * time.Second
 
 func plainLabSpec() labSpec {
 	return labSpec{zkServers: 3, masters: []string{"m1", "m2"}, dcs: []string{"dc-a", "dc-b", "dc-c"}, perDC: 2,
-		slots: 4, session: 2 * time.Second, reregisterGrace: 3 * time.Second}
+		slots: 4, session: 2 * time.Second, reregisterGrace: 4 * time.Second}
 }
 
 func TestAcrossHostsPlainJob(t *testing.T) {

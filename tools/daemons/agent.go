@@ -56,6 +56,7 @@ var AgentCommand = &cli.Command{
 		&cli.DurationFlag{Name: "lease-ttl", Usage: "how long workers outlive their keeper's last lease renewal (default: the session timeout)"},
 		&cli.DurationFlag{Name: "restart-grace", Usage: "how long the node's workers keep running while the agent is not (an upgrade, a crash): a keeper process holds the node meanwhile; 0 ties the node to the agent's process", Value: 30 * time.Second},
 		&cli.DurationFlag{Name: "store-silence", Usage: "how long workers keep running while no store server answers at all (a partition of this node, or every store host down); default: the session timeout, so that no worker runs twice for longer"},
+		&cli.DurationFlag{Name: "rejoin-grace", Usage: "once the store is back from an outage it had for everyone, how long workers keep running while this node has not got its session back; it, and twice --session-timeout, must not exceed the masters' --reregister-grace, or a worker may run twice", Value: agents.DefaultRejoinGrace},
 		&cli.BoolFlag{Name: "no-lease", Usage: "run workers without the lease launcher (they then outlive a dead agent)"},
 		sinkDirFlag(),
 		&cli.StringFlag{Name: "run-as", Usage: "single-tenant opt-out: every tenant's process workers run as `USER` (name or UID:GID, never root) instead of each tenant's own uid, so tenants are not apart on this node (default: each tenant's uid)"},
@@ -103,6 +104,9 @@ func runAgent(c *cli.Context) error {
 	}
 	if c.Duration("restart-grace") < 0 || c.Duration("store-silence") < 0 {
 		return cli.Exit("stormdock agent: --restart-grace and --store-silence must not be negative", 2)
+	}
+	if c.Duration("rejoin-grace") <= 0 {
+		return cli.Exit("stormdock agent: --rejoin-grace must be positive (at most the masters' --reregister-grace)", 2)
 	}
 	stateDir, err := filepath.Abs(c.String("state-dir"))
 	if err != nil {
@@ -187,6 +191,7 @@ func runAgent(c *cli.Context) error {
 		SinkDir:         sinkDir,
 		RestartGrace:    c.Duration("restart-grace"),
 		StoreSilence:    c.Duration("store-silence"),
+		RejoinGrace:     c.Duration("rejoin-grace"),
 		Health:          hcfg,
 		ProtectOOM:      true,
 		Metrics:         metrics,

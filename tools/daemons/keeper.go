@@ -22,7 +22,7 @@ var KeeperCommand = &cli.Command{
 	Name:            "keeper",
 	Hidden:          true,
 	Usage:           "hold a node's store session and its workers' leases across agent restarts",
-	UsageText:       "stormdock keeper --store URL [--store-credentials-file F] [--store-ca F [--store-cert F --store-key F]] --node-id ID --state-dir DIR --session-timeout D [--restart-grace D] [--store-silence D]",
+	UsageText:       "stormdock keeper --store URL [--store-credentials-file F] [--store-ca F [--store-cert F --store-key F]] --node-id ID --state-dir DIR --session-timeout D [--restart-grace D] [--store-silence D] [--rejoin-grace D]",
 	SkipFlagParsing: true,
 	Action: func(c *cli.Context) error {
 		args, err := agents.ParseKeeperArgs(c.Args().Slice())
@@ -76,7 +76,8 @@ var KeeperCommand = &cli.Command{
 		}
 		defer store.Close()
 		k, err := agents.NewKeeper(agents.KeeperConfig{Node: args.Node, Host: args.Host, StateDir: args.StateDir, Store: args.Store, StoreTLS: args.TLS,
-			SessionTimeout: args.SessionTimeout, RestartGrace: args.RestartGrace, StoreSilence: args.StoreSilence, Logger: log}, store)
+			SessionTimeout: args.SessionTimeout, RestartGrace: args.RestartGrace, StoreSilence: args.StoreSilence,
+			RejoinGrace: args.RejoinGrace, Logger: log}, store)
 		if err != nil {
 			return cli.Exit("stormdock keeper: "+err.Error(), 2)
 		}

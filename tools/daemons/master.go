@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/daemon"
@@ -163,6 +164,12 @@ var MasterCommand = &cli.Command{
 		uids, err := tenantUIDs(c)
 		if err != nil {
 			return err
+		}
+		if g := c.Duration("reregister-grace"); g < agents.DefaultRejoinGrace {
+			// A keeper holds its node's workers after a store outage for its --rejoin-grace
+			// (and at least two sessions): this master moves them sooner.
+			log.Warn("--reregister-grace is shorter than agents hold their workers after a store outage by default: start them with --rejoin-grace and twice --session-timeout at most this, or a worker may run twice",
+				"reregister-grace", g, "default-rejoin-grace", agents.DefaultRejoinGrace)
 		}
 		m, err := daemon.NewMaster(c.Context, daemon.MasterConfig{
 			Events:          events,
