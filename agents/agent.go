@@ -96,9 +96,9 @@ type Config struct {
 	// (see Keeper). Default SessionTimeout.
 	StoreSilence time.Duration
 	// RejoinGrace is how long, once the store is back from an outage it had for everyone,
-	// workers keep running while the node has not got its session back (see Keeper). It
-	// plus the session timeout must not exceed the masters' --reregister-grace. Default
-	// DefaultRejoinGrace.
+	// workers keep running while the node has not got its session back (see Keeper). It,
+	// and twice the session timeout, must not exceed the masters' --reregister-grace.
+	// Default DefaultRejoinGrace.
 	RejoinGrace time.Duration
 	// Heartbeat bounds how long a change of the node record waits for a burst of starts to
 	// end (see flush), and paces the memory samples (every sampleEvery beats). Default 1s.
