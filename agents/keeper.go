@@ -666,16 +666,21 @@ func (k *Keeper) loadLease(path string) {
 	k.mu.Unlock()
 }
 
-// setState records the state and moves the lease stamp forward (never back: a launcher may
-// have seen the later one). A lease renewed after it lapsed starts a new generation: its
-// launchers stop their workers even if they did not look while it was lapsed. While the
-// keeper's status cannot be recorded, the stamp stays where it is.
+// setState records the state and moves the lease stamp forward. It moves it back only to an
+// answer of the store's leader (KeeperLive): a stamp held ahead of the answers while nobody
+// could move the node's workers (the store down, leaderless, or back and the node
+// rejoining) is void once the leader answers, for the leader expires the session a session
+// timeout after that answer, not after the hold. Kept, it let a node cut off right after a
+// leaderless moment run its workers up to two sessions after the leader had moved them (the
+// hour-long chaos run: a router ran twice for 3.6 s). A lease renewed after it lapsed starts
+// a new generation: its launchers stop their workers even if they did not look while it was
+// lapsed. While the keeper's status cannot be recorded, the stamp stays where it is.
 func (k *Keeper) setState(state, detail string, stamp time.Duration) {
 	now := k.clock()
 	boot := leasefile.BootID()
 	k.mu.Lock()
 	st := k.status
-	if stamp < st.StampBoot {
+	if stamp < st.StampBoot && state != KeeperLive {
 		stamp = st.StampBoot
 	}
 	changed := st.State != state
@@ -695,7 +700,7 @@ func (k *Keeper) setState(state, detail string, stamp time.Duration) {
 		st.LapsedBoot, st.LapsedFromBoot = now, from
 		st.Lapsed, st.LapsedFrom = time.Now(), leasefile.Wall(from, k.clock)
 	}
-	renew := stamp > st.StampBoot || !had
+	renew := stamp != st.StampBoot || !had
 	if renew {
 		// A new generation when the renewal revives a lapsed lease (or makes the first).
 		if (lapsed || !had) && now-stamp <= st.ttl() {

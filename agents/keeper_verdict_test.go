@@ -371,3 +371,58 @@ func TestKeeperRejoinHoldEndsAtRejoinGrace(t *testing.T) {
 		})
 	}
 }
+
+// A hold ends when the store's leader answers: the stamp a hold set ahead of the answers
+// (the store down for everyone, leaderless, or back and the node rejoining) is void from the
+// first answer, and a node cut off right after it has its leases lapse a session timeout
+// after its last answer, as the leader expires its session then and moves its workers. Kept,
+// the workers ran on until the hold's stamp ran out, up to two sessions after the leader had
+// moved them (the hour-long chaos run: a router ran twice for 3.6 s after a leaderless
+// moment).
+func TestKeeperHoldEndsWhenTheLeaderAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		servers []string
+		state   string
+	}{
+		{"leaderless", []string{"follower", "follower", "silent"}, KeeperLeaderless},
+		{"store-down", []string{"not-serving", "not-serving", "not-serving"}, KeeperStoreDown},
+		{"rejoining", nil, KeeperRejoining},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newVerdictFixture(t)
+			f.answer(true)
+			f.wantState(f.renew(0), KeeperLive)
+			if tc.state == KeeperRejoining {
+				f.answer(false, "not-serving", "not-serving", "not-serving")
+				f.wantState(f.renew(vTTL/5), KeeperStoreDown)
+				f.answer(false, "leader", "follower", "follower")
+			} else {
+				f.answer(false, tc.servers...)
+			}
+			f.wantState(f.renew(vTTL/5), tc.state)
+			if held := f.record().Stamp - f.clock.Now(); held <= 0 {
+				t.Fatalf("the %s verdict held no stamp ahead (%s): the test proves nothing", tc.state, held)
+			}
+
+			f.answer(true)
+			f.wantState(f.renew(vTTL/5), KeeperLive)
+			last := f.clock.Now()
+			if got := f.record().Stamp; got != last {
+				t.Fatalf("lease stamp %s after the leader answered at %s: the hold outlived the answer", got, last)
+			}
+			// Cut off: no server answers; the leader expires the session vTTL after last.
+			f.answer(false, "silent", "silent", "silent")
+			for f.clock.Now()+vTTL/5-last <= vTTL {
+				f.wantState(f.renew(vTTL/5), KeeperSilent)
+				if f.lapsed() {
+					t.Fatalf("lease lapsed %s after the last answer, within the session timeout %s", f.clock.Now()-last, vTTL)
+				}
+			}
+			f.renew(vTTL / 5)
+			if !f.lapsed() {
+				t.Fatalf("lease held %s after the last answer, past the session timeout %s: %+v", f.clock.Now()-last, vTTL, f.record())
+			}
+		})
+	}
+}
