@@ -49,7 +49,10 @@ type RouterArgs struct {
 	// (env STORMDOCK_SINK_DIR, STORMDOCK_TENANT).
 	SinkDir string
 	Tenant  string
-	Listen  string
+	// DC is the data center the router runs in (Config.DC); the agent gives it (env
+	// STORMDOCK_DC).
+	DC     string
+	Listen string
 	// OutputSecret names the job's output secret (--output-secret), the sink's credentials:
 	// the file SecretsDir/OutputSecret, which the agent delivers (env STORMDOCK_SECRETS_DIR
 	// gives SecretsDir). See OutputCredential.
@@ -100,6 +103,7 @@ func (a *RouterArgs) flags(links, linkHashes *string) *flag.FlagSet {
 	fs.StringVar(&a.SinkPasswordFile, "sink-password-file", d.SinkPasswordFile, "`FILE` holding the sink's password (postgres) or password or token (nats), read at every connect; $VARIABLES are expanded")
 	fs.StringVar(&a.SinkDir, "sink-dir", d.SinkDir, "`DIR` below which file sinks live, as SINKDIR/TENANT/... (env STORMDOCK_SINK_DIR, set by the agent; none: file sinks refused)")
 	fs.StringVar(&a.Tenant, "tenant", d.Tenant, "the job's `TENANT`, whose part of --sink-dir a file sink is in (env STORMDOCK_TENANT)")
+	fs.StringVar(&a.DC, "dc", d.DC, "the data center `DC` the router runs in: a live link in another one is kept active, so that one data center's loss never takes the router and the active link at once (env STORMDOCK_DC, set by the agent)")
 	fs.StringVar(&a.OutputSecret, "output-secret", d.OutputSecret, "the tenant secret `NAME` that holds the sink's credentials (an HTTP sink sends it as a bearer token)")
 	fs.StringVar(&a.SecretsDir, "secrets-dir", d.SecretsDir, "`DIR` the router's secrets are files in (env STORMDOCK_SECRETS_DIR, set by the agent)")
 	fs.StringVar(&a.TLSCert, "tls-cert", d.TLSCert, "`FILE` (PEM) with the API's certificate: it serves HTTPS (env STORMDOCK_ROUTER_CERT, set by the agent)")
@@ -138,6 +142,9 @@ func (a RouterArgs) Args() []string {
 	}
 	if a.Tenant != d.Tenant {
 		args = append(args, "--tenant", a.Tenant)
+	}
+	if a.DC != d.DC {
+		args = append(args, "--dc", a.DC)
 	}
 	if a.OutputSecret != d.OutputSecret {
 		args = append(args, "--output-secret", a.OutputSecret)

@@ -67,10 +67,10 @@ func TestRouterArgs(t *testing.T) {
 		}},
 		{name: "links trimmed, empty ones dropped", args: append(want[:len(want):len(want)], "--links", " dc-a, ,dc-b,", "-heartbeat-timeout=1s", "--buffer-bytes", "0x10"),
 			change: func(a *RouterArgs) { a.HeartbeatTimeout, a.BufferBytes = time.Second, 16 }},
-		{name: "sink dir, tenant and link token hashes", args: append(want[:len(want):len(want)], "--sink-dir", "/srv/sinks", "--tenant", "acme",
-			"--link-token-hashes", "dc-a=aa, dc-b=bb"),
+		{name: "sink dir, tenant, dc and link token hashes", args: append(want[:len(want):len(want)], "--sink-dir", "/srv/sinks", "--tenant", "acme",
+			"--dc", "dc-b", "--link-token-hashes", "dc-a=aa, dc-b=bb"),
 			change: func(a *RouterArgs) {
-				a.SinkDir, a.Tenant, a.LinkTokenHashes = "/srv/sinks", "acme", map[string]string{"dc-a": "aa", "dc-b": "bb"}
+				a.SinkDir, a.Tenant, a.DC, a.LinkTokenHashes = "/srv/sinks", "acme", "dc-b", map[string]string{"dc-a": "aa", "dc-b": "bb"}
 			}},
 		{name: "a fencing sink and its password file", args: append(want[:len(want):len(want)], "--sink", "postgres://app@db:5432/orders?table=out",
 			"--sink-password-file", "$STORMDOCK_SECRETS_DIR/db"),

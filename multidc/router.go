@@ -26,7 +26,12 @@ import (
 // Config configures a Router.
 type Config struct {
 	Job   string
-	Links []string    // the job's links, in order of preference
+	Links []string // the job's links, in order of preference
+	// DC is the data center this router runs in ("" when unknown). Links are named for
+	// their data centers: the router keeps the active link in another data center when a
+	// live one can take over without a gap, so that losing one data center costs either a
+	// link switch or a router takeover, never both at once.
+	DC    string
 	Store coord.Store // checkpoint, status and the one-router-per-job election
 	Sink  Sink        // the router closes it when Run returns
 	// OpenSink, when Sink is nil, opens the sink once the router leads the job's election:
@@ -110,6 +115,7 @@ type Router struct {
 	ord          *orderer // nil until recovered
 	live         *liveness
 	preferred    string // the active link of the previous run, kept if it is alive
+	manual       bool   // the active link was chosen by an operator: kept, even in the router's own dc
 	readyAt      time.Time
 	checkpoint   int64
 	failovers    int64
@@ -677,6 +683,8 @@ func (r *Router) recover(ctx context.Context) error {
 		r.lastFailover = rec.LastFailover
 		if slices.Contains(r.cfg.Links, rec.Active) {
 			r.preferred = rec.Active
+			// An operator's choice outlives the router that carried it out.
+			r.manual = rec.LastFailover != nil && rec.LastFailover.Reason == ReasonManual && rec.LastFailover.To == rec.Active
 		}
 	}
 	r.mu.Unlock()
@@ -779,12 +787,15 @@ func (r *Router) checkHealthLocked(now time.Time) bool {
 	r.checkSpuriousLocked(now)
 	act := r.ord.active
 	if act != nil && r.live.alive(act.name, now) {
-		return false
+		return r.keepApartLocked(now)
 	}
 	alive := func(name string) bool { return (act == nil || name != act.name) && r.live.alive(name, now) }
 	if act == nil && r.preferred != "" && alive(r.preferred) {
-		// A router that took over: the link that was active goes on at once.
+		// A router that took over: the link that was active goes on at once, an
+		// operator's choice still one.
+		manual := r.manual
 		r.switchLocked(r.preferred, ReasonHeartbeat, now)
+		r.manual = manual
 		return true
 	}
 	if act == nil {
@@ -798,7 +809,12 @@ func (r *Router) checkHealthLocked(now time.Time) bool {
 			return false
 		}
 	}
-	to := r.ord.mostAdvanced(alive)
+	to := r.ord.mostAdvanced(func(name string) bool { return alive(name) && name != r.cfg.DC })
+	if own := r.ord.mostAdvanced(alive); to == "" || (act != nil && r.ord.byName[own].mark > r.ord.byName[to].mark && r.ord.run(r.ord.byName[to]) == 0) {
+		// The link in the router's own data center only when no other one is alive, or
+		// when, in a failover, it alone holds the next record.
+		to = own
+	}
 	if to == "" {
 		return false // nobody better: keep the (dead) active link, it may come back
 	}
@@ -809,10 +825,32 @@ func (r *Router) checkHealthLocked(now time.Time) bool {
 	return true
 }
 
+// keepApartLocked switches a live active link in the router's own data center to a live
+// link in another one that can take over without holding the sink back: it holds at least
+// a whole batch from the next offset, or all the active link holds. A switch loses and
+// doubles nothing (the orderer hands out each offset once whatever the link); it is counted
+// as a failover for ReasonApart. An operator's choice is kept. It reports whether it switched.
+func (r *Router) keepApartLocked(now time.Time) bool {
+	act := r.ord.active
+	if r.cfg.DC == "" || act.name != r.cfg.DC || r.manual {
+		return false
+	}
+	to := r.ord.mostAdvanced(func(name string) bool { return name != act.name && r.live.alive(name, now) })
+	if to == "" {
+		return false
+	}
+	if l := r.ord.byName[to]; l.mark < act.mark && r.ord.run(l) < int64(r.cfg.MaxBatch) {
+		return false
+	}
+	r.switchLocked(to, ReasonApart, now)
+	return true
+}
+
 // switchLocked makes to the active link.
 func (r *Router) switchLocked(to, reason string, now time.Time) {
 	from := r.ord.activeName()
 	_ = r.ord.failover(to) // to is a configured link
+	r.manual = reason == ReasonManual
 	if from == "" && (r.preferred == "" || r.preferred == to) {
 		r.log.Info("active link chosen", "link", to, "nextOffset", r.ord.next)
 		return

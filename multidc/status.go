@@ -60,7 +60,7 @@ type LinkStatus struct {
 type Failover struct {
 	From   string    `json:"from"`
 	To     string    `json:"to"`
-	Reason string    `json:"reason"` // "heartbeat" or "manual"
+	Reason string    `json:"reason"` // "heartbeat", "manual" or "apart"
 	At     time.Time `json:"at"`
 	// NextOffset is where the new link took over.
 	NextOffset int64 `json:"nextOffset"`
@@ -70,6 +70,8 @@ type Failover struct {
 const (
 	ReasonHeartbeat = "heartbeat"
 	ReasonManual    = "manual"
+	// ReasonApart moves the active link out of the router's own data center (Config.DC).
+	ReasonApart = "apart"
 )
 
 // statusLocked builds the status; r.mu must be held and the router recovered.

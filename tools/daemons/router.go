@@ -53,7 +53,7 @@ func routerRun(c *cli.Context) error {
 	for _, fe := range [][2]string{{"store", "STORMDOCK_STORE"}, {"store-credentials-file", "STORMDOCK_STORE_CREDENTIALS_FILE"},
 		{"tls-cert", multidc.EnvRouterCert}, {"tls-key", multidc.EnvRouterKey},
 		{"store-ca", commands.EnvStoreCA}, {"store-cert", commands.EnvStoreCert}, {"store-key", commands.EnvStoreKey},
-		{"sink-dir", multidc.EnvSinkDir}, {"tenant", "STORMDOCK_TENANT"}, {"secrets-dir", multidc.EnvSecretsDir}} {
+		{"sink-dir", multidc.EnvSinkDir}, {"tenant", "STORMDOCK_TENANT"}, {"dc", "STORMDOCK_DC"}, {"secrets-dir", multidc.EnvSecretsDir}} {
 		if v, ok := os.LookupEnv(fe[1]); ok {
 			env = append(env, "--"+fe[0]+"="+v)
 		}
@@ -148,6 +148,7 @@ func routerRun(c *cli.Context) error {
 	r, err := multidc.New(multidc.Config{
 		Job:   a.Job,
 		Links: a.Links,
+		DC:    a.DC,
 		Store: store,
 		OpenSink: func(ctx context.Context, ev *multidc.SinkEvidence) (multidc.Sink, error) {
 			return multidc.OpenSink(ctx, a.Sink, multidc.SinkOptions{Job: a.Job, Router: listen, SinkDir: a.SinkDir, Tenant: a.Tenant,
