@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"reflect"
@@ -86,7 +87,7 @@ func (r *reconciler) commit(ctx context.Context, changes []change) error {
 				delete(r.assign, c.node)
 				continue
 			}
-			r.assign[c.node] = assignState{a: c.a, raw: c.value, version: res[i].Version, exists: true}
+			r.assign[c.node] = assignState{a: c.a, sum: sha256.Sum256(c.value), version: res[i].Version, exists: true}
 		}
 		done += len(batch)
 	}

@@ -37,8 +37,8 @@ type seen struct {
 	jobs    map[string]cluster.JobRecord
 	nodes   map[string]cluster.NodeRecord
 	confs   map[string]cluster.NodeConf
-	dcs     map[string]string // effective state
-	workers map[nodeKey]cluster.WorkerStatus
+	dcs     map[string]string                 // effective state
+	workers map[nodeKey]*cluster.WorkerStatus // into the view's decoded node records
 	// lost holds nodes lost during this term, to tell a node back from a new one.
 	lost     map[string]time.Time
 	unplaced map[cluster.WorkerKey]string
@@ -75,7 +75,7 @@ func submitted(j cluster.JobRecord) api.Event {
 // baseline, and its submission recorded by no master.
 func (r *reconciler) observeEvents(v *View) {
 	cur := &seen{jobs: map[string]cluster.JobRecord{}, nodes: v.nodes, confs: v.confs, dcs: map[string]string{},
-		workers: map[nodeKey]cluster.WorkerStatus{}}
+		workers: make(map[nodeKey]*cluster.WorkerStatus, len(v.copies))}
 	for name, j := range v.jobs {
 		cur.jobs[name] = j.rec
 	}
@@ -196,7 +196,11 @@ func (r *reconciler) observeEvents(v *View) {
 		}
 		return a.key.Compare(b.key)
 	}) {
-		r.workerEvents(v, nk, cur.workers[nk], prev.workers[nk])
+		var was cluster.WorkerStatus
+		if p := prev.workers[nk]; p != nil {
+			was = *p
+		}
+		r.workerEvents(v, nk, *cur.workers[nk], was)
 	}
 }
 

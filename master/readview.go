@@ -187,6 +187,13 @@ func (m *Master) publish(s Stamp, rs readStamp, v *View, assign map[string]assig
 		st.assigns[node] = a.a
 	}
 	st.unplaced, st.why = unplacedOf(res)
+	m.vc.mu.Lock()
+	if len(m.vc.assigns) > 0 {
+		// Decoded while this master did not lead: not read again (Snapshot). A new map,
+		// as clear keeps the old one's buckets.
+		m.vc.assigns = map[string]cached[cluster.NodeAssignment]{}
+	}
+	m.vc.mu.Unlock()
 	m.reads.mu.Lock()
 	m.reads.published = st
 	if m.reads.changed != nil {
@@ -231,7 +238,15 @@ func (m *Master) Snapshot() *Snapshot {
 		return b
 	}
 	v := m.view()
-	st := &Snapshot{v: v, assigns: m.decodedAssigns(), stamp: s, fresh: rs, at: time.Now()}
+	assigns := m.decodedAssigns
+	if p := m.reads.published; p != nil {
+		// The leader writes every assignment and keeps what it wrote: its last state's are
+		// the store's (or newer than the mirror's). Decoding the mirror instead kept a
+		// second copy of every worker's assignment on the leader for good (the decoded
+		// cache).
+		assigns = func() map[string]cluster.NodeAssignment { return p.assigns }
+	}
+	st := &Snapshot{v: v, assigns: assigns(), stamp: s, fresh: rs, at: time.Now()}
 	assigned, _ := st.Where()
 	st.unplaced, st.why = m.unplaced(v, assigned)
 	m.reads.built = st

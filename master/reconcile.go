@@ -1,9 +1,9 @@
 package master
 
 import (
-	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,8 +22,12 @@ import (
 
 // assignState is a node's assignment as last read or written by this leader.
 type assignState struct {
-	a       cluster.NodeAssignment
-	raw     []byte
+	a cluster.NodeAssignment
+	// sum is the SHA-256 of the value in the store: an assignment that encodes the same is
+	// not written again. A sum, not the value: the mirror holds the value already, and ten
+	// thousand nodes' values are 20 MiB. SHA-256, as the encoding holds tenants' strings
+	// (env, commands) that could be chosen to collide a weaker hash and hold a change back.
+	sum     [sha256.Size]byte
 	version int64
 	exists  bool
 }
@@ -88,7 +92,7 @@ func (r *reconciler) reload(ctx context.Context, node string) error {
 			r.m.log.Warn("replacing unreadable assignment", "node", node, "err", err)
 		}
 	}
-	r.assign[node] = assignState{a: a, raw: e.Value, version: e.Version, exists: true}
+	r.assign[node] = assignState{a: a, sum: sha256.Sum256(e.Value), version: e.Version, exists: true}
 	return nil
 }
 
@@ -335,7 +339,7 @@ func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssi
 		if err != nil {
 			return 0, fmt.Errorf("master: encode assignment of %s: %w", node, err)
 		}
-		if st.exists && bytes.Equal(st.raw, val) {
+		if st.exists && st.sum == sha256.Sum256(val) {
 			continue
 		}
 		changes = append(changes, change{node: node, a: a, value: val, fewer: len(a.Workers) < len(st.a.Workers)})

@@ -56,7 +56,7 @@ type rolloutPlan struct {
 // assigned is a worker's current assignment and node.
 type assigned struct {
 	node string
-	wa   cluster.WorkerAssignment
+	wa   *cluster.WorkerAssignment // into the reconciler's assignments, never changed in place
 }
 
 // jobRollout is one job's rollout after this reconcile: which workers may take its target.
@@ -70,7 +70,9 @@ type jobRollout struct {
 func (r *reconciler) assignedWorkers(v *View) map[cluster.WorkerKey]assigned {
 	out := map[cluster.WorkerKey]assigned{}
 	for _, node := range slices.Sorted(maps.Keys(r.assign)) {
-		for _, w := range r.assign[node].a.Workers {
+		ws := r.assign[node].a.Workers
+		for i := range ws {
+			w := &ws[i]
 			if w.Stop {
 				continue
 			}
@@ -105,7 +107,7 @@ func (r *reconciler) assignmentOf(v *View, j cluster.JobRecord, k cluster.Worker
 		return target
 	}
 	// Held: what it runs stays, what it can re-read follows the job.
-	kept := cur.wa
+	kept := *cur.wa
 	kept.Workers, kept.Epoch, kept.Routers, kept.LiveEnv = target.Workers, target.Epoch, target.Routers, target.LiveEnv
 	kept.Secrets = v.secretRefs(kept.Tenant, refNames(kept.Secrets)) // new values reach it too
 	return kept
@@ -392,8 +394,7 @@ func (r *reconciler) rolloutInput(v *View, rec cluster.JobRecord, planned map[cl
 		if cur, ok := r.ro.cur[k]; ok {
 			w.node = cur.node
 			if s, ok := v.statuses[k]; ok && s.node == cur.node {
-				st := s.status
-				w.status = &st
+				w.status = s.status
 			}
 			target := r.targetFor(v, rec, k, cur)
 			if in.image == "" {

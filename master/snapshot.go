@@ -144,7 +144,10 @@ func (v *View) TenantOf(job string) string { return tenantOf(v.jobs, job) }
 // agents report it, the copy in a running state.
 func (v *View) Status(k cluster.WorkerKey) (node string, s cluster.WorkerStatus, ok bool) {
 	nw, ok := v.statuses[k]
-	return nw.node, nw.status, ok
+	if !ok {
+		return "", s, false
+	}
+	return nw.node, *nw.status, true
 }
 
 // Summaries are every job's summary, given where workers are assigned (stopping ones

@@ -37,10 +37,12 @@ type Job struct {
 	version int64
 }
 
-// nodeWorker is a worker status with the node that reports it.
+// nodeWorker is a worker status with the node that reports it. status points into the
+// node's decoded record, which is never changed once decoded (mirror.decode): a view, its
+// snapshot and the events' memory of it share one copy of each status instead of three.
 type nodeWorker struct {
 	node   string
-	status cluster.WorkerStatus
+	status *cluster.WorkerStatus
 }
 
 func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry) *View {
@@ -268,7 +270,8 @@ func (v *View) setCaps(log *slog.Logger, tenants map[string]coord.Entry) {
 func (v *View) addNode(id string, owner int64, rec cluster.NodeRecord) {
 	v.nodes[id] = rec
 	v.sessions[id] = owner
-	for _, w := range rec.Workers {
+	for i := range rec.Workers {
+		w := &rec.Workers[i]
 		nw := nodeWorker{node: id, status: w}
 		// Where two agents report one worker (an old copy still stopping), the one in
 		// a running state wins.
