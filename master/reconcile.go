@@ -220,11 +220,23 @@ func (r *reconciler) current(v *View) ([]cluster.Placement, map[string][]cluster
 
 // desired builds every node's assignment from the plan.
 func (r *reconciler) desired(v *View, placements []cluster.Placement, stopping map[string][]cluster.WorkerAssignment) map[string]cluster.NodeAssignment {
-	want := map[string]cluster.NodeAssignment{}
+	// Each node's workers in a slice of their exact number: the leader keeps every
+	// assignment it writes, and slices grown by append held a third more than their
+	// workers (ten on a node in room for sixteen).
+	n := make(map[string]int, len(v.nodes))
+	for _, p := range placements {
+		n[p.Node]++
+	}
+	for node, ws := range stopping {
+		n[node] += len(ws)
+	}
+	want := make(map[string]cluster.NodeAssignment, len(n)+len(v.nodes))
 	for _, p := range placements {
 		j, _ := v.record(p.Job)
 		a := want[p.Node]
-		a.Node = p.Node
+		if a.Workers == nil {
+			a.Node, a.Workers = p.Node, make([]cluster.WorkerAssignment, 0, n[p.Node])
+		}
 		a.Workers = append(a.Workers, r.assignmentOf(v, j, p.Key()))
 		want[p.Node] = a
 	}

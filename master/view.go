@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/cluster"
@@ -363,6 +364,7 @@ func (m *Master) nodeDecoder(id string, value []byte) (any, uint64) {
 		m.log.Warn("ignoring unreadable node record", "node", id, "err", err)
 		return nil, 0 // every unreadable record digests alike, and the change of a good one to it shows
 	}
+	compactNodeRecord(&rec)
 	ws := make([]digestWorker, len(rec.Workers))
 	for i, w := range rec.Workers {
 		ws[i] = digestWorker{Key: w.Key, State: w.State, RecentRestarts: w.RecentRestarts, Generation: w.Generation, Restart: w.Restart}
@@ -394,6 +396,32 @@ func (m *Master) nodeDecoder(id string, value []byte) (any, uint64) {
 	h := fnv.New64a()
 	_, _ = h.Write(b)
 	return rec, h.Sum64() | 1 // never 0, the digest of an unreadable record
+}
+
+// compactNodeRecord makes a decoded record as small as it can be kept: the mirror keeps one
+// per node for as long as the node reports, and views and events point into it. The
+// workers' slice takes its exact length (the decoder's append growth left room for up to
+// twice as many), and the strings every node repeats (job and link names, states, exit
+// reasons, the data center and rack) are interned: one copy each in the process, not one
+// per worker per record.
+func compactNodeRecord(rec *cluster.NodeRecord) {
+	in := func(s *string) {
+		if *s != "" {
+			*s = unique.Make(*s).Value()
+		}
+	}
+	in(&rec.Node.DC)
+	in(&rec.Node.Rack)
+	if len(rec.Workers) > 0 {
+		rec.Workers = slices.Clip(append(make([]cluster.WorkerStatus, 0, len(rec.Workers)), rec.Workers...))
+	}
+	for i := range rec.Workers {
+		w := &rec.Workers[i]
+		in(&w.Key.Job)
+		in(&w.Key.Link)
+		in(&w.State)
+		in(&w.ExitReason)
+	}
 }
 
 // digestWorker is what planning reads of a worker's status.
