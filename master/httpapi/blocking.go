@@ -219,6 +219,11 @@ type blockHub struct {
 	waiters  int
 	stop     context.CancelFunc // the loop's, while it runs
 	done     chan struct{}      // closed when the last loop returned
+
+	// afterLook, when set (tests), runs between a request's look at the state (its render,
+	// or the state token it waits on without one) and what it does with it: a test changes
+	// the state there, as a change that comes just then would.
+	afterLook func(r *http.Request)
 }
 
 func newBlockHub(a *API) *blockHub {
@@ -314,6 +319,9 @@ func (h *blockHub) serve(next http.HandlerFunc) http.HandlerFunc {
 			// that answer was rendered at is the master's still, waits without a render:
 			// a thousand clients answered by one render come back for nothing more.
 			tok := h.token()
+			if h.afterLook != nil {
+				h.afterLook(r)
+			}
 			h.mu.Lock()
 			if b, ok := h.reads[key]; ok && b.index == q.index && b.tok == tok {
 				b.asked = time.Now()
@@ -371,6 +379,9 @@ func (h *blockHub) renderNow(next http.HandlerFunc, r *http.Request, key blockKe
 	for try := 1; ; try++ {
 		n, tok := h.begin()
 		a = render(next, r)
+		if h.afterLook != nil {
+			h.afterLook(r)
+		}
 		h.mu.Lock()
 		future := after > h.counter(key.viewer)
 		b = h.read(key, time.Now())

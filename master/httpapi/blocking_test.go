@@ -5,11 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,7 +41,9 @@ type blockFixture struct {
 func newBlockFixture(t *testing.T) *blockFixture {
 	t.Helper()
 	tc := clustertest.NewSim(t)
-	m, _, _ := tc.Master("m1")
+	// No periodic replan: a test that a read is answered for a change must not pass on
+	// the resync's publish instead.
+	m, _, _ := tc.Master("m1", func(c *master.Config) { c.Resync = time.Hour })
 	f := &blockFixture{tc: tc, m: m, reg: tc.Registry(m), tokens: map[string]string{}, nodes: map[string]*coord.Embedded{}}
 	for _, n := range clustertest.Nodes(3, 1, 1) {
 		f.nodes[n.ID] = tc.Node(n)
@@ -151,6 +154,21 @@ func (f *blockFixture) waiting(t *testing.T, n int) {
 	t.Helper()
 	testenv.Eventually(t, fmt.Sprintf("%d blocking queries waiting", n), 5*time.Second, func() bool {
 		return testenv.Metric(t, f.reg, "stormdock_master_blocking_queries", nil) == float64(n)
+	})
+}
+
+// quiet waits until the master's state has not changed, nor its read state been rebuilt,
+// for longer than the loop of waited reads takes to look at a change and look again once
+// a state built since may be (master.ReadRefresh and two api.WatchInterval).
+func (f *blockFixture) quiet(t *testing.T) {
+	t.Helper()
+	window := master.ReadRefresh + 2*api.WatchInterval
+	testenv.Eventually(t, fmt.Sprintf("the master's state quiet for %s", window), 20*time.Second, func() bool {
+		snap := f.m.Snapshot()
+		ctx, cancel := context.WithTimeout(f.tc.Ctx, window)
+		defer cancel()
+		_, err := f.m.WaitChange(ctx, f.m.ChangeIndex())
+		return err != nil && f.m.Snapshot() == snap
 	})
 }
 
@@ -511,5 +529,150 @@ func TestBlockingQueryOutlastsTheWriteTimeout(t *testing.T) {
 	if err != nil || len(jobs) != 1 || again.LastIndex != meta.LastIndex || time.Since(start) < time.Second {
 		t.Fatalf("a wait of 1s behind a write timeout of 300ms: %d jobs, index %d (was %d), after %s: %v",
 			len(jobs), again.LastIndex, meta.LastIndex, time.Since(start), err)
+	}
+}
+
+// TestBlockingQueryEndsAtShutdown: a server shutting down answers its waiting reads at once
+// (the same content and index) instead of waiting out their waits, and its Shutdown returns.
+func TestBlockingQueryEndsAtShutdown(t *testing.T) {
+	f := newBlockFixture(t)
+	srv := &http.Server{Handler: f.api}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	cl, _ := api.NewClient("http://"+ln.Addr().String(), f.tokens["demo"])
+	_, meta, err := cl.JobsWith(f.tc.Ctx, api.QueryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var again api.QueryMeta
+	go func() {
+		var err error
+		_, again, err = cl.JobsWith(f.tc.Ctx, api.QueryOptions{WaitIndex: meta.LastIndex, WaitTime: time.Minute})
+		done <- err
+	}()
+	f.waiting(t, 1)
+	ctx, cancel := context.WithTimeout(f.tc.Ctx, testenv.Timeout(5*time.Second))
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown with a read waiting: %v", err)
+	}
+	if err := <-done; err != nil || again.LastIndex != meta.LastIndex {
+		t.Fatalf("the waiting read at shutdown: index %d (was %d): %v", again.LastIndex, meta.LastIndex, err)
+	}
+}
+
+// TestBlockingQueryManyClientsMissNothing: clients that follow a read by its indexes while
+// it changes quickly all end on its last answer, within moments of it, not at the end of
+// their waits: no change is lost between the clients' renders, the loop's and the joins.
+func TestBlockingQueryManyClientsMissNothing(t *testing.T) {
+	f := newBlockFixture(t)
+	ctx, cancel := context.WithCancel(f.tc.Ctx)
+	const clients = 40
+	paths := []string{"/v1/jobs/demo-job?workers=false", "/v1/jobs"}
+	type latest struct {
+		mu   sync.Mutex
+		body string
+	}
+	seen := make([]latest, clients)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	for i := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var index uint64
+			for ctx.Err() == nil {
+				a := f.get(ctx, "demo", paths[i%len(paths)], index, "1m")
+				if a.err != nil || a.status != http.StatusOK {
+					continue
+				}
+				index = a.index
+				seen[i].mu.Lock()
+				seen[i].body = a.body
+				seen[i].mu.Unlock()
+			}
+		}()
+	}
+	f.waiting(t, clients)
+	final := 0
+	for i := range 12 {
+		final = 1 + i%4
+		if _, err := f.admin.ScaleJob(f.tc.Ctx, "demo-job", final); err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 0 {
+			time.Sleep(time.Duration(i) * 10 * time.Millisecond) // some changes apart, some together
+		}
+	}
+	want := fmt.Sprintf(`"running": %d,`, final)
+	testenv.EventuallyWith(t, "every client on demo-job's last state", 10*time.Second, func() (bool, string) {
+		settled, err := f.admin.JobSummary(f.tc.Ctx, "demo-job")
+		if err != nil || settled.Summary.Running != final || settled.Summary.Stopping != 0 {
+			return false, fmt.Sprintf("demo-job not settled: %+v %v", settled.Summary, err)
+		}
+		for i := range seen {
+			seen[i].mu.Lock()
+			body := seen[i].body
+			seen[i].mu.Unlock()
+			if !strings.Contains(body, want) || !strings.Contains(body, `"stopping": 0,`) {
+				return false, fmt.Sprintf("client %d (%s) last got: %s", i, paths[i%len(paths)], body)
+			}
+		}
+		return true, ""
+	})
+}
+
+// TestBlockingQueryChangeBeforeItWaits: a change that comes after a blocking read rendered
+// its answer, but before it waits, is not lost: whether no read waited yet (the goroutine that
+// renders waited reads starts with this one) or the goroutine already rendered the waited
+// reads at the new state (without this one).
+func TestBlockingQueryChangeBeforeItWaits(t *testing.T) {
+	for _, loopLooked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("loop looked meanwhile %v", loopLooked), func(t *testing.T) {
+			f := newBlockFixture(t)
+			ctx := f.tc.Ctx
+			const path = "/v1/jobs/demo-job?workers=false"
+			before := f.first(t, "demo", path)
+			if loopLooked {
+				// Another read waiting, which the change does not change, keeps the
+				// goroutine looking.
+				other := f.first(t, "other", "/v1/jobs")
+				f.start(t, "other", "/v1/jobs", other.index, "1m")
+				f.waiting(t, 1)
+			}
+			var once sync.Once
+			f.api.AfterLook(func(r *http.Request) {
+				if r.URL.Query().Get("index") == "" || r.URL.Path != "/v1/jobs/demo-job" {
+					return
+				}
+				once.Do(func() {
+					renders := f.renders(t)
+					if _, err := f.admin.ScaleJob(ctx, "demo-job", 3); err != nil {
+						t.Error(err)
+						return
+					}
+					testenv.Eventually(t, "the change done", 5*time.Second, func() bool {
+						st, err := f.admin.JobSummary(ctx, "demo-job")
+						return err == nil && st.Summary.Running == 3 && st.Summary.Stopping == 0
+					})
+					f.quiet(t)
+					if loopLooked && f.renders(t) == renders {
+						t.Error("the waited read was not rendered at the new state")
+					}
+				})
+			})
+			a := receive(t, f.start(t, "demo", path, before.index, "1m"), "GET "+path)
+			if a.status != http.StatusOK || a.index <= before.index || decode[api.JobStatus](t, a.body).Summary.Workers != 3 {
+				t.Fatalf("status %d, index %d (was %d): %s", a.status, a.index, before.index, a.body)
+			}
+		})
 	}
 }
