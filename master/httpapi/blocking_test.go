@@ -676,3 +676,34 @@ func TestBlockingQueryChangeBeforeItWaits(t *testing.T) {
 		})
 	}
 }
+
+// TestBlockingQueryOnAStandby: a master that does not lead answers blocking queries from the
+// state it builds at most once per master.ReadRefresh: a client that follows a job through
+// its changes there sees its last state, though nothing changes after it.
+func TestBlockingQueryOnAStandby(t *testing.T) {
+	f := newBlockFixture(t)
+	m2, _, _ := f.tc.Master("m2", func(c *master.Config) { c.Resync = time.Hour })
+	testenv.Eventually(t, "m2 sees the jobs", 5*time.Second, func() bool { return len(m2.CurrentJobs()) == 2 })
+	if m2.Leader() {
+		t.Fatal("m2 leads")
+	}
+	srv, _ := f.tc.API(m2, httpapi.Config{})
+	standby := &blockFixture{tc: f.tc, m: m2, srv: srv, tokens: f.tokens}
+	const path = "/v1/jobs/demo-job?workers=false"
+	a := standby.first(t, "demo", path)
+	ch := standby.start(t, "demo", path, a.index, "1m")
+	if _, err := f.admin.ScaleJob(f.tc.Ctx, "demo-job", 3); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		a = receive(t, ch, "GET "+path+" from the standby")
+		st := decode[api.JobStatus](t, a.body)
+		if a.status != http.StatusOK {
+			t.Fatalf("status %d: %s", a.status, a.body)
+		}
+		if st.Summary.Running == 3 && st.Summary.Stopping == 0 {
+			return
+		}
+		ch = standby.start(t, "demo", path, a.index, "1m")
+	}
+}
