@@ -97,13 +97,20 @@ func (c *Client) connError(err error) error {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body []byte, contentType string, out any) error {
+	_, err := c.roundTrip(ctx, c.http, method, path, body, contentType, out)
+	return err
+}
+
+// roundTrip sends one request with hc and decodes its answer into out; it returns the
+// answer's header whenever there was an answer, an error's too.
+func (c *Client) roundTrip(ctx context.Context, hc *http.Client, method, path string, body []byte, contentType string, out any) (http.Header, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
@@ -111,28 +118,28 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, conte
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	resp, err := c.http.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
-		return c.connError(err)
+		return nil, c.connError(err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return fmt.Errorf("read answer of %s %s: %w", method, path, err)
+		return resp.Header, fmt.Errorf("read answer of %s %s: %w", method, path, err)
 	}
 	if resp.StatusCode == http.StatusBadRequest && bytes.Contains(data, []byte("HTTP request to an HTTPS server")) {
-		return &Error{Status: resp.StatusCode, Code: "bad_input", Msg: fmt.Sprintf("the master at %s serves HTTPS: use %s", c.base,
+		return resp.Header, &Error{Status: resp.StatusCode, Code: "bad_input", Msg: fmt.Sprintf("the master at %s serves HTTPS: use %s", c.base,
 			strings.Replace(c.base, "http://", "https://", 1))}
 	}
 	if resp.StatusCode >= 300 {
-		return ParseError(resp.StatusCode, data, fmt.Sprintf("master answered %s to %s %s", resp.Status, method, path))
+		return resp.Header, ParseError(resp.StatusCode, data, fmt.Sprintf("master answered %s to %s %s", resp.Status, method, path))
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("read answer of %s %s: %w", method, path, err)
+			return resp.Header, fmt.Errorf("read answer of %s %s: %w", method, path, err)
 		}
 	}
-	return nil
+	return resp.Header, nil
 }
 
 func (c *Client) doJSON(ctx context.Context, method, path string, in, out any) error {
@@ -155,23 +162,20 @@ func (c *Client) SubmitJob(ctx context.Context, spec []byte) (cluster.JobRecord,
 
 // Jobs lists the jobs.
 func (c *Client) Jobs(ctx context.Context) ([]JobSummary, error) {
-	var out []JobSummary
-	err := c.doJSON(ctx, http.MethodGet, "/v1/jobs", nil, &out)
+	out, _, err := c.JobsWith(ctx, QueryOptions{})
 	return out, err
 }
 
 // Job returns one job with its workers.
 func (c *Client) Job(ctx context.Context, name string) (JobStatus, error) {
-	var out JobStatus
-	err := c.doJSON(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(name), nil, &out)
+	out, _, err := c.JobWith(ctx, name, QueryOptions{})
 	return out, err
 }
 
 // JobSummary returns one job's record and summary without its workers: what polling for a
 // job to settle needs, at the same cost whatever the job's size.
 func (c *Client) JobSummary(ctx context.Context, name string) (JobStatus, error) {
-	var out JobStatus
-	err := c.doJSON(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(name)+"?workers=false", nil, &out)
+	out, _, err := c.JobSummaryWith(ctx, name, QueryOptions{})
 	return out, err
 }
 
@@ -227,8 +231,7 @@ func (c *Client) JobHistory(ctx context.Context, name string) (JobHistory, error
 
 // Nodes lists the live nodes.
 func (c *Client) Nodes(ctx context.Context) ([]NodeView, error) {
-	var out []NodeView
-	err := c.doJSON(ctx, http.MethodGet, "/v1/nodes", nil, &out)
+	out, _, err := c.NodesWith(ctx, QueryOptions{})
 	return out, err
 }
 
@@ -249,8 +252,7 @@ func (c *Client) EndAvoidance(ctx context.Context, id, job string) error {
 
 // Tenants lists the tenants with their use.
 func (c *Client) Tenants(ctx context.Context) ([]TenantView, error) {
-	var out []TenantView
-	err := c.doJSON(ctx, http.MethodGet, "/v1/tenants", nil, &out)
+	out, _, err := c.TenantsWith(ctx, QueryOptions{})
 	return out, err
 }
 
@@ -346,8 +348,7 @@ func (c *Client) TenantToken(ctx context.Context, name string) (string, error) {
 
 // DCs lists the data centers.
 func (c *Client) DCs(ctx context.Context) ([]DCView, error) {
-	var out []DCView
-	err := c.doJSON(ctx, http.MethodGet, "/v1/dcs", nil, &out)
+	out, _, err := c.DCsWith(ctx, QueryOptions{})
 	return out, err
 }
 

@@ -157,6 +157,8 @@ type Master struct {
 	quitOnce sync.Once
 	vc       viewCache // records decoded by earlier views
 	reads    reads     // what the API answers from
+	// published counts the leader's states the API has seen published (changes.go).
+	published publishes
 
 	// beforeCommit, when set (tests), runs before each assignment transaction: a test
 	// holds a leader there until it is deposed (see commitHook).

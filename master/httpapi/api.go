@@ -32,15 +32,16 @@ func New(m *master.Master, cfg Config) *API {
 	}
 	a := &API{m: m, cfg: cfg, store: m.Store(), log: m.Logger(), authFails: api.NewFailLimiter(),
 		logKey: m.Agents(), metrics: newMetrics(cfg.Registry)}
+	a.block = newBlockHub(a)
 	mux := http.NewServeMux()
 	route := func(pattern string, need role, h http.HandlerFunc) {
 		mux.HandleFunc(pattern, a.secure(pattern, need, h))
 		a.routes = append(a.routes, pattern)
 	}
 	route("GET /v1/health", roleNone, a.getHealth)
-	route("GET /v1/jobs", roleTenant, a.listJobs)
+	route("GET /v1/jobs", roleTenant, a.block.serve(a.listJobs))
 	route("POST /v1/jobs", roleTenant, a.submitJob)
-	route("GET /v1/jobs/{name}", roleTenant, a.getJob)
+	route("GET /v1/jobs/{name}", roleTenant, a.block.serve(a.getJob))
 	route("POST /v1/jobs/{name}/scale", roleTenant, a.scaleJob)
 	route("POST /v1/jobs/{name}/autoscale", roleTenant, a.autoscaleJob)
 	route("POST /v1/jobs/{name}/kill", roleTenant, a.killJob)
@@ -58,13 +59,13 @@ func New(m *master.Master, cfg Config) *API {
 	route("GET /v1/metrics/latest", roleTenant, a.latestMetrics)
 	route("GET /v1/events", roleTenant, a.listEvents)
 	route("POST /v1/events", roleAdmin, a.recordEvent)
-	route("GET /v1/nodes", roleTenant, a.listNodes)
+	route("GET /v1/nodes", roleTenant, a.block.serve(a.listNodes))
 	route("POST /v1/nodes/{id}/drain", roleAdmin, a.drainNode(true))
 	route("POST /v1/nodes/{id}/undrain", roleAdmin, a.drainNode(false))
-	route("GET /v1/dcs", roleTenant, a.listDCs)
+	route("GET /v1/dcs", roleTenant, a.block.serve(a.listDCs))
 	route("POST /v1/dcs/{dc}/fail", roleAdmin, a.setDC(cluster.DCFailed))
 	route("POST /v1/dcs/{dc}/restore", roleAdmin, a.setDC(cluster.DCActive))
-	route("GET /v1/tenants", roleTenant, a.listTenants)
+	route("GET /v1/tenants", roleTenant, a.block.serve(a.listTenants))
 	route("POST /v1/tenants", roleAdmin, a.createTenant)
 	route("POST /v1/tenants/{name}/token", roleAdmin, a.tenantToken)
 	route("POST /v1/tenants/{name}/update", roleAdmin, a.updateTenant)

@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"net/http"
+
 	"github.com/stormdock/stormdock/api"
 	"github.com/stormdock/stormdock/master"
 )
@@ -41,3 +43,7 @@ func (b *MapBase) Encode(admin bool, tenant string, prev *MapState) *MapState {
 
 // Forget drops node's entry from what a later Encode may reuse.
 func (s *MapState) Forget(node string) { delete(s.s.drawn, node) }
+
+// AfterLook makes f run between each request's look at the state and what it does with it
+// (see blockHub.afterLook). Set it before any request.
+func (a *API) AfterLook(f func(r *http.Request)) { a.block.afterLook = f }

@@ -52,6 +52,9 @@ type API struct {
 	metrics *metrics
 	// scrapeHashes are the tokens /metrics answers to (metricsauth.go).
 	scrapeHashes scrapeHashes
+	// block holds the reads' indexes and their waiters (blocking.go).
+	block *blockHub
+	stops shutdowns
 }
 
 // ServeHTTP serves one request of the API or the console.

@@ -50,8 +50,6 @@ type watchHub struct {
 	budgetAt time.Time
 	states   map[principal]*mapState // of base, by viewer
 	prev     map[principal]*mapState // each viewer's last, whose node entries are reused
-
-	shutdown sync.Map // *http.Server -> chan struct{}, closed when it shuts down
 }
 
 // mapState is the map of one base as one viewer sees it, each entry encoded.
@@ -156,20 +154,6 @@ func (h *watchHub) master() api.MapMaster {
 	return out
 }
 
-// stopping returns a channel closed when the server serving r shuts down: a stream never
-// goes idle, and http.Server.Shutdown waits for idle connections only.
-func (h *watchHub) stopping(r *http.Request) <-chan struct{} {
-	srv, ok := r.Context().Value(http.ServerContextKey).(*http.Server)
-	if !ok {
-		return nil
-	}
-	ch, loaded := h.shutdown.LoadOrStore(srv, make(chan struct{}))
-	if !loaded {
-		srv.RegisterOnShutdown(func() { close(ch.(chan struct{})) })
-	}
-	return ch.(chan struct{})
-}
-
 // countingWriter counts the bytes that go on the wire.
 type countingWriter struct {
 	w io.Writer
@@ -241,7 +225,7 @@ func (h *watchHub) serve(w http.ResponseWriter, r *http.Request) {
 	if send("", []byte("retry: 1000\n\n")) != nil {
 		return
 	}
-	stop := h.stopping(r)
+	stop := h.a.stops.stopping(r)
 	tick := time.NewTicker(api.WatchInterval)
 	defer tick.Stop()
 	ping := time.NewTicker(watchPing)

@@ -199,17 +199,18 @@ func jobKill(c *cli.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
-	var poll pollInterval
+	jw := watchJob(cl, name)
 	for {
-		if _, err := cl.Job(ctx, name); err != nil {
+		_, err := jw.next(ctx)
+		if ctx.Err() != nil {
+			return cli.Exit(fmt.Sprintf("stormdock: job %s still has workers after %s", name, c.Duration("timeout")), 1)
+		}
+		if err != nil {
 			if errors.Is(err, api.ErrNotFound) {
 				fmt.Fprintf(c.App.Writer, "job %s: every worker stopped\n", name)
 				return nil
 			}
 			return commands.APIErr(c, err)
-		}
-		if ctxtime.Sleep(ctx, poll.next()) != nil {
-			return cli.Exit(fmt.Sprintf("stormdock: job %s still has workers after %s", name, c.Duration("timeout")), 1)
 		}
 	}
 }
@@ -222,55 +223,90 @@ func waitSettled(c *cli.Context, cl *api.Client, name string) error {
 	start := time.Now()
 	tty := commands.IsTerminal(c.App.Writer)
 	last := ""
-	var poll pollInterval
+	jw := watchJob(cl, name)
+	var lastErr error // of the last read that was answered
 	for {
 		// The summary alone, whatever the job's size; the workers are read once, to say
 		// what holds the rest when it gives up.
-		st, err := cl.JobSummary(ctx, name)
-		if err == nil {
-			s := st.Summary
-			line := fmt.Sprintf("%s: %d/%d running", name, s.Running, s.Workers)
-			if s.Unplaced > 0 {
-				line += fmt.Sprintf(", %d unplaced", s.Unplaced)
-			}
-			if s.Stopping > 0 {
-				line += fmt.Sprintf(", %d stopping", s.Stopping)
-			}
-			if line != last {
-				if tty {
-					fmt.Fprintf(c.App.Writer, "\r%-60s", line)
-				} else {
-					fmt.Fprintln(c.App.Writer, line)
-				}
-				last = line
-			}
-			if s.Running == s.Workers && s.Stopping == 0 {
-				if tty {
-					fmt.Fprintln(c.App.Writer)
-				}
-				fmt.Fprintf(c.App.Writer, "%s: all %d workers running after %s\n", name, s.Workers, time.Since(start).Round(time.Millisecond))
-				return nil
-			}
+		st, err := jw.next(ctx)
+		if ctx.Err() != nil {
+			break
 		}
-		select {
-		case <-ctx.Done():
+		lastErr = err
+		if err != nil {
+			continue
+		}
+		s := st.Summary
+		line := fmt.Sprintf("%s: %d/%d running", name, s.Running, s.Workers)
+		if s.Unplaced > 0 {
+			line += fmt.Sprintf(", %d unplaced", s.Unplaced)
+		}
+		if s.Stopping > 0 {
+			line += fmt.Sprintf(", %d stopping", s.Stopping)
+		}
+		if line != last {
+			if tty {
+				fmt.Fprintf(c.App.Writer, "\r%-60s", line)
+			} else {
+				fmt.Fprintln(c.App.Writer, line)
+			}
+			last = line
+		}
+		if s.Running == s.Workers && s.Stopping == 0 {
 			if tty {
 				fmt.Fprintln(c.App.Writer)
 			}
-			if err == nil {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), 10*time.Second)
-				st, err = cl.Job(rctx, name)
-				cancel()
-			}
-			return cli.Exit("stormdock: "+notReady(st, err, c.Duration("timeout")), 1)
-		case <-time.After(poll.next()):
+			fmt.Fprintf(c.App.Writer, "%s: all %d workers running after %s\n", name, s.Workers, time.Since(start).Round(time.Millisecond))
+			return nil
 		}
 	}
+	if tty {
+		fmt.Fprintln(c.App.Writer)
+	}
+	var st api.JobStatus
+	err := lastErr
+	if err == nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), 10*time.Second)
+		st, err = cl.Job(rctx, name)
+		cancel()
+	}
+	return cli.Exit("stormdock: "+notReady(st, err, c.Duration("timeout")), 1)
 }
 
-// pollInterval is the wait between two polls of the master by --wait: 20ms for the first
-// second, as workers usually start within a fraction of one, then growing to 200ms for long
-// waits (image pulls, grace periods). A poll is one cheap request to the master's view.
+// jobWatch reads a job's record and summary (GET /v1/jobs/NAME?workers=false) each time
+// they change, by blocking queries: the master holds each read until the answer differs
+// from the one before, so a wait costs a request per change, not one per poll. A master
+// that gives no index (one from before blocking queries), or a read that failed, is read
+// again after a pause (pollInterval).
+type jobWatch struct {
+	cl    *api.Client
+	name  string
+	index uint64
+	pause bool
+	poll  pollInterval
+}
+
+func watchJob(cl *api.Client, name string) *jobWatch { return &jobWatch{cl: cl, name: name} }
+
+// next returns the job as it is now the first time, and then once it changed (or the
+// master's wait ended: the same answer). A job that does not exist is ErrNotFound; the
+// next call then returns when it comes.
+func (w *jobWatch) next(ctx context.Context) (api.JobStatus, error) {
+	if w.pause {
+		if err := ctxtime.Sleep(ctx, w.poll.next()); err != nil {
+			return api.JobStatus{}, err
+		}
+	}
+	st, meta, err := w.cl.JobSummaryWith(ctx, w.name, api.QueryOptions{WaitIndex: w.index})
+	w.index = meta.LastIndex
+	w.pause = w.index == 0
+	return st, err
+}
+
+// pollInterval is the wait between two reads of a job by --wait when the master gives no
+// index to wait on (or a read failed): 20ms for the first second, as workers usually start
+// within a fraction of one, then growing to 200ms for long waits (image pulls, grace
+// periods). A read is one cheap request to the master's view.
 type pollInterval struct {
 	n int
 	d time.Duration
@@ -642,8 +678,12 @@ func waitRollout(c *cli.Context, cl *api.Client, name string, id int64) error {
 	defer cancel()
 	start := time.Now()
 	last := ""
+	jw := watchJob(cl, name)
 	for {
-		st, err := cl.Job(ctx, name)
+		st, err := jw.next(ctx)
+		if ctx.Err() != nil {
+			return cli.Exit(fmt.Sprintf("stormdock: job %s: rollout not done after %s: %s", name, c.Duration("timeout"), last), 1)
+		}
 		if err == nil && st.Job.Rollout != nil && st.Job.Rollout.ID >= id {
 			ro := st.Job.Rollout
 			if line := ro.Summary(); line != last {
@@ -662,9 +702,6 @@ func waitRollout(c *cli.Context, cl *api.Client, name string, id int64) error {
 				fmt.Fprintln(c.App.Writer, rolloutLine(st.Job))
 				return nil
 			}
-		}
-		if ctxtime.Sleep(ctx, 250*time.Millisecond) != nil {
-			return cli.Exit(fmt.Sprintf("stormdock: job %s: rollout not done after %s: %s", name, c.Duration("timeout"), last), 1)
 		}
 	}
 }
