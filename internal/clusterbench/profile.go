@@ -31,12 +31,14 @@ type Profiles struct {
 // ProfileFile is one profile: what it covers, its file, and for a heap profile the master's
 // live heap (bytes in heap objects, after a collection) and resident memory when taken.
 type ProfileFile struct {
-	What      string  `json:"what"`
-	Kind      string  `json:"kind"` // heap or cpu
-	File      string  `json:"file"`
-	HeapBytes int64   `json:"heapBytes,omitempty"`
-	RSSBytes  int64   `json:"rssBytes,omitempty"`
-	Seconds   float64 `json:"seconds,omitempty"` // a cpu profile's span
+	What      string `json:"what"`
+	Kind      string `json:"kind"` // heap or cpu
+	File      string `json:"file"`
+	HeapBytes int64  `json:"heapBytes,omitempty"`
+	RSSBytes  int64  `json:"rssBytes,omitempty"`
+	// Memory is the runtime's memory by class when a heap profile was taken.
+	Memory  string  `json:"memory,omitempty"`
+	Seconds float64 `json:"seconds,omitempty"` // a cpu profile's span
 }
 
 type cpuResult struct {
@@ -71,18 +73,37 @@ func (m *master) fetch(ctx context.Context, path, file string) error {
 	return f.Close()
 }
 
-// heapBytes reads the master's live heap from its runtime figures.
-func (m *master) heapBytes(ctx context.Context) (int64, error) {
+// heapBytes reads the master's live heap from its runtime figures, and where the rest of
+// the memory it holds from the system goes (memoryClasses).
+func (m *master) heapBytes(ctx context.Context) (int64, string, error) {
 	rt, err := m.runtime(ctx)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	for _, s := range rt.Metrics {
 		if s.Name == "/gc/heap/live:bytes" && s.Value != nil {
-			return int64(*s.Value), nil
+			return int64(*s.Value), memoryClasses(rt), nil
 		}
 	}
-	return 0, fmt.Errorf("%sruntime has no /gc/heap/live:bytes", profiling.Prefix)
+	return 0, "", fmt.Errorf("%sruntime has no /gc/heap/live:bytes", profiling.Prefix)
+}
+
+// memoryClasses says what the Go runtime holds of the system's memory, by class: the gap
+// between a live heap and the process's RSS.
+func memoryClasses(rt profiling.Runtime) string {
+	v := map[string]int64{}
+	for _, s := range rt.Metrics {
+		if s.Value != nil {
+			v[s.Name] = int64(*s.Value)
+		}
+	}
+	return fmt.Sprintf("heap objects %s (goal %s), free heap %s, released %s, stacks %s, runtime %s, mapped in all %s, %d goroutines",
+		mib(v["/memory/classes/heap/objects:bytes"]), mib(v["/gc/heap/goal:bytes"]),
+		mib(v["/memory/classes/heap/free:bytes"]+v["/memory/classes/heap/unused:bytes"]), mib(v["/memory/classes/heap/released:bytes"]),
+		mib(v["/memory/classes/heap/stacks:bytes"]+v["/memory/classes/os-stacks:bytes"]),
+		mib(v["/memory/classes/metadata/other:bytes"]+v["/memory/classes/metadata/mspan/inuse:bytes"]+v["/memory/classes/metadata/mspan/free:bytes"]+
+			v["/memory/classes/metadata/mcache/inuse:bytes"]+v["/memory/classes/metadata/mcache/free:bytes"]+v["/memory/classes/other:bytes"]+v["/memory/classes/profiling/buckets:bytes"]),
+		mib(v["/memory/classes/total:bytes"]), rt.Goroutines)
 }
 
 // runtime reads the master's runtime figures.
@@ -127,7 +148,7 @@ func (r *run) heapProfile(ctx context.Context, what string) {
 		p.Errors = append(p.Errors, fmt.Sprintf("heap profile %s: %v", what, err))
 		return
 	}
-	f.HeapBytes, _ = r.master.heapBytes(ctx)
+	f.HeapBytes, f.Memory, _ = r.master.heapBytes(ctx)
 	if u, err := procUsage(r.master.pid); err == nil {
 		f.RSSBytes = u.rss
 	}
@@ -135,7 +156,7 @@ func (r *run) heapProfile(ctx context.Context, what string) {
 	if f.HeapBytes > p.HeapBytes {
 		p.Heap, p.HeapBytes = f.File, f.HeapBytes
 	}
-	r.logf("heap profile %s: live heap %s, master RSS %s: %s", what, mib(f.HeapBytes), mib(f.RSSBytes), f.File)
+	r.logf("heap profile %s: live heap %s, master RSS %s: %s; %s", what, mib(f.HeapBytes), mib(f.RSSBytes), f.File, f.Memory)
 }
 
 // startCPU starts a cpu profile of the master over the next span (an event and its
