@@ -62,6 +62,8 @@ type Config struct {
 	// negative: off). 0 serves none.
 	MetricsSeries   int
 	MetricsInterval time.Duration
+	// MasterMemoryLimit is the master's --memory-limit (a process: MasterBinary), "" none.
+	MasterMemoryLimit string
 	// Pin puts the master (a process: MasterBinary) on a core of its own and this process
 	// (the agents), with ZooKeeper when it runs on this machine, on the other cores (see
 	// pinning). With one core free nothing is pinned, and the report says so.

@@ -62,7 +62,7 @@ func startMaster(ctx context.Context, cfg Config, storeURL, dir string, pin *pin
 	case cfg.MetricsInterval > 0:
 		args = append(args, "--metrics-interval", cfg.MetricsInterval.String())
 	}
-	for _, f := range [][2]string{{"--store-ca", cfg.StoreTLS.CA}, {"--store-cert", cfg.StoreTLS.Cert}, {"--store-key", cfg.StoreTLS.Key}} {
+	for _, f := range [][2]string{{"--store-ca", cfg.StoreTLS.CA}, {"--store-cert", cfg.StoreTLS.Cert}, {"--store-key", cfg.StoreTLS.Key}, {"--memory-limit", cfg.MasterMemoryLimit}} {
 		if f[1] != "" {
 			args = append(args, f[0], f[1])
 		}

@@ -83,6 +83,7 @@ var Command = &cli.Command{
 			&cli.DurationFlag{Name: "poll", Usage: "how long the pollers poll", Value: 10 * time.Second},
 			&cli.DurationFlag{Name: "settle", Usage: "how long each phase may take before the run reports what is left", Value: 5 * time.Minute},
 			&cli.StringFlag{Name: "master", Usage: "run the master as a `process` of its own (its memory and cpu alone) or in-process", Value: "process"},
+			&cli.StringFlag{Name: "master-memory-limit", Usage: "the master's --memory-limit `SIZE` (768Mi): its Go runtime's soft memory limit (default: none)"},
 			&cli.BoolFlag{Name: "pin", Usage: "pin the master to a core of its own, and the simulated agents and a ZooKeeper of this machine to the other cores (with one core free, nothing is pinned and the report says so)"},
 			&cli.BoolFlag{Name: "no-dc-loss", Usage: "skip the loss of a data center"},
 			&cli.IntFlag{Name: "metrics-series", Usage: "series each simulated worker serves (half gauges, half counters, and the agent's five on top): the agents serve job metrics and the master pulls them; 0: none"},
@@ -116,7 +117,7 @@ func runBenchCluster(c *cli.Context) error {
 		Churn: c.Float64("churn"), SessionTimeout: c.Duration("session-timeout"), Steady: c.Duration("steady"),
 		Pollers: c.Int("pollers"), Poll: c.Duration("poll"), Settle: c.Duration("settle"),
 		NodesPerSession: c.Int("nodes-per-session"), SkipDC: c.Bool("no-dc-loss"), Pin: c.Bool("pin"), Seed: c.Uint64("seed"), Progress: c.App.ErrWriter,
-		MetricsSeries: c.Int("metrics-series"), MetricsInterval: c.Duration("metrics-interval"),
+		MetricsSeries: c.Int("metrics-series"), MetricsInterval: c.Duration("metrics-interval"), MasterMemoryLimit: c.String("master-memory-limit"),
 	}
 	if c.IsSet("metrics-interval") && cfg.MetricsInterval == 0 {
 		cfg.MetricsInterval = -1

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -107,6 +108,19 @@ func secretsKeyOf(c *cli.Context) (string, error) {
 	return path, nil
 }
 
+// memoryLimitOf reads --memory-limit: 0 when not given.
+func memoryLimitOf(c *cli.Context) (int64, error) {
+	v := c.String("memory-limit")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := cluster.ParseBytes(v)
+	if err != nil || n < 64<<20 {
+		return 0, commands.UsageErr("--memory-limit %q: give a size of at least 64Mi, such as 768Mi or 2Gi", v)
+	}
+	return int64(n), nil
+}
+
 // MasterCommand runs a master.
 var MasterCommand = &cli.Command{
 	Name:  "master",
@@ -125,6 +139,7 @@ var MasterCommand = &cli.Command{
 		&cli.StringFlag{Name: "tls-cert", Usage: "serve the API over TLS with the certificate in `FILE` (PEM; with --tls-key)"},
 		tenantUIDsFlag(),
 		&cli.StringFlag{Name: "secrets-key", Usage: "keyring `FILE` (mode 0600) that tenant secrets are sealed with, the same on every master: make it with `stormdock secret keygen FILE` (default: none, secrets off)", EnvVars: []string{"STORMDOCK_SECRETS_KEY"}},
+		&cli.StringFlag{Name: "memory-limit", Usage: "soft limit of the master's memory, as `SIZE` (768Mi, 2Gi): the Go runtime collects garbage more often as the process nears it (GOMEMLIMIT); keep it well above the live heap (docs/benchmarks.md gives it per node and worker), or collection takes up to half a core (default: none)"},
 	), append(eventsFlags(), metricsFlags()...)...),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 0 {
@@ -136,6 +151,14 @@ var MasterCommand = &cli.Command{
 		}
 		if _, err := coord.ParseURL(c.String("store")); err != nil {
 			return commands.UsageErr("--store: %v", err)
+		}
+		limit, err := memoryLimitOf(c)
+		if err != nil {
+			return err
+		}
+		if limit > 0 {
+			// The runtime's soft limit (GOMEMLIMIT): the flag wins over the environment.
+			debug.SetMemoryLimit(limit)
 		}
 		if p, m := c.Duration("avoid-period"), c.Duration("avoid-max"); p <= 0 || m < p {
 			return commands.UsageErr("--avoid-period %s, --avoid-max %s: give a period above 0 and a cap no shorter than it", p, m)
