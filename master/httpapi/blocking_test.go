@@ -513,13 +513,7 @@ func TestBlockingQueryOutlastsTheWriteTimeout(t *testing.T) {
 	f := newBlockFixture(t)
 	srv := &http.Server{Handler: f.api, ReadHeaderTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond,
 		WriteTimeout: 300 * time.Millisecond}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	cl, _ := api.NewClient("http://"+ln.Addr().String(), f.tokens["demo"])
+	cl, _ := api.NewClient(serveOn(t, srv), f.tokens["demo"])
 	_, meta, err := cl.JobsWith(f.tc.Ctx, api.QueryOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -537,13 +531,7 @@ func TestBlockingQueryOutlastsTheWriteTimeout(t *testing.T) {
 func TestBlockingQueryEndsAtShutdown(t *testing.T) {
 	f := newBlockFixture(t)
 	srv := &http.Server{Handler: f.api}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	cl, _ := api.NewClient("http://"+ln.Addr().String(), f.tokens["demo"])
+	cl, _ := api.NewClient(serveOn(t, srv), f.tokens["demo"])
 	_, meta, err := cl.JobsWith(f.tc.Ctx, api.QueryOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -706,4 +694,16 @@ func TestBlockingQueryOnAStandby(t *testing.T) {
 		}
 		ch = standby.start(t, "demo", path, a.index, "1m")
 	}
+}
+
+// serveOn serves srv on a loopback port until the test ends, and returns its base URL.
+func serveOn(t *testing.T, srv *http.Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String()
 }
