@@ -145,7 +145,9 @@ type Master struct {
 	jobs, nodes, confs, assigns, tenants, dcs *mirror
 	// secrets mirrors each tenant's secret index (versions, never values).
 	secrets *mirror
-	wake    chan struct{}
+	// admin follows the admin token's hash, which the API checks every request against.
+	admin adminToken
+	wake  chan struct{}
 	// events holds the cluster's events and queues those this master records.
 	events *eventlog.Log
 	// agents signs this master's requests to agents (workers' logs, job metrics).
@@ -327,6 +329,11 @@ func (m *Master) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		m.collect(ctx)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		m.admin.watch(ctx, m.store)
 	}()
 	for _, mr := range []*mirror{m.jobs, m.nodes, m.confs, m.assigns, m.tenants, m.dcs, m.secrets} {
 		wg.Add(1)

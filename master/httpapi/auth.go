@@ -49,7 +49,10 @@ func (a *API) authenticate(r *http.Request, fresh bool) (principal, error) {
 		return principal{}, fmt.Errorf("%w: missing API token: pass --token or set STORMDOCK_TOKEN (the admin token is in the master's data directory, admin.token)", api.ErrUnauthorized)
 	}
 	hash := api.HashToken(strings.TrimSpace(token))
-	if e, err := a.store.Get(r.Context(), cluster.AdminTokenKey); err == nil && subtle.ConstantTimeCompare(e.Value, []byte(hash)) == 1 {
+	// The admin token's hash and the tenants' records as this master's watches have them:
+	// no store read for a valid token.
+	admin, watched := a.m.AdminTokenHash()
+	if watched && len(admin) > 0 && subtle.ConstantTimeCompare(admin, []byte(hash)) == 1 {
 		return principal{admin: true}, nil
 	}
 	match := func(name string, value []byte) bool {
@@ -64,8 +67,12 @@ func (a *API) authenticate(r *http.Request, fresh bool) (principal, error) {
 	if !fresh {
 		return principal{}, fmt.Errorf("%w: invalid API token", api.ErrUnauthorized)
 	}
-	// The mirror may not have the token yet: one made a moment ago (through another
-	// master, or just now through this one) is in the store.
+	// The watches may not have it yet: an admin token just written (a provisioned
+	// cluster's, or this master's first), or a tenant's made a moment ago (through another
+	// master, or just now through this one), is in the store.
+	if e, err := a.store.Get(r.Context(), cluster.AdminTokenKey); err == nil && subtle.ConstantTimeCompare(e.Value, []byte(hash)) == 1 {
+		return principal{admin: true}, nil
+	}
 	names, err := a.store.Children(r.Context(), cluster.TenantsKey)
 	if err != nil {
 		return principal{}, fmt.Errorf("%w: read tenants: %v", api.ErrUnavailable, err)
