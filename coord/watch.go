@@ -70,9 +70,9 @@ func watchDataFunc(ctx context.Context, a armer, key string, emit func(Event) bo
 // channel's reader a goroutine of its own, which counts for a master that watches every
 // node's entry of a large cluster.
 type FuncWatcher interface {
-	// WatchFunc calls fn, from one goroutine, with the states Watch would send, until ctx
-	// is done or the store closes; then, once fn has returned for the last time, done
-	// (which may be nil).
+	// WatchFunc calls fn, one call at a time (not always from the same goroutine), with
+	// the states Watch would send, until ctx is done or the store closes; then, once fn has
+	// returned for the last time, done (which may be nil).
 	WatchFunc(ctx context.Context, key string, fn func(Event), done func()) error
 }
 

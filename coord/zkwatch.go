@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/go-zookeeper/zk"
 )
@@ -24,20 +25,151 @@ func (s *ZK) Watch(ctx context.Context, key string) (<-chan Event, error) {
 	return out, nil
 }
 
-// WatchFunc implements FuncWatcher.
+// WatchFunc implements FuncWatcher. Between changes no goroutine waits for the key: the
+// watch's firing (zk.Conn.OnWatch) starts one that reads and re-arms it, calls fn when the
+// state changed, and ends (see funcWatch).
 func (s *ZK) WatchFunc(ctx context.Context, key string, fn func(Event), done func()) error {
 	if err := ValidateKey(key); err != nil {
 		return fmt.Errorf("coord: watch %s: %w", key, err)
 	}
 	wctx, end := s.goroutineContext(ctx)
-	go func() {
-		defer end()
-		if done != nil {
-			defer done()
-		}
-		watchDataFunc(wctx, s, key, func(ev Event) bool { fn(ev); return wctx.Err() == nil }, s.log)
-	}()
+	w := &funcWatch{s: s, key: key, ctx: wctx, fn: fn, done: done, end: end, first: true, running: true}
+	w.stop = context.AfterFunc(wctx, w.stopped)
+	go w.step()
 	return nil
+}
+
+// funcWatch follows one key for WatchFunc. At most one goroutine runs it at a time (running),
+// from the arming of the watch to the call of fn; none while the watch is armed. Its end (ctx
+// done) calls done and end once, after fn's last call: from the goroutine running it, or from
+// ctx's AfterFunc when none does.
+type funcWatch struct {
+	s        *ZK
+	key      string
+	ctx      context.Context
+	fn       func(Event)
+	done     func()
+	end      func()
+	stop     func() bool
+	last     Event
+	first    bool
+	mu       sync.Mutex
+	running  bool
+	finished bool
+}
+
+// step reads and re-arms the key until the watch is armed (and returns: its firing starts the
+// next step) or ctx ends.
+func (w *funcWatch) step() {
+	for {
+		if w.ctx.Err() != nil {
+			w.finish()
+			return
+		}
+		e, exists, ch, err := w.s.armDataCh(w.ctx, w.key)
+		if err != nil {
+			if !pauseAfter(w.ctx, err, w.key, w.s.log) {
+				w.finish()
+				return
+			}
+			continue
+		}
+		ev := Event{Key: w.key, Exists: exists}
+		if exists {
+			ev.Entry = e
+		}
+		if w.first || !sameEvent(w.last, ev) {
+			if w.ctx.Err() != nil {
+				w.finish()
+				return
+			}
+			w.fn(ev)
+			w.last, w.first = ev, false
+		}
+		// Idle from here: the watch's firing starts the next step. Marked before it is
+		// registered, as the firing may come at once, from the receive loop.
+		w.mu.Lock()
+		w.running = false
+		w.mu.Unlock()
+		if w.s.conn.OnWatch(ch, w.fired) {
+			if w.ctx.Err() != nil {
+				w.stopped() // ctx ended while this step ran: its AfterFunc found it running
+			}
+			return
+		}
+		// The watch fired already: go on here, as its firing would.
+		if !w.claim() {
+			return
+		}
+		if !w.afterFire(<-ch) {
+			w.finish()
+			return
+		}
+	}
+}
+
+// fired is the watch's OnWatch function, called from the connection's receive loop: it must
+// not block.
+func (w *funcWatch) fired(ev zk.Event) {
+	if !w.claim() {
+		return
+	}
+	go func() {
+		if !w.afterFire(ev) {
+			w.finish()
+			return
+		}
+		w.step()
+	}()
+}
+
+// afterFire waits, for a dropped watch, for the next session; it reports whether to go on.
+func (w *funcWatch) afterFire(ev zk.Event) bool {
+	if ev.Type == zk.EventNotWatching {
+		return w.s.gate.wait(w.ctx) == nil
+	}
+	return w.ctx.Err() == nil
+}
+
+// claim marks the watch running for the goroutine about to step it; false when it has
+// finished.
+func (w *funcWatch) claim() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.finished {
+		return false
+	}
+	w.running = true
+	return true
+}
+
+// stopped ends an idle watch once ctx is done; a running one ends at its next look at ctx.
+func (w *funcWatch) stopped() {
+	w.mu.Lock()
+	idle := !w.running && !w.finished
+	if idle {
+		w.running = true // this call finishes it
+	}
+	w.mu.Unlock()
+	if idle {
+		w.finish()
+	}
+}
+
+// finish ends the watch, once: done, then the client's count of running watches.
+func (w *funcWatch) finish() {
+	w.mu.Lock()
+	if w.finished {
+		w.mu.Unlock()
+		return
+	}
+	w.finished, w.running = true, false
+	w.mu.Unlock()
+	w.stop()
+	if w.done != nil {
+		w.done()
+	}
+	w.end()
 }
 
 // WatchChildren implements Watcher.
@@ -89,6 +221,16 @@ type existsWResult struct {
 }
 
 func (s *ZK) armData(ctx context.Context, key string) (Entry, bool, waitFunc, error) {
+	e, ok, ch, err := s.armDataCh(ctx, key)
+	if err != nil {
+		return Entry{}, false, nil, err
+	}
+	return e, ok, s.waiter(ch), nil
+}
+
+// armDataCh reads key and sets a watch on it: on its data when it exists, on its creation
+// otherwise; ch is the watch's channel.
+func (s *ZK) armDataCh(ctx context.Context, key string) (Entry, bool, <-chan zk.Event, error) {
 	p := s.path(key)
 	for {
 		r, err := read(ctx, s, func() (getWResult, error) {
@@ -96,7 +238,7 @@ func (s *ZK) armData(ctx context.Context, key string) (Entry, bool, waitFunc, er
 			return getWResult{d, st, ch}, err
 		})
 		if err == nil {
-			return entryFromStat(key, r.data, r.st), true, s.waiter(r.ch), nil
+			return entryFromStat(key, r.data, r.st), true, r.ch, nil
 		}
 		if !errors.Is(err, ErrNotFound) {
 			return Entry{}, false, nil, err
@@ -109,7 +251,7 @@ func (s *ZK) armData(ctx context.Context, key string) (Entry, bool, waitFunc, er
 			return Entry{}, false, nil, err
 		}
 		if !x.ok {
-			return Entry{}, false, s.waiter(x.ch), nil
+			return Entry{}, false, x.ch, nil
 		}
 		// Created between the two reads: read it again. The exists watch stays registered
 		// in zk until the key next changes, which is harmless.

@@ -51,6 +51,9 @@ var suite = []struct {
 	{"WatchOrder", false, testWatchOrder},
 	{"WatchChildren", false, testWatchChildren},
 	{"WatchStopsOnCancelAndClose", false, testWatchStops},
+	{"WatchFuncOrder", false, testWatchFuncOrder},
+	{"WatchFuncStopsOnCancelAndClose", false, testWatchFuncStops},
+	{"WatchFuncAcrossOwnExpiry", true, testWatchFuncExpiry},
 	{"EphemeralGoneOnClose", true, testEphemeralClose},
 	{"SessionExpiry", true, testSessionExpiry},
 	{"Election", true, testElection},
@@ -401,10 +404,67 @@ func waitCandidates(t *testing.T, s coord.Store, prefix string, n int) {
 	})
 }
 
+// watchFunc is a key's watch through coord.FuncWatcher, as a channel for the tests written
+// for Watch: fn's states in order (fn never waits: the buffer is the test's bound), closed
+// by done. It fails the test if fn is called after done, or done twice.
+func watchFunc(t *testing.T, ctx context.Context, c coord.Store, key string) <-chan coord.Event {
+	t.Helper()
+	fw, ok := c.(coord.FuncWatcher)
+	if !ok {
+		t.Fatalf("%T is no coord.FuncWatcher", c)
+	}
+	ch := make(chan coord.Event, 4096)
+	var mu sync.Mutex
+	var ended, inFn bool
+	err := fw.WatchFunc(ctx, key, func(ev coord.Event) {
+		mu.Lock()
+		if ended || inFn {
+			mu.Unlock()
+			t.Errorf("watch %s: a call after done, or two at once: %+v", key, ev)
+			return
+		}
+		inFn = true
+		mu.Unlock()
+		select {
+		case ch <- ev:
+		default:
+			t.Errorf("watch %s: more than %d states unread", key, cap(ch))
+		}
+		mu.Lock()
+		inFn = false
+		mu.Unlock()
+	}, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if ended {
+			t.Errorf("watch %s: done called twice", key)
+			return
+		}
+		ended = true
+		close(ch)
+	})
+	must(t, err, "watch func")
+	return ch
+}
+
 func testWatchOrder(t *testing.T, b Backend) {
+	w := b.Client(t)
+	testWatchOrderOf(t, b, func(ctx context.Context, key string) (<-chan coord.Event, error) { return w.Watch(ctx, key) })
+}
+
+func testWatchFuncOrder(t *testing.T, b Backend) {
+	w := b.Client(t)
+	testWatchOrderOf(t, b, func(ctx context.Context, key string) (<-chan coord.Event, error) {
+		return watchFunc(t, ctx, w, key), nil
+	})
+}
+
+// testWatchOrderOf checks the states a key's watch gives through its creation, 60 writes,
+// its deletion and re-creation.
+func testWatchOrderOf(t *testing.T, b Backend, watch func(ctx context.Context, key string) (<-chan coord.Event, error)) {
 	ctx := testCtx(t)
-	w, s := b.Client(t), b.Client(t)
-	ch, err := w.Watch(ctx, "/w")
+	s := b.Client(t)
+	ch, err := watch(ctx, "/w")
 	must(t, err, "watch")
 	ev := next(t, ch, 10*time.Second, "initial event")
 	if ev.Exists || ev.Key != "/w" {
@@ -506,10 +566,24 @@ added:
 }
 
 func testWatchStops(t *testing.T, b Backend) {
+	testWatchStopsOf(t, b, func(ctx context.Context, s coord.Store, key string) (<-chan coord.Event, error) {
+		return s.Watch(ctx, key)
+	})
+}
+
+func testWatchFuncStops(t *testing.T, b Backend) {
+	testWatchStopsOf(t, b, func(ctx context.Context, s coord.Store, key string) (<-chan coord.Event, error) {
+		return watchFunc(t, ctx, s, key), nil
+	})
+}
+
+// testWatchStopsOf checks that a watch ends when its context does, and a children watch
+// when its client closes.
+func testWatchStopsOf(t *testing.T, b Backend, watch func(ctx context.Context, s coord.Store, key string) (<-chan coord.Event, error)) {
 	ctx := testCtx(t)
 	s := b.Client(t)
 	wctx, cancel := context.WithCancel(ctx)
-	ch, err := s.Watch(wctx, "/k")
+	ch, err := watch(wctx, s, "/k")
 	must(t, err, "watch")
 	next(t, ch, 10*time.Second, "initial")
 	cch, err := s.WatchChildren(ctx, "/k")
@@ -637,6 +711,54 @@ gone:
 	// The client works on under its new session.
 	_, err = a.Put(ctx, "/agents/a", []byte("v3"), coord.AnyVersion)
 	must(t, err, "put after new session")
+}
+
+// testWatchFuncExpiry: a function watch goes on across its own client's session expiry (its
+// watches dropped and set again on the new session): it gives the key's later states, and
+// ends once, when its context does, also while idle.
+func testWatchFuncExpiry(t *testing.T, b Backend) {
+	ctx := testCtx(t)
+	w, s := b.Client(t), b.Client(t)
+	_, err := s.Create(ctx, "/fw", []byte("1"), coord.Persistent)
+	must(t, err, "create")
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch := watchFunc(t, wctx, w, "/fw")
+	if ev := next(t, ch, 10*time.Second, "initial"); !ev.Exists || string(ev.Entry.Value) != "1" {
+		t.Fatalf("initial state %+v", ev)
+	}
+	b.Expire(t, w)
+	for i := 2; i <= 4; i++ {
+		_, err := s.Put(ctx, "/fw", []byte(strconv.Itoa(i)), coord.AnyVersion)
+		must(t, err, "put")
+		want := strconv.Itoa(i)
+		deadline := time.After(testenv.Timeout(10 * time.Second))
+		for {
+			select {
+			case ev, ok := <-ch:
+				if !ok {
+					t.Fatalf("watch ended after the session expired")
+				}
+				if ev.Exists && string(ev.Entry.Value) == want {
+					goto seen
+				}
+			case <-deadline:
+				t.Fatalf("value %s never seen after the watcher's session expired", want)
+			}
+		}
+	seen:
+	}
+	cancel()
+	select {
+	case _, ok := <-ch:
+		if ok {
+			if _, ok := <-ch; ok {
+				t.Fatal("watch still giving states after cancel")
+			}
+		}
+	case <-time.After(testenv.Timeout(5 * time.Second)):
+		t.Fatal("watch not ended (done not called) after its context")
+	}
 }
 
 func coordBase(key string) string {

@@ -98,7 +98,10 @@ type Conn struct {
 	requestsLock sync.Mutex
 	watchers     map[watchPathType][]chan Event
 	watchersLock sync.Mutex
-	closeChan    chan struct{} // channel to tell send loop stop
+	// onWatch holds the functions OnWatch registered, by the watch channel they follow
+	// (stormdock's patch: a watch followed without a goroutine blocked on its channel).
+	onWatch   map[<-chan Event]func(Event)
+	closeChan chan struct{} // channel to tell send loop stop
 
 	// Debug (used by unit tests)
 	reconnectLatch   chan struct{}
@@ -551,9 +554,39 @@ func (c *Conn) notifyWatches(ev Event) {
 			for _, ch := range watchers {
 				ch <- ev
 				close(ch)
+				c.callOnWatch(ch, ev)
 			}
 			delete(c.watchers, wpt)
 		}
+	}
+}
+
+// OnWatch makes fn follow the watch channel ch (one GetW, ExistsW or ChildrenW returned):
+// when the watch fires, or is dropped (EventNotWatching), fn is called with the event, once,
+// from the connection's receive loop, so it must not block. It reports false, and registers
+// nothing, when the watch has fired already (its event is waiting in ch). The event is sent
+// on ch as well.
+//
+// stormdock's patch: a client watching ten thousand keys would otherwise keep a goroutine
+// blocked on each channel.
+func (c *Conn) OnWatch(ch <-chan Event, fn func(Event)) bool {
+	c.watchersLock.Lock()
+	defer c.watchersLock.Unlock()
+	if len(ch) > 0 {
+		return false
+	}
+	if c.onWatch == nil {
+		c.onWatch = make(map[<-chan Event]func(Event))
+	}
+	c.onWatch[ch] = fn
+	return true
+}
+
+// callOnWatch calls and forgets the function following ch; c.watchersLock is held.
+func (c *Conn) callOnWatch(ch chan Event, ev Event) {
+	if fn, ok := c.onWatch[ch]; ok {
+		delete(c.onWatch, ch)
+		fn(ev)
 	}
 }
 
@@ -569,6 +602,7 @@ func (c *Conn) invalidateWatches(err error) {
 			for _, ch := range watchers {
 				ch <- ev
 				close(ch)
+				c.callOnWatch(ch, ev)
 			}
 		}
 		c.watchers = make(map[watchPathType][]chan Event)
