@@ -325,13 +325,7 @@ func (h *blockHub) serve(next http.HandlerFunc) http.HandlerFunc {
 			h.mu.Lock()
 			if b, ok := h.reads[key]; ok && b.index == q.index && b.tok == tok {
 				b.asked = time.Now()
-				again := h.join(b, next, r)
-				changed := b.changed
-				h.mu.Unlock()
-				if again {
-					h.renderAgain(next, r, key, b)
-				}
-				h.wait(w, r, next, key, b, q, changed)
+				h.joinAndWait(w, r, next, key, b, q)
 				return
 			}
 			h.mu.Unlock()
@@ -347,14 +341,21 @@ func (h *blockHub) serve(next http.HandlerFunc) http.HandlerFunc {
 		}
 		// h.mu is held: b.ans is what b.index stands for.
 		b.ans = a
-		again := h.join(b, next, r)
-		changed := b.changed
-		h.mu.Unlock()
-		if again {
-			h.renderAgain(next, r, key, b)
-		}
-		h.wait(w, r, next, key, b, q, changed)
+		h.joinAndWait(w, r, next, key, b, q)
 	}
+}
+
+// joinAndWait makes r one of read b's waiters, renders b again for it when the loop has
+// moved past b's state (see renderAgain), and waits for b's answer to change. h.mu is held
+// on entry and released.
+func (h *blockHub) joinAndWait(w http.ResponseWriter, r *http.Request, next http.HandlerFunc, key blockKey, b *blockRead, q blockQuery) {
+	again := h.join(b, next, r)
+	changed := b.changed
+	h.mu.Unlock()
+	if again {
+		h.renderAgain(next, r, key, b)
+	}
+	h.wait(w, r, next, key, b, q, changed)
 }
 
 // renderAgain renders read b for r, which joined it after the loop rendered the waited
