@@ -159,6 +159,7 @@ func BenchmarkBlockingQueries(b *testing.B) {
 		var wg sync.WaitGroup
 		defer wg.Wait()
 		defer cancel()
+		var polled atomic.Int64 // answers the pollers got
 		for i := range waiters {
 			wg.Add(1)
 			go func() {
@@ -175,11 +176,13 @@ func BenchmarkBlockingQueries(b *testing.B) {
 					if resp, err := hc.Do(req); err == nil {
 						_, _ = io.Copy(io.Discard, resp.Body)
 						resp.Body.Close()
+						polled.Add(1)
 					}
 				}
 			}()
 		}
-		time.Sleep(time.Second) // the pollers under way
+		// Measured once every poller has its connection and its pace: each answered twice.
+		testenv.Eventually(b, "every poller polling", time.Minute, func() bool { return polled.Load() >= 2*waiters })
 		// An op is a tenth of a second of polling.
 		var cpu float64
 		for b.Loop() {
