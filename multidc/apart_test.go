@@ -3,6 +3,7 @@ package multidc
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,5 +63,17 @@ func TestActiveLinkKeptApartFromTheRouter(t *testing.T) {
 	perLink := checkSinkFile(t, tr.path, lines)
 	if perLink["dc-a"] == 0 || perLink["dc-b"] == 0 {
 		t.Fatalf("records per link %v: both links should have delivered", perLink)
+	}
+}
+
+// A router's data center is a name like a link's: anything else is refused at New.
+func TestRouterDCChecked(t *testing.T) {
+	_, store := embeddedStore(t)
+	for _, dc := range []string{"../etc", "dc a", "DC-A"} {
+		_, err := New(Config{Job: "wordcount", Links: []string{"dc-a", "dc-b"}, DC: dc, Store: store,
+			Sink: &timedSink{}, TokenHash: testTokenHash})
+		if err == nil || !strings.Contains(err.Error(), "multidc: dc:") {
+			t.Errorf("DC %q: %v; want a multidc: dc: error", dc, err)
+		}
 	}
 }

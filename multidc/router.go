@@ -158,6 +158,11 @@ func New(cfg Config) (*Router, error) {
 			return nil, fmt.Errorf("multidc: link %q listed twice", l)
 		}
 	}
+	if cfg.DC != "" {
+		if err := cluster.CheckName(cfg.DC); err != nil {
+			return nil, fmt.Errorf("multidc: dc: %w", err)
+		}
+	}
 	if cfg.Store == nil || (cfg.Sink == nil && cfg.OpenSink == nil) {
 		return nil, errors.New("multidc: a router needs a store and a sink")
 	}
