@@ -131,6 +131,17 @@ func (j *JobSpec) Keys() []WorkerKey {
 	return keys
 }
 
+// HasKey reports whether k is one of the job's workers (one of Keys).
+func (j *JobSpec) HasKey(k WorkerKey) bool {
+	if k.Job != j.Name || k.Worker < 0 || k.Worker >= j.Workers {
+		return false
+	}
+	if len(j.Links) == 0 {
+		return k.Link == ""
+	}
+	return slices.Contains(j.Links, k.Link)
+}
+
 // IsolationMode returns the job's isolation, process when it sets none.
 func (j *JobSpec) IsolationMode() string {
 	if j.Isolation == "" {

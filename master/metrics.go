@@ -79,7 +79,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // observe records what one reconcile saw and did.
-func (r *reconciler) observe(v *View, cur []cluster.Placement, res *placement.Result, writes int, took time.Duration) {
+func (r *reconciler) observe(v *View, was map[cluster.WorkerKey]string, res *placement.Result, writes int, took time.Duration) {
 	m := r.m.metrics
 	m.reconcile.Observe(took.Seconds())
 	m.nodes.Set(float64(len(v.nodes)))
@@ -104,10 +104,6 @@ func (r *reconciler) observe(v *View, cur []cluster.Placement, res *placement.Re
 	}
 	m.unplaced.Set(float64(len(res.Unplaced)))
 	r.observeJobs(v, res)
-	was := make(map[cluster.WorkerKey]string, len(cur))
-	for _, p := range cur {
-		was[p.Key()] = p.Node
-	}
 	for _, p := range res.Placements {
 		if was[p.Key()] != p.Node {
 			m.placements.Inc()
@@ -131,11 +127,18 @@ func (r *reconciler) observe(v *View, cur []cluster.Placement, res *placement.Re
 // observeJobs sets the per-job gauges: desired, running where assigned, unplaced.
 func (r *reconciler) observeJobs(v *View, res *placement.Result) {
 	m := r.m.metrics
-	assigned := map[cluster.WorkerKey]string{}
+	// One pass over what is assigned, not a map of every worker and every job's keys.
+	running := map[string]int{}
 	for node, st := range r.assign {
-		for _, w := range st.a.Workers {
-			if !w.Stop {
-				assigned[w.Key] = node
+		for i := range st.a.Workers {
+			w := &st.a.Workers[i]
+			if w.Stop {
+				continue
+			}
+			if s, ok := v.statuses[w.Key]; ok && s.status.State == cluster.WorkerRunning && s.node == node {
+				if j, ok := v.jobs[w.Key.Job]; ok && j.rec.Spec.HasKey(w.Key) {
+					running[w.Key.Job]++
+				}
 			}
 		}
 	}
@@ -147,14 +150,8 @@ func (r *reconciler) observeJobs(v *View, res *placement.Result) {
 	m.jobRunning.Reset()
 	m.jobUnplaced.Reset()
 	for _, spec := range v.runningJobs() {
-		running := 0
-		for _, k := range spec.Keys() {
-			if s, ok := v.statuses[k]; ok && s.status.State == cluster.WorkerRunning && s.node == assigned[k] {
-				running++
-			}
-		}
 		m.jobDesired.WithLabelValues(spec.Name, spec.Tenant).Set(float64(spec.TotalWorkers()))
-		m.jobRunning.WithLabelValues(spec.Name, spec.Tenant).Set(float64(running))
+		m.jobRunning.WithLabelValues(spec.Name, spec.Tenant).Set(float64(running[spec.Name]))
 		m.jobUnplaced.WithLabelValues(spec.Name, spec.Tenant).Set(float64(unplaced[spec.Name]))
 	}
 }

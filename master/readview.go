@@ -73,8 +73,8 @@ func (st *Snapshot) index() {
 		}
 		st.assigned, st.perNode = make(map[cluster.WorkerKey]string, n), make(map[string]int, len(st.assigns))
 		for node, a := range st.assigns {
-			for _, w := range a.Workers {
-				if !w.Stop {
+			for i := range a.Workers {
+				if w := &a.Workers[i]; !w.Stop {
 					st.assigned[w.Key] = node
 					st.perNode[node]++
 				}

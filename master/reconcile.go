@@ -164,10 +164,10 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 		return err
 	}
 	want := r.desired(v, placements, stopping)
-	before := map[cluster.WorkerKey]string{}
+	before := make(map[cluster.WorkerKey]string, len(current))
 	for node, st := range r.assign {
-		for _, w := range st.a.Workers {
-			if !w.Stop {
+		for i := range st.a.Workers {
+			if w := &st.a.Workers[i]; !w.Stop {
 				before[w.Key] = node
 			}
 		}
@@ -184,21 +184,27 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 		return err
 	}
 	r.m.publish(s, rs, v, r.assign, res)
-	r.observe(v, current, res, writes, time.Since(start))
+	r.observe(v, before, res, writes, time.Since(start))
 	return nil
 }
 
 // current lists the placements the plan should keep if still valid, and the workers of
 // killed jobs that are still being stopped.
 func (r *reconciler) current(v *View) ([]cluster.Placement, map[string][]cluster.WorkerAssignment) {
-	var cur []cluster.Placement
+	n := 0
+	for _, st := range r.assign {
+		n += len(st.a.Workers)
+	}
+	cur := make([]cluster.Placement, 0, n)
 	stopping := map[string][]cluster.WorkerAssignment{}
+	evicted := v.evictedOn()
 	for node, st := range r.assign {
-		for _, w := range st.a.Workers {
+		for i := range st.a.Workers {
+			w := &st.a.Workers[i] // not a copy of each worker's 312 bytes
 			rec, ok := v.record(w.Key.Job)
 			switch {
 			case ok && rec.State == cluster.JobRunning && !w.Stop:
-				if s, reported := v.statuses[w.Key]; reported && s.node == node && s.status.State == cluster.WorkerEvicted {
+				if len(evicted) > 0 && evicted[w.Key] == node {
 					continue // its node evicted it under memory pressure: place it elsewhere
 				}
 				cur = append(cur, cluster.Placement{Job: w.Key.Job, Worker: w.Key.Worker, Link: w.Key.Link, Node: node})
@@ -209,9 +215,10 @@ func (r *reconciler) current(v *View) ([]cluster.Placement, map[string][]cluster
 				if s, reported := v.statuses[w.Key]; !reported || s.node != node {
 					continue // the agent has stopped it
 				}
-				w.Stop = true
-				w.Grace = cluster.Duration(rec.Spec.Grace())
-				stopping[node] = append(stopping[node], w)
+				stop := *w
+				stop.Stop = true
+				stop.Grace = cluster.Duration(rec.Spec.Grace())
+				stopping[node] = append(stopping[node], stop)
 			}
 		}
 	}
@@ -230,21 +237,38 @@ func (r *reconciler) desired(v *View, placements []cluster.Placement, stopping m
 	for node, ws := range stopping {
 		n[node] += len(ws)
 	}
-	want := make(map[string]cluster.NodeAssignment, len(n)+len(v.nodes))
+	building := make(map[string]*cluster.NodeAssignment, len(n))
+	// A job's workers differ in their key only: each job (and link) is made into an
+	// assignment once, not once for each of its workers, whose environments and secret
+	// references it then shares.
+	type jobLink struct{ job, link string }
+	made := map[jobLink]cluster.WorkerAssignment{}
 	for _, p := range placements {
 		j, _ := v.record(p.Job)
-		a := want[p.Node]
-		if a.Workers == nil {
-			a.Node, a.Workers = p.Node, make([]cluster.WorkerAssignment, 0, n[p.Node])
+		a := building[p.Node]
+		if a == nil {
+			a = &cluster.NodeAssignment{Node: p.Node, Workers: make([]cluster.WorkerAssignment, 0, n[p.Node])}
+			building[p.Node] = a
 		}
-		a.Workers = append(a.Workers, r.assignmentOf(v, j, p.Key()))
-		want[p.Node] = a
+		t, ok := made[jobLink{p.Job, p.Link}]
+		if !ok {
+			t = workerAssignment(v, j, cluster.WorkerKey{Job: p.Job, Link: p.Link}, r.outputKey)
+			made[jobLink{p.Job, p.Link}] = t
+		}
+		t.Key = p.Key()
+		a.Workers = append(a.Workers, r.assignmentOf(v, j, t))
 	}
 	for node, ws := range stopping {
-		a := want[node]
-		a.Node = node
+		a := building[node]
+		if a == nil {
+			a = &cluster.NodeAssignment{Node: node}
+			building[node] = a
+		}
 		a.Workers = append(a.Workers, ws...)
-		want[node] = a
+	}
+	want := make(map[string]cluster.NodeAssignment, len(building)+len(v.nodes))
+	for node, a := range building {
+		want[node] = *a
 	}
 	// Every live node gets an assignment stamped with the session its entry belongs to,
 	// an empty one included: its agent acts only on that (see cluster.NodeAssignment).
@@ -384,10 +408,17 @@ func mergeKeys[A, B any](a map[string]A, b map[string]B) map[string]bool {
 
 // collectKilled deletes the records of killed jobs once no worker of theirs is assigned.
 func (r *reconciler) collectKilled(ctx context.Context, v *View) error {
+	killed := false
+	for _, j := range v.jobs {
+		killed = killed || j.rec.State == cluster.JobKilled
+	}
+	if !killed {
+		return nil // nothing to collect: no list of every assigned worker's job
+	}
 	left := map[string]bool{}
 	for _, st := range r.assign {
-		for _, w := range st.a.Workers {
-			left[w.Key.Job] = true
+		for i := range st.a.Workers {
+			left[st.a.Workers[i].Key.Job] = true
 		}
 	}
 	for name, j := range v.jobs {

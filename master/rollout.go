@@ -87,10 +87,10 @@ func (r *reconciler) assignedWorkers(v *View) map[cluster.WorkerKey]assigned {
 	return out
 }
 
-// assignmentOf is the assignment worker k of job j gets in this reconcile: its job's current
-// generation, unless a rollout holds it on what it runs now.
-func (r *reconciler) assignmentOf(v *View, j cluster.JobRecord, k cluster.WorkerKey) cluster.WorkerAssignment {
-	target := workerAssignment(v, j, k, r.outputKey)
+// assignmentOf is the assignment a worker of job j gets in this reconcile: target, its job's
+// current generation (workerAssignment), unless a rollout holds it on what it runs now.
+func (r *reconciler) assignmentOf(v *View, j cluster.JobRecord, target cluster.WorkerAssignment) cluster.WorkerAssignment {
+	k := target.Key
 	if r.ro == nil {
 		return target
 	}
@@ -127,14 +127,17 @@ func (r *reconciler) rollouts(ctx context.Context, v *View, placements []cluster
 	now := time.Now()
 	plan := &rolloutPlan{cur: r.assignedWorkers(v), jobs: map[string]*jobRollout{}, prepull: map[string][]string{}, prepullTenant: map[string]string{}}
 	r.ro = plan
-	planned := make(map[cluster.WorkerKey]string, len(placements))
-	for _, p := range placements {
-		planned[p.Key()] = p.Node
-	}
+	var planned map[cluster.WorkerKey]string // made when a rollout is under way
 	for _, name := range slices.Sorted(maps.Keys(v.jobs)) {
 		rec := v.jobs[name].rec
 		if rec.State != cluster.JobRunning || !rec.Rollout.Active() {
 			continue
+		}
+		if planned == nil {
+			planned = make(map[cluster.WorkerKey]string, len(placements))
+			for _, p := range placements {
+				planned[p.Key()] = p.Node
+			}
 		}
 		before := *rec.Rollout
 		in := r.rolloutInput(v, rec, planned)
@@ -319,18 +322,28 @@ func staysOn(v *View, node, job string) bool {
 // it), and the next reconcile, once its report is gone, assigns it. So a moved worker never
 // runs twice, at the cost of its stop time. Lost nodes report nothing and delay nothing.
 func (r *reconciler) sequenceMoves(v *View, placements []cluster.Placement) []cluster.Placement {
-	reported := map[cluster.WorkerKey][]string{}
+	// Only the workers placed anew can wait, so only their reports are looked for: a rack's
+	// moves, not a list of every worker's nodes.
+	to := map[cluster.WorkerKey]string{}
+	for _, p := range placements {
+		if cur, ok := r.ro.cur[p.Key()]; !ok || cur.node != p.Node {
+			to[p.Key()] = p.Node
+		}
+	}
+	if len(to) == 0 {
+		return placements
+	}
+	wait := map[cluster.WorkerKey]bool{}
 	for _, c := range v.copies {
-		reported[c.status.Key] = append(reported[c.status.Key], c.node)
+		if node, ok := to[c.status.Key]; ok && c.node != node {
+			wait[c.status.Key] = true // still reported elsewhere: it starts once stopped there
+		}
 	}
 	out := placements[:0]
 	for _, p := range placements {
-		if cur, ok := r.ro.cur[p.Key()]; !ok || cur.node != p.Node {
-			if slices.ContainsFunc(reported[p.Key()], func(n string) bool { return n != p.Node }) {
-				continue
-			}
+		if !wait[p.Key()] {
+			out = append(out, p)
 		}
-		out = append(out, p)
 	}
 	return out
 }

@@ -28,6 +28,7 @@ type View struct {
 	dcs      map[string]cluster.DCRecord
 	statuses map[cluster.WorkerKey]nodeWorker // what agents report, by worker
 	copies   []nodeWorker                     // every worker every agent reports
+	evicted  []nodeWorker                     // the copies in state evicted
 	caps     map[string]int                   // each tenant's priority cap
 	uids     map[string]int                   // each tenant's uid (0 or missing: none yet)
 	secrets  map[string]secretVersions        // each tenant's secrets' versions
@@ -280,7 +281,23 @@ func (v *View) addNode(id string, owner int64, rec cluster.NodeRecord) {
 			v.statuses[w.Key] = nw
 		}
 		v.copies = append(v.copies, nw)
+		if w.State == cluster.WorkerEvicted {
+			v.evicted = append(v.evicted, nw)
+		}
 	}
+}
+
+// evictedOn is the node of each worker that its node evicted under memory pressure, as
+// statuses has it (a running copy elsewhere wins): a list as short as the evictions, so
+// that the reconcile does not look up every worker's status to find them.
+func (v *View) evictedOn() map[cluster.WorkerKey]string {
+	out := map[cluster.WorkerKey]string{}
+	for _, c := range v.evicted {
+		if s := v.statuses[c.status.Key]; s.node == c.node && s.status.State == cluster.WorkerEvicted {
+			out[c.status.Key] = c.node
+		}
+	}
+	return out
 }
 
 // isolationLabel is the node label an agent sets for each driver it offers.
