@@ -4,8 +4,8 @@
 // A simulated agent holds a store session of its own, registers its node as a session-bound
 // entry (cluster.NodeKey) holding a cluster.NodeRecord, watches its assignment
 // (cluster.AssignmentKey), acts only on an assignment stamped with its current session (as
-// the real agent's gate does), and writes its record at most once per heartbeat, only when it
-// changed. Closing it ends its session, and its entry vanishes as a dead node's does. The real
+// the real agent's gate does), and writes its record when it changed: a worker's or an
+// image's change at once, at the real agent's pace, a memory reading at the next heartbeat. Closing it ends its session, and its entry vanishes as a dead node's does. The real
 // agent and this one pass the same conformance checks (package agents/agenttest).
 //
 // By default a worker runs as soon as it is assigned and is gone as soon as it is not. A test
@@ -54,8 +54,8 @@ type Config struct {
 	Options coord.Options
 	// Open, when set, opens each agent's client instead of coord.Open(Store, Options).
 	Open func(ctx context.Context) (coord.Store, error)
-	// Heartbeat is how often an agent writes its record when it changed. Default
-	// DefaultHeartbeat.
+	// Heartbeat is how often an agent writes its record when only its memory readings
+	// changed (see Churn). Default DefaultHeartbeat.
 	Heartbeat time.Duration
 	// Churn is the share of heartbeats on which one of the node's workers reports a new
 	// memory reading, as a busy worker's crossing a rounding step does: 0.2 models a node
@@ -168,7 +168,42 @@ type Agent struct {
 	// loop's): a heartbeat with nothing changed costs no encoding, which ten thousand agents
 	// in one process would otherwise pay every second.
 	dirty bool
+	// changed says a worker or an image changed (not just a memory reading): the real
+	// agent writes such a change at once, paced (see pace), not at the next heartbeat.
+	changed bool
 }
+
+// The real agent's pace of writes (agents/run.go's minWrite and writeBurst): after a quiet
+// while, up to writeBurst writes at once, then one per minWrite.
+const (
+	minWrite   = 100 * time.Millisecond
+	writeBurst = 3
+)
+
+// pace is the write credit of the real agent: it grows with time up to writeBurst writes,
+// and each write takes one.
+type pace struct {
+	credit time.Duration
+	at     time.Time
+}
+
+func (p *pace) now(t time.Time) time.Duration {
+	if p.at.IsZero() {
+		return writeBurst * minWrite
+	}
+	return min(p.credit+t.Sub(p.at), writeBurst*minWrite)
+}
+
+// next is when a write may go.
+func (p *pace) next(t time.Time) time.Time {
+	if c := p.now(t); c < minWrite {
+		return t.Add(minWrite - c)
+	}
+	return t
+}
+
+// took spends a write's credit.
+func (p *pace) took(t time.Time) { p.credit, p.at = max(p.now(t)-minWrite, 0), t }
 
 // slot is one worker the agent handles: starting, running, crash-looping or stopping.
 type slot struct {
@@ -309,6 +344,19 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 	}
 	var unacked []cluster.WorkerKey // started since the last write
 	force := false
+	// A worker's or an image's change is written at once, as the real agent writes it
+	// (agents/heartbeat.go, flush): when no start is under way (a burst of starts is one
+	// write), at the pace's next credit. Memory readings wait for the heartbeat.
+	var writes pace
+	beating := false // this turn is a heartbeat's (not a prompt write's)
+	prompt := time.NewTimer(time.Hour)
+	prompt.Stop()
+	defer prompt.Stop()
+	soon := func() {
+		if a.changed && !a.starting() {
+			prompt.Reset(time.Until(writes.next(time.Now())))
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -319,11 +367,18 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 			}
 			unacked = a.apply(ev, unacked)
 			arm()
+			soon()
 			continue
 		case <-due.C:
 			unacked = a.advance(time.Now(), unacked)
 			arm()
+			soon()
 			continue
+		case <-prompt.C:
+			if !a.changed {
+				continue
+			}
+			beating = false
 		case ev, ok := <-sessions:
 			if !ok {
 				return
@@ -342,9 +397,11 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 		case <-first.C:
 			ticker = time.NewTicker(a.cfg.Heartbeat)
 			beat = ticker.C
+			beating = true
 		case <-beat:
+			beating = true
 		}
-		if a.cfg.Churn > 0 && r.Float64() < a.cfg.Churn {
+		if beating && a.cfg.Churn > 0 && r.Float64() < a.cfg.Churn {
 			a.churn(r)
 		}
 		if !force && !a.dirty {
@@ -352,7 +409,7 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 		}
 		rec, _ := a.record()
 		if !force && bytes.Equal(rec, last) {
-			a.dirty = false
+			a.dirty, a.changed = false, false
 			continue
 		}
 		wctx, cancel := context.WithTimeout(ctx, a.cfg.Heartbeat)
@@ -367,7 +424,8 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 			}
 			continue
 		}
-		last, force, a.dirty = rec, false, false
+		last, force, a.dirty, a.changed = rec, false, false, false
+		writes.took(time.Now())
 		a.mu.Lock()
 		a.status.Writes++
 		a.status.Session = a.store.SessionID()
@@ -424,7 +482,7 @@ func (a *Agent) apply(ev coord.Event, unacked []cluster.WorkerKey) []cluster.Wor
 		case !ok && s.st.State == cluster.WorkerBackoff:
 			// Nothing runs: gone at once.
 			delete(a.workers, k)
-			a.dirty = true
+			a.dirty, a.changed = true, true
 			if h := a.cfg.Hooks.Stopped; h != nil {
 				heard = append(heard, func() { h(a.node.ID, k) })
 			}
@@ -433,7 +491,7 @@ func (a *Agent) apply(ev coord.Event, unacked []cluster.WorkerKey) []cluster.Wor
 		case s.wa.SameRun(wa):
 			// The same run at a new generation (a live change): the worker takes it as it runs.
 			if s.st.Generation != wa.Generation {
-				s.st.Generation, a.dirty = wa.Generation, true
+				s.st.Generation, a.dirty, a.changed = wa.Generation, true, true
 			}
 			s.wa = wa
 		case s.st.State == cluster.WorkerBackoff:
@@ -453,7 +511,7 @@ func (a *Agent) apply(ev coord.Event, unacked []cluster.WorkerKey) []cluster.Wor
 		if _, ok := a.images[ref]; !ok {
 			a.images[ref] = &image{st: cluster.ImageStatus{Ref: ref, State: cluster.ImagePulling, Since: stamp(now)},
 				done: now.Add(a.cfg.Behavior.Pull)}
-			a.dirty = true
+			a.dirty, a.changed = true, true
 		}
 	}
 	a.mu.Unlock()
@@ -471,13 +529,13 @@ func (a *Agent) apply(ev coord.Event, unacked []cluster.WorkerKey) []cluster.Wor
 func (a *Agent) startLocked(wa cluster.WorkerAssignment, now time.Time) {
 	a.workers[wa.Key] = &slot{wa: wa, due: now.Add(a.cfg.Behavior.Start),
 		st: cluster.WorkerStatus{Key: wa.Key, Generation: wa.Generation, Restart: wa.Restart, State: cluster.WorkerStarting, Since: stamp(now)}}
-	a.dirty = true
+	a.dirty, a.changed = true, true
 }
 
 // stopLocked begins stopping s, to start next in its place once it is gone (nil: none). It
 // returns heard with the Stopping hook's call added.
 func (a *Agent) stopLocked(s *slot, next *cluster.WorkerAssignment, now time.Time, heard []func()) []func() {
-	s.st.State, s.due, s.next, a.dirty = cluster.WorkerStopping, now.Add(a.cfg.Behavior.Stop), next, true
+	s.st.State, s.due, s.next, a.dirty, a.changed = cluster.WorkerStopping, now.Add(a.cfg.Behavior.Stop), next, true, true
 	if h := a.cfg.Hooks.Stopping; h != nil {
 		w := s.wa
 		heard = append(heard, func() { h(a.node.ID, w, next) })
@@ -499,7 +557,7 @@ func (a *Agent) advance(now time.Time, unacked []cluster.WorkerKey) []cluster.Wo
 			if s.due.IsZero() || s.due.After(now) {
 				continue
 			}
-			s.due, changed, a.dirty = time.Time{}, true, true
+			s.due, changed, a.dirty, a.changed = time.Time{}, true, true, true
 			switch s.st.State {
 			case cluster.WorkerStarting:
 				if f := b.fail(a.node.ID, s.wa); f != nil {
@@ -530,7 +588,7 @@ func (a *Agent) advance(now time.Time, unacked []cluster.WorkerKey) []cluster.Wo
 		if im.st.State != cluster.ImagePulling || im.done.After(now) {
 			continue
 		}
-		im.st.State, im.st.Since, a.dirty = cluster.ImageReady, stamp(now), true
+		im.st.State, im.st.Since, a.dirty, a.changed = cluster.ImageReady, stamp(now), true, true
 		if h.Pulled != nil {
 			heard = append(heard, func() { h.Pulled(a.node.ID, ref) })
 		}
@@ -593,6 +651,17 @@ func (a *Agent) churn(r *rand.Rand) {
 		}
 		return
 	}
+}
+
+// starting reports a worker still starting: the real agent writes a burst of starts once
+// they have all ended (or at the heartbeat).
+func (a *Agent) starting() bool {
+	for _, w := range a.workers {
+		if w.st.State == cluster.WorkerStarting {
+			return true
+		}
+	}
+	return false
 }
 
 // record encodes the node record as the agent would write it now.

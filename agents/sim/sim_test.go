@@ -257,3 +257,26 @@ func TestBehaviorAndHooks(t *testing.T) {
 		t.Errorf("hooks heard\n%s\nwant\n%s", strings.Join(heard, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A worker's start and stop are written at once, as the real agent writes them
+// (agents/heartbeat.go, flush), not at the next heartbeat: with an hour's heartbeat the
+// record still reports each within moments. Memory readings (Churn) alone wait for the
+// heartbeat; this agent has none.
+func TestChangesWrittenBeforeTheHeartbeat(t *testing.T) {
+	srv, m := store(t)
+	node := cluster.Node{ID: "n1", DC: "dc-a", Rack: "r1", Slots: 4, Memory: 4 << 30, CPU: 4000}
+	_, c := embedded(t, srv, sim.Config{Heartbeat: time.Hour}, node)
+	w0, w1 := worker("wc", 0, 1, "true"), worker("wc", 1, 1, "true")
+	assign(t, m, node.ID, c.SessionID(), nil, w0, w1)
+	testenv.EventuallyWith(t, "both workers reported running", 5*time.Second, func() (bool, string) {
+		rec, _ := record(t, m, node.ID)
+		s := states(rec)
+		return s == "wc/0:running@1 wc/1:running@1", s
+	})
+	assign(t, m, node.ID, c.SessionID(), nil, w1)
+	testenv.EventuallyWith(t, "worker 0 reported gone", 5*time.Second, func() (bool, string) {
+		rec, _ := record(t, m, node.ID)
+		s := states(rec)
+		return s == "wc/1:running@1", s
+	})
+}
