@@ -33,10 +33,10 @@ func (m *Master) Emit(e api.Event) { m.events.Emit(e) }
 
 // seen is what the leader's previous reconcile saw.
 type seen struct {
-	jobs    map[string]cluster.JobRecord
-	nodes   map[string]cluster.NodeRecord
-	confs   map[string]cluster.NodeConf
-	dcs     map[string]string // effective state
+	jobs  map[string]cluster.JobRecord
+	nodes map[string]cluster.NodeRecord
+	confs map[string]cluster.NodeConf
+	dcs   map[string]string // effective state
 	// lost holds nodes lost during this term, to tell a node back from a new one.
 	lost     map[string]time.Time
 	unplaced map[cluster.WorkerKey]string
