@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"runtime"
 	"slices"
 	"time"
@@ -56,6 +57,9 @@ type reconciler struct {
 	// apartTried is when routersApart last found no other data center for a job's standby
 	// router: it tries again after apartRetry, not at every reconcile.
 	apartTried map[string]time.Time
+	// made is what the last completed reconcile made of each job no rollout held (see
+	// desired); making is this reconcile's, made once it completes.
+	made, making map[jobLink]cluster.WorkerAssignment
 }
 
 func (r *reconciler) loadAssignments(ctx context.Context) error {
@@ -122,6 +126,10 @@ func threadCPU() time.Duration {
 // reconcile plans once and writes the assignments that changed.
 func (r *reconciler) reconcile(ctx context.Context) error {
 	start := time.Now()
+	// The last reconcile's jobs, which desired compares with, hold only when it completed:
+	// one that failed may have written some nodes and not others.
+	made := r.made
+	r.made, r.making = nil, nil
 	s, rs := r.m.Stamp(), r.m.readStamp() // before the view: it reflects at least these
 	v := r.m.view()
 	r.observeEvents(v)
@@ -163,7 +171,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	if placements, err = r.rollouts(ctx, v, placements); err != nil {
 		return err
 	}
-	want := r.desired(v, placements, stopping)
+	want := r.desired(v, placements, stopping, made)
 	before := make(map[cluster.WorkerKey]string, len(current))
 	for node, st := range r.assign {
 		for i := range st.a.Workers {
@@ -185,6 +193,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	}
 	r.m.publish(s, rs, v, r.assign, res)
 	r.observe(v, before, res, writes, time.Since(start))
+	r.made = r.making
 	return nil
 }
 
@@ -225,36 +234,73 @@ func (r *reconciler) current(v *View) ([]cluster.Placement, map[string][]cluster
 	return cur, stopping
 }
 
+// jobLink names the workers of a job (of one link) whose assignments differ in their key
+// only.
+type jobLink struct{ job, link string }
+
 // desired builds every node's assignment from the plan.
-func (r *reconciler) desired(v *View, placements []cluster.Placement, stopping map[string][]cluster.WorkerAssignment) map[string]cluster.NodeAssignment {
+func (r *reconciler) desired(v *View, placements []cluster.Placement, stopping map[string][]cluster.WorkerAssignment, prev map[jobLink]cluster.WorkerAssignment) map[string]cluster.NodeAssignment {
+	// A job's workers differ in their key only: each job (and link) is made into an
+	// assignment once, not once for each of its workers, whose environments and secret
+	// references it then shares.
+	made := map[jobLink]cluster.WorkerAssignment{}
+	// A job is kept as it is when the last reconcile, which completed, made the same of it
+	// and no rollout changes its workers: a node holding only the same keys of kept jobs
+	// keeps its assignment without its being built, compared and encoded again. At ten
+	// thousand nodes that is nearly all of them when a rack is lost.
+	kept := map[jobLink]bool{}
+	// What the next reconcile compares with: the jobs no rollout holds, whose workers'
+	// assignments are made exactly as made says.
+	next := map[jobLink]cluster.WorkerAssignment{}
 	// Each node's workers in a slice of their exact number: the leader keeps every
 	// assignment it writes, and slices grown by append held a third more than their
 	// workers (ten on a node in room for sixteen).
 	n := make(map[string]int, len(v.nodes))
+	same := make(map[string]int, len(v.nodes)) // placements found unchanged in the node's assignment
 	for _, p := range placements {
 		n[p.Node]++
+		jl := jobLink{p.Job, p.Link}
+		if _, ok := made[jl]; !ok {
+			j, _ := v.record(p.Job)
+			t := workerAssignment(v, j, cluster.WorkerKey{Job: p.Job, Link: p.Link}, r.outputKey)
+			made[jl] = t
+			if r.ro == nil || r.ro.jobs[p.Job] == nil {
+				next[jl] = t
+				if old, ok := prev[jl]; ok && reflect.DeepEqual(old, t) {
+					kept[jl] = true
+				}
+			}
+		}
+		if kept[jl] {
+			if st, ok := r.assign[p.Node]; ok && holds(st.a.Workers, p.Key()) {
+				same[p.Node]++
+			}
+		}
 	}
 	for node, ws := range stopping {
 		n[node] += len(ws)
 	}
-	building := make(map[string]*cluster.NodeAssignment, len(n))
-	// A job's workers differ in their key only: each job (and link) is made into an
-	// assignment once, not once for each of its workers, whose environments and secret
-	// references it then shares.
-	type jobLink struct{ job, link string }
-	made := map[jobLink]cluster.WorkerAssignment{}
+	want := make(map[string]cluster.NodeAssignment, len(n)+len(v.nodes))
+	for node, c := range same {
+		st := r.assign[node]
+		rec, alive := v.nodes[node]
+		if c == n[node] && c == len(st.a.Workers) && alive && st.exists && st.a.Session == v.sessions[node] &&
+			st.a.DC == rec.Node.DC && st.a.Rack == rec.Node.Rack && len(st.a.Prepull) == 0 && (r.ro == nil || len(r.ro.prepull[node]) == 0) {
+			want[node] = st.a
+		}
+	}
+	building := make(map[string]*cluster.NodeAssignment, len(n)-len(want))
 	for _, p := range placements {
-		j, _ := v.record(p.Job)
+		if _, ok := want[p.Node]; ok {
+			continue
+		}
 		a := building[p.Node]
 		if a == nil {
 			a = &cluster.NodeAssignment{Node: p.Node, Workers: make([]cluster.WorkerAssignment, 0, n[p.Node])}
 			building[p.Node] = a
 		}
-		t, ok := made[jobLink{p.Job, p.Link}]
-		if !ok {
-			t = workerAssignment(v, j, cluster.WorkerKey{Job: p.Job, Link: p.Link}, r.outputKey)
-			made[jobLink{p.Job, p.Link}] = t
-		}
+		j, _ := v.record(p.Job)
+		t := made[jobLink{p.Job, p.Link}]
 		t.Key = p.Key()
 		a.Workers = append(a.Workers, r.assignmentOf(v, j, t))
 	}
@@ -266,18 +312,21 @@ func (r *reconciler) desired(v *View, placements []cluster.Placement, stopping m
 		}
 		a.Workers = append(a.Workers, ws...)
 	}
-	want := make(map[string]cluster.NodeAssignment, len(building)+len(v.nodes))
+	r.making = next
+	fresh := make(map[string]cluster.NodeAssignment, len(building)+len(v.nodes)-len(want))
 	for node, a := range building {
-		want[node] = *a
+		fresh[node] = *a
 	}
 	// Every live node gets an assignment stamped with the session its entry belongs to,
 	// an empty one included: its agent acts only on that (see cluster.NodeAssignment).
 	for node := range v.nodes {
 		if _, ok := want[node]; !ok {
-			want[node] = cluster.NodeAssignment{Node: node}
+			if _, ok := fresh[node]; !ok {
+				fresh[node] = cluster.NodeAssignment{Node: node}
+			}
 		}
 	}
-	for node, a := range want {
+	for node, a := range fresh {
 		if rec, ok := v.nodes[node]; ok {
 			a.DC, a.Rack, a.Session = rec.Node.DC, rec.Node.Rack, v.sessions[node]
 			if r.ro != nil {
@@ -302,6 +351,12 @@ func (r *reconciler) desired(v *View, placements []cluster.Placement, stopping m
 		want[node] = a
 	}
 	return want
+}
+
+// holds reports whether ws, sorted by key, assigns worker k (to run, not to stop).
+func holds(ws []cluster.WorkerAssignment, k cluster.WorkerKey) bool {
+	i, ok := slices.BinarySearchFunc(ws, k, func(w cluster.WorkerAssignment, k cluster.WorkerKey) int { return w.Key.Compare(k) })
+	return ok && !ws[i].Stop
 }
 
 func workerAssignment(v *View, j cluster.JobRecord, k cluster.WorkerKey, outputKey []byte) cluster.WorkerAssignment {
