@@ -83,7 +83,11 @@ func testImage(t testing.TB, dc *client.Client) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		imageUsed = true
-		_, imageErr = images.New(dc).Build(ctx, images.BuildOptions{Tag: imageTag, Binary: bin})
+		// A label of this process's own: an image built alike elsewhere (the same binary,
+		// by another package's test on this engine) would be the build cache's same image,
+		// and a force removal of its id there would take this tag with it.
+		_, imageErr = images.New(dc).Build(ctx, images.BuildOptions{Tag: imageTag, Binary: bin,
+			Labels: map[string]string{"io.stormdock.test": fmt.Sprintf("provision-docker-%d", os.Getpid())}})
 	})
 	if imageErr != nil {
 		t.Fatal(imageErr)
