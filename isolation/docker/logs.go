@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -78,12 +79,17 @@ func (d *Driver) Logs(ctx context.Context, id string, opts isolation.LogOptions)
 		cid := info.ID
 		for {
 			if cid != "" {
-				rc, err := d.api.ContainerLogs(ctx, cid, container.LogsOptions{ShowStdout: true, ShowStderr: true, Follow: opts.Follow, Tail: tail})
+				rctx, stop, ended := ctx, func() {}, func() bool { return false }
+				if opts.Follow {
+					rctx, stop, ended = d.untilEnded(ctx, cid)
+				}
+				rc, err := d.api.ContainerLogs(rctx, cid, container.LogsOptions{ShowStdout: true, ShowStderr: true, Follow: opts.Follow, Tail: tail})
 				if err == nil {
 					_, err = stdcopy.StdCopy(pw, pw, rc)
 					rc.Close()
 				}
-				if err != nil && !errdefs.IsNotFound(err) && ctx.Err() == nil {
+				stop()
+				if err != nil && !errdefs.IsNotFound(err) && ctx.Err() == nil && !ended() {
 					pw.CloseWithError(err)
 					return
 				}
@@ -102,6 +108,44 @@ func (d *Driver) Logs(ctx context.Context, id string, opts isolation.LogOptions)
 		}
 	}()
 	return &cancelReader{ReadCloser: pr, cancel: cancel}, nil
+}
+
+// Following a container's log, the engine ends the stream when the container stops; once in
+// a while under load it does not, and a follower would wait on a dead container while its
+// worker's next run writes elsewhere. untilEnded returns a context for following cid that
+// ends endedGrace after the container is seen stopped (or gone), its output delivered by
+// then, a function to call once done with it, and one reporting whether it ended so.
+const (
+	endedPoll  = 500 * time.Millisecond
+	endedGrace = 2 * time.Second
+)
+
+func (d *Driver) untilEnded(ctx context.Context, cid string) (context.Context, context.CancelFunc, func() bool) {
+	rctx, cancel := context.WithCancel(ctx)
+	var ended atomic.Bool
+	go func() {
+		t := time.NewTicker(endedPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-t.C:
+			}
+			info, err := d.api.ContainerInspect(rctx, cid)
+			if err == nil && info.State != nil && info.State.Running || err != nil && !errdefs.IsNotFound(err) {
+				continue
+			}
+			select {
+			case <-rctx.Done(): // the stream ended by itself
+			case <-time.After(endedGrace):
+				ended.Store(true)
+				cancel()
+			}
+			return
+		}
+	}()
+	return rctx, cancel, ended.Load
 }
 
 // nextContainer waits for a container named name other than cid.
