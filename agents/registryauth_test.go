@@ -1,7 +1,6 @@
 package agents_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -9,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +16,6 @@ import (
 	"github.com/stormdock/stormdock/images"
 	"github.com/stormdock/stormdock/internal/testenv"
 )
-
-// lockedBuffer collects an agent's log lines for a test to search.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestTenantRegistryAccess, against an htpasswd registry and dockerd: tenant a's private
 // image is pulled with a's credentials (from the store) and runs; tenant b, without
@@ -79,7 +59,7 @@ func TestTenantRegistryAccess(t *testing.T) {
 	t.Cleanup(func() { dropImage(t, cli, img.ID) })
 
 	h := newHarness(t, "mem")
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	h.cfg.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	for _, k := range []string{cluster.TenantsKey, cluster.TenantsKey + "/a", cluster.TenantsKey + "/b"} {
 		if _, err := h.store.Create(ctx, k, []byte(`{}`), coord.Persistent); err != nil {

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -37,7 +36,7 @@ type follower struct {
 	lines []stamped
 	more  chan struct{}
 	done  chan struct{}
-	errb  bytes.Buffer
+	errb  testenv.Buffer
 }
 
 type stamped struct {

@@ -1,7 +1,6 @@
 package master_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,23 +23,6 @@ import (
 	"github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/httpapi"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestPinningPerTenant, against an htpasswd registry: a tenant pins its private image with
 // the credentials it gave (`tenant registry-auth`, with its own token), another tenant
@@ -80,7 +61,7 @@ func TestPinningPerTenant(t *testing.T) {
 	r, _ := images.ParseRef(tag)
 	pinned, _ := r.WithDigest(dgst)
 
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	tc := clustertest.NewSim(t)
 	m, _, _ := tc.Master("m1", func(c *master.Config) {
 		c.PinRetry = 100 * time.Millisecond
