@@ -118,7 +118,7 @@ func (r *run) record() cluster.NodeRecord {
 // to end (every start of an assignment runs at once, so they end within moments of each
 // other), but not for longer than a heartbeat: a slow start (a container's) holds back no
 // other report for longer. A health change waits for no start. Writes are at most one per
-// minWrite, but for a first few after a quiet while (writeBurst).
+// pace.MinWrite, but for a first few after a quiet while (pace.Burst).
 func (r *run) flush() {
 	if !r.pendingSince.IsZero() && !r.urgent && r.starting() > 0 && !r.publishAt.IsZero() {
 		return // the burst goes on and its write is due already: no need to encode the record
@@ -140,7 +140,7 @@ func (r *run) flush() {
 	if !r.urgent && r.starting() > 0 {
 		at = r.pendingSince.Add(r.a.cfg.Heartbeat)
 	}
-	if next := r.nextWrite(now); next.After(at) {
+	if next := r.writes.Next(now); next.After(at) {
 		at = next
 	}
 	if at.After(now) {
@@ -151,22 +151,6 @@ func (r *run) flush() {
 		return
 	}
 	r.write(b)
-}
-
-// writeCreditNow is the write credit at now.
-func (r *run) writeCreditNow(now time.Time) time.Duration {
-	if r.writeCreditAt.IsZero() {
-		return writeBurst * minWrite
-	}
-	return min(r.writeCredit+now.Sub(r.writeCreditAt), writeBurst*minWrite)
-}
-
-// nextWrite is when the node record may be written next: now, or once the credit is back.
-func (r *run) nextWrite(now time.Time) time.Time {
-	if c := r.writeCreditNow(now); c < minWrite {
-		return now.Add(minWrite - c)
-	}
-	return now
 }
 
 // starting counts the workers whose driver start is under way (not pulling an image).
@@ -204,7 +188,7 @@ func (r *run) write(b []byte) {
 	}
 	now := time.Now()
 	r.lastSent = b
-	r.writeCredit, r.writeCreditAt = max(r.writeCreditNow(now)-minWrite, 0), now
+	r.writes.Took(now)
 	r.pendingSince, r.urgent = time.Time{}, false
 	if r.keeper != nil {
 		r.keeper.Notify()
@@ -214,7 +198,7 @@ func (r *run) write(b []byte) {
 
 // publishSoon publishes the node record without waiting for a burst of starts to end: a
 // worker that ended, failed to start or was evicted is news for the master (it may move
-// the worker) and for the cluster's events. The write pace (minWrite) still holds.
+// the worker) and for the cluster's events. The write pace (package pace) still holds.
 func (r *run) publishSoon() {
 	r.urgent = true
 	r.flush()

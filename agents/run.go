@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stormdock/stormdock/agents/pace"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -41,15 +42,13 @@ type run struct {
 
 	health   cluster.NodeHealth
 	lastSent []byte // the node record last written
-	// writeCredit, as of writeCreditAt, is how many writes may be made at once (in units of
-	// minWrite): it grows with time up to writeBurst writes, and each write takes one.
-	writeCredit   time.Duration
-	writeCreditAt time.Time
+	// writes paces the node record's writes (package pace).
+	writes pace.Credit
 	// pendingSince is when the node record first differed from lastSent (zero: it does
 	// not); urgent says a health change is among the differences (see flush).
 	pendingSince time.Time
 	urgent       bool
-	publishTimer *time.Timer // a flush that waits: for a burst's end, or for minWrite
+	publishTimer *time.Timer // a flush that waits: for a burst's end, or for the write pace
 	publishAt    time.Time   // when publishTimer fires; zero when stopped
 	sampling     bool
 	scraping     bool // a round of job metrics is under way (jobmetrics.go)
@@ -63,15 +62,6 @@ type run struct {
 	// prepullTenants names whose credentials pull each pre-pulled image (images.go).
 	prepullTenants map[string]string
 }
-
-// minWrite bounds how often the node record is written: the master sees a worker's or the
-// node's change at once, but a flapping check or a crash-looping worker must not flood the
-// store. After a quiet while writeBurst writes may follow each other at once (a worker's
-// stop is two, stopping and gone, and a start may follow), then one per minWrite.
-const (
-	minWrite   = 100 * time.Millisecond
-	writeBurst = 3
-)
 
 func newRun(ctx context.Context, a *Agent) *run {
 	r := &run{

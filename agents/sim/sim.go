@@ -5,8 +5,10 @@
 // entry (cluster.NodeKey) holding a cluster.NodeRecord, watches its assignment
 // (cluster.AssignmentKey), acts only on an assignment stamped with its current session (as
 // the real agent's gate does), and writes its record when it changed: a worker's or an
-// image's change at once, at the real agent's pace, a memory reading at the next heartbeat. Closing it ends its session, and its entry vanishes as a dead node's does. The real
-// agent and this one pass the same conformance checks (package agents/agenttest).
+// image's change at once, at the real agent's pace (package agents/pace), a memory reading
+// at the next heartbeat. Closing it ends its session, and its entry vanishes as a dead
+// node's does. The real agent and this one pass the same conformance checks (package
+// agents/agenttest).
 //
 // By default a worker runs as soon as it is assigned and is gone as soon as it is not. A test
 // shapes that with Config.Behavior (how long starts, stops and image pulls take, which
@@ -31,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stormdock/stormdock/agents/pace"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 )
@@ -169,41 +172,9 @@ type Agent struct {
 	// in one process would otherwise pay every second.
 	dirty bool
 	// changed says a worker or an image changed (not just a memory reading): the real
-	// agent writes such a change at once, paced (see pace), not at the next heartbeat.
+	// agent writes such a change at once, paced (package pace), not at the next heartbeat.
 	changed bool
 }
-
-// The real agent's pace of writes (agents/run.go's minWrite and writeBurst): after a quiet
-// while, up to writeBurst writes at once, then one per minWrite.
-const (
-	minWrite   = 100 * time.Millisecond
-	writeBurst = 3
-)
-
-// pace is the write credit of the real agent: it grows with time up to writeBurst writes,
-// and each write takes one.
-type pace struct {
-	credit time.Duration
-	at     time.Time
-}
-
-func (p *pace) now(t time.Time) time.Duration {
-	if p.at.IsZero() {
-		return writeBurst * minWrite
-	}
-	return min(p.credit+t.Sub(p.at), writeBurst*minWrite)
-}
-
-// next is when a write may go.
-func (p *pace) next(t time.Time) time.Time {
-	if c := p.now(t); c < minWrite {
-		return t.Add(minWrite - c)
-	}
-	return t
-}
-
-// took spends a write's credit.
-func (p *pace) took(t time.Time) { p.credit, p.at = max(p.now(t)-minWrite, 0), t }
 
 // slot is one worker the agent handles: starting, running, crash-looping or stopping.
 type slot struct {
@@ -346,15 +317,15 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 	force := false
 	// A worker's or an image's change is written at once, as the real agent writes it
 	// (agents/heartbeat.go, flush): when no start is under way (a burst of starts is one
-	// write), at the pace's next credit. Memory readings wait for the heartbeat.
-	var writes pace
+	// write), at the real agent's pace (package pace). Memory readings wait for the heartbeat.
+	var writes pace.Credit
 	beating := false // this turn is a heartbeat's (not a prompt write's)
 	prompt := time.NewTimer(time.Hour)
 	prompt.Stop()
 	defer prompt.Stop()
 	soon := func() {
 		if a.changed && !a.starting() {
-			prompt.Reset(time.Until(writes.next(time.Now())))
+			prompt.Reset(time.Until(writes.Next(time.Now())))
 		}
 	}
 	for {
@@ -425,7 +396,7 @@ func (a *Agent) loop(ctx context.Context, w *writer, last []byte, assignments <-
 			continue
 		}
 		last, force, a.dirty, a.changed = rec, false, false, false
-		writes.took(time.Now())
+		writes.Took(time.Now())
 		a.mu.Lock()
 		a.status.Writes++
 		a.status.Session = a.store.SessionID()
