@@ -78,15 +78,9 @@ func (d *Driver) Logs(ctx context.Context, id string, opts isolation.LogOptions)
 			return nil, fmt.Errorf("%w: worker %s has written no log on this node", isolation.ErrNoLogs, id)
 		}
 	}
-	fi, off := 0, int64(0)
-	if opts.Tail >= 0 {
-		var err error
-		if fi, off, err = tailStart(files, opts.Tail); err != nil {
-			return nil, err
-		}
-	}
-	// A read that does not follow ends where the files end now: a worker writing on while
-	// the reader copies would otherwise make a tail of n lines longer than n.
+	// A read that does not follow ends where the files end now, and its tail is counted back
+	// from there: a worker writing on while the reader counts or copies would otherwise make
+	// a tail of n lines longer than n (the cgroup v2 VM saw 3 lines for a tail of 2).
 	var ends []int64
 	if !opts.Follow {
 		ends = make([]int64, len(files))
@@ -95,6 +89,13 @@ func (d *Driver) Logs(ctx context.Context, id string, opts isolation.LogOptions)
 			if st, err := os.Stat(f); err == nil {
 				ends[i] = st.Size()
 			}
+		}
+	}
+	fi, off := 0, int64(0)
+	if opts.Tail >= 0 {
+		var err error
+		if fi, off, err = tailStart(files, opts.Tail, ends); err != nil {
+			return nil, err
 		}
 	}
 	pr, pw := io.Pipe()
@@ -122,8 +123,12 @@ func (r *cancelReader) Close() error {
 
 // tailStart finds where the last n lines of the files, read one after the other, begin: the
 // index of a file and an offset in it. A last line without its newline counts as a line.
-func tailStart(files []string, n int) (int, int64, error) {
+// The files are taken to end at ends (nil: where they end now; below 0: missing).
+func tailStart(files []string, n int, ends []int64) (int, int64, error) {
 	if n == 0 {
+		if ends != nil {
+			return len(files) - 1, max(ends[len(files)-1], 0), nil
+		}
 		last := files[len(files)-1]
 		st, err := os.Stat(last)
 		if err != nil {
@@ -148,6 +153,9 @@ func tailStart(files []string, n int) (int, int64, error) {
 			return 0, 0, err
 		}
 		end := st.Size()
+		if ends != nil {
+			end = min(end, ends[i]) // a file missing then (-1) is read as empty
+		}
 		for end > 0 {
 			start := max(end-int64(len(buf)), 0)
 			chunk := buf[:end-start]

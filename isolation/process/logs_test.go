@@ -39,7 +39,7 @@ func TestTailStart(t *testing.T) {
 	}{
 		{0, ""}, {1, "e"}, {2, "d\ne"}, {3, "c\nd\ne"}, {4, "b\nc\nd\ne"}, {5, "a\nb\nc\nd\ne"}, {50, "a\nb\nc\nd\ne"},
 	} {
-		i, off, err := tailStart(files, tc.n)
+		i, off, err := tailStart(files, tc.n, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +49,7 @@ func TestTailStart(t *testing.T) {
 	}
 	// A tail ends where the files ended when it was asked for, however much the worker
 	// writes before the reader gets to copy (the driver suite's tail of 2 once read 3).
-	i, off, err := tailStart(files, 2)
+	i, off, err := tailStart(files, 2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +68,19 @@ func TestTailStart(t *testing.T) {
 	}
 	if b.String() != "d\ne" {
 		t.Errorf("tail 2 as of before a write = %q, want %q", b.String(), "d\ne")
+	}
+	// Lines written after the ends were taken and before the tail is counted back are not
+	// counted either (the cgroup v2 VM's tail of 2 read 3: counted from the file's end then).
+	i, off, err = tailStart(files, 2, ends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	if err := copyFrom(context.Background(), &b, files, i, off, ends); err != nil {
+		t.Fatal(err)
+	}
+	if b.String() != "d\ne" {
+		t.Errorf("tail 2 counted back from ends taken before a write = %q, want %q", b.String(), "d\ne")
 	}
 }
 
