@@ -1,9 +1,11 @@
 package docker_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -552,4 +554,96 @@ func TestImageOwnCommand(t *testing.T) {
 			return string(b) == "/job\x00sleep\x00", fmt.Sprintf("it runs %q", b)
 		})
 	})
+}
+
+// unendingLogs is the engine as it was once seen under load (CI): its follow stream of a
+// container that stopped delivers everything but never ends. Everything else is the real
+// engine's.
+type unendingLogs struct{ docker.API }
+
+func (u unendingLogs) ContainerLogs(ctx context.Context, id string, opts container.LogsOptions) (io.ReadCloser, error) {
+	rc, err := u.API.ContainerLogs(ctx, id, opts)
+	if err != nil || !opts.Follow {
+		return rc, err
+	}
+	return &unending{ReadCloser: rc, ctx: ctx}, nil
+}
+
+type unending struct {
+	io.ReadCloser
+	ctx context.Context
+}
+
+func (u *unending) Read(p []byte) (int, error) {
+	n, err := u.ReadCloser.Read(p)
+	if errors.Is(err, io.EOF) {
+		if n > 0 {
+			return n, nil
+		}
+		<-u.ctx.Done() // the end never comes: only the reader's giving up ends it
+		return 0, u.ctx.Err()
+	}
+	return n, err
+}
+
+// A follower of a worker's log goes on with the worker's next run even when the engine never
+// ends the stream of the run that stopped: it looks at the container, and once it has been
+// seen stopped for a while, leaves its stream.
+func TestFollowWhenTheStreamNeverEnds(t *testing.T) {
+	c := setup(t)
+	node := fmt.Sprintf("dtest-%d-%d", os.Getpid(), seq.Add(1))
+	d, err := docker.New(context.Background(), docker.Config{Client: unendingLogs{c}, Node: node, Labels: runLabel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		removeContainers(ctx, node)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(2*time.Minute))
+	defer cancel()
+	spec := harness().Spec(t, fmt.Sprintf("unending-%d", os.Getpid()), "tick", "30")
+	if _, err := d.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	follow, err := d.Logs(ctx, spec.ID, isolation.LogOptions{Follow: true, Tail: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer follow.Close()
+	lines := make(chan string, 1000)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(follow)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	next := func(what string) {
+		t.Helper()
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("the followed log ended before %s", what)
+				}
+				if l == "tick 0" {
+					return
+				}
+			case <-ctx.Done():
+				t.Fatalf("no %s in the followed log", what)
+			}
+		}
+	}
+	next("the first run's tick 0")
+	if _, err := d.Stop(ctx, spec.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	next("the next run's tick 0")
+	_, _ = d.Stop(ctx, spec.ID, 0)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/pkg/stdcopy"
 
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/isolation"
 )
 
@@ -124,21 +125,12 @@ func (d *Driver) untilEnded(ctx context.Context, cid string) (context.Context, c
 	rctx, cancel := context.WithCancel(ctx)
 	var ended atomic.Bool
 	go func() {
-		t := time.NewTicker(endedPoll)
-		defer t.Stop()
-		for {
-			select {
-			case <-rctx.Done():
-				return
-			case <-t.C:
-			}
+		for ctxtime.Sleep(rctx, endedPoll) == nil {
 			info, err := d.api.ContainerInspect(rctx, cid)
 			if err == nil && info.State != nil && info.State.Running || err != nil && !errdefs.IsNotFound(err) {
 				continue
 			}
-			select {
-			case <-rctx.Done(): // the stream ended by itself
-			case <-time.After(endedGrace):
+			if ctxtime.Sleep(rctx, endedGrace) == nil { // the stream did not end by itself
 				ended.Store(true)
 				cancel()
 			}
