@@ -229,3 +229,51 @@ func TestNodeIgnoresAssignmentOfAnotherSession(t *testing.T) {
 		return len(rec.Workers) == 1 && rec.Workers[0].State == cluster.WorkerRunning, fmt.Sprint(rec.Workers)
 	})
 }
+
+// A change every worker of a job takes without moving (its size, which each assignment
+// carries) reaches every node's assignment, also after reconciles that kept the nodes'
+// assignments as they were without building them again (the leader keeps a node's
+// assignment when its workers and their job are what the last reconcile made).
+func TestJobChangeReachesKeptAssignments(t *testing.T) {
+	tc := clustertest.NewSim(t)
+	m, _, _ := tc.Master("m1")
+	for _, n := range clustertest.Nodes(2, 2, 2) {
+		tc.Node(n)
+	}
+	testenv.Eventually(t, "the master sees 8 nodes", 5*time.Second, func() bool { return len(m.MirrorView().Nodes()) == 8 })
+	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 12)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "12 workers assigned", 5*time.Second, func() bool { return len(tc.Assignments()) == 12 })
+	tc.Reconciled(m) // reconciles that keep every node's assignment as it is
+	if _, err := desired.ScaleJob(tc.Ctx, tc.Admin, "wc", 10); err != nil {
+		t.Fatal(err)
+	}
+	testenv.EventuallyWith(t, "10 workers, each assigned as one of 10", 5*time.Second, func() (bool, string) {
+		names, err := tc.Admin.Children(tc.Ctx, cluster.AssignmentsKey)
+		if err != nil {
+			return false, err.Error()
+		}
+		n := 0
+		for _, node := range names {
+			e, err := tc.Admin.Get(tc.Ctx, cluster.AssignmentsKey+"/"+node)
+			if err != nil {
+				continue
+			}
+			var a cluster.NodeAssignment
+			if err := json.Unmarshal(e.Value, &a); err != nil {
+				return false, err.Error()
+			}
+			for _, w := range a.Workers {
+				if w.Workers != 10 {
+					return false, fmt.Sprintf("%s on %s is assigned as one of %d", w.Key, node, w.Workers)
+				}
+				n++
+			}
+		}
+		return n == 10, fmt.Sprintf("%d workers assigned", n)
+	})
+}
