@@ -41,12 +41,13 @@ type Snapshot struct {
 	fresh readStamp // what must not have changed since for it to be served
 	at    time.Time
 
-	once     sync.Once
-	assigned map[cluster.WorkerKey]string // worker -> node, workers being stopped excluded
-	perNode  map[string]int
-	byJob    map[string][]nodeWorker // reported copies by job
+	once    sync.Once
+	placed  map[string][]placedWorker // each job's workers and their nodes, stopping ones excluded
+	perNode map[string]int
+	tallies map[string]jobTally
 
 	mu        sync.Mutex
+	listMu    sync.Mutex // held while a list is made
 	summaries map[string]cachedSummary
 	// lists caches `job list` as each viewer got it, for the jobs of one generation: ten
 	// clients polling a thousand jobs would otherwise encode the same list over and over.
@@ -64,48 +65,105 @@ type cachedSummary struct {
 	s       api.JobSummary
 }
 
-// index works out, once, what requests look up.
-func (st *Snapshot) index() {
+// tally works out, once, what requests look up, in one pass over the nodes: where each
+// job's workers are assigned, how many each node holds, and each job's counts. Ten pollers
+// of `job list` at ten thousand nodes made each of a thousand summaries from maps of every
+// worker, each poller on its own: 84 ms of both cores per state, paid at every reconcile
+// (BenchmarkSnapshotJobList).
+func (st *Snapshot) tally() {
 	st.once.Do(func() {
-		n := 0
-		for _, a := range st.assigns {
-			n += len(a.Workers)
+		st.placed = make(map[string][]placedWorker, len(st.v.jobs)+len(st.v.routers))
+		for name, j := range st.v.jobs {
+			st.placed[name] = make([]placedWorker, 0, j.rec.Spec.TotalWorkers())
 		}
-		st.assigned, st.perNode = make(map[cluster.WorkerKey]string, n), make(map[string]int, len(st.assigns))
+		st.perNode = make(map[string]int, len(st.assigns))
+		c := st.v.newCounts()
 		for node, a := range st.assigns {
 			for i := range a.Workers {
 				if w := &a.Workers[i]; !w.Stop {
-					st.assigned[w.Key] = node
+					st.placed[w.Key.Job] = append(st.placed[w.Key.Job], placedWorker{w: w, node: node})
 					st.perNode[node]++
 				}
 			}
+			// The node's assignment is in the cache now: a worker's is 312 bytes, and
+			// walking them all is most of the cost.
+			if rec, ok := st.v.nodes[node]; ok {
+				c.node(rec.Workers, a.Workers)
+			}
 		}
-		st.byJob = make(map[string][]nodeWorker, len(st.v.jobs))
-		for _, c := range st.v.copies {
-			st.byJob[c.status.Key.Job] = append(st.byJob[c.status.Key.Job], c)
+		for id, rec := range st.v.nodes {
+			if _, ok := st.assigns[id]; !ok {
+				c.node(rec.Workers, nil)
+			}
 		}
+		st.tallies = c.done(st.unplaced)
 	})
 }
 
-// Where returns the assignments by worker and the count per node.
-func (st *Snapshot) Where() (map[cluster.WorkerKey]string, map[string]int) {
-	st.index()
-	return st.assigned, st.perNode
+// placedWorker is a worker's assignment (in the state's, not a copy: a hundred thousand of
+// them) and the node it is assigned to.
+type placedWorker struct {
+	w    *cluster.WorkerAssignment
+	node string
+}
+
+// Assigned is the node each of job's workers is assigned to, workers being stopped
+// excluded (job may name an output router job).
+func (st *Snapshot) Assigned(job string) map[cluster.WorkerKey]string {
+	st.tally()
+	out := make(map[cluster.WorkerKey]string, len(st.placed[job]))
+	for _, p := range st.placed[job] {
+		out[p.w.Key] = p.node
+	}
+	return out
+}
+
+// PerNode is how many workers each node is assigned, workers being stopped excluded.
+func (st *Snapshot) PerNode() map[string]int {
+	st.tally()
+	return st.perNode
+}
+
+// allAssigned is the node every worker is assigned to, workers being stopped excluded:
+// what planning for a state that is not the leader's needs (before the state is tallied).
+func (st *Snapshot) allAssigned() map[cluster.WorkerKey]string {
+	n := 0
+	for _, a := range st.assigns {
+		n += len(a.Workers)
+	}
+	out := make(map[cluster.WorkerKey]string, n)
+	for node, a := range st.assigns {
+		for i := range a.Workers {
+			if w := &a.Workers[i]; !w.Stop {
+				out[w.Key] = node
+			}
+		}
+	}
+	return out
 }
 
 // Summary is the job's summary, j being its current record (which may be newer than the
 // state: a job just submitted shows its workers pending).
 func (st *Snapshot) Summary(j Job) api.JobSummary {
-	st.index()
+	st.tally()
 	name := j.rec.Spec.Name
+	if vj, ok := st.v.jobs[name]; ok && vj.version == j.version {
+		return st.tallies[name].summary(j.rec)
+	}
+	// A record newer than the state: counted alone, once per version.
 	st.mu.Lock()
 	if c, ok := st.summaries[name]; ok && c.version == j.version {
 		st.mu.Unlock()
 		return c.s
 	}
 	st.mu.Unlock()
-	sv := &View{statuses: st.v.statuses, copies: st.byJob[name]}
-	s := summarize(sv, j.rec, st.assigned, st.unplaced)
+	sv := &View{statuses: st.v.statuses}
+	for _, c := range st.v.copies {
+		if c.status.Key.Job == name {
+			sv.copies = append(sv.copies, c)
+		}
+	}
+	s := summarize(sv, j.rec, st.Assigned(name), st.unplaced)
 	st.mu.Lock()
 	if st.summaries == nil {
 		st.summaries = map[string]cachedSummary{}
@@ -118,6 +176,16 @@ func (st *Snapshot) Summary(j Job) api.JobSummary {
 // List returns the encoded `job list` of viewer (the API's name of the caller: admin, or
 // tenant/NAME) for the jobs of generation gen, making it with make when this state has none.
 func (st *Snapshot) List(viewer string, gen uint64, make func() []byte) []byte {
+	st.mu.Lock()
+	if c, ok := st.lists[viewer]; ok && c.jobs == gen {
+		st.mu.Unlock()
+		return c.body
+	}
+	st.mu.Unlock()
+	// One list made at a time: pollers that ask together wait for it instead of each
+	// encoding their own.
+	st.listMu.Lock()
+	defer st.listMu.Unlock()
 	st.mu.Lock()
 	if c, ok := st.lists[viewer]; ok && c.jobs == gen {
 		st.mu.Unlock()
@@ -247,8 +315,7 @@ func (m *Master) Snapshot() *Snapshot {
 		assigns = func() map[string]cluster.NodeAssignment { return p.assigns }
 	}
 	st := &Snapshot{v: v, assigns: assigns(), stamp: s, fresh: rs, at: time.Now()}
-	assigned, _ := st.Where()
-	st.unplaced, st.why = m.unplaced(v, assigned)
+	st.unplaced, st.why = m.unplaced(v, st.allAssigned())
 	m.reads.built = st
 	return st
 }
@@ -389,12 +456,94 @@ func unplacedOf(res *placement.Result) (map[cluster.WorkerKey]string, map[cluste
 	return reasons, why
 }
 
-func summarize(v *View, rec cluster.JobRecord, assigned map[cluster.WorkerKey]string, unplaced map[cluster.WorkerKey]string) api.JobSummary {
+// jobTally is what a job's summary counts of a state.
+type jobTally struct{ running, unplaced, stopping int }
+
+func (t jobTally) summary(rec cluster.JobRecord) api.JobSummary {
+	s := summaryOf(rec)
+	s.Running, s.Unplaced, s.Stopping = t.running, t.unplaced, t.stopping
+	return s
+}
+
+// counts are jobs' tallies being counted.
+type counts map[string]*counting
+
+type counting struct {
+	rec *cluster.JobRecord
+	t   jobTally
+}
+
+func (v *View) newCounts() counts {
+	// One lookup per worker, of a hundred thousand.
+	c := make(counts, len(v.jobs))
+	for name, j := range v.jobs {
+		c[name] = &counting{rec: &j.rec}
+	}
+	return c
+}
+
+// node counts what a node reports (reported) given its assignment (assigned): a worker
+// runs when the node it is assigned to reports it running; a reported copy stops when it
+// is not in its job's spec, not assigned to the node that reports it, or its job is not
+// running.
+func (c counts) node(reported []cluster.WorkerStatus, assigned []cluster.WorkerAssignment) {
+	for i := range reported {
+		w := &reported[i]
+		j, ok := c[w.Key.Job]
+		if !ok {
+			continue
+		}
+		in := inSpec(&j.rec.Spec, w.Key)
+		here := false
+		for x := range assigned {
+			if k := &assigned[x].Key; k.Worker == w.Key.Worker && *k == w.Key {
+				here = !assigned[x].Stop
+				break
+			}
+		}
+		if in && here && w.State == cluster.WorkerRunning {
+			j.t.running++
+		}
+		if !in || !here || j.rec.State != cluster.JobRunning {
+			j.t.stopping++
+		}
+	}
+}
+
+// done counts the unplaced workers and returns every job's tally.
+func (c counts) done(unplaced map[cluster.WorkerKey]string) map[string]jobTally {
+	for k := range unplaced {
+		if j, ok := c[k.Job]; ok && inSpec(&j.rec.Spec, k) {
+			j.t.unplaced++
+		}
+	}
+	out := make(map[string]jobTally, len(c))
+	for name, j := range c {
+		out[name] = j.t
+	}
+	return out
+}
+
+// inSpec reports whether worker k is one of spec's.
+func inSpec(spec *cluster.JobSpec, k cluster.WorkerKey) bool {
+	if k.Worker >= spec.Workers {
+		return false
+	}
+	return k.Link == "" && !spec.Mirrored() || slices.Contains(spec.Links, k.Link)
+}
+
+// summaryOf is a job's summary without its counts.
+func summaryOf(rec cluster.JobRecord) api.JobSummary {
 	s := api.JobSummary{Name: rec.Spec.Name, Tenant: rec.Spec.Tenant, State: rec.State, Workers: rec.Spec.TotalWorkers(),
 		Priority: rec.Spec.Priority, Generation: rec.Generation}
 	if rec.Rollout.Active() {
 		s.Rollout = rec.Rollout.State
 	}
+	return s
+}
+
+func summarize(v *View, rec cluster.JobRecord, assigned map[cluster.WorkerKey]string, unplaced map[cluster.WorkerKey]string) api.JobSummary {
+	s := summaryOf(rec)
 	for _, k := range rec.Spec.Keys() {
 		if st, ok := v.statuses[k]; ok && st.status.State == cluster.WorkerRunning && st.node == assigned[k] {
 			s.Running++
@@ -403,14 +552,8 @@ func summarize(v *View, rec cluster.JobRecord, assigned map[cluster.WorkerKey]st
 			s.Unplaced++
 		}
 	}
-	inSpec := func(k cluster.WorkerKey) bool {
-		if k.Worker >= rec.Spec.Workers {
-			return false
-		}
-		return k.Link == "" && !rec.Spec.Mirrored() || slices.Contains(rec.Spec.Links, k.Link)
-	}
 	for _, c := range v.copies {
-		if k := c.status.Key; k.Job == rec.Spec.Name && (!inSpec(k) || assigned[k] != c.node || rec.State != cluster.JobRunning) {
+		if k := c.status.Key; k.Job == rec.Spec.Name && (!inSpec(&rec.Spec, k) || assigned[k] != c.node || rec.State != cluster.JobRunning) {
 			s.Stopping++
 		}
 	}

@@ -286,7 +286,7 @@ func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st := a.m.Snapshot()
-	assigned, _ := st.Where()
+	assigned := st.Assigned(name)
 	v, unplaced := st.View(), st.Unplaced()
 	out := api.JobStatus{Job: rec, Summary: st.Summary(j), Workers: []api.WorkerView{}}
 	if withWorkers {
@@ -360,7 +360,7 @@ func unplacedWhy(st *master.Snapshot, spec cluster.JobSpec, unplaced map[cluster
 func (a *API) listNodes(w http.ResponseWriter, _ *http.Request) {
 	st := a.m.Snapshot()
 	v := st.View()
-	_, perNode := st.Where()
+	perNode := st.PerNode()
 	out := []api.NodeView{}
 	for _, id := range slices.Sorted(maps.Keys(v.Nodes())) {
 		rec := v.Nodes()[id]
@@ -585,7 +585,7 @@ func (a *API) tenantToken(w http.ResponseWriter, r *http.Request) {
 func (a *API) listDCs(w http.ResponseWriter, _ *http.Request) {
 	st := a.m.Snapshot()
 	v := st.View()
-	_, perNode := st.Where()
+	perNode := st.PerNode()
 	out := []api.DCView{}
 	for _, name := range slices.Sorted(maps.Keys(v.DCs())) {
 		d := api.DCView{Name: name, State: v.DCState(name), Since: v.DCs()[name].Since}

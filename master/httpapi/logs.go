@@ -27,7 +27,6 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	st := a.m.Snapshot()
 	v := st.View()
-	assigned, _ := st.Where()
 	j, ok := a.m.CurrentJobs()[name]
 	if !ok {
 		fail(w, api.ErrNotFound, "no job %q (see `stormdock job list`)", name)
@@ -82,7 +81,7 @@ func (a *API) jobLogs(w http.ResponseWriter, r *http.Request) {
 		fail(w, api.ErrBadInput, "job %s has workers 0 to %d, not %d", name, spec.Workers-1, req.Worker)
 		return
 	}
-	node := assigned[k]
+	node := st.Assigned(k.Job)[k]
 	if at, _, ok := v.Status(k); ok && (node == "" || at != node && v.Nodes()[node].Node.ID == "") {
 		node = at
 	}
