@@ -23,7 +23,10 @@ type metrics struct {
 	replacements prometheus.Counter
 	reconcile    prometheus.Histogram
 	reconcileCPU prometheus.Counter
-	storeWrites  prometheus.Counter
+	// reconcilePhase is the wall time of each of a reconcile's steps (ReconcilePhases):
+	// where a reconcile that takes seconds for a second of processor time waits.
+	reconcilePhase *prometheus.CounterVec
+	storeWrites    prometheus.Counter
 
 	// Per job (output routers included, as JOB.router), set by the leader.
 	jobDesired, jobRunning, jobUnplaced *prometheus.GaugeVec
@@ -55,6 +58,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Time to plan and write assignments.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		reconcileCPU: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "reconcile_cpu_seconds_total",
 			Help: "Processor time the leader's reconciles took (their own thread's, the collector's background work excluded)."}),
+		reconcilePhase: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "reconcile_phase_seconds_total",
+			Help: "Wall time the leader's reconciles spent in each step: view (reading the mirrors), prepare (data centers, keys, avoidances, crash loops), plan, assign (building assignments), write (to the store), publish (events, cleanup, the API's state)."}, []string{"phase"}),
 		storeWrites: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_writes_total",
 			Help: "Writes the master made to the coordination store."}),
 		jobDesired: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "job_workers_desired",
@@ -68,14 +73,37 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sessionsLost: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "store_sessions_lost_total",
 			Help: "Store sessions of this master that expired (its ephemeral entries were lost)."}),
 	}
+	for _, p := range ReconcilePhases {
+		m.reconcilePhase.WithLabelValues(p) // each step shows from the start, at 0
+	}
 	m.events = eventlog.NewMetrics(m.storeWrites)
 	m.storeConnected.Set(1)
 	if reg != nil {
-		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.reconcileCPU, m.storeWrites,
+		reg.MustRegister(m.leader, m.nodes, m.slots, m.workers, m.unplaced, m.placements, m.replacements, m.reconcile, m.reconcileCPU, m.reconcilePhase, m.storeWrites,
 			m.jobDesired, m.jobRunning, m.jobUnplaced, m.storeConnected, m.sessionsLost)
 		reg.MustRegister(m.events.Collectors()...)
 	}
 	return m
+}
+
+// ReconcilePhases are a reconcile's steps, in order (stormdock_master_reconcile_phase_seconds_total).
+var ReconcilePhases = []string{"view", "prepare", "plan", "assign", "write", "publish"}
+
+// phaseClock adds each step's wall time to its counter as the reconcile ends it.
+type phaseClock struct {
+	c    *prometheus.CounterVec
+	last time.Time
+}
+
+func (m *metrics) clock(start time.Time) *phaseClock {
+	return &phaseClock{c: m.reconcilePhase, last: start}
+}
+
+// done ends step phase.
+func (p *phaseClock) done(phase string) {
+	now := time.Now()
+	p.c.WithLabelValues(phase).Add(now.Sub(p.last).Seconds())
+	p.last = now
 }
 
 // observe records what one reconcile saw and did.

@@ -126,6 +126,7 @@ func threadCPU() time.Duration {
 // reconcile plans once and writes the assignments that changed.
 func (r *reconciler) reconcile(ctx context.Context) error {
 	start := time.Now()
+	clock := r.m.metrics.clock(start)
 	// The last reconcile's jobs, which desired compares with, hold only when it completed:
 	// one that failed may have written some nodes and not others.
 	made := r.made
@@ -133,6 +134,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	s, rs := r.m.Stamp(), r.m.readStamp() // before the view: it reflects at least these
 	v := r.m.view()
 	r.observeEvents(v)
+	clock.done("view")
 	if err := r.recordDCs(ctx, v); err != nil {
 		return err
 	}
@@ -145,6 +147,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	if err := r.noteCrashLoops(ctx, v); err != nil {
 		return err
 	}
+	clock.done("prepare")
 	current, stopping := r.current(v)
 	keep, err := r.rebalance(ctx, v, current)
 	if err != nil {
@@ -171,6 +174,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	if placements, err = r.rollouts(ctx, v, placements); err != nil {
 		return err
 	}
+	clock.done("plan")
 	want := r.desired(v, placements, stopping, made)
 	before := make(map[cluster.WorkerKey]string, len(current))
 	for node, st := range r.assign {
@@ -180,10 +184,12 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	clock.done("assign")
 	writes, err := r.write(ctx, want)
 	if err != nil {
 		return err
 	}
+	clock.done("write")
 	r.planEvents(v, before, placements, res)
 	if err := r.forgetLost(ctx, v); err != nil {
 		return err
@@ -192,6 +198,7 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 		return err
 	}
 	r.m.publish(s, rs, v, r.assign, res)
+	clock.done("publish")
 	r.observe(v, before, res, writes, time.Since(start))
 	r.made = r.making
 	return nil

@@ -35,7 +35,7 @@ func New(m *master.Master, cfg Config) *API {
 	a.block = newBlockHub(a)
 	mux := http.NewServeMux()
 	route := func(pattern string, need role, h http.HandlerFunc) {
-		mux.HandleFunc(pattern, a.secure(pattern, need, h))
+		mux.HandleFunc(pattern, a.timed(pattern, a.secure(pattern, need, h)))
 		a.routes = append(a.routes, pattern)
 	}
 	route("GET /v1/health", roleNone, a.getHealth)

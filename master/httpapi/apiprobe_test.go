@@ -597,3 +597,26 @@ func TestAuditLogsEveryChangeOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestAPITimesAnswers: the API times each answer by route; a blocking query, which waits
+// on purpose, is left out. The leader times its reconciles' steps.
+func TestAPITimesAnswers(t *testing.T) {
+	f := newAPIFixture(t)
+	reg := f.tc.Registry(f.m)
+	route := map[string]string{"route": "GET /v1/jobs"}
+	before := testenv.Metric(t, reg, "stormdock_master_api_request_duration_seconds", route)
+	for range 3 {
+		if status, body, _ := f.raw(t, "GET", "/v1/jobs", f.tokens["demo"], nil); status != http.StatusOK {
+			t.Fatalf("job list: %d %s", status, body)
+		}
+	}
+	if status, body, _ := f.raw(t, "GET", "/v1/jobs?index=1&wait=10ms", f.tokens["demo"], nil); status != http.StatusOK {
+		t.Fatalf("blocking job list: %d %s", status, body)
+	}
+	if got := testenv.Metric(t, reg, "stormdock_master_api_request_duration_seconds", route) - before; got != 3 {
+		t.Errorf("job list answers timed: %v, want 3 (the blocking query left out)", got)
+	}
+	if got := testenv.Metric(t, reg, "stormdock_master_reconcile_phase_seconds_total", map[string]string{"phase": "plan"}); got <= 0 {
+		t.Errorf("the leader's planning timed %vs, want more than 0", got)
+	}
+}
