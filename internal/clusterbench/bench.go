@@ -22,6 +22,7 @@ import (
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/ctxtime"
+	sdmaster "github.com/stormdock/stormdock/master"
 	"github.com/stormdock/stormdock/master/jobmetrics"
 	"github.com/stormdock/stormdock/placement/synth"
 )
@@ -140,6 +141,9 @@ type Phase struct {
 	Workers  int     `json:"workers"`  // workers it concerns
 	Assigned float64 `json:"assigned"` // seconds to the last of them assigned
 	Acked    float64 `json:"acked"`    // seconds to the last of them acknowledged running
+	// Closed is, for a loss, the seconds until the store had closed every lost session:
+	// the loss itself, which the other figures include.
+	Closed float64 `json:"closed,omitempty"`
 	// Left counts workers still not assigned and acknowledged when the phase ended;
 	// Unplaced of them the master reported it could not place (no capacity left).
 	Left     int `json:"left"`
@@ -155,6 +159,8 @@ type Phase struct {
 	Reconciles      int     `json:"reconciles"`
 	ReconcileMeanMs float64 `json:"reconcileMeanMs"`
 	ReconcileCPU    float64 `json:"reconcileCPUSeconds"`
+	// ReconcileSteps is the reconciles' wall time by step (the master's ReconcilePhases), seconds.
+	ReconcileSteps map[string]float64 `json:"reconcileStepSeconds,omitempty"`
 }
 
 // Steady is the cluster left alone.
@@ -207,6 +213,14 @@ type Poll struct {
 	ListP99   float64 `json:"jobListP99Ms"`
 	StatusP50 float64 `json:"jobStatusP50Ms"`
 	StatusP99 float64 `json:"jobStatusP99Ms"`
+	// Server* are the same as the master measured them, from when its handler got the
+	// request to when it wrote the answer (stormdock_master_api_request_duration_seconds,
+	// within a bucket's precision): what is left of the client's figures is the wait of
+	// the client's machine and the connection.
+	ServerListP50   float64 `json:"serverJobListP50Ms"`
+	ServerListP99   float64 `json:"serverJobListP99Ms"`
+	ServerStatusP50 float64 `json:"serverJobStatusP50Ms"`
+	ServerStatusP99 float64 `json:"serverJobStatusP99Ms"`
 	// MetricsP50 and MetricsP99 are `job metrics` (a job's whole history), when the agents
 	// serve metrics.
 	MetricsP50 float64 `json:"jobMetricsP50Ms,omitempty"`
@@ -718,8 +732,12 @@ func (r *run) poll(ctx context.Context) error {
 	r.rep.Poll = Poll{Clients: r.cfg.Pollers, Seconds: round(b.at.Sub(a.at).Seconds(), 2), ListP50: ms(pct(list, 50)), ListP99: ms(pct(list, 99)),
 		StatusP50: ms(pct(status, 50)), StatusP99: ms(pct(status, 99)), Requests: len(list) + len(status) + len(metrics), Errors: errs,
 		MasterCPU: round((b.cpu - a.cpu).Seconds(), 2), MetricsP50: ms(pct(metrics, 50)), MetricsP99: ms(pct(metrics, 99))}
-	r.logf("job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms; %d requests, %d errors",
-		r.rep.Poll.ListP50, r.rep.Poll.ListP99, r.rep.Poll.StatusP50, r.rep.Poll.StatusP99, r.rep.Poll.Requests, errs)
+	p := &r.rep.Poll
+	const listRoute, statusRoute = "GET /v1/jobs", "GET /v1/jobs/{name}"
+	p.ServerListP50, p.ServerListP99 = round(serverQuantile(a.metrics, b.metrics, listRoute, 0.5), 1), round(serverQuantile(a.metrics, b.metrics, listRoute, 0.99), 1)
+	p.ServerStatusP50, p.ServerStatusP99 = round(serverQuantile(a.metrics, b.metrics, statusRoute, 0.5), 1), round(serverQuantile(a.metrics, b.metrics, statusRoute, 0.99), 1)
+	r.logf("job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms; %d requests, %d errors; as the master measured them: job list p50 %.1fms p99 %.1fms, job status p50 %.1fms p99 %.1fms",
+		p.ListP50, p.ListP99, p.StatusP50, p.StatusP99, p.Requests, errs, p.ServerListP50, p.ServerListP99, p.ServerStatusP50, p.ServerStatusP99)
 	return nil
 }
 
@@ -781,8 +799,14 @@ func (r *run) lose(ctx context.Context, what string, in func(cluster.Node) bool)
 	for _, a := range gone {
 		r.rep.AgentSessionsExpired += a.Status().Expired
 	}
-	_ = parallel(ctx, len(gone), 64, func(i int) error { return gone[i].Close() })
+	// All at once, as a data center cut off loses them: closed 64 at a time, a data
+	// center's 2,500 sessions took longer than the master waits for changes to stop
+	// (MaxDebounce), and it moved their workers in two reconciles.
+	_ = parallel(ctx, len(gone), len(gone), func(i int) error { return gone[i].Close() })
+	closed := time.Since(start)
+	r.logf("%s: %d sessions closed in %.2fs", what, len(gone), closed.Seconds())
 	p, err := r.settle(ctx, what, start, moved, before)
+	p.Closed = round(closed.Seconds(), 3)
 	if err != nil {
 		return p, err
 	}
@@ -912,12 +936,36 @@ func (r *run) settle(ctx context.Context, what string, start time.Time, keys []c
 	if err != nil {
 		return p, err
 	}
+	// The agents act on an assignment once the leader has written it, while its reconcile
+	// still publishes: its duration and steps reach /metrics after. Reading them at once
+	// reported no reconcile for some events.
+	for end := time.Now().Add(5 * time.Second); after.reconciles == before.reconciles && time.Now().Before(end); {
+		if err := ctxtime.Sleep(ctx, 50*time.Millisecond); err != nil {
+			return p, err
+		}
+		if after, err = r.mark(ctx); err != nil {
+			return p, err
+		}
+	}
 	p.MasterCPU = round((after.cpu - before.cpu).Seconds(), 2)
 	p.ZK = rates(before.zk, after.zk)
 	if p.Reconciles = after.reconciles - before.reconciles; p.Reconciles > 0 {
 		p.ReconcileMeanMs = round((after.reconcileSecs-before.reconcileSecs)/float64(p.Reconciles)*1000, 1)
 	}
 	p.ReconcileCPU = round(after.metrics[reconcileCPU]-before.metrics[reconcileCPU], 3)
+	var steps []string
+	for _, s := range sdmaster.ReconcilePhases {
+		if d := after.metrics[reconcilePhase+"/"+s] - before.metrics[reconcilePhase+"/"+s]; d > 0 {
+			if p.ReconcileSteps == nil {
+				p.ReconcileSteps = map[string]float64{}
+			}
+			p.ReconcileSteps[s] = round(d, 3)
+			steps = append(steps, fmt.Sprintf("%s %.2fs", s, d))
+		}
+	}
+	if len(steps) > 0 {
+		r.logf("%s: reconciles' steps: %s", what, strings.Join(steps, ", "))
+	}
 	r.logf("%s: %d workers assigned after %.2fs, acknowledged after %.2fs; master cpu %.1fs, %d reconciles of %.0fms on average (cpu %.2fs); ZooKeeper %.0f writes/s",
 		what, len(keys)-p.Left, p.Assigned, p.Acked, p.MasterCPU, p.Reconciles, p.ReconcileMeanMs, p.ReconcileCPU, p.ZK.WritesPerSecond)
 	return p, nil

@@ -67,6 +67,15 @@ func TestBenchCluster(t *testing.T) {
 	if rep.Poll.Errors != 0 || rep.Poll.Requests == 0 {
 		t.Errorf("API pollers: %d requests, %d errors", rep.Poll.Requests, rep.Poll.Errors)
 	}
+	// The master's own measure of the same requests, from its /metrics: none would mean
+	// its request histogram, or the bench's reading of it, is broken.
+	if p := rep.Poll; p.ServerListP99 == 0 || p.ServerStatusP99 == 0 || p.ServerListP50 > p.ServerListP99 {
+		t.Errorf("API pollers as the master measured them: %+v", p)
+	}
+	// Each reconcile's steps, from the master's /metrics.
+	if s := rep.Submit.ReconcileSteps; s["plan"] == 0 || s["write"] == 0 {
+		t.Errorf("submit: reconciles' steps %v, want plan and write timed", s)
+	}
 	if rep.Store.LargestAssign == 0 || rep.Store.LargestAssign > 1<<20 {
 		t.Errorf("largest assignment %d bytes", rep.Store.LargestAssign)
 	}

@@ -2,14 +2,17 @@ package clusterbench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -212,7 +215,47 @@ const (
 	reconcileCount = "stormdock_master_reconcile_duration_seconds_count"
 	reconcileSum   = "stormdock_master_reconcile_duration_seconds_sum"
 	reconcileCPU   = "stormdock_master_reconcile_cpu_seconds_total"
+	reconcilePhase = "stormdock_master_reconcile_phase_seconds_total"
+	apiRequests    = "stormdock_master_api_request_duration_seconds_bucket"
 )
+
+// serverQuantile is the q-quantile, in milliseconds, of how long the master took to answer
+// route between two scrapes, from its histogram's buckets (interpolated within a bucket, as
+// Prometheus' histogram_quantile does); 0 when it answered none.
+func serverQuantile(before, after map[string]float64, route string, q float64) float64 {
+	type bucket struct{ le, n float64 }
+	var bs []bucket
+	prefix := apiRequests + "|" + route + "|"
+	for k, v := range after {
+		les, ok := strings.CutPrefix(k, prefix)
+		if !ok {
+			continue
+		}
+		le, err := strconv.ParseFloat(les, 64)
+		if les == "+Inf" {
+			le, err = math.Inf(1), nil
+		}
+		if err == nil {
+			bs = append(bs, bucket{le, v - before[k]})
+		}
+	}
+	slices.SortFunc(bs, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
+	if len(bs) == 0 || bs[len(bs)-1].n == 0 {
+		return 0
+	}
+	rank := q * bs[len(bs)-1].n
+	lo, below := 0.0, 0.0
+	for _, b := range bs {
+		if b.n >= rank {
+			if math.IsInf(b.le, 1) {
+				return lo * 1000 // beyond the last bound: the last bound is all that is known
+			}
+			return (lo + (b.le-lo)*(rank-below)/max(b.n-below, 1)) * 1000
+		}
+		lo, below = b.le, b.n
+	}
+	return lo * 1000
+}
 
 var metricNames = []string{reconcileCount, reconcileSum, reconcileCPU,
 	"stormdock_master_job_metrics_round_seconds_count", "stormdock_master_job_metrics_round_seconds_sum",
@@ -243,6 +286,19 @@ func masterMetrics(ctx context.Context, base, token string) map[string]float64 {
 		for _, name := range metricNames {
 			if v, ok := strings.CutPrefix(line, name+" "); ok {
 				out[name], _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		if v, ok := strings.CutPrefix(line, apiRequests+`{route="`); ok {
+			// route="GET /v1/jobs",le="0.0005"} 12
+			if route, rest, ok := strings.Cut(v, `",le="`); ok {
+				if le, num, ok := strings.Cut(rest, `"} `); ok {
+					out[apiRequests+"|"+route+"|"+le], _ = strconv.ParseFloat(num, 64)
+				}
+			}
+		}
+		if v, ok := strings.CutPrefix(line, reconcilePhase+`{phase="`); ok {
+			if phase, num, ok := strings.Cut(v, `"} `); ok {
+				out[reconcilePhase+"/"+phase], _ = strconv.ParseFloat(num, 64)
 			}
 		}
 		if v, ok := strings.CutPrefix(line, "stormdock_master_job_metrics_node_failures_total{"); ok {

@@ -186,6 +186,9 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 		if p.Acked > 0 {
 			fmt.Fprintf(w, " (%.0f workers/s)", float64(p.Workers-p.Left)/p.Acked)
 		}
+		if p.Closed > 0 {
+			fmt.Fprintf(w, "; its sessions closed after %.2fs", p.Closed)
+		}
 		fmt.Fprintln(w)
 		if p.Left > 0 {
 			fmt.Fprintf(w, "  %d of its %d workers not running elsewhere: %d reported unplaced by the master (no capacity)\n", p.Left, p.Workers, p.Unplaced)
@@ -208,6 +211,8 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 	p := r.Poll
 	fmt.Fprintf(w, "API under %d pollers (%.0fs, %d requests, %d errors): job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms; master cpu %.1fs\n",
 		p.Clients, p.Seconds, p.Requests, p.Errors, p.ListP50, p.ListP99, p.StatusP50, p.StatusP99, p.MasterCPU)
+	fmt.Fprintf(w, "  as the master measured them (its handlers, within a bucket's precision): job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms\n",
+		p.ServerListP50, p.ServerListP99, p.ServerStatusP50, p.ServerStatusP99)
 	if m := r.Metrics; m != nil {
 		fmt.Fprintf(w, "job metrics (%d series per worker, every %.0fs): every job's in the history %.1fs after the submission; %d series kept, %s of history (%.0f B a series); %d rounds of %.2fs on average over the steady state, %d node failures, %d agent answers; job metrics p50 %.1fms p99 %.1fms\n",
 			m.SeriesPerWorker, m.IntervalSeconds, m.Covered, m.Series, mib(m.HistoryBytes), m.BytesPerSeries, m.Rounds, m.RoundMeanSeconds, m.NodeFailures, m.Answers, p.MetricsP50, p.MetricsP99)
