@@ -107,8 +107,9 @@ func (p *phaseClock) done(phase string) {
 }
 
 // observe records what one reconcile saw and did.
-func (r *reconciler) observe(v *View, was map[cluster.WorkerKey]string, res *placement.Result, writes int, took time.Duration) {
+func (r *reconciler) observe(st *Snapshot, was map[cluster.WorkerKey]string, res *placement.Result, writes int, took time.Duration) {
 	m := r.m.metrics
+	v := st.v
 	m.reconcile.Observe(took.Seconds())
 	m.nodes.Set(float64(len(v.nodes)))
 	var total, used, throttled int
@@ -131,7 +132,7 @@ func (r *reconciler) observe(v *View, was map[cluster.WorkerKey]string, res *pla
 		m.workers.WithLabelValues(state).Set(float64(counts[state]))
 	}
 	m.unplaced.Set(float64(len(res.Unplaced)))
-	r.observeJobs(v, res)
+	r.observeJobs(st)
 	for _, p := range res.Placements {
 		if was[p.Key()] != p.Node {
 			m.placements.Inc()
@@ -152,34 +153,20 @@ func (r *reconciler) observe(v *View, was map[cluster.WorkerKey]string, res *pla
 	r.lastUnplaced = len(res.Unplaced)
 }
 
-// observeJobs sets the per-job gauges: desired, running where assigned, unplaced.
-func (r *reconciler) observeJobs(v *View, res *placement.Result) {
+// observeJobs sets the per-job gauges: desired, running where assigned, unplaced, as the
+// state published counts them (Snapshot.tally: the API's summaries, counted once).
+func (r *reconciler) observeJobs(st *Snapshot) {
 	m := r.m.metrics
-	// One pass over what is assigned, not a map of every worker and every job's keys.
-	running := map[string]int{}
-	for node, st := range r.assign {
-		for i := range st.a.Workers {
-			w := &st.a.Workers[i]
-			if w.Stop {
-				continue
-			}
-			if s, ok := v.statuses[w.Key]; ok && s.status.State == cluster.WorkerRunning && s.node == node {
-				if j, ok := v.jobs[w.Key.Job]; ok && j.rec.Spec.HasKey(w.Key) {
-					running[w.Key.Job]++
-				}
-			}
-		}
-	}
-	unplaced := map[string]int{}
-	for _, u := range res.Unplaced {
-		unplaced[u.Job]++
-	}
+	st.tally()
+	v := st.v
+	running := func(job string) int { return st.tallies[job].running }
+	unplaced := func(job string) int { return st.tallies[job].unplaced }
 	m.jobDesired.Reset()
 	m.jobRunning.Reset()
 	m.jobUnplaced.Reset()
 	for _, spec := range v.runningJobs() {
 		m.jobDesired.WithLabelValues(spec.Name, spec.Tenant).Set(float64(spec.TotalWorkers()))
-		m.jobRunning.WithLabelValues(spec.Name, spec.Tenant).Set(float64(running[spec.Name]))
-		m.jobUnplaced.WithLabelValues(spec.Name, spec.Tenant).Set(float64(unplaced[spec.Name]))
+		m.jobRunning.WithLabelValues(spec.Name, spec.Tenant).Set(float64(running(spec.Name)))
+		m.jobUnplaced.WithLabelValues(spec.Name, spec.Tenant).Set(float64(unplaced(spec.Name)))
 	}
 }

@@ -248,13 +248,16 @@ func (s Stamp) covers(n Stamp) bool {
 
 // publish makes what a reconcile saw and left the state the API answers from; s and rs were
 // taken before v was made from the mirrors.
-func (m *Master) publish(s Stamp, rs readStamp, v *View, assign map[string]assignState, res *placement.Result) {
+func (m *Master) publish(s Stamp, rs readStamp, v *View, assign map[string]assignState, res *placement.Result) *Snapshot {
 	st := &Snapshot{v: v, assigns: make(map[string]cluster.NodeAssignment, len(assign)), at: time.Now(),
 		stamp: s, fresh: rs}
 	for node, a := range assign {
 		st.assigns[node] = a.a
 	}
 	st.unplaced, st.why = unplacedOf(res)
+	// Counted here, on the leader's thread, which needs the counts for its gauges anyway:
+	// the API's first read of the state then finds them.
+	st.tally()
 	m.vc.mu.Lock()
 	if len(m.vc.assigns) > 0 {
 		// Decoded while this master did not lead: not read again (Snapshot). A new map,
@@ -269,6 +272,7 @@ func (m *Master) publish(s Stamp, rs readStamp, v *View, assign map[string]assig
 		m.reads.changed = nil
 	}
 	m.reads.mu.Unlock()
+	return st
 }
 
 // leaderState returns the leader's last published state (nil before its first reconcile,
@@ -475,9 +479,12 @@ type counting struct {
 
 func (v *View) newCounts() counts {
 	// One lookup per worker, of a hundred thousand.
-	c := make(counts, len(v.jobs))
+	c := make(counts, len(v.jobs)+len(v.routers))
 	for name, j := range v.jobs {
 		c[name] = &counting{rec: &j.rec}
+	}
+	for name, rec := range v.routers {
+		c[name] = &counting{rec: &rec} // for the leader's gauges, which count routers too
 	}
 	return c
 }

@@ -197,9 +197,9 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 	if err := r.collectKilled(ctx, v); err != nil {
 		return err
 	}
-	r.m.publish(s, rs, v, r.assign, res)
+	st := r.m.publish(s, rs, v, r.assign, res)
 	clock.done("publish")
-	r.observe(v, before, res, writes, time.Since(start))
+	r.observe(st, before, res, writes, time.Since(start))
 	r.made = r.making
 	return nil
 }

@@ -11,12 +11,12 @@ import (
 	"github.com/stormdock/stormdock/placement/synth"
 )
 
-// BenchmarkSnapshotJobList is what a published state costs the API the first time
-// `job list` and `job status` read it: pollers clients at once, each reading every job's
-// summary (job list) and one job's workers' nodes (job status), from a state of nodes
-// nodes with 10 running workers each in jobs of 100, as `stormdock bench cluster` lays them
-// out. The leader publishes a new state at every reconcile, so at ten thousand nodes this is
-// paid about once a second, and its wait is the API's p99:
+// BenchmarkSnapshotJobList is what one published state costs to count and read: its
+// tally (the leader makes it as it publishes) and pollers clients at once, each reading
+// every job's summary (job list) and one job's workers' nodes (job status), from a state of
+// nodes nodes with 10 running workers each in jobs of 100, as `stormdock bench cluster` lays
+// them out. The leader publishes a new state at every reconcile, about once a second at ten
+// thousand nodes:
 //
 //	go test -run '^$' -bench SnapshotJobList -count 5 ./master/
 func BenchmarkSnapshotJobList(b *testing.B) {
