@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	fastjson "github.com/segmentio/encoding/json"
 	"hash/fnv"
 	"log/slog"
 	"maps"
@@ -105,13 +106,21 @@ func decodeJobEntry(name string, e coord.Entry) (Job, error) {
 
 func decodeNodeEntry(id string, e coord.Entry) (cluster.NodeRecord, error) {
 	var rec cluster.NodeRecord
-	if err := json.Unmarshal(e.Value, &rec); err != nil {
+	if err := unmarshalNodeRecord(e.Value, &rec); err != nil {
 		return rec, err
 	}
 	if rec.Node.ID != id {
 		return rec, fmt.Errorf("record names node %q", rec.Node.ID)
 	}
 	return rec, nil
+}
+
+// unmarshalNodeRecord decodes a node record as encoding/json does, twice as fast
+// (BenchmarkNodeDecoder): at ten thousand nodes the agents rewrite 2,000 records a second,
+// and decoding them was a third of the master's cpu. FuzzNodeRecordDecode holds it to
+// encoding/json's reading of any bytes.
+func unmarshalNodeRecord(b []byte, rec *cluster.NodeRecord) error {
+	return fastjson.Unmarshal(b, rec)
 }
 
 func decodeDCEntry(name string, e coord.Entry) (cluster.DCRecord, error) {
