@@ -937,9 +937,12 @@ func (r *run) settle(ctx context.Context, what string, start time.Time, keys []c
 		return p, err
 	}
 	// The agents act on an assignment once the leader has written it, while its reconcile
-	// still publishes: its duration and steps reach /metrics after. Reading them at once
-	// reported no reconcile for some events.
-	for end := time.Now().Add(5 * time.Second); after.reconciles == before.reconciles && time.Now().Before(end); {
+	// still publishes: its duration, steps and cpu reach /metrics after. Reading them at
+	// once reported no reconcile for some events.
+	counted := func() bool {
+		return after.reconciles != before.reconciles && after.metrics[reconcileCPU] != before.metrics[reconcileCPU]
+	}
+	for end := time.Now().Add(5 * time.Second); !counted() && time.Now().Before(end); {
 		if err := ctxtime.Sleep(ctx, 50*time.Millisecond); err != nil {
 			return p, err
 		}
