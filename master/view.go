@@ -438,6 +438,17 @@ func compactNodeRecord(rec *cluster.NodeRecord) {
 	}
 	in(&rec.Node.DC)
 	in(&rec.Node.Rack)
+	if l := rec.Node.Labels; l != nil {
+		// The decoder makes every map with room for 64 entries: 7 KiB a node, 75 MiB at
+		// ten thousand nodes, for the two or three labels a node has.
+		exact := make(map[string]string, len(l))
+		for k, v := range l {
+			in(&k)
+			in(&v)
+			exact[k] = v
+		}
+		rec.Node.Labels = exact
+	}
 	if len(rec.Workers) > 0 {
 		rec.Workers = slices.Clip(append(make([]cluster.WorkerStatus, 0, len(rec.Workers)), rec.Workers...))
 	}

@@ -29,7 +29,7 @@ func BenchmarkNodeDecoder(b *testing.B) {
 
 func benchNodeRecord(tb testing.TB) []byte {
 	rec := cluster.NodeRecord{Node: cluster.Node{ID: "node-00042", Host: "host-00042", DC: "dc-1", Rack: "r004", Slots: 16,
-		Memory: 64 << 30, CPU: 32000}, Health: cluster.NodeHealth{State: cluster.HealthHealthy},
+		Memory: 64 << 30, CPU: 32000, Labels: map[string]string{"isolation/process": "true", "ssd": "true"}}, Health: cluster.NodeHealth{State: cluster.HealthHealthy},
 		Isolation: []string{"process"}, Agent: "a1b2c3d4", Started: time.Unix(1700000000, 0).UTC()}
 	for i := range 10 {
 		rec.Workers = append(rec.Workers, cluster.WorkerStatus{Key: cluster.WorkerKey{Job: fmt.Sprintf("job-%05d", i*37), Worker: i * 3},
