@@ -3,8 +3,8 @@ package master
 import (
 	"encoding/json"
 	"log/slog"
-	"runtime"
 	"reflect"
+	"runtime"
 	"testing"
 
 	"github.com/stormdock/stormdock/cluster"
