@@ -575,3 +575,123 @@ func TestZKGrantedSessionTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestZKWatchFuncDeletionWithoutRead: a key's deletion reaches WatchFunc's function from
+// the watch's firing, before the read that re-arms the watch: with every request of the
+// client held back (as a loaded server's queue holds them), the deletion arrives in the same
+// session. The re-armed watch still sees the key created again.
+func TestZKWatchFuncDeletionWithoutRead(t *testing.T) {
+	t.Parallel()
+	addr := testenv.ZKAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout(time.Minute))
+	defer cancel()
+	var held heldWrites
+	opts := coord.Options{SessionTimeout: 10 * time.Second, Logger: testenv.Logger(t, slog.LevelInfo),
+		Dialer: func(network, address string, timeout time.Duration) (net.Conn, error) {
+			c, err := net.DialTimeout(network, address, timeout)
+			if err != nil {
+				return nil, err
+			}
+			return held.wrap(c), nil
+		}}
+	url := fmt.Sprintf("zk://%s/watchdel-%x", addr, rand.Uint64())
+	s, err := coord.Open(ctx, url, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	other, err := coord.Open(ctx, url, coord.Options{SessionTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Put(ctx, "/nodes/n1", []byte("up"), coord.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	type seen struct {
+		ev      coord.Event
+		held    bool
+		session int64
+	}
+	events := make(chan seen, 16)
+	if err := s.(coord.FuncWatcher).WatchFunc(ctx, "/nodes/n1", func(ev coord.Event) {
+		events <- seen{ev, held.holding(), s.SessionID()}
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-events; !got.ev.Exists {
+		t.Fatalf("first event: %+v, want the key", got.ev)
+	}
+	sid := s.SessionID()
+	held.hold()
+	if err := other.Delete(ctx, "/nodes/n1", coord.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	var got seen
+	select {
+	case got = <-events:
+	case <-ctx.Done():
+		held.release()
+		t.Fatal("no deletion while the client's requests were held")
+	}
+	held.release()
+	if got.ev.Exists || !got.held || got.session != sid {
+		t.Fatalf("deletion: %+v, requests held %v, session %x (was %x): want it while the requests were held, in the same session",
+			got.ev, got.held, got.session, sid)
+	}
+	if _, err := other.Put(ctx, "/nodes/n1", []byte("again"), coord.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	for got := range events {
+		if got.ev.Exists {
+			if string(got.ev.Entry.Value) != "again" {
+				t.Fatalf("after re-creation: %+v", got.ev)
+			}
+			break
+		}
+	}
+}
+
+// heldWrites holds back what the client writes to its connections, from hold to release.
+type heldWrites struct {
+	mu   sync.Mutex
+	gate chan struct{} // nil when not holding
+}
+
+func (h *heldWrites) wrap(c net.Conn) net.Conn { return &heldConn{Conn: c, h: h} }
+
+func (h *heldWrites) hold() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gate = make(chan struct{})
+}
+
+func (h *heldWrites) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gate != nil {
+		close(h.gate)
+		h.gate = nil
+	}
+}
+
+func (h *heldWrites) holding() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.gate != nil
+}
+
+type heldConn struct {
+	net.Conn
+	h *heldWrites
+}
+
+func (c *heldConn) Write(b []byte) (int, error) {
+	c.h.mu.Lock()
+	gate := c.h.gate
+	c.h.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return c.Conn.Write(b)
+}

@@ -101,10 +101,12 @@ func (w *funcWatch) step() {
 		if !w.claim() {
 			return
 		}
-		if !w.afterFire(<-ch) {
+		fired := <-ch
+		if !w.afterFire(fired) {
 			w.finish()
 			return
 		}
+		w.deleted(fired)
 	}
 }
 
@@ -119,8 +121,24 @@ func (w *funcWatch) fired(ev zk.Event) {
 			w.finish()
 			return
 		}
+		w.deleted(ev)
 		w.step()
 	}()
+}
+
+// deleted tells fn of a deletion the watch's firing reported, before the read that re-arms
+// the watch: a data center's records vanish together (2,500 of them at ten thousand nodes),
+// and a read each, queued behind everything else the client sends, held the master's view
+// of the loss back by seconds. The read that follows still sees a re-creation.
+func (w *funcWatch) deleted(ev zk.Event) {
+	if ev.Type != zk.EventNodeDeleted || w.ctx.Err() != nil {
+		return
+	}
+	gone := Event{Key: w.key}
+	if !w.first && !sameEvent(w.last, gone) {
+		w.fn(gone)
+		w.last = gone
+	}
 }
 
 // afterFire waits, for a dropped watch, for the next session; it reports whether to go on.
