@@ -242,6 +242,13 @@ func testDeposedLeader(t *testing.T, st fenceStore) {
 	if _, err := desired.KillJob(ctx, admin, "late", 0); err != nil {
 		t.Fatal(err)
 	}
+	// m2 plans from its mirrors: one a watch delivery behind the kill would assign the
+	// killed job's workers at once (and stop them at its next reconcile), which is not what
+	// this test is about. CI saw it once.
+	testenv.Eventually(t, "m2 sees the job killed", 10*time.Second, func() bool {
+		j, ok := m2.CurrentJobs()["late"]
+		return ok && j.Record().State == cluster.JobKilled
+	})
 	heal := st.expire(t, c1)
 	testenv.Eventually(t, "m2 leads", 20*time.Second, m2.Leader)
 	reconciled(m2)
