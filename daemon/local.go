@@ -4,6 +4,7 @@ package daemon
 // one store, with simulated data centers and racks and real worker processes.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stormdock/stormdock/agents"
 	"github.com/stormdock/stormdock/cluster"
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/healthcheck"
@@ -40,7 +42,12 @@ const RootSinkDir = "/var/lib/stormdock/sinks"
 
 // LocalConfig shapes a local cluster.
 type LocalConfig struct {
-	Nodes      int
+	Nodes int
+	// PortBase is the first node's first STORMDOCK_PORT; each next node's range starts 100
+	// above (0: agents.DefaultPortBase). Clusters that run side by side on one host give
+	// each its own: agents skip a port in use, but not one another cluster's worker is
+	// about to take.
+	PortBase   int
 	DCs        []string
 	RacksPerDC int
 	Slots      int
@@ -304,7 +311,7 @@ func (c *Local) startNode(ctx context.Context, spec cluster.Node) error {
 		cgroups = CgroupsOff
 	}
 	c.mu.Lock()
-	portBase := 6700 + 100*len(c.order)
+	portBase := cmp.Or(c.cfg.PortBase, agents.DefaultPortBase) + 100*len(c.order)
 	c.mu.Unlock()
 	health := *c.cfg.Health
 	health.CgroupParent = c.CgroupParent(spec.ID)

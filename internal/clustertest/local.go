@@ -1,12 +1,14 @@
 package clustertest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,6 +32,30 @@ type Local struct {
 	Client *api.Client
 }
 
+// localPorts is where the next local cluster of this process starts its agents' port
+// ranges (localPortBase).
+var localPorts struct {
+	sync.Mutex
+	next int
+}
+
+// localPortBase gives a local cluster of nodes nodes (100 ports each) ports no other local
+// cluster of this process is given, between `stormdock up`'s own (6700 on, six nodes) and
+// the process clusters' (10000 on, procs.go): two local clusters on the same ports raced
+// for them (CI saw a word count's metrics port taken: "1 of 2 running workers report
+// input_backlog" for nine minutes).
+func localPortBase(nodes int) int {
+	const first, end = 7300, 10000
+	localPorts.Lock()
+	defer localPorts.Unlock()
+	if localPorts.next == 0 || localPorts.next+100*nodes > end {
+		localPorts.next = first
+	}
+	base := localPorts.next
+	localPorts.next += 100 * nodes
+	return base
+}
+
 // StartLocal starts a local cluster of cfg.Nodes nodes whose workers run binary (the
 // stormdock binary: the lease launcher, `stormdock worker`, output routers), logging the
 // cluster's warnings into the test's log, and waits until every node is registered. The
@@ -41,6 +67,9 @@ func StartLocal(t testing.TB, binary string, cfg daemon.LocalConfig) *Local {
 		cfg.API = "127.0.0.1:0"
 	}
 	cfg.Self = binary
+	if cfg.PortBase == 0 {
+		cfg.PortBase = localPortBase(cmp.Or(cfg.Nodes, 12)) // daemon.LocalConfig's default: 12 nodes
+	}
 	if cfg.SinkDir == "" {
 		// A directory of the test's own that the routers' uids can reach (not
 		// daemon.RootSinkDir, which every local cluster run as root shares).
