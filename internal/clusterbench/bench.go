@@ -57,6 +57,10 @@ type Config struct {
 	// MasterBinary, when set, runs the master as `MasterBinary master ...`, a process of its
 	// own; otherwise it runs in this process (its memory and cpu then include the agents').
 	MasterBinary string
+	// PollerBinary, when set, runs the pollers as `PollerBinary bench poll` (PollCommand), a
+	// process of their own; otherwise they run in this process, where they wait for the
+	// agents' collector and scheduler.
+	PollerBinary string
 	// MetricsSeries is how many series each simulated worker serves (half gauges, half
 	// counters; the five an agent measures come on top): the agents then serve job metrics
 	// and the master pulls them every MetricsInterval (its --metrics-interval; default 10s,
@@ -207,7 +211,10 @@ type Store struct {
 
 // Poll is the API's latency while Pollers clients poll.
 type Poll struct {
-	Clients   int     `json:"clients"`
+	Clients int `json:"clients"`
+	// Where the clients ran: in a process of their own (with a master process), or in the
+	// agents' process, where they wait for its collector and scheduler.
+	Where     string  `json:"clientsRan"`
 	Seconds   float64 `json:"seconds"`
 	ListP50   float64 `json:"jobListP50Ms"`
 	ListP99   float64 `json:"jobListP99Ms"`
@@ -680,56 +687,30 @@ func (r *run) poll(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.logf("%d clients polling job list and job status for %s", r.cfg.Pollers, r.cfg.Poll)
-	var mu sync.Mutex
-	var list, status, metrics []time.Duration
-	errs := 0
-	deadline := time.Now().Add(r.cfg.Poll)
-	var wg sync.WaitGroup
-	for i := range r.cfg.Pollers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl, _ := api.NewClient(r.master.url, r.master.token)
-			rng := rand.New(rand.NewPCG(r.cfg.Seed, uint64(i)))
-			for time.Now().Before(deadline) && ctx.Err() == nil {
-				t0 := time.Now()
-				_, err := cl.Jobs(ctx)
-				d := time.Since(t0)
-				t1 := time.Now()
-				_, err2 := cl.Job(ctx, r.jobs[rng.IntN(len(r.jobs))].Name)
-				d2 := time.Since(t1)
-				var d3 time.Duration
-				var err3 error
-				if r.metrics != nil {
-					t2 := time.Now()
-					_, err3 = cl.JobMetrics(ctx, r.jobs[rng.IntN(len(r.jobs))].Name, nil, "")
-					d3 = time.Since(t2)
-				}
-				mu.Lock()
-				list, status = append(list, d), append(status, d2)
-				if r.metrics != nil {
-					metrics = append(metrics, d3)
-				}
-				if err3 != nil {
-					errs++
-				}
-				if err != nil {
-					errs++
-				}
-				if err2 != nil {
-					errs++
-				}
-				mu.Unlock()
-			}
-		}()
+	spec := PollSpec{URL: r.master.url, Token: r.master.token, Clients: r.cfg.Pollers, For: r.cfg.Poll, Metrics: r.metrics != nil, Seed: r.cfg.Seed}
+	for _, j := range r.jobs {
+		spec.Jobs = append(spec.Jobs, j.Name)
 	}
-	wg.Wait()
+	where := "in the agents' process"
+	poll := func() (PollSamples, error) { return RunPollers(ctx, spec) }
+	if r.cfg.PollerBinary != "" {
+		where = "in a process of their own"
+		poll = func() (PollSamples, error) { return pollApart(ctx, r.cfg.PollerBinary, spec) }
+	}
+	r.logf("%d clients polling job list and job status for %s, %s", r.cfg.Pollers, r.cfg.Poll, where)
+	got, err := poll()
+	if err != nil {
+		return err
+	}
+	if got.FirstError != "" {
+		r.logf("pollers: %d requests failed; the first: %s", got.Errors, got.FirstError)
+	}
+	list, status, metrics, errs := got.List, got.Status, got.Metrics, got.Errors
 	b, err := r.mark(ctx)
 	if err != nil {
 		return err
 	}
-	r.rep.Poll = Poll{Clients: r.cfg.Pollers, Seconds: round(b.at.Sub(a.at).Seconds(), 2), ListP50: ms(pct(list, 50)), ListP99: ms(pct(list, 99)),
+	r.rep.Poll = Poll{Clients: r.cfg.Pollers, Where: where, Seconds: round(b.at.Sub(a.at).Seconds(), 2), ListP50: ms(pct(list, 50)), ListP99: ms(pct(list, 99)),
 		StatusP50: ms(pct(status, 50)), StatusP99: ms(pct(status, 99)), Requests: len(list) + len(status) + len(metrics), Errors: errs,
 		MasterCPU: round((b.cpu - a.cpu).Seconds(), 2), MetricsP50: ms(pct(metrics, 50)), MetricsP99: ms(pct(metrics, 99))}
 	p := &r.rep.Poll

@@ -16,6 +16,19 @@ import (
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
+// TestMain serves the pollers' process when TestBenchCluster runs this binary as it would
+// `stormdock bench poll`.
+func TestMain(m *testing.M) {
+	if len(os.Args) == 3 && os.Args[1] == "bench" && os.Args[2] == clusterbench.PollCommand {
+		if err := clusterbench.ServePoll(context.Background(), os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
 // TestBenchCluster runs a small `stormdock bench cluster` (200 simulated nodes, 2,000
 // workers) against a real master and a ZooKeeper of its own, and checks what it must get
 // right whatever the machine's speed: every worker acknowledged running exactly once, and a
@@ -32,6 +45,7 @@ func TestBenchCluster(t *testing.T) {
 		Steady: 2 * time.Second, Poll: time.Second, Pollers: 10, Settle: testenv.Timeout(2 * time.Minute),
 		MetricsSeries: 4, MetricsInterval: 500 * time.Millisecond,
 		ProfileDir: t.TempDir(), ProfileSpan: time.Second, Progress: &progress,
+		PollerBinary: os.Args[0], // TestMain serves `bench poll`
 	})
 	t.Log("progress:\n" + progress.String())
 	if err != nil {
@@ -64,8 +78,8 @@ func TestBenchCluster(t *testing.T) {
 	if rep.DC == nil || rep.DC.Workers == 0 || rep.DC.Left != 0 {
 		t.Errorf("dc loss: %+v", rep.DC)
 	}
-	if rep.Poll.Errors != 0 || rep.Poll.Requests == 0 {
-		t.Errorf("API pollers: %d requests, %d errors", rep.Poll.Requests, rep.Poll.Errors)
+	if rep.Poll.Errors != 0 || rep.Poll.Requests == 0 || rep.Poll.Where != "in a process of their own" {
+		t.Errorf("API pollers: %d requests, %d errors, ran %s", rep.Poll.Requests, rep.Poll.Errors, rep.Poll.Where)
 	}
 	// The master's own measure of the same requests, from its /metrics: none would mean
 	// its request histogram, or the bench's reading of it, is broken.

@@ -95,6 +95,18 @@ var Command = &cli.Command{
 			commands.OutputFlag,
 		},
 		Action: runBenchCluster,
+	}, {
+		// The pollers of `bench cluster` with a master process, in a process of their own.
+		Name:      clusterbench.PollCommand,
+		Hidden:    true,
+		Usage:     "poll job list and job status as `bench cluster` asks on stdin, and write each request's latency to stdout",
+		UsageText: "stormdock bench poll < SPEC.json",
+		Action: func(c *cli.Context) error {
+			if err := clusterbench.ServePoll(c.Context, os.Stdin, c.App.Writer); err != nil {
+				return cli.Exit("stormdock bench poll: "+err.Error(), 1)
+			}
+			return nil
+		},
 	}},
 }
 
@@ -122,11 +134,14 @@ func runBenchCluster(c *cli.Context) error {
 	if c.IsSet("metrics-interval") && cfg.MetricsInterval == 0 {
 		cfg.MetricsInterval = -1
 	}
+	self, selfErr := os.Executable()
+	// The pollers run as a process of this binary whichever way the master runs: a user's
+	// client is not among the simulated agents.
+	cfg.PollerBinary = self
 	switch c.String("master") {
 	case "process":
-		self, err := os.Executable()
-		if err != nil {
-			return cli.Exit(fmt.Sprintf("%s: find this binary to run the master: %v (use --master in-process)", cmd, err), 1)
+		if selfErr != nil {
+			return cli.Exit(fmt.Sprintf("%s: find this binary to run the master: %v (use --master in-process)", cmd, selfErr), 1)
 		}
 		cfg.MasterBinary = self
 	case "in-process":
@@ -209,8 +224,8 @@ func printClusterReport(w io.Writer, r *clusterbench.Report) {
 	fmt.Fprintf(w, "store: %d znodes, %s (%s of assignments); %d watches, %d connections, %d ephemerals; largest assignment %d B, node record %d B, job record %d B\n",
 		st.Znodes, mib(st.DataBytes), mib(st.AssignmentBytes), st.Watches, st.Connections, st.Ephemerals, st.LargestAssign, st.LargestNode, st.LargestJob)
 	p := r.Poll
-	fmt.Fprintf(w, "API under %d pollers (%.0fs, %d requests, %d errors): job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms; master cpu %.1fs\n",
-		p.Clients, p.Seconds, p.Requests, p.Errors, p.ListP50, p.ListP99, p.StatusP50, p.StatusP99, p.MasterCPU)
+	fmt.Fprintf(w, "API under %d pollers %s (%.0fs, %d requests, %d errors): job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms; master cpu %.1fs\n",
+		p.Clients, p.Where, p.Seconds, p.Requests, p.Errors, p.ListP50, p.ListP99, p.StatusP50, p.StatusP99, p.MasterCPU)
 	fmt.Fprintf(w, "  as the master measured them (its handlers, within a bucket's precision): job list p50 %.1fms p99 %.1fms; job status p50 %.1fms p99 %.1fms\n",
 		p.ServerListP50, p.ServerListP99, p.ServerStatusP50, p.ServerStatusP99)
 	if m := r.Metrics; m != nil {
