@@ -185,13 +185,13 @@ func (r *reconciler) reconcile(ctx context.Context) error {
 		}
 	}
 	clock.done("assign")
-	writes, err := r.write(ctx, want)
+	writes, err := r.write(ctx, v, want)
 	if err != nil {
 		return err
 	}
 	clock.done("write")
 	r.planEvents(v, before, placements, res)
-	if err := r.forgetLost(ctx, v); err != nil {
+	if err := r.forgetLost(ctx, v, want); err != nil {
 		return err
 	}
 	if err := r.collectKilled(ctx, v); err != nil {
@@ -417,11 +417,17 @@ func workerAssignment(v *View, j cluster.JobRecord, k cluster.WorkerKey, outputK
 
 // write stores the assignments that differ from what the nodes have, emptying those of
 // nodes that lost everything first so that stops go out before starts. It returns how many
-// keys it wrote.
-func (r *reconciler) write(ctx context.Context, want map[string]cluster.NodeAssignment) (int, error) {
+// keys it wrote. A node whose entry is gone is not emptied: no agent acts on its assignment
+// any more (View.registered), and forgetLost removes it once the starts are out. A data
+// center's loss would otherwise write a quarter of the cluster's assignments, empty, before
+// the first of its workers could start elsewhere.
+func (r *reconciler) write(ctx context.Context, v *View, want map[string]cluster.NodeAssignment) (int, error) {
 	var changes []change
 	for _, node := range slices.Sorted(maps.Keys(mergeKeys(want, r.assign))) {
 		a, ok := want[node]
+		if !ok && !v.registered(node) {
+			continue
+		}
 		if !ok {
 			old := r.assign[node].a
 			a = cluster.NodeAssignment{Node: node, DC: old.DC, Rack: old.Rack, Workers: []cluster.WorkerAssignment{}}
@@ -519,10 +525,10 @@ func (r *reconciler) collectKilled(ctx context.Context, v *View) error {
 // forgetLost deletes the emptied assignments of nodes that are gone, so that the store does
 // not collect one key per node that ever lived. An agent that comes back with the same id
 // finds no assignment, which it reads as "run nothing".
-func (r *reconciler) forgetLost(ctx context.Context, v *View) error {
+func (r *reconciler) forgetLost(ctx context.Context, v *View, want map[string]cluster.NodeAssignment) error {
 	var gone []change
 	for node, st := range r.assign {
-		if _, alive := v.nodes[node]; alive || !st.exists || len(st.a.Workers) > 0 {
+		if _, wanted := want[node]; wanted || !st.exists || v.registered(node) {
 			continue
 		}
 		gone = append(gone, change{node: node, remove: true})

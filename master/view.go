@@ -25,14 +25,17 @@ type View struct {
 	routers  map[string]cluster.JobRecord // output routers of mirrored jobs, by router job name
 	nodes    map[string]cluster.NodeRecord
 	sessions map[string]int64 // the store session owning each node's entry
-	confs    map[string]cluster.NodeConf
-	dcs      map[string]cluster.DCRecord
-	statuses map[cluster.WorkerKey]nodeWorker // what agents report, by worker
-	copies   []nodeWorker                     // every worker every agent reports
-	evicted  []nodeWorker                     // the copies in state evicted
-	caps     map[string]int                   // each tenant's priority cap
-	uids     map[string]int                   // each tenant's uid (0 or missing: none yet)
-	secrets  map[string]secretVersions        // each tenant's secrets' versions
+	// unreadable are the nodes whose entry is in the store but does not decode: their
+	// session lives, so their agents may act on their assignments (see registered).
+	unreadable map[string]bool
+	confs      map[string]cluster.NodeConf
+	dcs        map[string]cluster.DCRecord
+	statuses   map[cluster.WorkerKey]nodeWorker // what agents report, by worker
+	copies     []nodeWorker                     // every worker every agent reports
+	evicted    []nodeWorker                     // the copies in state evicted
+	caps       map[string]int                   // each tenant's priority cap
+	uids       map[string]int                   // each tenant's uid (0 or missing: none yet)
+	secrets    map[string]secretVersions        // each tenant's secrets' versions
 }
 
 type Job struct {
@@ -60,6 +63,7 @@ func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry
 	for id, e := range nodes {
 		if rec, err := decodeNodeEntry(id, e); err != nil {
 			log.Warn("ignoring unreadable node record", "node", id, "err", err)
+			v.unreadable[id] = true
 		} else {
 			v.addNode(id, e.Owner, rec)
 		}
@@ -83,13 +87,14 @@ func decodeView(log *slog.Logger, jobs, nodes, confs, dcs map[string]coord.Entry
 
 func newView(jobs, nodes, confs, dcs int) *View {
 	return &View{
-		dcs:      make(map[string]cluster.DCRecord, dcs),
-		jobs:     make(map[string]Job, jobs),
-		routers:  map[string]cluster.JobRecord{},
-		nodes:    make(map[string]cluster.NodeRecord, nodes),
-		sessions: make(map[string]int64, nodes),
-		confs:    make(map[string]cluster.NodeConf, confs),
-		statuses: map[cluster.WorkerKey]nodeWorker{},
+		dcs:        make(map[string]cluster.DCRecord, dcs),
+		jobs:       make(map[string]Job, jobs),
+		routers:    map[string]cluster.JobRecord{},
+		nodes:      make(map[string]cluster.NodeRecord, nodes),
+		sessions:   make(map[string]int64, nodes),
+		unreadable: map[string]bool{},
+		confs:      make(map[string]cluster.NodeConf, confs),
+		statuses:   map[cluster.WorkerKey]nodeWorker{},
 	}
 }
 
@@ -234,6 +239,8 @@ func (m *Master) view() *View {
 		if rec, ok := d.v.(cluster.NodeRecord); ok {
 			ids = append(ids, id)
 			workers += len(rec.Workers)
+		} else {
+			v.unreadable[id] = true
 		}
 	}
 	v.statuses, v.copies = make(map[cluster.WorkerKey]nodeWorker, workers), make([]nodeWorker, 0, workers)
@@ -259,6 +266,15 @@ func (m *Master) view() *View {
 	v.setSecrets(m.secrets.decodedSnapshot())
 	v.addRouters(m.cfg.RouterStore)
 	return v
+}
+
+// registered reports whether the node's entry is in the store, readable or not: whether a
+// session of its agent's keeper lives. An agent acts only on an assignment stamped with its
+// keeper's current session (cluster.NodeAssignment.Session), so one whose entry is gone acts
+// on nothing the master wrote before: a later session of its gets a new assignment first.
+func (v *View) registered(node string) bool {
+	_, ok := v.nodes[node]
+	return ok || v.unreadable[node]
 }
 
 // setCaps notes each tenant's priority cap and uid from its record. A tenant without a readable

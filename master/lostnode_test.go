@@ -1,0 +1,126 @@
+package master
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+)
+
+// recordingKV notes every operation of the transactions sent through it.
+type recordingKV struct {
+	coord.KV
+	mu  sync.Mutex
+	ops []coord.Op
+}
+
+func (k *recordingKV) Txn(ctx context.Context, ops ...coord.Op) ([]coord.OpResult, error) {
+	k.mu.Lock()
+	k.ops = append(k.ops, ops...)
+	k.mu.Unlock()
+	return k.KV.Txn(ctx, ops...)
+}
+
+// take returns the operations noted since the last take.
+func (k *recordingKV) take() []coord.Op {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	ops := k.ops
+	k.ops = nil
+	return ops
+}
+
+// TestGoneNodeAssignmentRemovedNotEmptied: a node whose entry left the store (its session
+// closed or expired) has its assignment removed once the plan's writes are out, and not
+// emptied before them: no agent acts on it any more, and a data center's loss would
+// otherwise write a quarter of the cluster's assignments before the first start. A node
+// whose entry is in the store but unreadable has a live session whose agent may act on its
+// assignment: that one is still emptied first, and kept.
+func TestGoneNodeAssignmentRemovedNotEmptied(t *testing.T) {
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	srv, err := coord.NewServer(coord.ServerOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	store, err := srv.Connect(coord.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	m, err := New(store, Config{ID: "m1", Logger: quiet, Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := &recordingKV{KV: store}
+	r := &reconciler{m: m, kv: kv, assign: map[string]assignState{}}
+	const gone, unreadable, live = "n-gone", "n-unreadable", "n-live"
+	for i, node := range []string{gone, unreadable, live} {
+		a := cluster.NodeAssignment{Node: node, Session: int64(i + 1), Workers: []cluster.WorkerAssignment{
+			{Key: cluster.WorkerKey{Job: "wc", Worker: i}, Tenant: "search", Isolation: cluster.IsolationProcess, Command: []string{"true"}}}}
+		b, _ := json.Marshal(a)
+		key, _ := cluster.AssignmentKey(node)
+		if _, err := store.Create(ctx, key, b, coord.Persistent); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.reload(ctx, node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := newView(0, 2, 0, 0)
+	v.addNode(live, 3, cluster.NodeRecord{Node: cluster.Node{ID: live}})
+	v.unreadable[unreadable] = true
+	// Every worker left its node: the plan wants nothing anywhere but an empty assignment
+	// for the live node, as desired makes it.
+	want := map[string]cluster.NodeAssignment{live: {Node: live, Session: 3}}
+
+	if _, err := r.write(ctx, v, want); err != nil {
+		t.Fatal(err)
+	}
+	ops := kv.take()
+	keys := map[string]coord.Op{}
+	for _, op := range ops {
+		keys[op.Key] = op
+	}
+	goneKey, _ := cluster.AssignmentKey(gone)
+	unreadableKey, _ := cluster.AssignmentKey(unreadable)
+	liveKey, _ := cluster.AssignmentKey(live)
+	if _, ok := keys[goneKey]; ok {
+		t.Errorf("the gone node's assignment was written before the starts: %+v", keys[goneKey])
+	}
+	for _, k := range []string{unreadableKey, liveKey} {
+		op, ok := keys[k]
+		var a cluster.NodeAssignment
+		if !ok || op.Kind != coord.OpPut || json.Unmarshal(op.Value, &a) != nil || len(a.Workers) != 0 {
+			t.Errorf("%s: want an empty assignment written, got %+v (written: %v)", k, op, ok)
+		}
+	}
+
+	if err := r.forgetLost(ctx, v, want); err != nil {
+		t.Fatal(err)
+	}
+	ops = kv.take()
+	if len(ops) != 1 || ops[0].Kind != coord.OpDelete || ops[0].Key != goneKey {
+		t.Errorf("forgetLost sent %+v, want the gone node's assignment deleted alone", ops)
+	}
+	if _, err := store.Get(ctx, goneKey); err == nil {
+		t.Errorf("the gone node's assignment is still stored")
+	}
+	for _, k := range []string{unreadableKey, liveKey} {
+		if _, err := store.Get(ctx, k); err != nil {
+			t.Errorf("%s: %v, want it kept", k, err)
+		}
+	}
+	if got, want := slices.Sorted(maps.Keys(r.assign)), []string{live, unreadable}; !slices.Equal(got, want) {
+		t.Errorf("the leader keeps assignments of %v, want %v", got, want)
+	}
+}
