@@ -3,11 +3,13 @@ package master
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -122,5 +124,75 @@ func TestGoneNodeAssignmentRemovedNotEmptied(t *testing.T) {
 	}
 	if got, want := slices.Sorted(maps.Keys(r.assign)), []string{live, unreadable}; !slices.Equal(got, want) {
 		t.Errorf("the leader keeps assignments of %v, want %v", got, want)
+	}
+}
+
+// TestAwaitBurst: after many nodes came or went since the last reconcile (a data center's
+// sessions closing one by one), planning waits until none has for five Debounces, and no
+// longer than three MaxDebounces from the first change; after a few it does not wait.
+func TestAwaitBurst(t *testing.T) {
+	quiet := slog.New(slog.DiscardHandler)
+	srv, err := coord.NewServer(coord.ServerOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	store, err := srv.Connect(coord.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	const debounce = time.Hour // a real sleep of it would never end: every sleep is the test's
+	m, err := New(store, Config{ID: "m1", Logger: quiet, Registry: prometheus.NewRegistry(), Debounce: debounce, MaxDebounce: 2 * debounce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A cluster of 1,000 nodes: a burst is 20 of them (one in 50).
+	for i := range 1000 {
+		m.nodes.entries[fmt.Sprintf("n%04d", i)] = coord.Entry{}
+	}
+	change := func(n int) {
+		m.nodes.mu.Lock()
+		m.nodes.members += uint64(n)
+		m.nodes.mu.Unlock()
+	}
+	for _, tc := range []struct {
+		name    string
+		before  int           // nodes changed since the last reconcile's view
+		during  []int         // nodes changed during each sleep, in turn (then none)
+		started time.Duration // how long ago the first change woke the loop
+		sleeps  int
+	}{
+		{name: "a rack's worth, under a burst", before: 19, during: []int{5, 5}, sleeps: 0},
+		{name: "a data center, all seen", before: 250, sleeps: 1},
+		{name: "a data center still leaving", before: 100, during: []int{60, 60, 30}, sleeps: 4},
+		{name: "past the limit", before: 250, during: []int{10}, started: 3 * 2 * debounce, sleeps: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			members := m.nodes.membership()
+			change(tc.before)
+			var slept []time.Duration
+			sleep := func(ctx context.Context, d time.Duration) error {
+				if len(slept) < len(tc.during) {
+					change(tc.during[len(slept)])
+				}
+				slept = append(slept, d)
+				if len(slept) > 100 {
+					t.Fatal("still waiting after 100 quiet periods")
+				}
+				return nil
+			}
+			if err := m.awaitBurst(context.Background(), members, time.Now().Add(-tc.started), sleep); err != nil {
+				t.Fatal(err)
+			}
+			if len(slept) != tc.sleeps {
+				t.Fatalf("slept %d times (%v), want %d", len(slept), slept, tc.sleeps)
+			}
+			for _, d := range slept {
+				if d > 5*debounce || d < 5*debounce-time.Minute {
+					t.Errorf("slept %v, want five Debounces (%v)", d, 5*debounce)
+				}
+			}
+		})
 	}
 }

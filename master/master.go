@@ -458,6 +458,7 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 	tick := time.NewTicker(m.cfg.Resync)
 	defer tick.Stop()
 	for {
+		members := m.nodes.membership() // the view the reconcile takes has at least these
 		if err := r.measured(ctx); err != nil && ctx.Err() == nil {
 			if errors.Is(err, coord.ErrFenced) {
 				// The store says another term began: whatever this master has heard of its
@@ -479,6 +480,7 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 		// for Debounce (at most MaxDebounce). Nodes of a data center that goes down vanish
 		// one after another; planning after the first would move its workers as a single
 		// node's, not the data center's whole jobs.
+		first := time.Now()
 		deadline := time.After(m.cfg.MaxDebounce)
 	quiet:
 		for {
@@ -493,8 +495,48 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 				return ctx.Err()
 			}
 		}
+		if err := m.awaitBurst(ctx, members, first, ctxtime.Sleep); err != nil {
+			return err
+		}
 	}
 }
+
+// awaitBurst waits, when many nodes came or went since the last reconcile's view (members
+// is the nodes mirror's membership then), until none has for burstQuiet, and no longer than
+// burstMax from first. A data center cut off loses its nodes one session at a time, as the
+// store expires or closes them: under load those arrive with gaps longer than Debounce, and
+// a reconcile that starts between them moves part of the data center's workers, then the
+// rest only after its writes (seconds at ten thousand nodes). One node, or a few, never waits.
+// sleep is ctxtime.Sleep but in tests.
+func (m *Master) awaitBurst(ctx context.Context, members uint64, first time.Time, sleep func(context.Context, time.Duration) error) error {
+	changed := m.nodes.membership() - members
+	if changed < uint64(max(burstNodes, m.nodes.size()/burstShare)) {
+		return nil
+	}
+	quietFor, limit := 5*m.cfg.Debounce, first.Add(3*m.cfg.MaxDebounce)
+	last := m.nodes.membership()
+	for {
+		wait := min(quietFor, time.Until(limit))
+		if wait <= 0 {
+			return nil
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return err
+		}
+		now := m.nodes.membership()
+		if now == last {
+			return nil
+		}
+		last = now
+	}
+}
+
+// A burst (see awaitBurst) is at least burstNodes nodes, and at least one in burstShare of
+// the cluster's: a rack of a hundred at ten thousand nodes is not one, a data center is.
+const (
+	burstNodes = 8
+	burstShare = 50
+)
 
 // advertise makes the master key hold info, this leader's API, in place of whatever is
 // there: a record left by an earlier leader's client (one re-created by a client after its

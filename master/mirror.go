@@ -213,6 +213,13 @@ func (m *mirror) membership() uint64 {
 	return m.members
 }
 
+// size returns how many entries the mirror holds.
+func (m *mirror) size() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.entries)
+}
+
 // generation returns the number of changes so far.
 func (m *mirror) generation() uint64 {
 	m.mu.Lock()

@@ -154,10 +154,13 @@ type Phase struct {
 	Unplaced int `json:"unplaced"`
 	// OthersMoved and OthersRestarted count workers outside the loss that were assigned
 	// elsewhere or started again (0 is what a loss of spare capacity should do).
-	OthersMoved     int     `json:"othersMoved"`
-	OthersRestarted int     `json:"othersRestarted"`
-	MasterCPU       float64 `json:"masterCPUSeconds"`
-	ZK              Rates   `json:"zookeeper"`
+	OthersMoved     int `json:"othersMoved"`
+	OthersRestarted int `json:"othersRestarted"`
+	// MovedTwice counts the lost domain's workers started more than once before the phase
+	// ended: moved on, and moved again (0 is correct).
+	MovedTwice int     `json:"movedTwice"`
+	MasterCPU  float64 `json:"masterCPUSeconds"`
+	ZK         Rates   `json:"zookeeper"`
 	// Reconciles the leader ran meanwhile, their mean duration, and the processor time they
 	// took on their own thread (seconds): the master's cost of the event itself.
 	Reconciles      int     `json:"reconciles"`
@@ -794,6 +797,9 @@ func (r *run) lose(ctx context.Context, what string, in func(cluster.Node) bool)
 	after, acksAfter := r.tr.snapshot()
 	for _, k := range r.keys {
 		if lost[where[k]] {
+			if acksAfter[k]-acks[k] > 1 {
+				p.MovedTwice++
+			}
 			continue
 		}
 		if after[k] != where[k] {
@@ -803,7 +809,7 @@ func (r *run) lose(ctx context.Context, what string, in func(cluster.Node) bool)
 			p.OthersRestarted++
 		}
 	}
-	r.logf("%s: others moved %d, restarted %d", what, p.OthersMoved, p.OthersRestarted)
+	r.logf("%s: others moved %d, restarted %d; its own started more than once %d", what, p.OthersMoved, p.OthersRestarted, p.MovedTwice)
 	r.endCPU()
 	r.heapProfile(ctx, kind)
 	return p, nil
