@@ -57,10 +57,11 @@ type Config struct {
 	// MasterBinary, when set, runs the master as `MasterBinary master ...`, a process of its
 	// own; otherwise it runs in this process (its memory and cpu then include the agents').
 	MasterBinary string
-	// PollerBinary, when set, runs the pollers as `PollerBinary bench poll` (PollCommand), a
-	// process of their own; otherwise they run in this process, where they wait for the
-	// agents' collector and scheduler.
-	PollerBinary string
+	// ClientBinary, when set, runs the API's clients, the submission and the pollers, as
+	// `ClientBinary bench submit` and `ClientBinary bench poll` (see SubmitCommand), processes
+	// of their own; otherwise they run in this process, where they wait for the agents'
+	// scheduler and collector.
+	ClientBinary string
 	// MetricsSeries is how many series each simulated worker serves (half gauges, half
 	// counters; the five an agent measures come on top): the agents then serve job metrics
 	// and the master pulls them every MetricsInterval (its --metrics-interval; default 10s,
@@ -552,16 +553,28 @@ func (r *run) submit(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.logf("submitting %d jobs, %d workers", len(r.jobs), len(r.keys))
+	where := "from the agents' process"
+	if r.cfg.ClientBinary != "" {
+		where = "from a process of its own"
+	}
+	r.logf("submitting %d jobs, %d workers, %s", len(r.jobs), len(r.keys), where)
 	r.startCPU(ctx, "submit")
 	defer r.endCPU()
 	start := time.Now()
-	if err := parallel(ctx, len(r.jobs), 8, func(i int) error {
-		b, _ := json.Marshal(r.jobs[i])
-		_, err := r.cl.SubmitJob(ctx, b)
-		return err
-	}); err != nil {
-		return fmt.Errorf("submit: %w", err)
+	spec := SubmitSpec{URL: r.master.url, Token: r.master.token, Parallel: 8}
+	for _, j := range r.jobs {
+		b, _ := json.Marshal(j)
+		spec.Jobs = append(spec.Jobs, b)
+	}
+	var err2 error
+	if r.cfg.ClientBinary != "" {
+		var res SubmitResult
+		err2 = runApart(ctx, r.cfg.ClientBinary, SubmitCommand, spec, &res)
+	} else {
+		_, err2 = Submit(ctx, spec)
+	}
+	if err2 != nil {
+		return fmt.Errorf("submit: %w", err2)
 	}
 	r.logf("submitted in %.1fs", time.Since(start).Seconds())
 	p, err := r.settle(ctx, "submit", start, r.keys, before)
@@ -696,9 +709,9 @@ func (r *run) poll(ctx context.Context) error {
 	}
 	where := "in the agents' process"
 	poll := func() (PollSamples, error) { return RunPollers(ctx, spec) }
-	if r.cfg.PollerBinary != "" {
+	if r.cfg.ClientBinary != "" {
 		where = "in a process of their own"
-		poll = func() (PollSamples, error) { return pollApart(ctx, r.cfg.PollerBinary, spec) }
+		poll = func() (s PollSamples, err error) { return s, runApart(ctx, r.cfg.ClientBinary, PollCommand, spec, &s) }
 	}
 	r.logf("%d clients polling job list and job status for %s, %s", r.cfg.Pollers, r.cfg.Poll, where)
 	got, err := poll()

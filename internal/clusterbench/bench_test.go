@@ -16,11 +16,11 @@ import (
 	"github.com/stormdock/stormdock/internal/testenv"
 )
 
-// TestMain serves the pollers' process when TestBenchCluster runs this binary as it would
-// `stormdock bench poll`.
+// TestMain serves the API clients' processes when TestBenchCluster runs this binary as it
+// would `stormdock bench poll` or `stormdock bench submit`.
 func TestMain(m *testing.M) {
-	if len(os.Args) == 3 && os.Args[1] == "bench" && os.Args[2] == clusterbench.PollCommand {
-		if err := clusterbench.ServePoll(context.Background(), os.Stdin, os.Stdout); err != nil {
+	if len(os.Args) == 3 && os.Args[1] == "bench" && (os.Args[2] == clusterbench.PollCommand || os.Args[2] == clusterbench.SubmitCommand) {
+		if err := clusterbench.ServeClient(context.Background(), os.Args[2], os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -45,7 +45,7 @@ func TestBenchCluster(t *testing.T) {
 		Steady: 2 * time.Second, Poll: time.Second, Pollers: 10, Settle: testenv.Timeout(2 * time.Minute),
 		MetricsSeries: 4, MetricsInterval: 500 * time.Millisecond,
 		ProfileDir: t.TempDir(), ProfileSpan: time.Second, Progress: &progress,
-		PollerBinary: os.Args[0], // TestMain serves `bench poll`
+		ClientBinary: os.Args[0], // TestMain serves `bench poll` and `bench submit`
 	})
 	t.Log("progress:\n" + progress.String())
 	if err != nil {

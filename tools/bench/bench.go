@@ -95,19 +95,26 @@ var Command = &cli.Command{
 			commands.OutputFlag,
 		},
 		Action: runBenchCluster,
-	}, {
-		// The pollers of `bench cluster` with a master process, in a process of their own.
-		Name:      clusterbench.PollCommand,
+	}, clientCommand(clusterbench.PollCommand, "poll job list and job status as `bench cluster` asks on stdin, and write each request's latency to stdout"),
+		clientCommand(clusterbench.SubmitCommand, "submit the jobs `bench cluster` gives on stdin, and write how long it took to stdout"),
+	},
+}
+
+// clientCommand is a hidden subcommand that `bench cluster` runs as a process of its own
+// for one of its API clients (see clusterbench.SubmitCommand).
+func clientCommand(name, usage string) *cli.Command {
+	return &cli.Command{
+		Name:      name,
 		Hidden:    true,
-		Usage:     "poll job list and job status as `bench cluster` asks on stdin, and write each request's latency to stdout",
-		UsageText: "stormdock bench poll < SPEC.json",
+		Usage:     usage,
+		UsageText: "stormdock bench " + name + " < TASK.json",
 		Action: func(c *cli.Context) error {
-			if err := clusterbench.ServePoll(c.Context, os.Stdin, c.App.Writer); err != nil {
-				return cli.Exit("stormdock bench poll: "+err.Error(), 1)
+			if err := clusterbench.ServeClient(c.Context, name, os.Stdin, c.App.Writer); err != nil {
+				return cli.Exit("stormdock bench "+name+": "+err.Error(), 1)
 			}
 			return nil
 		},
-	}},
+	}
 }
 
 func runBenchCluster(c *cli.Context) error {
@@ -135,9 +142,9 @@ func runBenchCluster(c *cli.Context) error {
 		cfg.MetricsInterval = -1
 	}
 	self, selfErr := os.Executable()
-	// The pollers run as a process of this binary whichever way the master runs: a user's
-	// client is not among the simulated agents.
-	cfg.PollerBinary = self
+	// The API's clients run as processes of this binary whichever way the master runs: a
+	// user's client is not among the simulated agents.
+	cfg.ClientBinary = self
 	switch c.String("master") {
 	case "process":
 		if selfErr != nil {
