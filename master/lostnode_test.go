@@ -127,9 +127,11 @@ func TestGoneNodeAssignmentRemovedNotEmptied(t *testing.T) {
 	}
 }
 
-// TestAwaitBurst: after many nodes came or went since the last reconcile (a data center's
-// sessions closing one by one), planning waits until none has for five Debounces, and no
-// longer than three MaxDebounces from the first change; after a few it does not wait.
+// TestAwaitBurst: after many nodes came or went, or many jobs changed, since the last
+// reconcile (a data center's sessions closing one by one, a thousand jobs submitted
+// together), planning waits until none has for five Debounces, and no longer than three
+// MaxDebounces from the first change; after a few it does not wait. Node records' own
+// changes never make a burst: they never stop.
 func TestAwaitBurst(t *testing.T) {
 	quiet := slog.New(slog.DiscardHandler)
 	srv, err := coord.NewServer(coord.ServerOptions{Logger: quiet})
@@ -147,29 +149,40 @@ func TestAwaitBurst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A cluster of 1,000 nodes: a burst is 20 of them (one in 50).
+	// 1,000 nodes and 500 jobs: a burst is 20 nodes (one in 50), or 10 jobs.
 	for i := range 1000 {
 		m.nodes.entries[fmt.Sprintf("n%04d", i)] = coord.Entry{}
 	}
-	change := func(n int) {
+	for i := range 500 {
+		m.jobs.entries[fmt.Sprintf("j%04d", i)] = coord.Entry{}
+	}
+	type changes struct{ nodes, jobs, records int }
+	change := func(c changes) {
 		m.nodes.mu.Lock()
-		m.nodes.members += uint64(n)
+		m.nodes.members += uint64(c.nodes)
+		m.nodes.gen += uint64(c.nodes + c.records)
 		m.nodes.mu.Unlock()
+		m.jobs.mu.Lock()
+		m.jobs.gen += uint64(c.jobs)
+		m.jobs.mu.Unlock()
 	}
 	for _, tc := range []struct {
 		name    string
-		before  int           // nodes changed since the last reconcile's view
-		during  []int         // nodes changed during each sleep, in turn (then none)
+		before  changes       // since the last reconcile's view
+		during  []changes     // during each sleep, in turn (then none)
 		started time.Duration // how long ago the first change woke the loop
 		sleeps  int
 	}{
-		{name: "a rack's worth, under a burst", before: 19, during: []int{5, 5}, sleeps: 0},
-		{name: "a data center, all seen", before: 250, sleeps: 1},
-		{name: "a data center still leaving", before: 100, during: []int{60, 60, 30}, sleeps: 4},
-		{name: "past the limit", before: 250, during: []int{10}, started: 3 * 2 * debounce, sleeps: 0},
+		{name: "a rack's worth, under a burst", before: changes{nodes: 19, jobs: 9}, during: []changes{{nodes: 5}}, sleeps: 0},
+		{name: "node records changing", before: changes{records: 5000}, during: []changes{{records: 100}}, sleeps: 0},
+		{name: "a data center, all seen", before: changes{nodes: 250}, sleeps: 1},
+		{name: "a data center still leaving", before: changes{nodes: 100}, during: []changes{{nodes: 60}, {nodes: 60}, {nodes: 30}}, sleeps: 4},
+		{name: "jobs still arriving", before: changes{jobs: 10}, during: []changes{{jobs: 300}, {jobs: 1}}, sleeps: 3},
+		{name: "a burst ends though records change", before: changes{nodes: 100}, during: []changes{{records: 500}}, sleeps: 1},
+		{name: "past the limit", before: changes{nodes: 250}, during: []changes{{nodes: 10}}, started: 3 * 2 * debounce, sleeps: 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			members := m.nodes.membership()
+			counts := m.burstCounts()
 			change(tc.before)
 			var slept []time.Duration
 			sleep := func(ctx context.Context, d time.Duration) error {
@@ -182,7 +195,7 @@ func TestAwaitBurst(t *testing.T) {
 				}
 				return nil
 			}
-			if err := m.awaitBurst(context.Background(), members, time.Now().Add(-tc.started), sleep); err != nil {
+			if err := m.awaitBurst(context.Background(), counts, time.Now().Add(-tc.started), sleep); err != nil {
 				t.Fatal(err)
 			}
 			if len(slept) != tc.sleeps {

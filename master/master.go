@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -458,7 +459,7 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 	tick := time.NewTicker(m.cfg.Resync)
 	defer tick.Stop()
 	for {
-		members := m.nodes.membership() // the view the reconcile takes has at least these
+		counts := m.burstCounts() // the view the reconcile takes has at least these
 		if err := r.measured(ctx); err != nil && ctx.Err() == nil {
 			if errors.Is(err, coord.ErrFenced) {
 				// The store says another term began: whatever this master has heard of its
@@ -495,26 +496,32 @@ func (m *Master) lead(ctx context.Context, since time.Time, fence coord.Fence) e
 				return ctx.Err()
 			}
 		}
-		if err := m.awaitBurst(ctx, members, first, ctxtime.Sleep); err != nil {
+		if err := m.awaitBurst(ctx, counts, first, ctxtime.Sleep); err != nil {
 			return err
 		}
 	}
 }
 
-// awaitBurst waits, when many nodes came or went since the last reconcile's view (members
-// is the nodes mirror's membership then), until none has for burstQuiet, and no longer than
-// burstMax from first. A data center cut off loses its nodes one session at a time, as the
-// store expires or closes them: under load those arrive with gaps longer than Debounce, and
-// a reconcile that starts between them moves part of the data center's workers, then the
-// rest only after its writes (seconds at ten thousand nodes). One node, or a few, never waits.
-// sleep is ctxtime.Sleep but in tests.
-func (m *Master) awaitBurst(ctx context.Context, members uint64, first time.Time, sleep func(context.Context, time.Duration) error) error {
-	changed := m.nodes.membership() - members
-	if changed < uint64(max(burstNodes, m.nodes.size()/burstShare)) {
+// awaitBurst waits, when many nodes came or went or many jobs changed since the last
+// reconcile's view (counts, from burstCounts then), until none has for five Debounces, and
+// no longer than three MaxDebounces from first. A data center cut off loses its nodes one
+// session at a time, as the store expires or closes them, and a thousand jobs submitted
+// together arrive one by one: under load both come with gaps longer than Debounce, and a
+// reconcile that starts between them places part of them and the rest only after its
+// writes, which at ten thousand nodes are seconds of every node's assignment rewritten. One
+// node or job, or a few, never waits. sleep is ctxtime.Sleep but in tests.
+func (m *Master) awaitBurst(ctx context.Context, counts []uint64, first time.Time, sleep func(context.Context, time.Duration) error) error {
+	burst := false
+	for i, src := range m.burstSources() {
+		if src.changes()-counts[i] >= uint64(max(burstChanges, src.size()/burstShare)) {
+			burst = true
+		}
+	}
+	if !burst {
 		return nil
 	}
 	quietFor, limit := 5*m.cfg.Debounce, first.Add(3*m.cfg.MaxDebounce)
-	last := m.nodes.membership()
+	last := m.burstCounts()
 	for {
 		wait := min(quietFor, time.Until(limit))
 		if wait <= 0 {
@@ -523,19 +530,43 @@ func (m *Master) awaitBurst(ctx context.Context, members uint64, first time.Time
 		if err := sleep(ctx, wait); err != nil {
 			return err
 		}
-		now := m.nodes.membership()
-		if now == last {
+		now := m.burstCounts()
+		if slices.Equal(now, last) {
 			return nil
 		}
 		last = now
 	}
 }
 
-// A burst (see awaitBurst) is at least burstNodes nodes, and at least one in burstShare of
-// the cluster's: a rack of a hundred at ten thousand nodes is not one, a data center is.
+// burstSource is a kind of change that comes in bursts: how many so far, and among how
+// many entries.
+type burstSource struct {
+	changes func() uint64
+	size    func() int
+}
+
+// burstSources are the nodes' comings and goings (not their records' changes, which never
+// stop) and the jobs' changes.
+func (m *Master) burstSources() []burstSource {
+	return []burstSource{{m.nodes.membership, m.nodes.size}, {m.jobs.generation, m.jobs.size}}
+}
+
+// burstCounts is each burst source's count now.
+func (m *Master) burstCounts() []uint64 {
+	srcs := m.burstSources()
+	out := make([]uint64, len(srcs))
+	for i, src := range srcs {
+		out[i] = src.changes()
+	}
+	return out
+}
+
+// A burst (see awaitBurst) is at least burstChanges changes, and of at least one in
+// burstShare of the entries: a rack of a hundred nodes at ten thousand is not one, a data
+// center is.
 const (
-	burstNodes = 8
-	burstShare = 50
+	burstChanges = 8
+	burstShare   = 50
 )
 
 // advertise makes the master key hold info, this leader's API, in place of whatever is
