@@ -40,6 +40,29 @@ func (k *recordingKV) take() []coord.Op {
 	return ops
 }
 
+// newUnstarted makes a master on an embedded store of its own, with cfg's settings, and does
+// not run it: the test drives its parts.
+func newUnstarted(t *testing.T, cfg Config) (*coord.Embedded, *Master) {
+	t.Helper()
+	quiet := slog.New(slog.DiscardHandler)
+	srv, err := coord.NewServer(coord.ServerOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	store, err := srv.Connect(coord.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	cfg.ID, cfg.Logger, cfg.Registry = "m1", quiet, prometheus.NewRegistry()
+	m, err := New(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, m
+}
+
 // TestGoneNodeAssignmentRemovedNotEmptied: a node whose entry left the store (its session
 // closed or expired) has its assignment removed once the plan's writes are out, and not
 // emptied before them: no agent acts on it any more, and a data center's loss would
@@ -48,21 +71,7 @@ func (k *recordingKV) take() []coord.Op {
 // assignment: that one is still emptied first, and kept.
 func TestGoneNodeAssignmentRemovedNotEmptied(t *testing.T) {
 	ctx := context.Background()
-	quiet := slog.New(slog.DiscardHandler)
-	srv, err := coord.NewServer(coord.ServerOptions{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	store, err := srv.Connect(coord.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	m, err := New(store, Config{ID: "m1", Logger: quiet, Registry: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, m := newUnstarted(t, Config{})
 	kv := &recordingKV{KV: store}
 	r := &reconciler{m: m, kv: kv, assign: map[string]assignState{}}
 	const gone, unreadable, live = "n-gone", "n-unreadable", "n-live"
@@ -133,22 +142,8 @@ func TestGoneNodeAssignmentRemovedNotEmptied(t *testing.T) {
 // MaxDebounces from the first change; after a few it does not wait. Node records' own
 // changes never make a burst: they never stop.
 func TestAwaitBurst(t *testing.T) {
-	quiet := slog.New(slog.DiscardHandler)
-	srv, err := coord.NewServer(coord.ServerOptions{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	store, err := srv.Connect(coord.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
 	const debounce = time.Hour // a real sleep of it would never end: every sleep is the test's
-	m, err := New(store, Config{ID: "m1", Logger: quiet, Registry: prometheus.NewRegistry(), Debounce: debounce, MaxDebounce: 2 * debounce})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, m := newUnstarted(t, Config{Debounce: debounce, MaxDebounce: 2 * debounce})
 	// 1,000 nodes and 500 jobs: a burst is 20 nodes (one in 50), or 10 jobs.
 	for i := range 1000 {
 		m.nodes.entries[fmt.Sprintf("n%04d", i)] = coord.Entry{}
