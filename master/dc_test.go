@@ -94,13 +94,7 @@ func TestDCFailAndRestore(t *testing.T) {
 	for _, n := range clustertest.Nodes(2, 1, 2) {
 		tc.Node(n)
 	}
-	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.MirrorView().Nodes()) == 4 })
-	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 6)); err != nil {
-		t.Fatal(err)
-	}
+	tc.Wordcount(m, 4, 6)
 	inDC := func(dc string) int {
 		n := 0
 		for _, node := range tc.Assignments() {

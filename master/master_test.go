@@ -27,14 +27,7 @@ func TestMasterPlacesAndReplacesLostNode(t *testing.T) {
 	for _, n := range clustertest.Nodes(2, 2, 2) {
 		clients[n.ID] = tc.Node(n)
 	}
-	testenv.Eventually(t, "the master sees 8 nodes", 5*time.Second, func() bool { return len(m.MirrorView().Nodes()) == 8 })
-	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 12)); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, "12 workers assigned", 5*time.Second, func() bool { return len(tc.Assignments()) == 12 })
+	tc.Wordcount(m, 8, 12)
 	before := tc.Assignments()
 	perNode := map[string]int{}
 	for _, n := range before {
@@ -76,14 +69,7 @@ func TestMasterFailoverKeepsAssignments(t *testing.T) {
 	for _, n := range clustertest.Nodes(1, 2, 2) {
 		tc.Node(n)
 	}
-	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m1.MirrorView().Nodes()) == 4 })
-	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 6)); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.Assignments()) == 6 })
+	tc.Wordcount(m1, 4, 6)
 	before := tc.Assignments()
 	versions := map[string]int64{}
 	for _, n := range slices.Collect(maps.Values(before)) {
@@ -115,14 +101,7 @@ func TestDrainMovesWorkersOff(t *testing.T) {
 	for _, n := range clustertest.Nodes(1, 2, 2) {
 		tc.Node(n)
 	}
-	testenv.Eventually(t, "the master sees 4 nodes", 5*time.Second, func() bool { return len(m.MirrorView().Nodes()) == 4 })
-	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 8)); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, "8 workers assigned", 5*time.Second, func() bool { return len(tc.Assignments()) == 8 })
+	tc.Wordcount(m, 4, 8)
 	if err := desired.UpdateNodeConf(tc.Ctx, tc.Admin, "n-0-0-0", func(c *cluster.NodeConf) { c.Draining = true }); err != nil {
 		t.Fatal(err)
 	}
@@ -149,14 +128,7 @@ func TestCrashLoopMovesJobOffNode(t *testing.T) {
 	if _, err := bad.Create(tc.Ctx, cluster.NodesKey+"/bad", val, coord.Ephemeral); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, "the master sees 2 nodes", 5*time.Second, func() bool { return len(m.MirrorView().Nodes()) == 2 })
-	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 2)); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, "2 workers assigned", 5*time.Second, func() bool { return len(tc.Assignments()) == 2 })
+	tc.Wordcount(m, 2, 2)
 	onBad := cluster.WorkerKey{}
 	for k, n := range tc.Assignments() {
 		if n == "bad" {
@@ -240,14 +212,7 @@ func TestJobChangeReachesKeptAssignments(t *testing.T) {
 	for _, n := range clustertest.Nodes(2, 2, 2) {
 		tc.Node(n)
 	}
-	testenv.Eventually(t, "the master sees 8 nodes", 5*time.Second, func() bool { return len(m.MirrorView().Nodes()) == 8 })
-	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 12)); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, "12 workers assigned", 5*time.Second, func() bool { return len(tc.Assignments()) == 12 })
+	tc.Wordcount(m, 8, 12)
 	tc.Reconciled(m) // reconciles that keep every node's assignment as it is
 	if _, err := desired.ScaleJob(tc.Ctx, tc.Admin, "wc", 10); err != nil {
 		t.Fatal(err)

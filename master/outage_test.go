@@ -9,7 +9,6 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/clustertest"
 	"github.com/stormdock/stormdock/internal/testenv"
-	"github.com/stormdock/stormdock/master/desired"
 )
 
 // nodeSession reads the session stamped on a node's assignment.
@@ -35,14 +34,7 @@ func TestMasterWaitsForNodesAfterStoreOutage(t *testing.T) {
 	for _, n := range clustertest.Nodes(1, 1, 3) {
 		clients[n.ID] = tc.Node(n)
 	}
-	testenv.Eventually(t, "the master sees 3 nodes", 5*time.Second, func() bool { return len(m.MirrorView().Nodes()) == 3 })
-	if err := desired.CreateTenant(tc.Ctx, tc.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := desired.SubmitJob(tc.Ctx, tc.Admin, clustertest.Spec("wc", 6)); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, "6 workers assigned", 5*time.Second, func() bool { return len(tc.Assignments()) == 6 })
+	tc.Wordcount(m, 3, 6)
 	// Wait out the window of the master's start, so that only the outage opens one.
 	testenv.Eventually(t, "the start's window over", 10*time.Second, func() bool { in, _ := m.InGrace(); return !in })
 	before := tc.Assignments()

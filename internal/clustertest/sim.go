@@ -19,6 +19,7 @@ import (
 	"github.com/stormdock/stormdock/coord"
 	"github.com/stormdock/stormdock/internal/testenv"
 	"github.com/stormdock/stormdock/master"
+	"github.com/stormdock/stormdock/master/desired"
 	"github.com/stormdock/stormdock/master/httpapi"
 )
 
@@ -154,6 +155,21 @@ func (s *Sim) AdminToken() string {
 		s.T.Fatal(err)
 	}
 	return token
+}
+
+// Wordcount waits until m sees nodes nodes, creates the tenant of Spec's jobs, submits job wc
+// of workers and waits until every one of them is assigned: the start of most tests of a
+// master's placement.
+func (s *Sim) Wordcount(m *master.Master, nodes, workers int) {
+	s.T.Helper()
+	testenv.Eventually(s.T, fmt.Sprintf("the master sees %d nodes", nodes), 5*time.Second, func() bool { return len(m.NodeEntries()) == nodes })
+	if err := desired.CreateTenant(s.Ctx, s.Admin, cluster.TenantRecord{Tenant: cluster.Tenant{Name: "search"}}); err != nil {
+		s.T.Fatal(err)
+	}
+	if _, err := desired.SubmitJob(s.Ctx, s.Admin, Spec("wc", workers)); err != nil {
+		s.T.Fatal(err)
+	}
+	testenv.Eventually(s.T, fmt.Sprintf("%d workers assigned", workers), 5*time.Second, func() bool { return len(s.Assignments()) == workers })
 }
 
 // Assignments reads every node's assignment from the store. The keys are read one by one,

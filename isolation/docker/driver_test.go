@@ -249,14 +249,18 @@ func TestSuite(t *testing.T) {
 	drivertest.RunSuite(t, harness())
 }
 
-func newDriver(t *testing.T) *docker.Driver {
-	c := setup(t)
-	node := fmt.Sprintf("dtest-%d-%d", os.Getpid(), seq.Add(1))
-	d, err := docker.New(context.Background(), docker.Config{Client: c, Node: node, Labels: runLabel})
+func newDriver(t *testing.T) *docker.Driver { return driverFor(t, "dtest", nil) }
+
+// driverFor is a driver on a node of its own, named from prefix, whose containers go with
+// the test.
+func driverFor(tb testing.TB, prefix string, log *slog.Logger) *docker.Driver {
+	c := setup(tb)
+	node := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), seq.Add(1))
+	d, err := docker.New(context.Background(), docker.Config{Client: c, Node: node, Labels: runLabel, Logger: log})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		d.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -383,21 +387,7 @@ func TestUnreachable(t *testing.T) {
 	t.Logf("unreachable: %v", err)
 }
 
-func benchDriver(b *testing.B) *docker.Driver {
-	c := setup(b)
-	node := fmt.Sprintf("dbench-%d-%d", os.Getpid(), seq.Add(1))
-	d, err := docker.New(context.Background(), docker.Config{Client: c, Node: node, Labels: runLabel, Logger: quietLogger()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		d.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		removeContainers(ctx, node)
-	})
-	return d
-}
+func benchDriver(b *testing.B) *docker.Driver { return driverFor(b, "dbench", quietLogger()) }
 
 func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
