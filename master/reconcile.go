@@ -522,9 +522,10 @@ func (r *reconciler) collectKilled(ctx context.Context, v *View) error {
 	return nil
 }
 
-// forgetLost deletes the emptied assignments of nodes that are gone, so that the store does
-// not collect one key per node that ever lived. An agent that comes back with the same id
-// finds no assignment, which it reads as "run nothing".
+// forgetLost deletes the assignments of nodes that are gone and that the plan puts nothing
+// on (written empty or not: see write), so that the store does not collect one key per node
+// that ever lived. An agent that comes back with the same id finds no assignment, which it
+// reads as "run nothing".
 func (r *reconciler) forgetLost(ctx context.Context, v *View, want map[string]cluster.NodeAssignment) error {
 	var gone []change
 	for node, st := range r.assign {
