@@ -216,7 +216,7 @@ type Store struct {
 // Poll is the API's latency while Pollers clients poll.
 type Poll struct {
 	Clients int `json:"clients"`
-	// Where the clients ran: in a process of their own (with a master process), or in the
+	// Where the clients ran: in a process of their own (Config.ClientBinary), or in the
 	// agents' process, where they wait for its collector and scheduler.
 	Where     string  `json:"clientsRan"`
 	Seconds   float64 `json:"seconds"`

@@ -78,6 +78,9 @@ func TestBenchCluster(t *testing.T) {
 	if rep.DC == nil || rep.DC.Workers == 0 || rep.DC.Left != 0 {
 		t.Errorf("dc loss: %+v", rep.DC)
 	}
+	if rep.Rack.MovedTwice != 0 || (rep.DC != nil && rep.DC.MovedTwice != 0) {
+		t.Errorf("lost workers started more than once: %d of the rack's, %+v", rep.Rack.MovedTwice, rep.DC)
+	}
 	if rep.Poll.Errors != 0 || rep.Poll.Requests == 0 || rep.Poll.Where != "in a process of their own" {
 		t.Errorf("API pollers: %d requests, %d errors, ran %s", rep.Poll.Requests, rep.Poll.Errors, rep.Poll.Where)
 	}
