@@ -1,7 +1,6 @@
 package coord
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -58,7 +57,7 @@ func watchDataFunc(ctx context.Context, a armer, key string, emit func(Event) bo
 			if !emit(ev) {
 				return
 			}
-			last, first = ev, false
+			last, first = revisions(ev), false
 		}
 		if wait(ctx) != nil {
 			return
@@ -115,6 +114,10 @@ func pauseAfter(ctx context.Context, err error, key string, log *slog.Logger) bo
 	return ctxtime.Sleep(ctx, retryPause) == nil
 }
 
+// sameEvent reports whether two states of a key are one. A revision names one write, so
+// equal revisions mean equal values: a watch compares revisions, and keeps those of the last
+// state it handed out (revisions), never a copy of its value, which for a master watching
+// every node was a second copy of every record.
 func sameEvent(a, b Event) bool {
 	if a.Exists != b.Exists {
 		return false
@@ -123,5 +126,11 @@ func sameEvent(a, b Event) bool {
 		return true
 	}
 	return a.Entry.CreateRev == b.Entry.CreateRev && a.Entry.ModRev == b.Entry.ModRev &&
-		a.Entry.Version == b.Entry.Version && bytes.Equal(a.Entry.Value, b.Entry.Value)
+		a.Entry.Version == b.Entry.Version
+}
+
+// revisions is ev without its value: what a watch keeps of the last state it handed out.
+func revisions(ev Event) Event {
+	ev.Entry.Value = nil
+	return ev
 }

@@ -84,7 +84,7 @@ func (w *funcWatch) step() {
 				return
 			}
 			w.fn(ev)
-			w.last, w.first = ev, false
+			w.last, w.first = revisions(ev), false
 		}
 		// Idle from here: the watch's firing starts the next step. Marked before it is
 		// registered, as the firing may come at once, from the receive loop.
