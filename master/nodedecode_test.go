@@ -1,13 +1,19 @@
 package master
 
 import (
+	"context"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"reflect"
 	"runtime"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stormdock/stormdock/cluster"
+	"github.com/stormdock/stormdock/coord"
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // FuzzNodeRecordDecode: the master decodes node records with a faster decoder than the
@@ -74,4 +80,47 @@ func heapInUse() uint64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc
+}
+
+// TestNodeMirrorKeepsRecordsDecodedOnly: the nodes' mirror keeps each record decoded, once,
+// and not also the bytes it was decoded from (a second copy of every record, 25 MiB at ten
+// thousand nodes). NodeRecords hands out the decoded records with their entries' owner and
+// revision, and leaves out a record that does not decode.
+func TestNodeMirrorKeepsRecordsDecodedOnly(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	store, m := newUnstarted(t, Config{})
+	done := make(chan error, 1)
+	go func() { done <- m.nodes.run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	good, _ := cluster.NodeKey("node-00042")
+	bad, _ := cluster.NodeKey("n-bad")
+	if _, err := store.Create(ctx, good, benchNodeRecord(t), coord.Persistent); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Create(ctx, bad, []byte("{not json"), coord.Persistent); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "the mirror holds both entries", 5*time.Second, func() bool { return len(m.NodeEntries()) == 2 })
+
+	for id, e := range m.NodeEntries() {
+		if e.Value != nil {
+			t.Errorf("%s: the mirror kept the record's %d bytes besides its decoding", id, len(e.Value))
+		}
+	}
+	recs := m.NodeRecords()
+	if _, ok := recs["n-bad"]; ok || len(recs) != 1 {
+		t.Fatalf("NodeRecords = %v, want node-00042 alone", slices.Collect(maps.Keys(recs)))
+	}
+	e, err := store.Get(ctx, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := recs["node-00042"]
+	if got.Rev != e.ModRev || got.Owner != e.Owner || got.Record.Node.ID != "node-00042" || len(got.Record.Workers) != 10 {
+		t.Errorf("NodeRecords[node-00042] = rev %d, owner %d, node %q, %d workers; want rev %d, owner %d, 10 workers",
+			got.Rev, got.Owner, got.Record.Node.ID, len(got.Record.Workers), e.ModRev, e.Owner)
+	}
 }

@@ -56,8 +56,23 @@ func (m *Master) NodeConfigured(id string) bool { return m.confs.has(id) }
 // TenantEntries are the tenants' records as the mirror holds them, by name.
 func (m *Master) TenantEntries() map[string]coord.Entry { return m.tenants.snapshot() }
 
-// NodeEntries are the live nodes' records as the mirror holds them, by node id.
+// NodeEntries are the live nodes' entries, by node id, without their values: the mirror
+// keeps each record decoded only (NodeRecords).
 func (m *Master) NodeEntries() map[string]coord.Entry { return m.nodes.snapshot() }
+
+// NodeRecords are the live nodes' records as the mirror decoded them, by node id; an entry
+// whose record does not decode is left out (the leader logs it). The records are shared:
+// callers must not modify them.
+func (m *Master) NodeRecords() map[string]NodeEntry {
+	decoded := m.nodes.decodedSnapshot()
+	out := make(map[string]NodeEntry, len(decoded))
+	for id, d := range decoded {
+		if rec, ok := d.v.(cluster.NodeRecord); ok {
+			out[id] = NodeEntry{Owner: d.owner, Rev: d.rev, Record: rec}
+		}
+	}
+	return out
+}
 
 // AssignmentEntries are the nodes' assignments as the mirror holds them, by node id.
 func (m *Master) AssignmentEntries() map[string]coord.Entry { return m.assigns.snapshot() }
@@ -69,9 +84,11 @@ func (m *Master) PinImage(ctx context.Context, spec *cluster.JobSpec, gen int64)
 	return pinImage(ctx, m.cfg.Resolver, m.store, ring, spec, gen)
 }
 
-// NodeEntry is a live node's record with the store session that owns its entry.
+// NodeEntry is a live node's record with the store session that owns its entry and the
+// entry's revision.
 type NodeEntry struct {
 	Owner  int64
+	Rev    int64
 	Record cluster.NodeRecord
 }
 

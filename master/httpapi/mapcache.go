@@ -13,8 +13,7 @@ import (
 )
 
 // mapCache keeps what the last map was made from, so that the next one decodes and draws
-// only what changed: node records change with every memory reading, and decoding a
-// thousand of them is most of the cost of a map made from scratch.
+// only what changed: node records change with every memory reading.
 type mapCache struct {
 	nodes   map[string]*cachedNode
 	assigns map[string]*cachedAssign
@@ -107,20 +106,17 @@ func planDigest(rec cluster.NodeRecord) uint64 {
 
 // build makes the map of the mirrors as they are (stamped st), reusing what did not change.
 func (c *mapCache) build(m *master.Master, st master.Stamp) *mapBase {
-	nodeEntries, assignEntries := m.NodeEntries(), m.AssignmentEntries()
-	for id, e := range nodeEntries {
-		if cn, ok := c.nodes[id]; ok && cn.rev == e.ModRev && cn.owner == e.Owner {
+	// The records are the mirror's, decoded once as they arrived (unreadable ones left out):
+	// the map keeps no copy of its own.
+	records, assignEntries := m.NodeRecords(), m.AssignmentEntries()
+	for id, e := range records {
+		if cn, ok := c.nodes[id]; ok && cn.rev == e.Rev && cn.owner == e.Owner {
 			continue
 		}
-		var rec cluster.NodeRecord
-		if json.Unmarshal(e.Value, &rec) != nil || rec.Node.ID != id {
-			delete(c.nodes, id) // the leader logs unreadable records
-			continue
-		}
-		c.nodes[id] = &cachedNode{rev: e.ModRev, owner: e.Owner, rec: rec, plan: planDigest(rec)}
+		c.nodes[id] = &cachedNode{rev: e.Rev, owner: e.Owner, rec: e.Record, plan: planDigest(e.Record)}
 	}
 	for id := range c.nodes {
-		if _, ok := nodeEntries[id]; !ok {
+		if _, ok := records[id]; !ok {
 			delete(c.nodes, id)
 		}
 	}

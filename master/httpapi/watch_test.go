@@ -539,11 +539,8 @@ func BenchmarkWatchMap(b *testing.B) {
 	}
 	reported := func() int {
 		n := 0
-		for _, e := range m.NodeEntries() {
-			var rec cluster.NodeRecord
-			if json.Unmarshal(e.Value, &rec) == nil {
-				n += len(rec.Workers)
-			}
+		for _, e := range m.NodeRecords() {
+			n += len(e.Record.Workers)
 		}
 		return n
 	}
