@@ -654,6 +654,11 @@ func (r *run) recordSizes(ctx context.Context) error {
 	var dup []string
 	err = parallel(ctx, len(names), 16, func(i int) error {
 		e, err := r.admin.Get(ctx, cluster.AssignmentsKey+"/"+names[i])
+		if errors.Is(err, coord.ErrNotFound) {
+			// Its node left since the listing (its session expired, which the run reports),
+			// and the master removed the assignment: nothing of it to measure.
+			return nil
+		}
 		if err != nil {
 			return err
 		}
