@@ -41,7 +41,10 @@ func TestBenchCluster(t *testing.T) {
 	var progress strings.Builder
 	rep, err := clusterbench.Run(ctx, clusterbench.Config{
 		Store: "zk://" + zk.Addr(), Nodes: 200, Workers: 2000, Jobs: 20, DCs: 4, Racks: 5, Slots: 16,
-		Heartbeat: 200 * time.Millisecond, Churn: 0.2, SessionTimeout: 5 * time.Second,
+		// Sessions as long as this server grants (20 ticks): under the suite's -race, beside
+		// the e2e tests, the process has stalled long enough for 8 of 200 agents' 5 s sessions
+		// to expire, and their workers moved, rightly, as a lost node's.
+		Heartbeat: 200 * time.Millisecond, Churn: 0.2, SessionTimeout: 10 * time.Second,
 		Steady: 2 * time.Second, Poll: time.Second, Pollers: 10, Settle: testenv.Timeout(2 * time.Minute),
 		MetricsSeries: 4, MetricsInterval: 500 * time.Millisecond,
 		ProfileDir: t.TempDir(), ProfileSpan: time.Second, Progress: &progress,
