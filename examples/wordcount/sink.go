@@ -172,8 +172,11 @@ func (s *httpSink) Flush(ctx context.Context) error {
 	}
 }
 
+// post sends the batch and waits for its answer even when ctx ends (the client's timeout
+// bounds it): a POST abandoned on a stop may have been taken by the server, and the drain
+// would then send its records again. ctx still ends the pauses between attempts.
 func (s *httpSink) post(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(s.buf.Bytes()))
+	req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodPost, s.url, bytes.NewReader(s.buf.Bytes()))
 	if err != nil {
 		return err
 	}

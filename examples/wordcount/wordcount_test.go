@@ -321,6 +321,48 @@ func TestHTTPOutputRetries(t *testing.T) {
 	}
 }
 
+// A batch in flight when the worker is stopped is answered, not abandoned: the server took
+// it, and a drain that sent it again would deliver its records twice (CI saw [0 2 4 6 8 2 4 6
+// 8] from TestHTTPOutputRetries when the stop came during a POST).
+func TestHTTPOutputStopDuringPOST(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var got []Record
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		calls++
+		call := calls
+		got = append(got, readRecords(t, b)...)
+		mu.Unlock()
+		if call != 2 { // the first is record 0 alone, the second the idle flush of 1 to 9
+			return
+		}
+		cancel()
+		// A client that abandons the POST on the stop does so at once; the pause only
+		// gives it the chance (a correct client waits it out and is answered).
+		select {
+		case <-r.Context().Done():
+		case <-time.After(300 * time.Millisecond):
+		}
+	}))
+	defer srv.Close()
+	if err := Run(ctx, Config{Input: "testdata/input.txt", OutputURL: srv.URL, Worker: 0, Workers: 1, Poll: 20 * time.Millisecond, Logger: quiet()}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var offs []int64
+	for _, r := range got {
+		offs = append(offs, r.Offset)
+	}
+	if want := []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}; !slices.Equal(offs, want) {
+		t.Errorf("offsets %v over %d POSTs, want %v once each", offs, calls, want)
+	}
+}
+
 // The command drains on SIGTERM: records emitted before it are flushed, and it exits 0.
 func TestSIGTERMDrains(t *testing.T) {
 	if os.Getenv("WORDCOUNT_CHILD") == "1" {
