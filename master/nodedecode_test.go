@@ -60,12 +60,12 @@ func TestNodeRecordKeptSmall(t *testing.T) {
 	value := benchNodeRecord(t)
 	m := &Master{log: slog.New(slog.DiscardHandler)}
 	var recs []any
-	before := heapInUse()
+	before := testenv.LiveHeap()
 	for range 1000 {
 		rec, _ := m.nodeDecoder("node-00042", value)
 		recs = append(recs, rec)
 	}
-	per := (heapInUse() - before) / uint64(len(recs))
+	per := (testenv.LiveHeap() - before) / uint64(len(recs))
 	runtime.KeepAlive(recs)
 	// 10 workers of 192 bytes, the labels and the node: under 4 KiB. With the decoder's
 	// maps as made, 10 KiB.
@@ -73,13 +73,6 @@ func TestNodeRecordKeptSmall(t *testing.T) {
 		t.Errorf("%d bytes kept per decoded record of %d bytes, want under 4 KiB", per, len(value))
 	}
 	t.Logf("%d bytes kept per decoded record of %d bytes", per, len(value))
-}
-
-func heapInUse() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
 }
 
 // TestNodeMirrorKeepsRecordsDecodedOnly: the nodes' mirror keeps each record decoded, once,

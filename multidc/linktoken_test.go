@@ -5,10 +5,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stormdock/stormdock/internal/testenv"
 )
 
 // TestRouterLinkTokens: with per-link tokens, a link's workers send records and heartbeats
@@ -112,9 +113,7 @@ func TestRouterBodyBound(t *testing.T) {
 		}()
 		return pr
 	}
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
+	before := testenv.LiveHeap()
 	for _, withLength := range []bool{false, true} {
 		var req *http.Request
 		var err error
@@ -141,10 +140,9 @@ func TestRouterBodyBound(t *testing.T) {
 		}
 		t.Logf("length=%v: %d %s", withLength, resp.StatusCode, strings.TrimSpace(string(b)))
 	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-	t.Logf("heap before %d, after %d: grew %d bytes for two %d-byte bodies (limit %d)", before.HeapAlloc, after.HeapAlloc, grew, size, DefaultMaxBody)
+	after := testenv.LiveHeap()
+	grew := int64(after) - int64(before)
+	t.Logf("heap before %d, after %d: grew %d bytes for two %d-byte bodies (limit %d)", before, after, grew, size, DefaultMaxBody)
 	// The router reads at most its limit of a body; what it kept is far below that.
 	if grew > DefaultMaxBody {
 		t.Errorf("heap grew by %d bytes, more than the body limit %d", grew, DefaultMaxBody)

@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -470,7 +469,7 @@ func testWatchFuncKeepsNoValue(t *testing.T, b Backend) {
 	if !ok {
 		t.Fatalf("%T is no coord.FuncWatcher", w)
 	}
-	before := heapAlloc()
+	before := testenv.LiveHeap()
 	var got sync.WaitGroup
 	got.Add(keys)
 	for i := range keys {
@@ -483,17 +482,9 @@ func testWatchFuncKeepsNoValue(t *testing.T, b Backend) {
 		must(t, err, "watch func")
 	}
 	got.Wait()
-	if grew := int64(heapAlloc()) - int64(before); grew > keys*size/2 {
+	if grew := int64(testenv.LiveHeap()) - int64(before); grew > keys*size/2 {
 		t.Errorf("the heap grew by %d KiB while %d watches held states of %d KiB each: the watches keep their values", grew>>10, keys, size>>10)
 	}
-}
-
-// heapAlloc is the bytes in live heap objects after a collection.
-func heapAlloc() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
 }
 
 func testWatchOrder(t *testing.T, b Backend) {

@@ -197,9 +197,7 @@ func TestEventLogAtBound(t *testing.T) {
 	tc := newTestStore(t)
 	cfg := Config{Max: DefaultMax, Flush: time.Millisecond}
 	reg := prometheus.NewRegistry()
-	var before runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
+	before := testenv.LiveHeap()
 	l := New(tc.connect(-1), cfg, "m1", quiet, newMetrics(reg))
 	tc.wg.Add(1)
 	go func() {
@@ -230,9 +228,7 @@ func TestEventLogAtBound(t *testing.T) {
 		t.Fatalf("%d events served; the bound is %d", len(evs), cfg.Max)
 	}
 	evs = nil
-	runtime.GC()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
+	after := testenv.LiveHeap()
 	kids, err := tc.admin.Children(tc.ctx, cluster.EventsKey)
 	if err != nil {
 		t.Fatal(err)
@@ -246,23 +242,15 @@ func TestEventLogAtBound(t *testing.T) {
 		stored += len(e.Value)
 	}
 	// What the master itself holds: the heap its events free when it drops them.
-	evs = nil
 	l.mu.Lock()
-	held := l.slots
 	l.slots = map[int64][]api.Event{}
 	l.mu.Unlock()
-	runtime.GC()
-	var dropped runtime.MemStats
-	runtime.ReadMemStats(&dropped)
-	runtime.KeepAlive(held)
-	held = nil
-	runtime.GC()
-	runtime.ReadMemStats(&dropped)
-	master := float64(int64(after.HeapAlloc)-int64(dropped.HeapAlloc)) / (1 << 20)
+	dropped := testenv.LiveHeap()
+	master := float64(int64(after)-int64(dropped)) / (1 << 20)
 	kept := testenv.Metric(t, reg, "stormdock_master_events_kept", nil)
 	batches := testenv.Metric(t, reg, "stormdock_master_event_batches_total", nil)
 	t.Logf("figure: events at the bound (--events-max %d, %d recorded): %d served, %.0f held; the master's heap for them %.1f MiB (%.0f bytes an event; the test process, embedded store included, grew by %.1f MiB); store: %d slots, %.1f MiB; %.0f append transactions",
-		cfg.Max, total, cfg.Max, kept, master, master*(1<<20)/kept, float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/(1<<20), len(kids), float64(stored)/(1<<20), batches)
+		cfg.Max, total, cfg.Max, kept, master, master*(1<<20)/kept, float64(int64(after)-int64(before))/(1<<20), len(kids), float64(stored)/(1<<20), batches)
 	if len(kids) > int(cfg.slotsKept())+1 {
 		t.Errorf("%d slots in the store; the bound needs %d", len(kids), cfg.slotsKept())
 	}
