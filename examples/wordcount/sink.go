@@ -24,7 +24,9 @@ type sink interface {
 	Close(ctx context.Context) error
 }
 
-func openSink(cfg Config) (sink, error) {
+// openSink opens the output cfg names. sends bounds an HTTP output's requests: it outlives
+// the run's context by the drain (see Run).
+func openSink(cfg Config, sends context.Context) (sink, error) {
 	switch {
 	case cfg.Output != "":
 		f, err := os.OpenFile(cfg.Output, os.O_CREATE|os.O_RDWR, 0o644)
@@ -33,7 +35,7 @@ func openSink(cfg Config) (sink, error) {
 		}
 		return &fileSink{f: f}, nil
 	case cfg.OutputURL != "":
-		return &httpSink{url: cfg.OutputURL, client: &http.Client{Timeout: 5 * time.Second}, log: cfg.Logger}, nil
+		return &httpSink{url: cfg.OutputURL, client: &http.Client{Timeout: 5 * time.Second}, log: cfg.Logger, sends: sends}, nil
 	default:
 		return &lineSink{w: bufio.NewWriter(cfg.Stdout)}, nil
 	}
@@ -126,9 +128,12 @@ type httpSink struct {
 	log    interface {
 		Warn(msg string, args ...any)
 	}
-	buf  bytes.Buffer
-	n    int
-	last time.Time
+	// sends is the context of the requests, not the run's: a POST in flight at a stop is
+	// answered, within the drain (see post).
+	sends context.Context
+	buf   bytes.Buffer
+	n     int
+	last  time.Time
 }
 
 const (
@@ -153,7 +158,7 @@ func (s *httpSink) Flush(ctx context.Context) error {
 	}
 	pause := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := s.post(ctx)
+		err := s.post()
 		if err == nil {
 			s.buf.Reset()
 			s.n = 0
@@ -172,11 +177,11 @@ func (s *httpSink) Flush(ctx context.Context) error {
 	}
 }
 
-// post sends the batch and waits for its answer even when ctx ends (the client's timeout
-// bounds it): a POST abandoned on a stop may have been taken by the server, and the drain
-// would then send its records again. ctx still ends the pauses between attempts.
-func (s *httpSink) post(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodPost, s.url, bytes.NewReader(s.buf.Bytes()))
+// post sends the batch under s.sends, not ctx: a POST abandoned at a stop may have been taken
+// by the server, and the drain would then send its records again. ctx ends the pauses
+// between attempts.
+func (s *httpSink) post() error {
+	req, err := http.NewRequestWithContext(s.sends, http.MethodPost, s.url, bytes.NewReader(s.buf.Bytes()))
 	if err != nil {
 		return err
 	}

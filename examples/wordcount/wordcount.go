@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/stormdock/stormdock/internal/ctxtime"
 	"github.com/stormdock/stormdock/multidc"
 )
 
@@ -71,7 +72,8 @@ type Config struct {
 	Job, Link       string
 	// Poll is how often a followed file is checked for new lines. Default 200ms.
 	Poll time.Duration
-	// Drain bounds the final flush after ctx is done. Default 5s.
+	// Drain bounds what a worker does after ctx is done: a POST in flight, then the final
+	// flush. Default 5s.
 	Drain  time.Duration
 	Logger *slog.Logger
 
@@ -175,7 +177,13 @@ func Run(ctx context.Context, cfg Config) error {
 		defer f.Close()
 		src, follow = f, true
 	}
-	out, err := openSink(cfg)
+	// The drain starts when ctx ends or the run does; what is under way then (a POST in
+	// flight) and the last flush share it.
+	runCtx, endRun := context.WithCancel(ctx)
+	defer endRun()
+	sends, stopSends := ctxtime.Outlive(runCtx, cfg.Drain)
+	defer stopSends()
+	out, err := openSink(cfg, sends)
 	if err != nil {
 		return err
 	}
@@ -188,10 +196,9 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	runErr := w.run(ctx, bufio.NewReader(src))
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Drain)
-	defer cancel()
-	if err := out.Close(dctx); err != nil {
+	runErr := w.run(runCtx, bufio.NewReader(src))
+	endRun()
+	if err := out.Close(sends); err != nil {
 		return errors.Join(runErr, fmt.Errorf("wordcount: drain: %w", err))
 	}
 	return runErr

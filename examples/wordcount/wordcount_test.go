@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -360,6 +361,29 @@ func TestHTTPOutputStopDuringPOST(t *testing.T) {
 	}
 	if want := []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}; !slices.Equal(offs, want) {
 		t.Errorf("offsets %v over %d POSTs, want %v once each", offs, calls, want)
+	}
+}
+
+// The drain bounds a POST in flight at the stop too: a server that never answers holds the
+// worker for the drain, not for the client's own 5 s timeout.
+func TestHTTPOutputDrainBoundsPOST(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hung := make(chan struct{})
+	defer close(hung)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		cancel()
+		select {
+		case <-r.Context().Done():
+		case <-hung:
+		}
+	}))
+	defer srv.Close()
+	err := Run(ctx, Config{Input: "testdata/input.txt", OutputURL: srv.URL, Worker: 0, Workers: 1, Poll: 20 * time.Millisecond, Drain: 100 * time.Millisecond, Logger: quiet()})
+	// The drain's end cancels the request; the client's timeout would say so instead.
+	if !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "Timeout") {
+		t.Fatalf("Run: %v, want the records not delivered, cut off by the drain", err)
 	}
 }
 
