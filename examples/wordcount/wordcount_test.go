@@ -120,6 +120,15 @@ func readRecords(t *testing.T, data []byte) []Record {
 	return out
 }
 
+// recordOffsets is the offsets of recs, in their order.
+func recordOffsets(recs []Record) []int64 {
+	offs := make([]int64, 0, len(recs))
+	for _, r := range recs {
+		offs = append(offs, r.Offset)
+	}
+	return offs
+}
+
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // runUntil runs the worker until cond holds on its output file, then cancels it.
@@ -313,11 +322,7 @@ func TestHTTPOutputRetries(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	var offs []int64
-	for _, r := range got {
-		offs = append(offs, r.Offset)
-	}
-	if !slices.Equal(offs, []int64{0, 2, 4, 6, 8}) || calls < 2 {
+	if offs := recordOffsets(got); !slices.Equal(offs, []int64{0, 2, 4, 6, 8}) || calls < 2 {
 		t.Errorf("offsets %v after %d calls, want [0 2 4 6 8] after a retry", offs, calls)
 	}
 }
@@ -355,10 +360,7 @@ func TestHTTPOutputStopDuringPOST(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	var offs []int64
-	for _, r := range got {
-		offs = append(offs, r.Offset)
-	}
+	offs := recordOffsets(got)
 	if want := []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}; !slices.Equal(offs, want) {
 		t.Errorf("offsets %v over %d POSTs, want %v once each", offs, calls, want)
 	}
