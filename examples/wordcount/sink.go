@@ -147,7 +147,11 @@ func (s *httpSink) Write(ctx context.Context, r Record) error {
 	}
 	s.n++
 	if s.n >= batchRecords || time.Since(s.last) >= batchInterval {
-		return s.Flush(ctx)
+		// Flush retries until the batch is taken or ctx ends; a stop leaves the batch for
+		// the drain (Close), which is no error of the run's.
+		if err := s.Flush(ctx); err != nil && ctx.Err() == nil {
+			return err
+		}
 	}
 	return nil
 }

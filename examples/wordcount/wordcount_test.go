@@ -366,6 +366,37 @@ func TestHTTPOutputStopDuringPOST(t *testing.T) {
 	}
 }
 
+// A stop during the pause before a failed batch's retry is a stop like any other: the batch
+// stays for the drain, which delivers it, and the worker exits cleanly.
+func TestHTTPOutputStopDuringRetry(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var got []Record
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls == 1 { // record 0's batch: refused, and the worker stopped before the retry
+			cancel()
+			http.Error(w, "not yet", http.StatusServiceUnavailable)
+			return
+		}
+		got = append(got, readRecords(t, b)...)
+	}))
+	defer srv.Close()
+	if err := Run(ctx, Config{Input: "testdata/input.txt", OutputURL: srv.URL, Worker: 0, Workers: 1, Poll: 20 * time.Millisecond, Logger: quiet()}); err != nil {
+		t.Fatalf("Run: %v, want a clean stop", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if offs := recordOffsets(got); !slices.Equal(offs, []int64{0}) || calls != 2 {
+		t.Errorf("offsets %v after %d calls, want [0] delivered by the drain", offs, calls)
+	}
+}
+
 // The drain bounds a POST in flight at the stop too: a server that never answers holds the
 // worker for the drain, not for the client's own 5 s timeout.
 func TestHTTPOutputDrainBoundsPOST(t *testing.T) {
