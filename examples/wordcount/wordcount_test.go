@@ -120,15 +120,6 @@ func readRecords(t *testing.T, data []byte) []Record {
 	return out
 }
 
-// recordOffsets is the offsets of recs, in their order.
-func recordOffsets(recs []Record) []int64 {
-	offs := make([]int64, 0, len(recs))
-	for _, r := range recs {
-		offs = append(offs, r.Offset)
-	}
-	return offs
-}
-
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // runUntil runs the worker until cond holds on its output file, then cancels it.
@@ -289,40 +280,68 @@ func TestEmbeddedSampleToStdout(t *testing.T) {
 	}
 }
 
-// Records go to an HTTP endpoint as JSON-lines batches; a failed POST is retried, so nothing
-// is lost.
-func TestHTTPOutputRetries(t *testing.T) {
-	var mu sync.Mutex
-	var got []Record
-	calls := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		calls++
-		if calls == 1 {
+// outputServer is an HTTP output for the tests: it keeps the records of each batch it takes,
+// in order. decide, when set, runs first for each POST (numbered from 1; unlocked, so that it
+// may wait) and says whether to take the batch or refuse it with a 503.
+type outputServer struct {
+	*httptest.Server
+	mu    sync.Mutex
+	got   []Record
+	calls int
+}
+
+func newOutputServer(t *testing.T, decide func(call int, r *http.Request) bool) *outputServer {
+	o := &outputServer{}
+	o.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		o.mu.Lock()
+		o.calls++
+		call := o.calls
+		o.mu.Unlock()
+		if decide != nil && !decide(call, r) {
 			http.Error(w, "not yet", http.StatusServiceUnavailable)
 			return
 		}
+		recs := readRecords(t, b)
+		o.mu.Lock()
+		o.got = append(o.got, recs...)
+		o.mu.Unlock()
+	}))
+	t.Cleanup(o.Close)
+	return o
+}
+
+// offsets is the offsets of the records taken so far, in order, and the POSTs received.
+func (o *outputServer) offsets() ([]int64, int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	offs := make([]int64, 0, len(o.got))
+	for _, r := range o.got {
+		offs = append(offs, r.Offset)
+	}
+	return offs, o.calls
+}
+
+// Records go to an HTTP endpoint as JSON-lines batches; a failed POST is retried, so nothing
+// is lost.
+func TestHTTPOutputRetries(t *testing.T) {
+	srv := newOutputServer(t, func(call int, r *http.Request) bool {
 		if ct := r.Header.Get("Content-Type"); ct != "application/x-ndjson" {
 			t.Errorf("content type %q", ct)
 		}
-		b, _ := io.ReadAll(r.Body)
-		got = append(got, readRecords(t, b)...)
-	}))
-	defer srv.Close()
+		return call > 1
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, Config{Input: "testdata/input.txt", OutputURL: srv.URL, Worker: 0, Workers: 2, Poll: 20 * time.Millisecond, Logger: quiet()})
 	}()
-	testenv.Eventually(t, "5 records posted", 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= 5 })
+	testenv.Eventually(t, "5 records posted", 10*time.Second, func() bool { offs, _ := srv.offsets(); return len(offs) >= 5 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if offs := recordOffsets(got); !slices.Equal(offs, []int64{0, 2, 4, 6, 8}) || calls < 2 {
+	if offs, calls := srv.offsets(); !slices.Equal(offs, []int64{0, 2, 4, 6, 8}) || calls < 2 {
 		t.Errorf("offsets %v after %d calls, want [0 2 4 6 8] after a retry", offs, calls)
 	}
 }
@@ -333,18 +352,9 @@ func TestHTTPOutputRetries(t *testing.T) {
 func TestHTTPOutputStopDuringPOST(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var mu sync.Mutex
-	var got []Record
-	calls := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		calls++
-		call := calls
-		got = append(got, readRecords(t, b)...)
-		mu.Unlock()
+	srv := newOutputServer(t, func(call int, r *http.Request) bool {
 		if call != 2 { // the first is record 0 alone, the second the idle flush of 1 to 9
-			return
+			return true
 		}
 		cancel()
 		// A client that abandons the POST on the stop does so at once; the pause only
@@ -353,16 +363,13 @@ func TestHTTPOutputStopDuringPOST(t *testing.T) {
 		case <-r.Context().Done():
 		case <-time.After(300 * time.Millisecond):
 		}
-	}))
-	defer srv.Close()
+		return true // taken, whether the client still waits or not
+	})
 	if err := Run(ctx, Config{Input: "testdata/input.txt", OutputURL: srv.URL, Worker: 0, Workers: 1, Poll: 20 * time.Millisecond, Logger: quiet()}); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	offs := recordOffsets(got)
-	if want := []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}; !slices.Equal(offs, want) {
-		t.Errorf("offsets %v over %d POSTs, want %v once each", offs, calls, want)
+	if offs, calls := srv.offsets(); !slices.Equal(offs, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+		t.Errorf("offsets %v over %d POSTs, want 0 to 9 once each", offs, calls)
 	}
 }
 
@@ -371,28 +378,17 @@ func TestHTTPOutputStopDuringPOST(t *testing.T) {
 func TestHTTPOutputStopDuringRetry(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var mu sync.Mutex
-	var got []Record
-	calls := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		defer mu.Unlock()
-		calls++
-		if calls == 1 { // record 0's batch: refused, and the worker stopped before the retry
+	srv := newOutputServer(t, func(call int, r *http.Request) bool {
+		if call == 1 { // record 0's batch: refused, and the worker stopped before the retry
 			cancel()
-			http.Error(w, "not yet", http.StatusServiceUnavailable)
-			return
+			return false
 		}
-		got = append(got, readRecords(t, b)...)
-	}))
-	defer srv.Close()
+		return true
+	})
 	if err := Run(ctx, Config{Input: "testdata/input.txt", OutputURL: srv.URL, Worker: 0, Workers: 1, Poll: 20 * time.Millisecond, Logger: quiet()}); err != nil {
 		t.Fatalf("Run: %v, want a clean stop", err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if offs := recordOffsets(got); !slices.Equal(offs, []int64{0}) || calls != 2 {
+	if offs, calls := srv.offsets(); !slices.Equal(offs, []int64{0}) || calls != 2 {
 		t.Errorf("offsets %v after %d calls, want [0] delivered by the drain", offs, calls)
 	}
 }
@@ -403,16 +399,15 @@ func TestHTTPOutputDrainBoundsPOST(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	hung := make(chan struct{})
-	defer close(hung)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
+	defer close(hung) // before the server's Close, which waits for its handlers
+	srv := newOutputServer(t, func(_ int, r *http.Request) bool {
 		cancel()
 		select {
 		case <-r.Context().Done():
 		case <-hung:
 		}
-	}))
-	defer srv.Close()
+		return false
+	})
 	err := Run(ctx, Config{Input: "testdata/input.txt", OutputURL: srv.URL, Worker: 0, Workers: 1, Poll: 20 * time.Millisecond, Drain: 100 * time.Millisecond, Logger: quiet()})
 	// The drain's end cancels the request; the client's timeout would say so instead.
 	if !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "Timeout") {
